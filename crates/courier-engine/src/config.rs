@@ -1,0 +1,98 @@
+//! Validated engine configuration. Parsing and validation of the user's JSON config (with
+//! error paths) happen in `courier-client`; by the time a `Config` exists it is sound.
+
+/// Delivery settings; defaults are those of the delivery seed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// `appId`: namespace of this app's messages (copied into every Message).
+    pub app_id: String,
+    /// ACK timeout, measured from the moment the carrier wrote the frame.
+    pub ack_timeout_ms: u64,
+    /// In-flight cap: beyond it, sends wait in the queue (never dropped).
+    pub max_pending_acks: usize,
+    /// ACK-retry budget before `message_failed`.
+    pub max_retries: u32,
+    pub initial_delay_ms: u64,
+    pub max_delay_ms: u64,
+    pub backoff_multiplier: f64,
+    /// Sliding outbox lifetime; the absolute cap is 4× this from first acceptance.
+    pub outbox_max_lifetime_ms: u64,
+    pub pending_message_max_lifetime_ms: u64,
+    pub edge_driven_unreachable_dm: bool,
+    /// Outbox capacity for regular messages (500) and media chunks (100).
+    pub outbox_max_entries: usize,
+    pub outbox_max_media_entries: usize,
+    /// Messages sent per flush or timer batch (20).
+    pub flush_batch: usize,
+    /// Inbound dedup records kept (by count); retention is by time as well.
+    pub dedup_max_entries: usize,
+}
+
+impl Config {
+    pub fn new(app_id: impl Into<String>) -> Self {
+        Self {
+            app_id: app_id.into(),
+            ack_timeout_ms: 10_000,
+            max_pending_acks: 1000,
+            max_retries: 10,
+            initial_delay_ms: 1000,
+            max_delay_ms: 300_000,
+            backoff_multiplier: 2.0,
+            outbox_max_lifetime_ms: 604_800_000,
+            pending_message_max_lifetime_ms: 604_800_000,
+            edge_driven_unreachable_dm: false,
+            outbox_max_entries: 500,
+            outbox_max_media_entries: 100,
+            flush_batch: 20,
+            dedup_max_entries: 100_000,
+        }
+    }
+
+    /// `initial × multiplier^retry`, computed in f64 and clamped to `max_delay_ms` before the
+    /// integer cast, so it is total over every configuration (a non-finite intermediate
+    /// collapses to the ceiling; the cast saturates).
+    pub fn backoff_ms(&self, retry: u32) -> u64 {
+        let raw = self.initial_delay_ms as f64 * self.backoff_multiplier.powf(f64::from(retry));
+        let max = self.max_delay_ms as f64;
+        if raw.is_finite() {
+            raw.min(max) as u64
+        } else {
+            self.max_delay_ms
+        }
+    }
+
+    /// The absolute cap on an entry's age: 4× the sliding lifetime.
+    pub fn absolute_lifetime_ms(&self) -> u64 {
+        self.outbox_max_lifetime_ms.saturating_mul(4)
+    }
+
+    /// How long the receiver remembers processed messages: at least the sender's absolute
+    /// lifetime at the defaults (28 days), longer when this device's own lifetime is longer.
+    pub fn dedup_retention_ms(&self) -> u64 {
+        self.absolute_lifetime_ms().max(28 * 24 * 3600 * 1000)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_ladder_matches_the_seed() {
+        let c = Config::new("app");
+        let ladder: Vec<u64> = (0..11).map(|r| c.backoff_ms(r) / 1000).collect();
+        assert_eq!(ladder, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        assert_eq!((0..10).map(|r| c.backoff_ms(r)).sum::<u64>(), 811_000);
+    }
+
+    #[test]
+    fn backoff_is_total() {
+        let mut c = Config::new("app");
+        c.backoff_multiplier = f64::MAX;
+        assert_eq!(c.backoff_ms(u32::MAX), c.max_delay_ms);
+        c.initial_delay_ms = u64::MAX;
+        c.max_delay_ms = u64::MAX;
+        c.backoff_multiplier = 1.0;
+        assert_eq!(c.backoff_ms(3), u64::MAX);
+    }
+}

@@ -1,0 +1,189 @@
+//! The engine's inputs and outputs as data. The runtime executes outputs and reports back, which
+//! is how "the ACK timer starts on the wire" stays exact: a `Transmit` is only a request until
+//! the runtime calls `Engine::handle_written`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use courier_proto::{ContentType, Message, Priority};
+use serde::{Deserialize, Serialize};
+
+/// Epoch milliseconds. The engine never reads a clock; every input carries `now`.
+pub type Millis = u64;
+
+/// A carrier a frame can travel on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Carrier {
+    /// The relay connection.
+    Internet,
+    /// An app-supplied local carrier (BLE, Wi-Fi Direct, …), by its registered name.
+    Local(String),
+}
+
+impl Carrier {
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Internet => "internet",
+            Self::Local(name) => name,
+        }
+    }
+}
+
+impl fmt::Display for Carrier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What the application asked to send. Already validated by the runtime (content cap, reserved
+/// prefixes, identifier rules, reserved metadata keys).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SendRequest {
+    /// Client-chosen id, or `None` for an engine-minted one (supplied by the runtime as `mint_id`).
+    pub id: Option<String>,
+    pub recipient: String,
+    pub content: String,
+    pub content_type: ContentType,
+    pub priority: Priority,
+    pub metadata: BTreeMap<String, String>,
+    /// Base64 of binary content (`Uint8Array` from JS), carried in `Message.binary_content`.
+    pub binary_content: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SendOutcome {
+    /// A new outbox entry was created.
+    Accepted(String),
+    /// The id is already in the outbox: nothing changed.
+    Duplicate(String),
+}
+
+/// How the relay answered a `SendMessage` it read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelayAnswer {
+    /// `MessageSent{disposition:"live"}`: queued to the recipient's socket.
+    Live,
+    /// `MessageSent{disposition:"stored"}`: the relay's mailbox holds it (custody, not delivery).
+    Stored,
+    /// `DeliveryError{recipient_unreachable…}`: the verdict that the recipient cannot be reached.
+    Unreachable,
+}
+
+/// Where an inbound message came from, as the carrier (not the message) says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InboundOrigin {
+    pub carrier: Carrier,
+    /// The identity the relay stamped (`MessageReceived.sender`), or a local carrier's peer id.
+    pub stamped_sender: String,
+    /// `MessageReceived.sender_account` [ext], when the relay sent it.
+    pub sender_account: Option<String>,
+    /// The relay journal `seq`, to be acknowledged with a `HopAck` once processed.
+    pub seq: Option<u64>,
+}
+
+/// A frame for the runtime to put on a carrier.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transmit {
+    pub carrier: Carrier,
+    pub kind: TransmitKind,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum TransmitKind {
+    /// An outbox entry's (re)send. Report with `handle_written` / `handle_send_failed`, quoting
+    /// `send_seq`; reports for an older `send_seq` are stale and ignored.
+    Outbox { message: Message, send_seq: u64 },
+    /// An end-to-end delivery ACK (fire and forget: a lost one makes the sender retry).
+    Ack { message: Message },
+    /// Release of relay journal frame `seq` (the relay `Ack`), sent only after processing.
+    HopAck { seq: u64 },
+}
+
+/// Where an outbox entry stands, as persisted and as `getMessageStatus` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryState {
+    /// Waiting for a carrier or a retry time.
+    Queued,
+    /// Handed to a carrier, or written and awaiting the ACK.
+    InFlight,
+    /// The relay holds it (custody) or reported the recipient unreachable; paced by edges and probes.
+    Parked,
+}
+
+/// The persisted form of one outbox entry: everything needed to resume its ladder after a restart.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboxRecord {
+    pub message: Message,
+    pub state: EntryState,
+    /// When `sendMessage` accepted it; anchors the absolute cap.
+    pub created_at: Millis,
+    /// Anchor of the sliding lifetime: the last send, or the restore that refreshed the window.
+    pub window_start: Millis,
+    /// ACK timeouts consumed (the `maxRetries` budget). Never reset by bookkeeping.
+    pub ack_attempts: u32,
+    /// Consecutive transport failures (backoff of the deferred path; no limit).
+    pub transport_retries: u32,
+    /// The next timer of this entry (retry, probe), if any.
+    pub next_at: Option<Millis>,
+    pub first_sent_at: Option<Millis>,
+    pub last_sent_at: Option<Millis>,
+}
+
+/// How a message settled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settlement {
+    Delivered,
+    Failed(FailReason),
+}
+
+/// The reasons of a terminal `message_failed` (`api.md` Events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailReason {
+    MaxRetriesExceeded,
+    OutboxLifetimeExceeded,
+    OutboxCapacityExceeded,
+}
+
+impl FailReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MaxRetriesExceeded => "Max retries exceeded",
+            Self::OutboxLifetimeExceeded => "Outbox lifetime exceeded",
+            Self::OutboxCapacityExceeded => "Outbox capacity exceeded",
+        }
+    }
+}
+
+/// A write for the runtime's store. The runtime commits all ops it drained in one transaction
+/// before it dispatches the events and executes the transmits of the same step.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoreOp {
+    /// Insert or replace the entry's row.
+    Put(OutboxRecord),
+    /// Remove the entry's row and remember how it ended (for status and idempotent ids).
+    Settle { id: String, recipient: String, settlement: Settlement, at: Millis },
+    /// Remember an inbound message as processed (dedup across restarts).
+    MarkProcessed(ProcessedKey),
+}
+
+/// Inbound dedup key `(chat, sender, messageId)`; `at` is when it was processed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ProcessedKey {
+    pub chat: String,
+    pub sender: String,
+    pub message_id: String,
+    pub at: Millis,
+}
+
+/// Counts for `stats()`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub outbox_regular: usize,
+    pub outbox_media: usize,
+    pub pending_acks: usize,
+    pub retry_queue: usize,
+    pub parked: usize,
+    pub pre_session_queue: usize,
+    pub carriers_up: usize,
+}

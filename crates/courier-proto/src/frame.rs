@@ -1,0 +1,414 @@
+//! Relay wire frames (`relay-protocol.md` §14.1). One frame is one UTF-8 JSON object with a
+//! PascalCase `type`; unknown fields are ignored and `null` reads as an absent optional field.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::limits::MAX_FRAME_BYTES;
+
+/// Frames a client sends to the relay.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum ClientFrame {
+    Authenticate {
+        token: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        client_capabilities: Option<Vec<String>>,
+    },
+    DeclareAddress {
+        address: String,
+        public_key: String,
+        signature: String,
+    },
+    SendMessage {
+        recipient: String,
+        content: String,
+        message_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reply_to_msg: Option<String>,
+    },
+    Ack {
+        seq: u64,
+    },
+    AckUpTo {
+        seq: u64,
+    },
+    CheckPresence {
+        username: String,
+    },
+    WatchPresence {
+        users: Vec<String>,
+    },
+    UnwatchPresence {
+        users: Vec<String>,
+    },
+    CreateGroup {
+        group_id: String,
+        name: String,
+    },
+    AddGroupMember {
+        group_id: String,
+        username: String,
+    },
+    RemoveGroupMember {
+        group_id: String,
+        username: String,
+    },
+    LeaveGroup {
+        group_id: String,
+    },
+    SendGroupMessage {
+        group_id: String,
+        content: String,
+        message_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reply_to_msg: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        forward_info: Option<Value>,
+    },
+}
+
+impl ClientFrame {
+    pub const TYPES: &'static [&'static str] = &[
+        "Authenticate",
+        "DeclareAddress",
+        "SendMessage",
+        "Ack",
+        "AckUpTo",
+        "CheckPresence",
+        "WatchPresence",
+        "UnwatchPresence",
+        "CreateGroup",
+        "AddGroupMember",
+        "RemoveGroupMember",
+        "LeaveGroup",
+        "SendGroupMessage",
+    ];
+
+    /// Decodes a frame read by the relay.
+    pub fn decode(text: &str) -> Result<Self, DecodeError> {
+        decode_tagged(text, Self::TYPES)
+    }
+
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).expect("client frames always serialize")
+    }
+
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Self::Authenticate { .. } => "Authenticate",
+            Self::DeclareAddress { .. } => "DeclareAddress",
+            Self::SendMessage { .. } => "SendMessage",
+            Self::Ack { .. } => "Ack",
+            Self::AckUpTo { .. } => "AckUpTo",
+            Self::CheckPresence { .. } => "CheckPresence",
+            Self::WatchPresence { .. } => "WatchPresence",
+            Self::UnwatchPresence { .. } => "UnwatchPresence",
+            Self::CreateGroup { .. } => "CreateGroup",
+            Self::AddGroupMember { .. } => "AddGroupMember",
+            Self::RemoveGroupMember { .. } => "RemoveGroupMember",
+            Self::LeaveGroup { .. } => "LeaveGroup",
+            Self::SendGroupMessage { .. } => "SendGroupMessage",
+        }
+    }
+}
+
+/// `MessageSent.disposition` [ext]: where the relay put the frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Disposition {
+    /// The recipient is connected; the frame is queued to its socket.
+    Live,
+    /// The recipient is offline; the relay's mailbox holds the frame.
+    Stored,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateLimitInfo {
+    pub burst: u32,
+    pub per_sec: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MailboxInfo {
+    pub max_messages: u64,
+    pub max_bytes: u64,
+    pub ttl_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MissedMember {
+    pub username: String,
+    pub reason: String,
+}
+
+/// Frames the relay sends to a client.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum RelayFrame {
+    Authenticated {
+        user_id: String,
+        username: String,
+        #[serde(default)]
+        capabilities: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        address_challenge: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rate_limit: Option<RateLimitInfo>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mailbox: Option<MailboxInfo>,
+    },
+    AuthError {
+        reason: String,
+    },
+    AddressDeclared {
+        address: String,
+    },
+    AddressError {
+        reason: String,
+    },
+    MessageSent {
+        message_id: String,
+        recipient: String,
+        timestamp: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        disposition: Option<Disposition>,
+    },
+    DeliveryError {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message_id: Option<String>,
+        recipient: String,
+        reason: String,
+    },
+    MessageReceived {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seq: Option<u64>,
+        sender: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sender_account: Option<String>,
+        content: String,
+        message_id: String,
+        timestamp: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reply_to_msg: Option<String>,
+    },
+    DrainComplete {
+        count: u64,
+    },
+    #[serde(alias = "PresenceStatusWithLastSeen")]
+    PresenceStatus {
+        user_id: String,
+        online: bool,
+        /// Epoch ms; published relays may send an ISO-8601 string instead.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        last_seen: Option<Value>,
+    },
+    RateLimited {
+        retry_after_ms: u64,
+        frame_type: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message_id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seq: Option<u64>,
+    },
+    SessionSuperseded {
+        reason: String,
+    },
+    GroupCreated {
+        group_id: String,
+        name: String,
+    },
+    GroupMemberAdded {
+        group_id: String,
+        user_id: String,
+        added_by: String,
+    },
+    GroupMemberRemoved {
+        group_id: String,
+        user_id: String,
+        removed_by: String,
+    },
+    GroupError {
+        reason: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        group_id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message_id: Option<String>,
+    },
+    GroupMessageReceived {
+        group_id: String,
+        sender: String,
+        content: String,
+        message_id: String,
+        timestamp: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seq: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reply_to_msg: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        forward_info: Option<Value>,
+    },
+    GroupMessageSent {
+        group_id: String,
+        message_id: String,
+        #[serde(default)]
+        delivered: Vec<String>,
+        #[serde(default)]
+        pushed: Vec<String>,
+        #[serde(default)]
+        missed: Vec<MissedMember>,
+        timestamp: u64,
+    },
+    Error {
+        code: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        frame_type: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message_id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        detail: Option<String>,
+    },
+}
+
+impl RelayFrame {
+    pub const TYPES: &'static [&'static str] = &[
+        "Authenticated",
+        "AuthError",
+        "AddressDeclared",
+        "AddressError",
+        "MessageSent",
+        "DeliveryError",
+        "MessageReceived",
+        "DrainComplete",
+        "PresenceStatus",
+        "PresenceStatusWithLastSeen",
+        "RateLimited",
+        "SessionSuperseded",
+        "GroupCreated",
+        "GroupMemberAdded",
+        "GroupMemberRemoved",
+        "GroupError",
+        "GroupMessageReceived",
+        "GroupMessageSent",
+        "Error",
+    ];
+
+    /// Decodes a frame read by a client.
+    pub fn decode(text: &str) -> Result<Self, DecodeError> {
+        decode_tagged(text, Self::TYPES)
+    }
+
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).expect("relay frames always serialize")
+    }
+
+    /// An `Error` frame with only a code and the offending frame type.
+    pub fn error(code: &str, frame_type: Option<&str>) -> Self {
+        Self::Error {
+            code: code.to_owned(),
+            frame_type: frame_type.map(str::to_owned),
+            message_id: None,
+            detail: None,
+        }
+    }
+}
+
+/// Why a text message is not a usable frame; the three cases get different answers
+/// (`relay-protocol.md` §1).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Not a JSON object, or no string `type`.
+    #[error("malformed frame")]
+    Malformed,
+    /// A `type` this side does not know; carries the type for the answer.
+    #[error("unknown frame type {0:?}")]
+    UnknownType(String),
+    /// A known type with a missing, ill-typed or oversized field.
+    #[error("invalid {frame_type} frame: {detail}")]
+    Invalid { frame_type: String, detail: String },
+}
+
+fn decode_tagged<T: serde::de::DeserializeOwned>(text: &str, known: &[&str]) -> Result<T, DecodeError> {
+    if text.len() > MAX_FRAME_BYTES {
+        return Err(DecodeError::Malformed);
+    }
+    let value: Value = serde_json::from_str(text).map_err(|_| DecodeError::Malformed)?;
+    let Some(object) = value.as_object() else {
+        return Err(DecodeError::Malformed);
+    };
+    let Some(frame_type) = object.get("type").and_then(Value::as_str) else {
+        return Err(DecodeError::Malformed);
+    };
+    if !known.contains(&frame_type) {
+        return Err(DecodeError::UnknownType(truncate(frame_type)));
+    }
+    let frame_type = frame_type.to_owned();
+    serde_json::from_value(value).map_err(|e| DecodeError::Invalid {
+        frame_type,
+        detail: e.to_string(),
+    })
+}
+
+/// Echoed type names are cut so an answer never grows with a hostile input.
+fn truncate(s: &str) -> String {
+    const MAX: usize = 128;
+    if s.len() <= MAX {
+        return s.to_owned();
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_distinguishes_malformed_unknown_and_invalid() {
+        assert_eq!(ClientFrame::decode("[1]"), Err(DecodeError::Malformed));
+        assert_eq!(ClientFrame::decode("{\"x\":1}"), Err(DecodeError::Malformed));
+        assert_eq!(ClientFrame::decode("{\"type\":5}"), Err(DecodeError::Malformed));
+        assert_eq!(
+            ClientFrame::decode("{\"type\":\"Nope\"}"),
+            Err(DecodeError::UnknownType("Nope".into()))
+        );
+        assert!(matches!(
+            ClientFrame::decode("{\"type\":\"Ack\",\"seq\":\"x\"}"),
+            Err(DecodeError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn null_reads_as_absent_and_unknown_fields_are_ignored() {
+        let f = ClientFrame::decode(
+            r#"{"type":"SendMessage","recipient":"bob","content":"{}","message_id":"m1","reply_to_msg":null,"extra":true}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            f,
+            ClientFrame::SendMessage {
+                recipient: "bob".into(),
+                content: "{}".into(),
+                message_id: "m1".into(),
+                reply_to_msg: None
+            }
+        );
+    }
+
+    #[test]
+    fn presence_alias_and_round_trip() {
+        let f = RelayFrame::decode(r#"{"type":"PresenceStatusWithLastSeen","user_id":"a","online":false,"last_seen":"2026-01-01T00:00:00Z"}"#).unwrap();
+        assert!(matches!(f, RelayFrame::PresenceStatus { online: false, .. }));
+        let sent = RelayFrame::MessageSent {
+            message_id: "m".into(),
+            recipient: "bob".into(),
+            timestamp: 5,
+            disposition: Some(Disposition::Stored),
+        };
+        assert_eq!(RelayFrame::decode(&sent.encode()).unwrap(), sent);
+        assert!(sent.encode().contains("\"disposition\":\"stored\""));
+    }
+}

@@ -1,0 +1,46 @@
+//! Fixed protocol constants (`relay-protocol.md` §14.4, `delivery.md` "Limits").
+
+/// Largest WebSocket message either side sends or accepts, after reassembly.
+pub const MAX_FRAME_BYTES: usize = 1_048_576;
+/// Largest application content `sendMessage` accepts. Leaves room under the frame cap for
+/// encryption expansion and the JSON envelope, so anything accepted can be delivered.
+pub const MAX_CONTENT_BYTES: usize = 256 * 1024;
+/// Identifier fields (`recipient`, `username`, `message_id`, …) are 1..=256 UTF-8 bytes.
+pub const MAX_IDENTIFIER_BYTES: usize = 256;
+/// Capability tokens a client keeps from one `Authenticated`, and the longest it keeps.
+pub const MAX_CAPABILITIES: usize = 64;
+pub const MAX_CAPABILITY_BYTES: usize = 128;
+/// Malformed frames a relay tolerates on one connection; the 16th closes it with 4002.
+pub const MAX_MALFORMED_FRAMES: u32 = 16;
+
+/// Capability tokens (`relay-protocol.md` §3).
+pub const CAP_ADDRESS_ROUTING: &str = "address_routing_v1";
+pub const CAP_GROUP_DELIVERY: &str = "group_delivery_v3";
+pub const CAP_MAILBOX: &str = "mailbox_v1";
+pub const CAP_PRESENCE_WATCH: &str = "presence_watch_v1";
+
+/// The prefix of a `DeliveryError.reason` that is the unreachable verdict.
+pub const RECIPIENT_UNREACHABLE: &str = "recipient_unreachable";
+
+/// Close codes (`relay-protocol.md` §14.2).
+pub mod close {
+    pub const NORMAL: u16 = 1000;
+    pub const GOING_AWAY: u16 = 1001;
+    pub const INVALID_UTF8: u16 = 1007;
+    pub const TOO_BIG: u16 = 1009;
+    pub const INTERNAL: u16 = 1011;
+    pub const SUPERSEDED: u16 = 4000;
+    pub const AUTH_FAILED: u16 = 4001;
+    pub const TOO_MANY_MALFORMED: u16 = 4002;
+    pub const KEEPALIVE_TIMEOUT: u16 = 4008;
+}
+
+/// Content prefixes the engine reserves for itself; an application may not send them.
+pub const RESERVED_PREFIXES: &[&str] = &[
+    "__MLS_", "__GRP_", "__GROUP_", "__CTRL_", "__FILE_", "__ACK_", "__CONN_", "__USER_GROUPS__",
+];
+
+/// Whether `content` starts with a prefix reserved for the engine.
+pub fn is_reserved_content(content: &str) -> bool {
+    RESERVED_PREFIXES.iter().any(|p| content.starts_with(p))
+}

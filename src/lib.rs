@@ -1,0 +1,1 @@
+#![deny(clippy::all)]
