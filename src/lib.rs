@@ -1,1 +1,163 @@
-#![deny(clippy::all)]
+//! Node-API binding of offline-courier. It converts types and forwards calls; every rule lives in
+//! the crates under `crates/`. Errors cross as `[CODE] message`, which the `js/` facade turns
+//! into `ProtocolError` with a stable `code`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use courier_client::client::{Client, SendInput};
+use courier_client::config::{parse_protocol_config, ProtocolConfig};
+use courier_client::error::ClientError;
+use napi::bindgen_prelude::*;
+use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
+use napi_derive::napi;
+
+mod relay;
+
+fn to_napi(e: ClientError) -> Error {
+    Error::new(Status::GenericFailure, format!("[{}] {}", e.code(), e))
+}
+
+pub(crate) fn coded(code: &str, message: impl std::fmt::Display) -> Error {
+    Error::new(Status::GenericFailure, format!("[{code}] {message}"))
+}
+
+/// Events cross as JSON text: one string per event, parsed by the facade's dispatcher.
+type EventCallback = ThreadsafeFunction<String, (), String, Status, false>;
+
+#[napi(object)]
+pub struct NativeSendInput {
+    pub recipient: String,
+    pub content: Option<String>,
+    pub binary: Option<Buffer>,
+    pub id: Option<String>,
+    pub priority: Option<String>,
+    pub content_type: Option<String>,
+    pub metadata: Option<HashMap<String, String>>,
+}
+
+#[napi]
+pub struct NativeProtocol {
+    config: ProtocolConfig,
+    client: Arc<Mutex<Option<Arc<Client>>>>,
+}
+
+#[napi]
+impl NativeProtocol {
+    /// Validates the whole configuration (JSON text); throws `[ERR_CONFIG] path message`.
+    #[napi(constructor)]
+    pub fn new(config_json: String) -> Result<Self> {
+        let value: serde_json::Value =
+            serde_json::from_str(&config_json).map_err(|e| coded("ERR_CONFIG", format!("config is not valid JSON: {e}")))?;
+        let config = parse_protocol_config(&value).map_err(|e| to_napi(e.into()))?;
+        Ok(Self { config, client: Arc::new(Mutex::new(None)) })
+    }
+
+    /// Configuration warnings worth a log line (for example a lifetime beyond the signature window).
+    #[napi(getter)]
+    pub fn warnings(&self) -> Vec<String> {
+        self.config.warnings.clone()
+    }
+
+    #[napi(ts_args_type = "onEvent: (event: string) => void")]
+    pub async fn start(&self, on_event: EventCallback) -> Result<()> {
+        if self.current().is_some() {
+            return Err(to_napi(ClientError::AlreadyStarted));
+        }
+        let sink = Box::new(move |event: courier_client::event::ClientEvent| {
+            on_event.call(event.to_json().to_string(), ThreadsafeFunctionCallMode::NonBlocking);
+        });
+        let config = self.config.clone();
+        let runtime = tokio::runtime::Handle::current();
+        let client = tokio::task::spawn_blocking(move || Client::start(&config, sink, &runtime))
+            .await
+            .map_err(|e| coded("ERR_INTERNAL", e))?
+            .map_err(to_napi)?;
+        let mut slot = self.client.lock().map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?;
+        if slot.is_some() {
+            drop(slot);
+            client.stop().await;
+            return Err(to_napi(ClientError::AlreadyStarted));
+        }
+        *slot = Some(Arc::new(client));
+        Ok(())
+    }
+
+    /// Stops carriers and timers and releases storage; the event callback is released with the
+    /// driver, so nothing keeps the process alive afterwards.
+    #[napi]
+    pub async fn stop(&self) -> Result<()> {
+        let client = self.client.lock().map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?.take();
+        if let Some(client) = client {
+            client.stop().await;
+        }
+        Ok(())
+    }
+
+    #[napi]
+    pub async fn send_message(&self, input: NativeSendInput) -> Result<String> {
+        let client = self.started()?;
+        let (binary_content, binary_len) = match &input.binary {
+            Some(bytes) => {
+                use base64::Engine as _;
+                (Some(base64::engine::general_purpose::STANDARD.encode(bytes.as_ref())), bytes.len())
+            }
+            None => (None, 0),
+        };
+        let send = SendInput {
+            recipient: input.recipient,
+            content: input.content.unwrap_or_default(),
+            binary_content,
+            binary_len,
+            id: input.id,
+            priority: input.priority,
+            content_type: input.content_type,
+            metadata: input.metadata.map(|m| m.into_iter().collect::<BTreeMap<_, _>>()).unwrap_or_default(),
+        };
+        client.send(send).await.map_err(to_napi)
+    }
+
+    #[napi]
+    pub async fn get_message_status(&self, id: String) -> Result<String> {
+        let client = self.started()?;
+        client.status(id).await.map(|s| s.as_str().to_owned()).map_err(to_napi)
+    }
+
+    /// Counts, as JSON text.
+    #[napi]
+    pub async fn stats(&self) -> Result<String> {
+        let client = self.started()?;
+        let s = client.stats().await.map_err(to_napi)?;
+        Ok(serde_json::json!({
+            "outboxRegular": s.outbox_regular,
+            "outboxMedia": s.outbox_media,
+            "pendingAcks": s.pending_acks,
+            "retryQueue": s.retry_queue,
+            "parked": s.parked,
+            "preSessionQueue": s.pre_session_queue,
+            "carriersUp": s.carriers_up,
+        })
+        .to_string())
+    }
+
+    #[napi]
+    pub fn internet_status_changed(&self, online: bool) -> Result<()> {
+        self.started()?.internet_status_changed(online);
+        Ok(())
+    }
+
+    #[napi(getter)]
+    pub fn is_started(&self) -> bool {
+        self.current().is_some()
+    }
+}
+
+impl NativeProtocol {
+    fn current(&self) -> Option<Arc<Client>> {
+        self.client.lock().ok().and_then(|c| c.clone())
+    }
+
+    fn started(&self) -> Result<Arc<Client>> {
+        self.current().ok_or_else(|| to_napi(ClientError::NotStarted))
+    }
+}

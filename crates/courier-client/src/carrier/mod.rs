@@ -1,0 +1,6 @@
+//! Carriers move frames between this device and peers. The engine decides what to send; a
+//! carrier only writes, reads, and reports what happened.
+
+pub mod bucket;
+pub mod relay;
+pub mod tls;

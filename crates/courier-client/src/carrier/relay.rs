@@ -1,0 +1,530 @@
+//! The relay carrier: one WebSocket connection to `courier-relay` (`relay-protocol.md`), kept up
+//! with reconnects, metered by the client token bucket. It reports every outcome to the driver
+//! and decides nothing about delivery.
+
+use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use courier_engine::{Carrier, DiagnosticLevel, InboundOrigin, RelayAnswer};
+use courier_proto::limits::{close, CAP_MAILBOX, MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_FRAME_BYTES};
+use courier_proto::{ClientFrame, DecodeError, Disposition, Message, RelayFrame};
+use futures_util::{SinkExt, StreamExt};
+use tokio::sync::mpsc;
+use tokio::time::{sleep_until, timeout};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
+
+use crate::driver::{Command, DriverTx};
+use crate::event::ClientEvent;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
+const PING_EVERY: Duration = Duration::from_secs(10);
+const DEAD_AFTER: Duration = Duration::from_secs(30);
+const WRITE_ACK_TIMEOUT: Duration = Duration::from_secs(15);
+const RECONNECT_MIN: Duration = Duration::from_secs(1);
+const RECONNECT_MAX: Duration = Duration::from_secs(30);
+/// After close 4001 the same token is presented at most once per this period.
+const AUTH_RETRY_MIN: Duration = Duration::from_secs(30);
+/// Relay answers that must never arrive through the message plane (§7.2 step 1).
+const RELAY_ANSWER_PREFIXES: &[&str] = &[
+    "__GROUP_CREATED__",
+    "__GROUP_MSG__",
+    "__GROUP_MEMBER_ADDED__",
+    "__GROUP_MEMBER_REMOVED__",
+    "__GROUP_INFO__",
+    "__USER_GROUPS__",
+    "__GROUP_ERROR__",
+];
+
+type Ws = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// What the driver asks of the relay carrier.
+#[derive(Debug)]
+pub enum RelayOut {
+    /// An outbox entry's send; `Written` / `SendFailed` quote `send_seq`.
+    Outbox { id: String, send_seq: u64, recipient: String, frame: String },
+    /// An end-to-end ACK (a SendMessage nobody waits for).
+    Ack { frame: String },
+    /// Release relay journal frame `seq`.
+    HopAck { seq: u64 },
+    /// The OS says the network is up (`true`: reconnect now) or down.
+    Hint(bool),
+    /// Close the connection (1000) and end the task.
+    Stop,
+}
+
+#[derive(Debug, Clone)]
+pub struct RelaySettings {
+    pub url: String,
+    pub token: String,
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    pub auto_reconnect: bool,
+}
+
+/// Why a connection ended, which decides what happens next.
+enum Loss {
+    /// Reconnect with backoff.
+    Dropped(String),
+    /// The relay refused the token: not again for 30 s.
+    AuthRejected(String),
+    /// Another session took over the account: no automatic reconnect.
+    Superseded(String),
+    /// The app said the network is down: wait for a hint or the backoff.
+    Offline,
+    /// The channel from the driver closed: the client is stopping.
+    Stopped,
+}
+
+pub async fn run(settings: RelaySettings, mut rx: mpsc::UnboundedReceiver<RelayOut>, driver: DriverTx) {
+    let mut attempt: u32 = 0;
+    let mut superseded_reported = false;
+    loop {
+        let loss = match connect(&settings, &mut rx, &driver).await {
+            Ok(Some(ws)) => {
+                attempt = 0;
+                Session::new(ws, &driver).run(&mut rx).await
+            }
+            Ok(None) => Loss::Stopped,
+            Err(loss) => loss,
+        };
+        let wait = match loss {
+            Loss::Stopped => return,
+            Loss::Superseded(reason) => {
+                if !superseded_reported {
+                    superseded_reported = true;
+                    driver.send(Command::Emit(ClientEvent::InternetSessionSuperseded { reason }));
+                }
+                None
+            }
+            Loss::AuthRejected(reason) => {
+                diagnostic(&driver, DiagnosticLevel::Error, format!("relay refused the token: {reason}"));
+                Some(AUTH_RETRY_MIN)
+            }
+            Loss::Offline => None,
+            Loss::Dropped(reason) => {
+                diagnostic(&driver, DiagnosticLevel::Warn, format!("relay connection lost: {reason}"));
+                if settings.auto_reconnect {
+                    let delay = backoff(attempt);
+                    attempt = attempt.saturating_add(1);
+                    Some(delay)
+                } else {
+                    None
+                }
+            }
+        };
+        if !wait_for_reconnect(wait, &mut rx, &driver).await {
+            return;
+        }
+        if superseded_reported {
+            // An explicit reconnect from the app clears the latch.
+            superseded_reported = false;
+        }
+    }
+}
+
+/// 1 s doubling to 30 s, with up to 25 % jitter so a fleet does not reconnect in step.
+fn backoff(attempt: u32) -> Duration {
+    let base = RECONNECT_MIN.saturating_mul(1u32 << attempt.min(5)).min(RECONNECT_MAX);
+    let jitter = RandomState::new().hash_one(Instant::now()) % 250;
+    base + base.mul_f64(jitter as f64 / 1000.0)
+}
+
+/// Waits out a pause between connections while answering the driver: sends fail at once (the
+/// carrier is down), a `Hint(true)` cuts the wait short. `None` waits for a hint only.
+/// Returns false when the client is stopping.
+async fn wait_for_reconnect(wait: Option<Duration>, rx: &mut mpsc::UnboundedReceiver<RelayOut>, driver: &DriverTx) -> bool {
+    let deadline = wait.map(|w| tokio::time::Instant::now() + w);
+    loop {
+        let cmd = match deadline {
+            Some(d) => tokio::select! {
+                cmd = rx.recv() => cmd,
+                _ = sleep_until(d) => return true,
+            },
+            None => rx.recv().await,
+        };
+        match cmd {
+            None | Some(RelayOut::Stop) => return false,
+            Some(RelayOut::Hint(true)) => return true,
+            Some(cmd) => refuse_while_down(cmd, driver),
+        }
+    }
+}
+
+fn refuse_while_down(cmd: RelayOut, driver: &DriverTx) {
+    if let RelayOut::Outbox { id, send_seq, .. } = cmd {
+        driver.send(Command::SendFailed { id, send_seq, reason: "relay not connected".into() });
+    }
+}
+
+/// Connects and authenticates. `Ok(None)` when the client stopped meanwhile.
+async fn connect(settings: &RelaySettings, rx: &mut mpsc::UnboundedReceiver<RelayOut>, driver: &DriverTx) -> Result<Option<(Ws, Authenticated)>, Loss> {
+    let attempt = async {
+        let config = WebSocketConfig::default()
+            .max_message_size(Some(MAX_FRAME_BYTES))
+            .max_frame_size(Some(MAX_FRAME_BYTES));
+        let connector = settings.tls.clone().map(Connector::Rustls);
+        let (mut ws, _) = timeout(
+            CONNECT_TIMEOUT,
+            tokio_tungstenite::connect_async_tls_with_config(settings.url.as_str(), Some(config), false, connector),
+        )
+        .await
+        .map_err(|_| Loss::Dropped("connect timed out".into()))?
+        .map_err(|e| Loss::Dropped(format!("connect failed: {e}")))?;
+        let hello = ClientFrame::Authenticate {
+            token: settings.token.clone(),
+            client_capabilities: Some(vec![CAP_MAILBOX.to_owned()]),
+        };
+        ws.send(WsMessage::text(hello.encode()))
+            .await
+            .map_err(|e| Loss::Dropped(format!("write failed: {e}")))?;
+        let auth = timeout(AUTH_TIMEOUT, await_authenticated(&mut ws))
+            .await
+            .map_err(|_| Loss::Dropped("no answer to Authenticate".into()))??;
+        Ok((ws, auth))
+    };
+    tokio::pin!(attempt);
+    loop {
+        tokio::select! {
+            result = &mut attempt => return result.map(Some),
+            cmd = rx.recv() => match cmd {
+                None | Some(RelayOut::Stop) => return Ok(None),
+                Some(RelayOut::Hint(_)) => {}
+                Some(cmd) => refuse_while_down(cmd, driver),
+            },
+        }
+    }
+}
+
+pub struct Authenticated {
+    capabilities: Vec<String>,
+    rate_limit: Option<courier_proto::RateLimitInfo>,
+}
+
+async fn await_authenticated(ws: &mut Ws) -> Result<Authenticated, Loss> {
+    while let Some(msg) = ws.next().await {
+        let msg = msg.map_err(|e| Loss::Dropped(format!("read failed: {e}")))?;
+        match msg {
+            WsMessage::Text(text) => match RelayFrame::decode(text.as_str()) {
+                Ok(RelayFrame::Authenticated { capabilities, rate_limit, .. }) => {
+                    return Ok(Authenticated { capabilities: bounded_capabilities(capabilities), rate_limit });
+                }
+                Ok(RelayFrame::AuthError { reason }) => return Err(Loss::AuthRejected(reason)),
+                _ => {}
+            },
+            WsMessage::Close(frame) => return Err(close_loss(frame.as_ref())),
+            _ => {}
+        }
+    }
+    Err(Loss::Dropped("closed before Authenticated".into()))
+}
+
+/// At most 64 tokens of at most 128 bytes (§3); longer ones discarded, extra ones ignored.
+fn bounded_capabilities(tokens: Vec<String>) -> Vec<String> {
+    tokens
+        .into_iter()
+        .filter(|t| t.len() <= MAX_CAPABILITY_BYTES)
+        .take(MAX_CAPABILITIES)
+        .collect()
+}
+
+fn close_loss(frame: Option<&CloseFrame>) -> Loss {
+    match frame.map(|f| u16::from(f.code)) {
+        Some(close::SUPERSEDED) => Loss::Superseded("close_4000".into()),
+        Some(close::AUTH_FAILED) => Loss::AuthRejected("close_4001".into()),
+        Some(code) => Loss::Dropped(format!("closed by relay ({code})")),
+        None => Loss::Dropped("closed by relay".into()),
+    }
+}
+
+fn diagnostic(driver: &DriverTx, level: DiagnosticLevel, message: String) {
+    driver.send(Command::Emit(ClientEvent::Diagnostic { level, message, target: "courier_client::relay" }));
+}
+
+/// A send written to the relay that has not been answered yet.
+struct Unanswered {
+    send_seq: u64,
+    recipient: String,
+    deadline: Instant,
+}
+
+struct Session<'a> {
+    ws: Ws,
+    driver: &'a DriverTx,
+    bucket: super::bucket::TokenBucket,
+    /// Funding order (§11): acks first, then sends.
+    acks: VecDeque<String>,
+    sends: VecDeque<(String, u64, String, String)>,
+    unanswered: HashMap<String, Unanswered>,
+    last_heard: Instant,
+    last_ping: Instant,
+}
+
+impl<'a> Session<'a> {
+    fn new((ws, auth): (Ws, Authenticated), driver: &'a DriverTx) -> Self {
+        let now = Instant::now();
+        let session = Self {
+            ws,
+            driver,
+            bucket: super::bucket::TokenBucket::from_advertised(auth.rate_limit, now),
+            acks: VecDeque::new(),
+            sends: VecDeque::new(),
+            unanswered: HashMap::new(),
+            last_heard: now,
+            last_ping: now,
+        };
+        diagnostic(driver, DiagnosticLevel::Info, format!("relay connected; capabilities {:?}", auth.capabilities));
+        driver.send(Command::Emit(ClientEvent::InternetStatusChanged { connected: true, authenticated: true }));
+        driver.send(Command::CarrierUp(Carrier::Internet));
+        session
+    }
+
+    async fn run(mut self, rx: &mut mpsc::UnboundedReceiver<RelayOut>) -> Loss {
+        let loss = loop {
+            let wake = self.next_wake();
+            let step = tokio::select! {
+                cmd = rx.recv() => self.on_command(cmd),
+                msg = self.ws.next() => self.on_socket(msg),
+                _ = sleep_until(wake.into()) => Ok(()),
+            };
+            if let Err(loss) = step {
+                break loss;
+            }
+            if let Err(loss) = self.flush_and_check().await {
+                break loss;
+            }
+        };
+        self.teardown(&loss).await;
+        loss
+    }
+
+    fn next_wake(&self) -> Instant {
+        let now = Instant::now();
+        let mut wake = (self.last_ping + PING_EVERY).min(self.last_heard + DEAD_AFTER);
+        if let Some(first) = self.unanswered.values().map(|u| u.deadline).min() {
+            wake = wake.min(first);
+        }
+        if !self.acks.is_empty() || !self.sends.is_empty() {
+            wake = wake.min(self.bucket.next_token_at(now));
+        }
+        wake
+    }
+
+    fn on_command(&mut self, cmd: Option<RelayOut>) -> Result<(), Loss> {
+        match cmd {
+            None | Some(RelayOut::Stop) => Err(Loss::Stopped),
+            Some(RelayOut::Outbox { id, send_seq, recipient, frame }) => {
+                self.sends.push_back((id, send_seq, recipient, frame));
+                Ok(())
+            }
+            Some(RelayOut::Ack { frame }) => {
+                self.acks.push_back(frame);
+                Ok(())
+            }
+            Some(RelayOut::HopAck { seq }) => {
+                self.acks.push_back(ClientFrame::Ack { seq }.encode());
+                Ok(())
+            }
+            Some(RelayOut::Hint(false)) => Err(Loss::Offline),
+            Some(RelayOut::Hint(true)) => Ok(()),
+        }
+    }
+
+    fn on_socket(&mut self, msg: Option<Result<WsMessage, tokio_tungstenite::tungstenite::Error>>) -> Result<(), Loss> {
+        let msg = match msg {
+            None => return Err(Loss::Dropped("connection closed".into())),
+            Some(Err(e)) => return Err(Loss::Dropped(format!("read failed: {e}"))),
+            Some(Ok(msg)) => msg,
+        };
+        self.last_heard = Instant::now();
+        match msg {
+            WsMessage::Text(text) => self.on_frame(text.as_str()),
+            WsMessage::Close(frame) => Err(close_loss(frame.as_ref())),
+            // Pings are answered by tungstenite on the next write or flush.
+            _ => Ok(()),
+        }
+    }
+
+    fn on_frame(&mut self, text: &str) -> Result<(), Loss> {
+        let frame = match RelayFrame::decode(text) {
+            Ok(frame) => frame,
+            Err(DecodeError::UnknownType(_)) => {
+                self.forward(text);
+                return Ok(());
+            }
+            Err(e) => {
+                diagnostic(self.driver, DiagnosticLevel::Warn, format!("dropped relay frame: {e}"));
+                return Ok(());
+            }
+        };
+        match frame {
+            RelayFrame::MessageSent { message_id, disposition, .. } => {
+                if self.unanswered.remove(&message_id).is_some() {
+                    let answer = match disposition {
+                        Some(Disposition::Stored) => RelayAnswer::Stored,
+                        _ => RelayAnswer::Live,
+                    };
+                    self.driver.send(Command::RelayAnswer { id: message_id, answer });
+                }
+            }
+            RelayFrame::DeliveryError { message_id, recipient, reason } => {
+                let unreachable = reason.starts_with(courier_proto::limits::RECIPIENT_UNREACHABLE);
+                let ids: Vec<String> = match message_id {
+                    Some(id) => vec![id],
+                    // Published-contract fallback: the verdict covers every unanswered send to
+                    // that recipient.
+                    None => self
+                        .unanswered
+                        .iter()
+                        .filter(|(_, u)| u.recipient == recipient)
+                        .map(|(id, _)| id.clone())
+                        .collect(),
+                };
+                for id in ids {
+                    if let Some(u) = self.unanswered.remove(&id) {
+                        let cmd = if unreachable {
+                            Command::RelayAnswer { id, answer: RelayAnswer::Unreachable }
+                        } else {
+                            // The reason text is the relay's and stays out of events.
+                            Command::SendFailed { id, send_seq: u.send_seq, reason: "relay refused the message".into() }
+                        };
+                        self.driver.send(cmd);
+                    }
+                }
+            }
+            RelayFrame::MessageReceived { seq, sender, sender_account, content, .. } => {
+                self.on_inbound(seq, sender, sender_account, &content);
+            }
+            RelayFrame::DrainComplete { count } => self.driver.send(Command::DrainComplete { count }),
+            RelayFrame::RateLimited { retry_after_ms, message_id, seq, .. } => {
+                self.bucket.back_off(Duration::from_millis(retry_after_ms.max(1)), Instant::now());
+                if let Some(u) = message_id.as_ref().and_then(|id| self.unanswered.remove(id)) {
+                    self.driver.send(Command::SendFailed {
+                        id: message_id.unwrap_or_default(),
+                        send_seq: u.send_seq,
+                        reason: "rate limited by the relay".into(),
+                    });
+                }
+                if let Some(seq) = seq {
+                    self.acks.push_back(ClientFrame::Ack { seq }.encode());
+                }
+                self.forward(text);
+            }
+            RelayFrame::SessionSuperseded { reason } => return Err(Loss::Superseded(reason)),
+            RelayFrame::Error { code, message_id: Some(id), .. } if code == "internal" => {
+                if let Some(u) = self.unanswered.remove(&id) {
+                    self.driver.send(Command::SendFailed { id, send_seq: u.send_seq, reason: "relay storage failure".into() });
+                }
+                self.forward(text);
+            }
+            _ => self.forward(text),
+        }
+        Ok(())
+    }
+
+    fn on_inbound(&mut self, seq: Option<u64>, sender: String, sender_account: Option<String>, content: &str) {
+        let dropped = |reason: String| {
+            diagnostic(self.driver, DiagnosticLevel::Warn, reason);
+        };
+        let message = match Message::decode(content) {
+            Ok(m) => m,
+            Err(e) => {
+                dropped(format!("dropped inbound frame from {sender}: {e}"));
+                self.release(seq);
+                return;
+            }
+        };
+        if RELAY_ANSWER_PREFIXES.iter().any(|p| message.content.starts_with(p)) {
+            dropped(format!("dropped inbound frame from {sender}: relay answer prefix in the message plane"));
+            self.release(seq);
+            return;
+        }
+        let origin = InboundOrigin { carrier: Carrier::Internet, stamped_sender: sender, sender_account, seq };
+        self.driver.send(Command::Inbound { message, origin });
+    }
+
+    /// A dropped frame is still released at the relay (§7.2 step 5).
+    fn release(&mut self, seq: Option<u64>) {
+        if let Some(seq) = seq {
+            self.acks.push_back(ClientFrame::Ack { seq }.encode());
+        }
+    }
+
+    fn forward(&self, text: &str) {
+        self.driver.send(Command::Emit(ClientEvent::InternetServerMessage { json: text.to_owned() }));
+    }
+
+    /// Writes what the bucket can fund, then enforces the write-ack and keepalive deadlines.
+    async fn flush_and_check(&mut self) -> Result<(), Loss> {
+        let now = Instant::now();
+        while !self.acks.is_empty() || !self.sends.is_empty() {
+            if !self.bucket.try_take(Instant::now()) {
+                break;
+            }
+            if let Some(frame) = self.acks.pop_front() {
+                self.write(frame).await?;
+            } else if let Some((id, send_seq, recipient, frame)) = self.sends.pop_front() {
+                self.write(frame).await?;
+                self.driver.send(Command::Written { id: id.clone(), send_seq });
+                self.unanswered
+                    .insert(id, Unanswered { send_seq, recipient, deadline: Instant::now() + WRITE_ACK_TIMEOUT });
+            }
+        }
+        let expired: Vec<String> = self
+            .unanswered
+            .iter()
+            .filter(|(_, u)| u.deadline <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in expired {
+            if let Some(u) = self.unanswered.remove(&id) {
+                self.driver.send(Command::SendFailed { id, send_seq: u.send_seq, reason: "no relay answer within 15 s".into() });
+            }
+        }
+        if now >= self.last_heard + DEAD_AFTER {
+            let _ = self
+                .ws
+                .send(WsMessage::Close(Some(CloseFrame { code: CloseCode::from(close::KEEPALIVE_TIMEOUT), reason: "keepalive".into() })))
+                .await;
+            return Err(Loss::Dropped("keepalive timeout".into()));
+        }
+        if now >= self.last_ping + PING_EVERY {
+            self.last_ping = now;
+            self.ws
+                .send(WsMessage::Ping(Default::default()))
+                .await
+                .map_err(|e| Loss::Dropped(format!("write failed: {e}")))?;
+        }
+        Ok(())
+    }
+
+    async fn write(&mut self, frame: String) -> Result<(), Loss> {
+        self.ws
+            .send(WsMessage::text(frame))
+            .await
+            .map_err(|e| Loss::Dropped(format!("write failed: {e}")))
+    }
+
+    /// Every send not yet answered is a transmission failure; the engine re-queues it.
+    async fn teardown(&mut self, loss: &Loss) {
+        if matches!(loss, Loss::Stopped | Loss::Offline) {
+            let _ = self
+                .ws
+                .send(WsMessage::Close(Some(CloseFrame { code: CloseCode::Normal, reason: "".into() })))
+                .await;
+        }
+        self.driver.send(Command::CarrierDown(Carrier::Internet));
+        for (id, u) in self.unanswered.drain() {
+            self.driver.send(Command::SendFailed { id, send_seq: u.send_seq, reason: "relay connection lost".into() });
+        }
+        for (id, send_seq, _, _) in self.sends.drain(..) {
+            self.driver.send(Command::SendFailed { id, send_seq, reason: "relay connection lost".into() });
+        }
+        self.driver.send(Command::Emit(ClientEvent::InternetStatusChanged { connected: false, authenticated: false }));
+    }
+}

@@ -1,0 +1,185 @@
+//! `Client`: what the binding holds while a `Protocol` is started.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::thread;
+
+use courier_engine::{Engine, SendRequest, Stats};
+use courier_proto::limits::{is_reserved_content, MAX_CONTENT_BYTES};
+use courier_proto::message::RESERVED_METADATA_KEYS;
+use courier_proto::{validate_identifier, ContentType, Priority};
+use tokio::runtime::Handle;
+use tokio::sync::{mpsc as tokio_mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::carrier::relay::{self, RelayOut, RelaySettings};
+use crate::carrier::tls;
+use crate::config::{ProtocolConfig, StorageConfig};
+use crate::driver::{self, Command, Driver, DriverTx, EventSink, MessageStatus};
+use crate::error::ClientError;
+use crate::store::Store;
+
+/// What the application passes to `sendMessage`, before validation.
+#[derive(Debug, Clone, Default)]
+pub struct SendInput {
+    pub recipient: String,
+    pub content: String,
+    pub binary_content: Option<String>,
+    pub binary_len: usize,
+    pub id: Option<String>,
+    pub priority: Option<String>,
+    pub content_type: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+pub struct Client {
+    driver: DriverTx,
+    relay_tx: Option<tokio_mpsc::UnboundedSender<RelayOut>>,
+    /// Taken by `stop`, which may run while sends are still awaiting their reply.
+    running: Mutex<Option<Running>>,
+}
+
+struct Running {
+    driver_thread: thread::JoinHandle<()>,
+    relay_task: Option<JoinHandle<()>>,
+}
+
+impl Client {
+    /// Opens storage (refused if another `Protocol` holds it), restores the outbox with a
+    /// refreshed window, starts the driver and connects the carriers.
+    pub fn start(config: &ProtocolConfig, sink: EventSink, runtime: &Handle) -> Result<Self, ClientError> {
+        let tls = match &config.internet {
+            Some(internet) if internet.tls => Some(tls::client_config(internet.ca_certificates.as_deref()).map_err(ClientError::InvalidArgument)?),
+            _ => None,
+        };
+        let mut store = match &config.storage {
+            StorageConfig::Path(path) => Store::open(path)?,
+            StorageConfig::Memory => Store::open_memory()?,
+        };
+        let now = driver::now_ms();
+        let records = store.load_outbox()?;
+        let processed = store.load_processed(now, config.engine.dedup_retention_ms(), config.engine.dedup_max_entries)?;
+        let mut engine = Engine::new(config.engine.clone(), config.local_identity.clone());
+        engine.restore(records, processed, now);
+
+        let (driver_tx, driver_rx) = driver::channel();
+        let relay = config.internet.as_ref().map(|internet| {
+            let (tx, rx) = tokio_mpsc::unbounded_channel();
+            let settings = RelaySettings {
+                url: internet.url.clone(),
+                token: internet.auth_token.clone(),
+                tls: tls.clone(),
+                auto_reconnect: internet.auto_reconnect,
+            };
+            let task = runtime.spawn(relay::run(settings, rx, driver_tx.clone()));
+            (tx, task)
+        });
+        let driver = Driver {
+            engine,
+            store,
+            rx: driver_rx,
+            sink,
+            relay: relay.as_ref().map(|(tx, _)| tx.clone()),
+        };
+        let driver_thread = thread::Builder::new()
+            .name("courier-driver".into())
+            .spawn(move || driver.run())
+            .map_err(|e| ClientError::Internal(format!("cannot start the driver thread: {e}")))?;
+        let (relay_tx, relay_task) = match relay {
+            Some((tx, task)) => (Some(tx), Some(task)),
+            None => (None, None),
+        };
+        Ok(Self { driver: driver_tx, relay_tx, running: Mutex::new(Some(Running { driver_thread, relay_task })) })
+    }
+
+    /// Resolves once the message is durably in the outbox.
+    pub async fn send(&self, input: SendInput) -> Result<String, ClientError> {
+        let req = validate_send(input)?;
+        let (reply, rx) = oneshot::channel();
+        self.driver.send(Command::Send { req, reply });
+        rx.await.map_err(|_| ClientError::NotStarted)?
+    }
+
+    pub async fn status(&self, id: String) -> Result<MessageStatus, ClientError> {
+        let (reply, rx) = oneshot::channel();
+        self.driver.send(Command::Status { id, reply });
+        rx.await.map_err(|_| ClientError::NotStarted)?
+    }
+
+    pub async fn stats(&self) -> Result<Stats, ClientError> {
+        let (reply, rx) = oneshot::channel();
+        self.driver.send(Command::Stats { reply });
+        rx.await.map_err(|_| ClientError::NotStarted)
+    }
+
+    /// The OS's network hint: `true` reconnects now, `false` marks the relay carrier down.
+    pub fn internet_status_changed(&self, online: bool) {
+        if let Some(tx) = &self.relay_tx {
+            let _ = tx.send(RelayOut::Hint(online));
+        }
+    }
+
+    /// Closes the carriers, lets the driver finish its step and releases the store. Sends still
+    /// waiting for their step are answered `ERR_NOT_STARTED`.
+    pub async fn stop(&self) {
+        let Some(running) = self.running.lock().ok().and_then(|mut r| r.take()) else {
+            return;
+        };
+        if let Some(tx) = &self.relay_tx {
+            let _ = tx.send(RelayOut::Stop);
+        }
+        if let Some(task) = running.relay_task {
+            let _ = task.await;
+        }
+        let (reply, rx) = oneshot::channel();
+        self.driver.send(Command::Stop { reply });
+        let _ = rx.await;
+        let _ = tokio::task::spawn_blocking(move || running.driver_thread.join()).await;
+    }
+}
+
+/// The checks `api.md` names for `sendMessage`; a refused send changes nothing.
+fn validate_send(input: SendInput) -> Result<SendRequest, ClientError> {
+    let invalid = |m: String| Err(ClientError::InvalidArgument(m));
+    if let Err(e) = validate_identifier(&input.recipient) {
+        return invalid(format!("recipient {e}"));
+    }
+    if let Some(id) = &input.id {
+        if let Err(e) = validate_identifier(id) {
+            return invalid(format!("options.id {e}"));
+        }
+    }
+    let size = input.content.len() + input.binary_len;
+    if size > MAX_CONTENT_BYTES {
+        return invalid(format!("content is {size} bytes; the limit is {MAX_CONTENT_BYTES} (use sendMedia for large payloads)"));
+    }
+    if is_reserved_content(&input.content) {
+        return invalid("content starts with a prefix reserved for the engine".into());
+    }
+    let priority = match input.priority.as_deref() {
+        None => Priority::Medium,
+        Some(p) => match Priority::parse(p) {
+            Some(p) => p,
+            None => return invalid(format!("options.priority must be 'low', 'medium', 'high' or 'critical', got {p:?}")),
+        },
+    };
+    let content_type = match input.content_type.as_deref() {
+        None => ContentType::Text,
+        Some(t) => match ContentType::parse(t) {
+            Some(ContentType::FileChunk) | None => return invalid(format!("options.contentType {t:?} is not a message content type")),
+            Some(t) => t,
+        },
+    };
+    if let Some(key) = input.metadata.keys().find(|k| RESERVED_METADATA_KEYS.contains(&k.as_str())) {
+        return invalid(format!("options.metadata key {key:?} is reserved"));
+    }
+    Ok(SendRequest {
+        id: input.id,
+        recipient: input.recipient,
+        content: input.content,
+        content_type,
+        priority,
+        metadata: input.metadata,
+        binary_content: input.binary_content,
+    })
+}

@@ -1,0 +1,285 @@
+//! The driver: one thread that owns the engine and the store (the only writer). It feeds the
+//! engine its inputs with the time, and executes its outputs in a fixed order per step:
+//!
+//! 1. apply every queued command (many concurrent sends become one step: group commit);
+//! 2. commit all store writes of the step in one transaction;
+//! 3. only then resolve the sends (a resolved `sendMessage` is durable), dispatch the events,
+//!    and hand the transmits to the carriers.
+//!
+//! That order is what makes "ACK after processing" hold: an inbound message's dedup record is
+//! committed and its `message_received` dispatched before its relay `Ack` or end-to-end ACK is
+//! written.
+
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use courier_engine::{
+    Carrier, DiagnosticLevel, Engine, EntryState, InboundOrigin, Millis, RelayAnswer, SendOutcome, SendRequest,
+    Settlement, Stats, StoreOp, TransmitKind,
+};
+use courier_proto::{ClientFrame, Message};
+use tokio::sync::{mpsc as tokio_mpsc, oneshot};
+
+use crate::carrier::relay::RelayOut;
+use crate::error::ClientError;
+use crate::event::ClientEvent;
+use crate::store::{SettledRecord, Store};
+
+/// Commands handled in one step at most; the rest wait for the next step.
+const MAX_STEP: usize = 4096;
+
+pub type EventSink = Box<dyn Fn(ClientEvent) + Send + 'static>;
+
+/// The status `getMessageStatus` reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageStatus {
+    Queued,
+    InFlight,
+    Parked,
+    Delivered,
+    Failed,
+    Unknown,
+}
+
+impl MessageStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::InFlight => "in_flight",
+            Self::Parked => "parked",
+            Self::Delivered => "delivered",
+            Self::Failed => "failed",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+pub enum Command {
+    Send { req: SendRequest, reply: oneshot::Sender<Result<String, ClientError>> },
+    Status { id: String, reply: oneshot::Sender<Result<MessageStatus, ClientError>> },
+    Stats { reply: oneshot::Sender<Stats> },
+    CarrierUp(Carrier),
+    CarrierDown(Carrier),
+    Written { id: String, send_seq: u64 },
+    SendFailed { id: String, send_seq: u64, reason: String },
+    RelayAnswer { id: String, answer: RelayAnswer },
+    Inbound { message: Message, origin: InboundOrigin },
+    DrainComplete { count: u64 },
+    Emit(ClientEvent),
+    Stop { reply: oneshot::Sender<()> },
+}
+
+/// The sending side of the driver's queue; cheap to clone, never blocks.
+#[derive(Clone)]
+pub struct DriverTx(mpsc::Sender<Command>);
+
+impl DriverTx {
+    /// Sends a command; after the driver stopped there is nobody to tell, so it is dropped.
+    pub fn send(&self, cmd: Command) {
+        let _ = self.0.send(cmd);
+    }
+}
+
+pub fn channel() -> (DriverTx, mpsc::Receiver<Command>) {
+    let (tx, rx) = mpsc::channel();
+    (DriverTx(tx), rx)
+}
+
+pub fn now_ms() -> Millis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as Millis)
+        .unwrap_or(0)
+}
+
+pub struct Driver {
+    pub engine: Engine,
+    pub store: Store,
+    pub rx: mpsc::Receiver<Command>,
+    pub sink: EventSink,
+    pub relay: Option<tokio_mpsc::UnboundedSender<RelayOut>>,
+}
+
+/// What a step owes once its writes are committed.
+#[derive(Default)]
+struct Step {
+    accepted: Vec<(String, oneshot::Sender<Result<String, ClientError>>)>,
+    events: Vec<ClientEvent>,
+    drain_completed: Vec<u64>,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Driver {
+    pub fn run(mut self) {
+        loop {
+            let first = match self.wait() {
+                Ok(cmd) => cmd,
+                Err(()) => return,
+            };
+            let mut step = Step::default();
+            let now = now_ms();
+            for cmd in first.into_iter().chain(self.rx.try_iter().take(MAX_STEP)) {
+                self.apply(cmd, now, &mut step);
+            }
+            self.engine.handle_timeout(now);
+            self.collect_events(&mut step);
+            self.finish(step.accepted, step.events, step.drain_completed);
+            if let Some(reply) = step.stop {
+                let _ = self.store.maybe_checkpoint();
+                let _ = reply.send(());
+                return;
+            }
+        }
+    }
+
+    /// Blocks until a command arrives or the engine's next deadline; `Ok(None)` means due work.
+    fn wait(&self) -> Result<Option<Command>, ()> {
+        match self.engine.next_deadline() {
+            None => self.rx.recv().map(Some).map_err(|_| ()),
+            Some(deadline) => {
+                let now = now_ms();
+                if deadline <= now {
+                    return Ok(None);
+                }
+                match self.rx.recv_timeout(Duration::from_millis(deadline - now)) {
+                    Ok(cmd) => Ok(Some(cmd)),
+                    Err(RecvTimeoutError::Timeout) => Ok(None),
+                    Err(RecvTimeoutError::Disconnected) => Err(()),
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, cmd: Command, now: Millis, step: &mut Step) {
+        match cmd {
+            Command::Send { req, reply } => self.send(req, reply, now, step),
+            Command::Status { id, reply } => {
+                let _ = reply.send(self.status(&id));
+            }
+            Command::Stats { reply } => {
+                let _ = reply.send(self.engine.stats());
+            }
+            Command::CarrierUp(carrier) => self.engine.handle_carrier_up(carrier, now),
+            Command::CarrierDown(carrier) => self.engine.handle_carrier_down(carrier, now),
+            Command::Written { id, send_seq } => self.engine.handle_written(&id, send_seq, now),
+            Command::SendFailed { id, send_seq, reason } => self.engine.handle_send_failed(&id, send_seq, &reason, now),
+            Command::RelayAnswer { id, answer } => self.engine.handle_relay_answer(&id, answer, now),
+            Command::Inbound { message, origin } => self.engine.handle_inbound(message, origin, now),
+            Command::DrainComplete { count } => step.drain_completed.push(count),
+            Command::Emit(event) => {
+                // Keep runtime events in order with the engine's.
+                self.collect_events(step);
+                step.events.push(event);
+            }
+            Command::Stop { reply } => step.stop = Some(reply),
+        }
+        self.collect_events(step);
+    }
+
+    fn send(&mut self, req: SendRequest, reply: oneshot::Sender<Result<String, ClientError>>, now: Millis, step: &mut Step) {
+        // An id that was already delivered is a no-op returning that id (delivery.md 2).
+        if let Some(id) = &req.id {
+            match self.store.settled(id) {
+                Ok(Some(SettledRecord { outcome: Settlement::Delivered, .. })) => {
+                    let _ = reply.send(Ok(id.clone()));
+                    return;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    let _ = reply.send(Err(e.into()));
+                    return;
+                }
+            }
+        }
+        match self.engine.send(req, mint_id, now) {
+            SendOutcome::Accepted(id) => step.accepted.push((id, reply)),
+            SendOutcome::Duplicate(id) => {
+                let _ = reply.send(Ok(id));
+            }
+        }
+    }
+
+    fn status(&self, id: &str) -> Result<MessageStatus, ClientError> {
+        if let Some(state) = self.engine.status(id) {
+            return Ok(match state {
+                EntryState::Queued => MessageStatus::Queued,
+                EntryState::InFlight => MessageStatus::InFlight,
+                EntryState::Parked => MessageStatus::Parked,
+            });
+        }
+        Ok(match self.store.settled(id)? {
+            Some(SettledRecord { outcome: Settlement::Delivered, .. }) => MessageStatus::Delivered,
+            Some(_) => MessageStatus::Failed,
+            None => MessageStatus::Unknown,
+        })
+    }
+
+    fn collect_events(&mut self, step: &mut Step) {
+        while let Some(event) = self.engine.poll_event() {
+            step.events.push(event.into());
+        }
+    }
+
+    /// Commit, then resolve, dispatch and transmit — in that order.
+    fn finish(
+        &mut self,
+        accepted: Vec<(String, oneshot::Sender<Result<String, ClientError>>)>,
+        events: Vec<ClientEvent>,
+        drain_completed: Vec<u64>,
+    ) {
+        let ops: Vec<StoreOp> = std::iter::from_fn(|| self.engine.poll_store()).collect();
+        if !ops.is_empty() {
+            if let Err(e) = self.store.commit(&ops) {
+                // The step's state is not durable: no send may claim it is.
+                let message = e.to_string();
+                for (_, reply) in accepted {
+                    let _ = reply.send(Err(ClientError::Internal(format!("storage commit failed: {message}"))));
+                }
+                (self.sink)(ClientEvent::Diagnostic {
+                    level: DiagnosticLevel::Error,
+                    message: format!("storage commit failed: {message}"),
+                    target: "courier_client::store",
+                });
+                return;
+            }
+        }
+        for (id, reply) in accepted {
+            let _ = reply.send(Ok(id));
+        }
+        for event in events {
+            (self.sink)(event);
+        }
+        for count in drain_completed {
+            (self.sink)(ClientEvent::InboundDrainCompleted { count });
+        }
+        while let Some(transmit) = self.engine.poll_transmit() {
+            let Some(relay) = &self.relay else { continue };
+            let out = match transmit.kind {
+                TransmitKind::Outbox { message, send_seq } => RelayOut::Outbox {
+                    id: message.id.clone(),
+                    send_seq,
+                    recipient: message.recipient.clone(),
+                    frame: send_frame(&message),
+                },
+                TransmitKind::Ack { message } => RelayOut::Ack { frame: send_frame(&message) },
+                TransmitKind::HopAck { seq } => RelayOut::HopAck { seq },
+            };
+            let _ = relay.send(out);
+        }
+        let _ = self.store.maybe_checkpoint();
+    }
+}
+
+fn send_frame(message: &Message) -> String {
+    ClientFrame::SendMessage {
+        recipient: message.recipient.clone(),
+        content: message.encode(),
+        message_id: message.id.clone(),
+        reply_to_msg: message.reply_to_msg.clone(),
+    }
+    .encode()
+}
+
+fn mint_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}

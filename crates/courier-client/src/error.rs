@@ -1,0 +1,34 @@
+//! Errors the application sees. Each maps to a stable `ProtocolError.code` in JS.
+
+use crate::config::ConfigError;
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("the protocol is not started")]
+    NotStarted,
+    #[error("the protocol is already started")]
+    AlreadyStarted,
+    #[error("storage: {0}")]
+    Storage(#[from] StoreError),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ClientError {
+    /// The stable code of `api.md` "Errors".
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Config(_) => "ERR_CONFIG",
+            Self::InvalidArgument(_) => "ERR_INVALID_ARGUMENT",
+            Self::NotStarted => "ERR_NOT_STARTED",
+            Self::AlreadyStarted => "ERR_ALREADY_STARTED",
+            Self::Storage(_) => "ERR_STORAGE",
+            Self::Internal(_) => "ERR_INTERNAL",
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! Events for the application: the engine's, plus what only the runtime knows (carrier status,
+//! relay frames it does not consume). Serialized as `api.md` says: snake_case `type`, camelCase
+//! fields, epoch-ms times.
+
+use courier_engine::{DiagnosticLevel, Event};
+use serde_json::{json, Value};
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClientEvent {
+    Engine(Event),
+    InternetStatusChanged { connected: bool, authenticated: bool },
+    InternetSessionSuperseded { reason: String },
+    /// A relay frame the engine does not consume, verbatim.
+    InternetServerMessage { json: String },
+    InboundDrainCompleted { count: u64 },
+    Diagnostic { level: DiagnosticLevel, message: String, target: &'static str },
+}
+
+impl From<Event> for ClientEvent {
+    fn from(e: Event) -> Self {
+        Self::Engine(e)
+    }
+}
+
+pub fn level_name(level: DiagnosticLevel) -> &'static str {
+    match level {
+        DiagnosticLevel::Error => "error",
+        DiagnosticLevel::Warn => "warn",
+        DiagnosticLevel::Info => "info",
+        DiagnosticLevel::Debug => "debug",
+    }
+}
+
+impl ClientEvent {
+    pub fn to_json(&self) -> Value {
+        match self {
+            Self::Engine(e) => engine_event_json(e),
+            Self::InternetStatusChanged { connected, authenticated } => {
+                json!({"type": "internet_status_changed", "connected": connected, "authenticated": authenticated})
+            }
+            Self::InternetSessionSuperseded { reason } => {
+                json!({"type": "internet_session_superseded", "reason": reason})
+            }
+            Self::InternetServerMessage { json } => json!({"type": "internet_server_message", "json": json}),
+            Self::InboundDrainCompleted { count } => json!({"type": "inbound_drain_completed", "count": count}),
+            Self::Diagnostic { level, message, target } => {
+                json!({"type": "diagnostic", "level": level_name(*level), "message": message, "target": target})
+            }
+        }
+    }
+}
+
+fn engine_event_json(e: &Event) -> Value {
+    match e {
+        Event::MessageSent { message_id, recipient, priority, transport, attempt } => json!({
+            "type": "message_sent", "messageId": message_id, "recipient": recipient,
+            "priority": priority.as_str(), "transport": transport, "attempt": attempt,
+        }),
+        Event::MessageDeferred { message_id, recipient, reason, retry_count, next_retry_at } => json!({
+            "type": "message_deferred", "messageId": message_id, "recipient": recipient,
+            "reason": reason, "retryCount": retry_count, "nextRetryAt": next_retry_at,
+        }),
+        Event::MessageStored { message_id, recipient } => json!({
+            "type": "message_stored", "messageId": message_id, "recipient": recipient,
+        }),
+        Event::MessageRetrying { message_id, recipient, retry_count, next_retry_at } => json!({
+            "type": "message_retrying", "messageId": message_id, "recipient": recipient,
+            "retryCount": retry_count, "nextRetryAt": next_retry_at,
+        }),
+        Event::MessageDelivered { message_id, recipient, latency_ms, hop_count, transport } => json!({
+            "type": "message_delivered", "messageId": message_id, "recipient": recipient,
+            "latencyMs": latency_ms, "hopCount": hop_count, "transport": transport,
+        }),
+        Event::MessageFailed { message_id, recipient, reason, retry_count } => json!({
+            "type": "message_failed", "messageId": message_id, "recipient": recipient,
+            "reason": reason.as_str(), "retryCount": retry_count,
+        }),
+        Event::MessageReceived { message, chat, sender, transport } => {
+            let mut v = json!({
+                "type": "message_received", "messageId": message.id, "sender": sender,
+                "recipient": message.recipient, "chat": chat, "content": message.content,
+                "contentType": message.content_type.as_str(), "timestamp": message.timestamp,
+                "transport": transport, "hopCount": message.hop_count, "metadata": message.metadata,
+                "encrypted": false,
+            });
+            if let Some(Value::String(b64)) = &message.binary_content {
+                v["binaryContent"] = Value::String(b64.clone());
+            }
+            v
+        }
+        Event::Diagnostic { level, message } => json!({
+            "type": "diagnostic", "level": level_name(*level), "message": message, "target": "courier_engine",
+        }),
+    }
+}

@@ -1,0 +1,145 @@
+//! `Relay.start`, `issueToken` and the `courier-relay` command line, over `courier-relay`.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use courier_relay::{cli, MailboxLimits, RateLimit, RelayConfig, RelayHandle, Storage, TlsConfig};
+use napi::bindgen_prelude::*;
+use napi_derive::napi;
+
+use crate::coded;
+
+#[napi(object)]
+pub struct NativeRelayMailbox {
+    pub max_messages: Option<i64>,
+    pub max_bytes: Option<i64>,
+    pub ttl_ms: Option<i64>,
+}
+
+#[napi(object)]
+pub struct NativeRelayOptions {
+    pub listen: String,
+    pub storage_path: Option<String>,
+    pub jwt_secret: String,
+    /// `false` disables store-and-forward; absent or an object enables it.
+    pub mailbox_enabled: bool,
+    pub mailbox: Option<NativeRelayMailbox>,
+    pub rate_burst: Option<u32>,
+    pub rate_per_sec: Option<u32>,
+    pub tls_cert: Option<String>,
+    pub tls_key: Option<String>,
+}
+
+#[napi]
+pub struct NativeRelay {
+    handle: Mutex<Option<RelayHandle>>,
+    url: String,
+    port: u16,
+}
+
+fn non_negative(name: &str, v: Option<i64>, default: u64) -> Result<u64> {
+    match v {
+        None => Ok(default),
+        Some(v) if v >= 1 => Ok(v as u64),
+        Some(_) => Err(coded("ERR_CONFIG", format!("mailbox.{name} must be a positive integer"))),
+    }
+}
+
+fn relay_config(o: NativeRelayOptions) -> Result<RelayConfig> {
+    let listen = o
+        .listen
+        .parse()
+        .map_err(|_| coded("ERR_CONFIG", format!("listen must be an address like 127.0.0.1:0, got {:?}", o.listen)))?;
+    let storage = match o.storage_path {
+        Some(path) => Storage::Path(PathBuf::from(path)),
+        None => Storage::Memory,
+    };
+    if o.jwt_secret.is_empty() {
+        return Err(coded("ERR_CONFIG", "jwtSecret must not be empty"));
+    }
+    let mut config = RelayConfig::new(listen, storage, o.jwt_secret.into_bytes());
+    config.mailbox = if o.mailbox_enabled {
+        let d = MailboxLimits::default();
+        let m = o.mailbox.unwrap_or(NativeRelayMailbox { max_messages: None, max_bytes: None, ttl_ms: None });
+        Some(MailboxLimits {
+            max_messages: non_negative("maxMessages", m.max_messages, d.max_messages)?,
+            max_bytes: non_negative("maxBytes", m.max_bytes, d.max_bytes)?,
+            ttl_ms: non_negative("ttlMs", m.ttl_ms, d.ttl_ms)?,
+        })
+    } else {
+        None
+    };
+    let default_rate = RateLimit::default();
+    config.rate_limit = RateLimit {
+        burst: o.rate_burst.unwrap_or(default_rate.burst),
+        per_sec: o.rate_per_sec.unwrap_or(default_rate.per_sec),
+    };
+    config.tls = match (o.tls_cert, o.tls_key) {
+        (Some(cert_pem), Some(key_pem)) => Some(TlsConfig { cert_pem, key_pem }),
+        (None, None) => None,
+        _ => return Err(coded("ERR_CONFIG", "tls needs both cert and key")),
+    };
+    Ok(config)
+}
+
+async fn start_relay(config: RelayConfig) -> Result<NativeRelay> {
+    let handle = courier_relay::start(config).await.map_err(|e| coded("ERR_RELAY", e))?;
+    Ok(NativeRelay { url: handle.url(), port: handle.port(), handle: Mutex::new(Some(handle)) })
+}
+
+#[napi]
+impl NativeRelay {
+    #[napi(factory)]
+    pub async fn start(options: NativeRelayOptions) -> Result<NativeRelay> {
+        start_relay(relay_config(options)?).await
+    }
+
+    /// Starts a relay from `courier-relay` command-line arguments.
+    #[napi(factory)]
+    pub async fn start_from_args(args: Vec<String>) -> Result<NativeRelay> {
+        match cli::parse(&args).map_err(|e| coded("ERR_CONFIG", e))? {
+            cli::CliCommand::Run(config) => start_relay(config).await,
+            cli::CliCommand::Help => Err(coded("ERR_CONFIG", "--help has no relay to start")),
+        }
+    }
+
+    #[napi(getter)]
+    pub fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    #[napi(getter)]
+    pub fn port(&self) -> u32 {
+        u32::from(self.port)
+    }
+
+    #[napi]
+    pub fn stats(&self) -> Result<String> {
+        let guard = self.handle.lock().map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?;
+        match guard.as_ref() {
+            Some(h) => serde_json::to_string(&h.stats()).map_err(|e| coded("ERR_INTERNAL", e)),
+            None => Err(coded("ERR_NOT_STARTED", "the relay is stopped")),
+        }
+    }
+
+    #[napi]
+    pub async fn stop(&self) -> Result<()> {
+        let handle = self.handle.lock().map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?.take();
+        if let Some(handle) = handle {
+            handle.stop().await;
+        }
+        Ok(())
+    }
+}
+
+#[napi]
+pub fn relay_cli_help() -> String {
+    cli::HELP.to_owned()
+}
+
+/// An HS256 JWT for `account`, valid for `expiresInSec` (default one day).
+#[napi]
+pub fn issue_token(secret: String, account: String, expires_in_sec: Option<u32>) -> Result<String> {
+    courier_relay::issue_token(secret.as_bytes(), &account, u64::from(expires_in_sec.unwrap_or(86_400)))
+        .map_err(|e| coded("ERR_INVALID_ARGUMENT", e))
+}
