@@ -1,0 +1,662 @@
+//! `new Protocol(config)`: validation of the application's config (`api.md`).
+//!
+//! The whole object is checked synchronously and the first problem is reported as a
+//! [`ConfigError`] whose `path` names the offending key (`reliability.retry.initialDelayMs`)
+//! and whose `message` says what is wrong; `Display` joins them with a space. Unknown keys are
+//! an error at every depth (a typo must not silently fall back to a default). A JSON `null` is
+//! the same as leaving the key out, because the JS binding may turn an `undefined` property
+//! into `null`.
+//!
+//! Numbers: integers are JSON numbers that are whole and at most 2^53 (the largest integer a
+//! JavaScript number holds exactly); `5000` and `5000.0` are the same value.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::PathBuf;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use courier_engine::Config;
+use serde_json::{Map, Value};
+
+/// Largest integer a JavaScript number represents exactly.
+const MAX_SAFE_INTEGER: u64 = 1 << 53;
+
+const THIRTY_DAYS_MS: u64 = 30 * 24 * 3600 * 1000;
+
+/// An invalid config: `"{path} {message}"`, e.g.
+/// `reliability.retry.initialDelayMs must be <= maxDelayMs`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path} {message}")]
+pub struct ConfigError {
+    pub path: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// `storage`: exactly one of a file path or an in-memory store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StorageConfig {
+    Path(PathBuf),
+    Memory,
+}
+
+/// `transports.internet`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct InternetConfig {
+    /// The relay URL as given (`ws://` or `wss://`).
+    pub url: String,
+    pub auth_token: String,
+    /// Extra trust anchors (PEM) for `wss://`, added to the system roots.
+    pub ca_certificates: Option<String>,
+    pub auto_reconnect: bool,
+    /// The host is `localhost`, in `127.0.0.0/8` or `::1`.
+    pub host_is_loopback: bool,
+    /// `wss://`.
+    pub tls: bool,
+}
+
+impl std::fmt::Debug for InternetConfig {
+    // The token is a bearer credential: never in logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InternetConfig")
+            .field("url", &self.url)
+            .field("auth_token", &"<redacted>")
+            .field(
+                "ca_certificates",
+                &self.ca_certificates.as_ref().map(|_| "<pem>"),
+            )
+            .field("auto_reconnect", &self.auto_reconnect)
+            .field("host_is_loopback", &self.host_is_loopback)
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+/// `logLevel`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum LogLevel {
+    Error,
+    #[default]
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    pub const ALL: [LogLevel; 5] = [
+        Self::Error,
+        Self::Warn,
+        Self::Info,
+        Self::Debug,
+        Self::Trace,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Error => "error",
+            Self::Warn => "warn",
+            Self::Info => "info",
+            Self::Debug => "debug",
+            Self::Trace => "trace",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|l| l.as_str() == s)
+    }
+
+    pub fn to_tracing(self) -> tracing::Level {
+        match self {
+            Self::Error => tracing::Level::ERROR,
+            Self::Warn => tracing::Level::WARN,
+            Self::Info => tracing::Level::INFO,
+            Self::Debug => tracing::Level::DEBUG,
+            Self::Trace => tracing::Level::TRACE,
+        }
+    }
+}
+
+/// A validated `Protocol` config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProtocolConfig {
+    pub app_id: String,
+    pub storage: StorageConfig,
+    pub internet: Option<InternetConfig>,
+    /// Built from `appId` and `reliability.*`; every other field at `Config::new` defaults.
+    pub engine: Config,
+    pub group_relay_broadcast: bool,
+    /// `inboundDurabilityHook` was given (the JS facade passes `true` in place of the function).
+    pub has_durability_hook: bool,
+    pub inbound_durability_hook_timeout_ms: u64,
+    pub log_level: LogLevel,
+    /// This device's sender name; see [`local_identity`].
+    pub local_identity: String,
+    /// Valid but questionable settings, for the runtime to surface as `diagnostic` events.
+    pub warnings: Vec<String>,
+}
+
+const ROOT_KEYS: &[&str] = &[
+    "appId",
+    "storage",
+    "transports",
+    "encryption",
+    "reliability",
+    "group",
+    "inboundDurabilityHook",
+    "inboundDurabilityHookTimeoutMs",
+    "logLevel",
+];
+
+/// Validates `value` (the config object as JSON) and builds the runtime config.
+pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigError> {
+    let root = Section::root(value, ROOT_KEYS)?;
+    let mut warnings = Vec::new();
+
+    let app_id = root
+        .string("appId")?
+        .ok_or_else(|| root.error("appId", "is required"))?;
+    courier_proto::validate_identifier(app_id).map_err(|e| root.error("appId", e.to_string()))?;
+
+    let storage = parse_storage(&root)?;
+    let internet = match root.section("transports", &["internet"])? {
+        Some(transports) => parse_internet(&transports, &mut warnings)?,
+        None => None,
+    };
+
+    if let Some(encryption) = root.section("encryption", &["enabled"])? {
+        if encryption.bool("enabled")? == Some(true) {
+            return Err(encryption.error(
+                "enabled",
+                "end-to-end encryption is not available in this build",
+            ));
+        }
+    }
+
+    let mut engine = Config::new(app_id);
+    if let Some(reliability) =
+        root.section("reliability", &["ack", "retry", "edgeDrivenUnreachableDm"])?
+    {
+        parse_reliability(&reliability, &mut engine)?;
+    }
+    if engine.outbox_max_lifetime_ms.saturating_mul(4) > THIRTY_DAYS_MS {
+        warnings.push(
+            "reliability.retry.outboxMaxLifetimeMs: 4 × outboxMaxLifetimeMs exceeds 30 days: \
+             late control frames may be refused as stale"
+                .to_owned(),
+        );
+    }
+
+    let group_relay_broadcast = match root.section("group", &["relayBroadcastEnabled"])? {
+        Some(group) => group.bool("relayBroadcastEnabled")?.unwrap_or(true),
+        None => true,
+    };
+
+    let has_durability_hook = match root.get("inboundDurabilityHook") {
+        None => false,
+        Some(Value::Bool(true)) => true,
+        Some(_) => return Err(root.error("inboundDurabilityHook", "must be a function")),
+    };
+    let inbound_durability_hook_timeout_ms = root
+        .int("inboundDurabilityHookTimeoutMs", 1, MAX_SAFE_INTEGER)?
+        .unwrap_or(30_000);
+
+    let log_level = match root.string("logLevel")? {
+        None => LogLevel::default(),
+        Some(s) => LogLevel::parse(s).ok_or_else(|| {
+            root.error(
+                "logLevel",
+                "must be one of 'error', 'warn', 'info', 'debug', 'trace'",
+            )
+        })?,
+    };
+
+    let local_identity = local_identity(app_id, internet.as_ref(), &mut warnings);
+
+    Ok(ProtocolConfig {
+        app_id: app_id.to_owned(),
+        storage,
+        internet,
+        engine,
+        group_relay_broadcast,
+        has_durability_hook,
+        inbound_durability_hook_timeout_ms,
+        log_level,
+        local_identity,
+        warnings,
+    })
+}
+
+fn parse_storage(root: &Section<'_>) -> Result<StorageConfig, ConfigError> {
+    let storage = root
+        .section("storage", &["path", "memory"])?
+        .ok_or_else(|| {
+            root.error(
+                "storage",
+                "is required (set storage.path or storage.memory)",
+            )
+        })?;
+    let path = storage.string("path")?;
+    let memory = match storage.get("memory") {
+        None => false,
+        Some(Value::Bool(true)) => true,
+        Some(_) => {
+            return Err(storage.error(
+                "memory",
+                "must be true (leave it out and set storage.path for a file store)",
+            ))
+        }
+    };
+    match (path, memory) {
+        (Some(_), true) => Err(root.error(
+            "storage",
+            "must set exactly one of path or memory, not both",
+        )),
+        (None, false) => Err(root.error("storage", "must set exactly one of path or memory")),
+        (Some(""), false) => Err(storage.error("path", "must be a non-empty string")),
+        (Some(p), false) => Ok(StorageConfig::Path(PathBuf::from(p))),
+        (None, true) => Ok(StorageConfig::Memory),
+    }
+}
+
+fn parse_internet(
+    transports: &Section<'_>,
+    warnings: &mut Vec<String>,
+) -> Result<Option<InternetConfig>, ConfigError> {
+    let Some(internet) =
+        transports.section("internet", &["url", "authToken", "tls", "autoReconnect"])?
+    else {
+        return Ok(None);
+    };
+    let url = internet
+        .string("url")?
+        .ok_or_else(|| internet.error("url", "is required"))?;
+    let (tls, host_is_loopback) = check_relay_url(url).map_err(|m| internet.error("url", m))?;
+
+    let auth_token = internet
+        .string("authToken")?
+        .ok_or_else(|| internet.error("authToken", "is required with url"))?;
+    if auth_token.trim().is_empty() {
+        return Err(internet.error("authToken", "must be a non-empty string"));
+    }
+
+    let ca_certificates = match internet.section("tls", &["caCertificates"])? {
+        Some(tls_section) => match tls_section.string("caCertificates")? {
+            Some(pem) => {
+                check_pem_certificates(pem).map_err(|m| tls_section.error("caCertificates", m))?;
+                if !tls {
+                    warnings.push(
+                        "transports.internet.tls.caCertificates is ignored: the url is ws://, \
+                         not wss://"
+                            .to_owned(),
+                    );
+                }
+                Some(pem.to_owned())
+            }
+            None => None,
+        },
+        None => None,
+    };
+    let auto_reconnect = internet.bool("autoReconnect")?.unwrap_or(true);
+
+    Ok(Some(InternetConfig {
+        url: url.to_owned(),
+        auth_token: auth_token.to_owned(),
+        ca_certificates,
+        auto_reconnect,
+        host_is_loopback,
+        tls,
+    }))
+}
+
+/// `ws://` or `wss://` with a host; `ws://` only to a loopback host. Returns `(tls, loopback)`.
+fn check_relay_url(url: &str) -> Result<(bool, bool), String> {
+    const SCHEME: &str = "must be a ws:// or wss:// URL";
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("is not a valid URL ({e})"))?;
+    let tls = match uri.scheme_str() {
+        Some(s) if s.eq_ignore_ascii_case("wss") => true,
+        Some(s) if s.eq_ignore_ascii_case("ws") => false,
+        _ => return Err(SCHEME.to_owned()),
+    };
+    let authority = uri.authority().map(|a| a.as_str()).unwrap_or("");
+    if authority.contains('@') {
+        return Err("must not contain credentials; pass them as authToken".to_owned());
+    }
+    if authority.is_empty() {
+        return Err("must name a host".to_owned());
+    }
+    let host = uri.host().unwrap_or("");
+    if host.is_empty() {
+        return Err("must name a host".to_owned());
+    }
+    let loopback = is_loopback_host(host);
+    if !tls && !loopback {
+        return Err("ws:// is only allowed for loopback hosts; use wss://".to_owned());
+    }
+    Ok((tls, loopback))
+}
+
+/// `localhost`, `127.0.0.0/8`, `::1` (bracketed in a URL).
+fn is_loopback_host(host: &str) -> bool {
+    if host.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    if let Ok(v4) = host.parse::<Ipv4Addr>() {
+        return v4.is_loopback();
+    }
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    bare.parse::<Ipv6Addr>().is_ok_and(|v6| v6.is_loopback())
+}
+
+/// At least one `CERTIFICATE` PEM block, every block well-formed.
+fn check_pem_certificates(pem: &str) -> Result<(), String> {
+    const MESSAGE: &str = "must contain at least one PEM certificate (-----BEGIN CERTIFICATE-----)";
+    if !pem.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(MESSAGE.to_owned());
+    }
+    let mut count = 0usize;
+    for cert in rustls_pemfile::certs(&mut pem.as_bytes()) {
+        cert.map_err(|e| format!("holds a malformed PEM certificate ({e})"))?;
+        count += 1;
+    }
+    if count == 0 {
+        return Err(MESSAGE.to_owned());
+    }
+    Ok(())
+}
+
+fn parse_reliability(reliability: &Section<'_>, engine: &mut Config) -> Result<(), ConfigError> {
+    if let Some(ack) = reliability.section("ack", &["defaultTimeoutMs", "maxPendingAcks"])? {
+        if let Some(v) = ack.int("defaultTimeoutMs", 1, MAX_SAFE_INTEGER)? {
+            engine.ack_timeout_ms = v;
+        }
+        if let Some(v) = ack.int("maxPendingAcks", 1, usize::MAX as u64)? {
+            engine.max_pending_acks = v as usize;
+        }
+    }
+    if let Some(retry) = reliability.section(
+        "retry",
+        &[
+            "maxRetries",
+            "initialDelayMs",
+            "maxDelayMs",
+            "backoffMultiplier",
+            "outboxMaxLifetimeMs",
+            "pendingMessageMaxLifetimeMs",
+        ],
+    )? {
+        if let Some(v) = retry.int("maxRetries", 0, u64::from(u32::MAX))? {
+            engine.max_retries = v as u32;
+        }
+        if let Some(v) = retry.int("initialDelayMs", 1, MAX_SAFE_INTEGER)? {
+            engine.initial_delay_ms = v;
+        }
+        if let Some(v) = retry.int("maxDelayMs", 1, MAX_SAFE_INTEGER)? {
+            engine.max_delay_ms = v;
+        }
+        if engine.initial_delay_ms > engine.max_delay_ms {
+            return Err(retry.error("initialDelayMs", "must be <= maxDelayMs"));
+        }
+        if let Some(v) = retry.number("backoffMultiplier")? {
+            if !(v.is_finite() && v >= 1.0) {
+                return Err(retry.error("backoffMultiplier", "must be a finite number >= 1"));
+            }
+            engine.backoff_multiplier = v;
+        }
+        if let Some(v) = retry.int("outboxMaxLifetimeMs", 1, MAX_SAFE_INTEGER)? {
+            engine.outbox_max_lifetime_ms = v;
+        }
+        if let Some(v) = retry.int("pendingMessageMaxLifetimeMs", 1, MAX_SAFE_INTEGER)? {
+            engine.pending_message_max_lifetime_ms = v;
+        }
+    }
+    if let Some(v) = reliability.bool("edgeDrivenUnreachableDm")? {
+        engine.edge_driven_unreachable_dm = v;
+    }
+    Ok(())
+}
+
+/// This device's sender name, until end-to-end identities (`off1…` addresses) land.
+///
+/// The relay authenticates the connection by the JWT's `sub` and stamps every frame it
+/// forwards with that account name; the receiver strict-matches the stamp against
+/// `Message.sender` (`TRANSPORT_IDENTITY_MISMATCH` otherwise). So with a relay, the only
+/// sender name that works is the token's `sub`. The token is read without verifying its
+/// signature: it is our own credential, and the relay — which holds the secret — verifies it
+/// on connect; a forged `sub` here would only get our own frames refused.
+///
+/// Without an internet transport (local carriers only), or when the token has no readable
+/// `sub`, there is no account name to match, and `appId` — the one name the config always
+/// carries — is used so the device still has a stable sender name. The second case is surfaced
+/// as a warning, because the relay would then refuse or mis-attribute our frames.
+fn local_identity(
+    app_id: &str,
+    internet: Option<&InternetConfig>,
+    warnings: &mut Vec<String>,
+) -> String {
+    let Some(internet) = internet else {
+        return app_id.to_owned();
+    };
+    match jwt_subject(&internet.auth_token) {
+        Some(sub) => sub,
+        None => {
+            warnings.push(format!(
+                "transports.internet.authToken has no readable `sub` claim; this device sends as \
+                 {app_id:?} (appId)"
+            ));
+            app_id.to_owned()
+        }
+    }
+}
+
+/// The `sub` claim of a compact JWT, decoded without verification. `None` unless it is a valid
+/// identifier.
+fn jwt_subject(token: &str) -> Option<String> {
+    let mut parts = token.trim().split('.');
+    let (_header, payload, _signature) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    let bytes = URL_SAFE_NO_PAD.decode(payload.trim_end_matches('=')).ok()?;
+    let claims: Value = serde_json::from_slice(&bytes).ok()?;
+    let sub = claims.get("sub")?.as_str()?;
+    courier_proto::validate_identifier(sub).ok()?;
+    Some(sub.to_owned())
+}
+
+/// One JSON object of the config, at `path`, whose keys were checked against the known ones.
+struct Section<'a> {
+    path: String,
+    map: &'a Map<String, Value>,
+}
+
+impl<'a> Section<'a> {
+    fn root(value: &'a Value, known: &[&str]) -> Result<Self, ConfigError> {
+        let Value::Object(map) = value else {
+            return Err(ConfigError::new("config", "must be an object"));
+        };
+        let s = Self {
+            path: String::new(),
+            map,
+        };
+        s.check_keys(known)?;
+        Ok(s)
+    }
+
+    fn child_path(&self, key: &str) -> String {
+        if self.path.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{}.{key}", self.path)
+        }
+    }
+
+    fn error(&self, key: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError::new(self.child_path(key), message)
+    }
+
+    fn check_keys(&self, known: &[&str]) -> Result<(), ConfigError> {
+        for key in self.map.keys() {
+            if known.contains(&key.as_str()) {
+                continue;
+            }
+            let hint = known
+                .iter()
+                .find(|k| k.eq_ignore_ascii_case(key))
+                .map(|k| format!(" (did you mean {k}?)"))
+                .unwrap_or_default();
+            return Err(self.error(key, format!("is not a known option{hint}")));
+        }
+        Ok(())
+    }
+
+    /// The value of `key`; `null` counts as absent.
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    fn section(&self, key: &str, known: &[&str]) -> Result<Option<Section<'a>>, ConfigError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Object(map)) => {
+                let s = Section {
+                    path: self.child_path(key),
+                    map,
+                };
+                s.check_keys(known)?;
+                Ok(Some(s))
+            }
+            Some(_) => Err(self.error(key, "must be an object")),
+        }
+    }
+
+    fn string(&self, key: &str) -> Result<Option<&'a str>, ConfigError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(self.error(key, "must be a string")),
+        }
+    }
+
+    fn bool(&self, key: &str) -> Result<Option<bool>, ConfigError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(self.error(key, "must be a boolean")),
+        }
+    }
+
+    fn number(&self, key: &str) -> Result<Option<f64>, ConfigError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Number(n)) => n
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.error(key, "must be a number")),
+            Some(_) => Err(self.error(key, "must be a number")),
+        }
+    }
+
+    /// A whole number in `min..=max` (`max` capped at 2^53). `min` is 0 or 1.
+    fn int(&self, key: &str, min: u64, max: u64) -> Result<Option<u64>, ConfigError> {
+        let Some(value) = self.get(key) else {
+            return Ok(None);
+        };
+        let kind = if min == 0 {
+            "must be a non-negative integer"
+        } else {
+            "must be a positive integer"
+        };
+        let max = max.min(MAX_SAFE_INTEGER);
+        let Value::Number(n) = value else {
+            return Err(self.error(key, kind));
+        };
+        let v = if let Some(u) = n.as_u64() {
+            u
+        } else if n.as_i64().is_some() {
+            return Err(self.error(key, kind)); // negative
+        } else {
+            match n.as_f64() {
+                Some(f) if f.is_finite() && f.fract() == 0.0 && f >= 0.0 => {
+                    if f > max as f64 {
+                        return Err(self.error(key, format!("must be at most {max}")));
+                    }
+                    f as u64
+                }
+                _ => return Err(self.error(key, kind)),
+            }
+        };
+        if v < min {
+            return Err(self.error(key, kind));
+        }
+        if v > max {
+            return Err(self.error(key, format!("must be at most {max}")));
+        }
+        Ok(Some(v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_hosts() {
+        for h in [
+            "localhost",
+            "LocalHost",
+            "127.0.0.1",
+            "127.1.2.3",
+            "127.255.255.255",
+            "[::1]",
+            "::1",
+        ] {
+            assert!(is_loopback_host(h), "{h}");
+        }
+        for h in [
+            "128.0.0.1",
+            "10.0.0.1",
+            "[::2]",
+            "localhost.example.com",
+            "127.1",
+            "0.0.0.0",
+            "[::]",
+        ] {
+            assert!(!is_loopback_host(h), "{h}");
+        }
+    }
+
+    #[test]
+    fn jwt_subject_decoding() {
+        let token = |payload: &str| {
+            format!(
+                "eyJhbGciOiJIUzI1NiJ9.{}.c2ln",
+                URL_SAFE_NO_PAD.encode(payload)
+            )
+        };
+        assert_eq!(
+            jwt_subject(&token(r#"{"sub":"alice","exp":1}"#)).as_deref(),
+            Some("alice")
+        );
+        assert_eq!(jwt_subject(&token(r#"{"exp":1}"#)), None);
+        assert_eq!(jwt_subject(&token(r#"{"sub":""}"#)), None);
+        assert_eq!(jwt_subject(&token(r#"{"sub":"a/b"}"#)), None);
+        assert_eq!(jwt_subject(&token("not json")), None);
+        assert_eq!(jwt_subject("opaque-token"), None);
+        assert_eq!(jwt_subject("a.b.c.d"), None);
+        assert_eq!(jwt_subject("a.!!!.c"), None);
+    }
+}

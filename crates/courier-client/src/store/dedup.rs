@@ -1,0 +1,61 @@
+//! Processed inbound keys `(chat, sender, message_id)`: the receiver's dedup across restarts
+//! (`delivery.md` item 11).
+
+use courier_engine::io::{Millis, ProcessedKey};
+use rusqlite::{params, Connection};
+
+use super::{from_db_u64, to_db, StoreError};
+
+/// Insert-or-ignore: the first processing time is kept, so a redelivery never extends the
+/// retention of its key (the sender's absolute lifetime is anchored before the first arrival).
+pub(crate) fn mark(conn: &Connection, key: &ProcessedKey) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO processed (chat, sender, message_id, at) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (chat, sender, message_id) DO NOTHING",
+    )?
+    .execute(params![key.chat, key.sender, key.message_id, to_db(key.at)])?;
+    Ok(())
+}
+
+/// Deletes keys processed before `older_than`, then the oldest beyond `max`.
+pub(crate) fn prune(
+    conn: &Connection,
+    older_than: Millis,
+    max: usize,
+) -> Result<usize, StoreError> {
+    let expired = conn
+        .prepare_cached("DELETE FROM processed WHERE at < ?1")?
+        .execute([to_db(older_than)])?;
+    let excess = conn
+        .prepare_cached(
+            "DELETE FROM processed WHERE (chat, sender, message_id) IN (
+                 SELECT chat, sender, message_id FROM processed
+                 ORDER BY at DESC, chat DESC, sender DESC, message_id DESC
+                 LIMIT -1 OFFSET ?1)",
+        )?
+        .execute([to_db(max as u64)])?;
+    Ok(expired + excess)
+}
+
+/// All keys, oldest first.
+pub(crate) fn load(conn: &Connection) -> Result<Vec<ProcessedKey>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT chat, sender, message_id, at FROM processed
+         ORDER BY at, chat, sender, message_id",
+    )?;
+    let mut rows = stmt.query([])?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        let at: i64 = row.get(3)?;
+        let key = ProcessedKey {
+            chat: row.get(0)?,
+            sender: row.get(1)?,
+            message_id: row.get(2)?,
+            at: from_db_u64(at).ok_or_else(|| {
+                StoreError::Corrupt(format!("processed row has a negative time ({at})"))
+            })?,
+        };
+        out.push(key);
+    }
+    Ok(out)
+}

@@ -1,0 +1,423 @@
+//! The SQLite store: the durable outbox, settled outcomes and processed inbound keys.
+//!
+//! # Durability promise
+//! A file store runs in WAL mode with `synchronous=FULL`: every `commit` fsyncs the WAL before
+//! it returns (and `fullfsync` is on, which makes that an `F_FULLFSYNC` on Apple platforms,
+//! where a plain `fsync` does not reach stable storage). So once `commit` has returned — and
+//! therefore once `sendMessage` has resolved — the write survives a process kill **and** an OS
+//! crash or power loss, provided the disk honours flushes. `synchronous=NORMAL` would only
+//! survive a process kill; the fsync it saves is amortised by group commit instead: the runtime
+//! commits every op of a step in one transaction, which costs one fsync however many messages
+//! it carries.
+//!
+//! # Checkpoints
+//! SQLite's automatic checkpoint would run inside whichever commit crosses 1000 WAL pages and
+//! add two fsyncs to it. It is off (`wal_autocheckpoint=0`); a WAL hook counts the pages
+//! instead and the runtime calls [`Store::maybe_checkpoint`] off the commit path, which runs a
+//! `PASSIVE` checkpoint once the WAL exceeds [`WAL_CHECKPOINT_PAGES`].
+//!
+//! # One writer
+//! `open` holds an exclusive lock on `<db path>.lock` for the store's lifetime (see
+//! `lock.rs`): a second `open` of the same file, in this process or another, fails with
+//! [`StoreError::Locked`].
+
+mod dedup;
+mod lock;
+mod outbox;
+mod schema;
+
+use std::os::raw::c_int;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use courier_engine::io::{EntryState, Millis, OutboxRecord, ProcessedKey, Settlement, StoreOp};
+use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
+
+use lock::LockFile;
+pub use schema::SCHEMA_VERSION;
+
+/// WAL size, in pages, above which `maybe_checkpoint` checkpoints (SQLite's own default).
+pub const WAL_CHECKPOINT_PAGES: u32 = 1000;
+
+/// How long a statement waits for a SQLite lock held by someone else. We are the only writer
+/// (the lock file guarantees it); this only covers an external reader such as a backup tool.
+const BUSY_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// After a checkpoint lets the WAL restart, SQLite truncates the file to this size, so one
+/// burst does not leave a large WAL on disk forever.
+const JOURNAL_SIZE_LIMIT_BYTES: i64 = 8 * 1024 * 1024;
+
+/// Prepared statements kept per connection; the commit path uses a handful.
+const STATEMENT_CACHE: usize = 32;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Another `Store` (in this process or another) has this database open.
+    #[error("storage {} is locked: another Protocol in this or another process is using it", .0.display())]
+    Locked(PathBuf),
+    /// A SQLite failure; the message is SQLite's reason (disk full, read-only, I/O error…).
+    #[error("SQLite error: {0}")]
+    Sqlite(rusqlite::Error),
+    /// The file is not a database, is damaged, or holds rows this build cannot read.
+    #[error("storage is corrupt: {0}")]
+    Corrupt(String),
+    #[error("storage I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    /// The database was written by a newer build; it is left untouched.
+    #[error(
+        "storage schema version {found} is newer than this build supports ({supported}); \
+         the file was left untouched"
+    )]
+    NewerSchema { found: u32, supported: u32 },
+    /// A schema migration failed or would have lost data; it was rolled back.
+    #[error("storage migration to schema version {to} failed: {message}")]
+    Migration { to: u32, message: String },
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        match e.sqlite_error_code() {
+            Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => {
+                Self::Corrupt(e.to_string())
+            }
+            _ => Self::Sqlite(e),
+        }
+    }
+}
+
+/// How a settled message ended, kept for `getMessageStatus` and idempotent client ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettledRecord {
+    pub outcome: Settlement,
+    pub at: Millis,
+    pub recipient: String,
+}
+
+/// What storage knows about a message id (`getMessageStatus`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageStatus {
+    Queued,
+    InFlight,
+    Parked,
+    Delivered,
+    Failed,
+    Unknown,
+}
+
+impl MessageStatus {
+    /// The API string: `'queued' | 'in_flight' | 'parked' | 'delivered' | 'failed' | 'unknown'`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::InFlight => "in_flight",
+            Self::Parked => "parked",
+            Self::Delivered => "delivered",
+            Self::Failed => "failed",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+impl From<EntryState> for MessageStatus {
+    fn from(s: EntryState) -> Self {
+        match s {
+            EntryState::Queued => Self::Queued,
+            EntryState::InFlight => Self::InFlight,
+            EntryState::Parked => Self::Parked,
+        }
+    }
+}
+
+pub struct Store {
+    // Field order is drop order: the connection closes (and SQLite runs its final checkpoint)
+    // before the lock is released, so the next owner never sees a half-closed database.
+    conn: Connection,
+    /// Frames in the WAL after the last commit, as reported by the WAL hook.
+    wal_pages: Arc<AtomicU32>,
+    path: Option<PathBuf>,
+    _lock: Option<LockFile>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.path)
+            .field("lock", &self._lock.as_ref().map(LockFile::path))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens (creating if missing) the database at `path`, takes the one-writer lock, and
+    /// migrates it to [`SCHEMA_VERSION`]. See the module docs for the durability settings.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let lock = LockFile::acquire(path)?;
+        Self::open_locked(path, lock).map_err(|e| match e {
+            StoreError::Corrupt(msg) => StoreError::Corrupt(format!("{}: {msg}", path.display())),
+            other => other,
+        })
+    }
+
+    fn open_locked(path: &Path, lock: LockFile) -> Result<Store, StoreError> {
+        // No SQLITE_OPEN_URI: the path is a file name, never a `file:` URI with parameters.
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let mut conn = Connection::open_with_flags(path, flags)?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+
+        // The first read of the file: a non-database fails here, and a newer schema is refused
+        // before anything (even the journal mode, which lives in the header) is written.
+        let found = schema::read_version(&conn)?;
+        schema::check_not_newer(found, SCHEMA_VERSION)?;
+
+        let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Io(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                format!(
+                    "{}: the file system does not support SQLite's WAL mode (journal mode stayed {mode:?})",
+                    path.display()
+                ),
+            )));
+        }
+        conn.execute_batch(&format!(
+            "PRAGMA synchronous = FULL;
+             PRAGMA fullfsync = ON;
+             PRAGMA wal_autocheckpoint = 0;
+             PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT_BYTES};
+             PRAGMA foreign_keys = ON;"
+        ))?;
+
+        // Registered after `wal_autocheckpoint = 0`, which would replace it.
+        let wal_pages = Arc::new(AtomicU32::new(0));
+        let counter = Arc::clone(&wal_pages);
+        conn.wal_hook(Some(move |_: &mut rusqlite::hooks::Wal, pages: c_int| {
+            counter.store(u32::try_from(pages).unwrap_or(0), Ordering::Relaxed);
+            Ok(())
+        }))?;
+
+        Self::finish(conn, wal_pages, Some(path.to_path_buf()), Some(lock))
+    }
+
+    /// An in-memory store (`storage.memory: true`): same schema and semantics, nothing survives
+    /// the `Store`. No lock: nobody else can reach it.
+    pub fn open_memory() -> Result<Store, StoreError> {
+        let conn = Connection::open_in_memory()?;
+        conn.execute_batch("PRAGMA foreign_keys = ON;")?;
+        Self::finish(conn, Arc::new(AtomicU32::new(0)), None, None)
+    }
+
+    fn finish(
+        mut conn: Connection,
+        wal_pages: Arc<AtomicU32>,
+        path: Option<PathBuf>,
+        lock: Option<LockFile>,
+    ) -> Result<Store, StoreError> {
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        schema::migrate(&mut conn)?;
+        Ok(Store {
+            conn,
+            wal_pages,
+            path,
+            _lock: lock,
+        })
+    }
+
+    /// The database file, `None` for an in-memory store.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// `PRAGMA user_version`.
+    pub fn schema_version(&self) -> Result<u32, StoreError> {
+        Ok(schema::read_version(&self.conn)?)
+    }
+
+    /// Every outbox entry, oldest accepted first.
+    pub fn load_outbox(&self) -> Result<Vec<OutboxRecord>, StoreError> {
+        outbox::load(&self.conn)
+    }
+
+    /// Prunes processed keys older than `now - retention_ms` and the oldest beyond `max`, then
+    /// returns the rest, oldest first.
+    pub fn load_processed(
+        &mut self,
+        now: Millis,
+        retention_ms: u64,
+        max: usize,
+    ) -> Result<Vec<ProcessedKey>, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        dedup::prune(&tx, now.saturating_sub(retention_ms), max)?;
+        let keys = dedup::load(&tx)?;
+        tx.commit()?;
+        Ok(keys)
+    }
+
+    /// Deletes processed keys older than `older_than` and the oldest beyond `max`; returns how
+    /// many were deleted. For periodic trimming while running (`load_processed` does it at start).
+    pub fn prune_processed(&mut self, older_than: Millis, max: usize) -> Result<usize, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = dedup::prune(&tx, older_than, max)?;
+        tx.commit()?;
+        Ok(n)
+    }
+
+    /// Applies `ops` in order, all in one transaction (group commit: one fsync for the batch).
+    /// On error nothing of the batch is applied.
+    ///
+    /// - `Put`: upsert the outbox row (and forget a previous settlement of the same id);
+    /// - `Settle`: delete the outbox row, upsert the outcome into `settled`;
+    /// - `MarkProcessed`: insert the key unless present (first processing time kept).
+    pub fn commit(&mut self, ops: &[StoreOp]) -> Result<(), StoreError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        for op in ops {
+            match op {
+                StoreOp::Put(record) => outbox::put(&tx, record)?,
+                StoreOp::Settle {
+                    id,
+                    recipient,
+                    settlement,
+                    at,
+                } => outbox::settle(&tx, id, recipient, settlement, *at)?,
+                StoreOp::MarkProcessed(key) => dedup::mark(&tx, key)?,
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// How `id` settled, if it did (and has not been pruned or re-sent since).
+    pub fn settled(&self, id: &str) -> Result<Option<SettledRecord>, StoreError> {
+        outbox::settled(&self.conn, id)
+    }
+
+    /// `getMessageStatus` from storage: the live outbox row wins, then the settled outcome.
+    pub fn status(&self, id: &str) -> Result<MessageStatus, StoreError> {
+        if let Some(state) = outbox::state_of(&self.conn, id)? {
+            return Ok(state.into());
+        }
+        Ok(match self.settled(id)? {
+            Some(SettledRecord {
+                outcome: Settlement::Delivered,
+                ..
+            }) => MessageStatus::Delivered,
+            Some(SettledRecord {
+                outcome: Settlement::Failed(_),
+                ..
+            }) => MessageStatus::Failed,
+            None => MessageStatus::Unknown,
+        })
+    }
+
+    /// Bounds the settled table: deletes outcomes recorded before `older_than`, then the oldest
+    /// beyond `max`. Returns how many rows were deleted.
+    pub fn prune_settled(&mut self, older_than: Millis, max: usize) -> Result<usize, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = outbox::prune_settled(&tx, older_than, max)?;
+        tx.commit()?;
+        Ok(n)
+    }
+
+    /// Frames in the WAL after the last commit (0 for an in-memory store).
+    pub fn wal_pages(&self) -> u32 {
+        self.wal_pages.load(Ordering::Relaxed)
+    }
+
+    /// Runs a `PASSIVE` checkpoint when the WAL holds more than [`WAL_CHECKPOINT_PAGES`]
+    /// pages; otherwise returns at once. Call it off the commit path (after the events of a
+    /// step were dispatched, or from an idle moment): the checkpoint costs up to two fsyncs.
+    pub fn maybe_checkpoint(&mut self) -> Result<(), StoreError> {
+        if self.path.is_none() || self.wal_pages() <= WAL_CHECKPOINT_PAGES {
+            return Ok(());
+        }
+        let (busy, log, done): (i64, i64, i64) =
+            self.conn
+                .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+                    Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                })?;
+        if busy == 0 && log == done {
+            // Everything is in the database file: the next commit restarts the WAL, and the
+            // hook will report its new size.
+            self.wal_pages.store(0, Ordering::Relaxed);
+        }
+        // Otherwise a reader pinned part of the WAL; the next call tries again.
+        Ok(())
+    }
+}
+
+/// Times and counters are `u64` in the engine and `INTEGER` (i64) in SQLite. Real values are
+/// far below `i64::MAX` (epoch milliseconds reach it in 292 million years); larger ones are
+/// clamped rather than wrapped, so ordering by time stays correct.
+pub(crate) fn to_db(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn from_db_u64(v: i64) -> Option<u64> {
+    u64::try_from(v).ok()
+}
+
+pub(crate) fn from_db_u32(v: i64) -> Option<u32> {
+    u32::try_from(v).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pragma_i64(store: &Store, name: &str) -> i64 {
+        store
+            .conn
+            .pragma_query_value(None, name, |row| row.get(0))
+            .unwrap()
+    }
+
+    #[test]
+    fn file_store_settings() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        let mode: String = store
+            .conn
+            .pragma_query_value(None, "journal_mode", |row| row.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+        assert_eq!(pragma_i64(&store, "synchronous"), 2, "FULL");
+        assert_eq!(pragma_i64(&store, "wal_autocheckpoint"), 0);
+        assert_eq!(pragma_i64(&store, "foreign_keys"), 1);
+        assert_eq!(pragma_i64(&store, "busy_timeout"), 200);
+        assert_eq!(
+            pragma_i64(&store, "journal_size_limit"),
+            JOURNAL_SIZE_LIMIT_BYTES
+        );
+    }
+
+    #[test]
+    fn memory_store_settings() {
+        let store = Store::open_memory().unwrap();
+        assert_eq!(pragma_i64(&store, "foreign_keys"), 1);
+        assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+        assert_eq!(store.path(), None);
+    }
+
+    #[test]
+    fn time_conversion_clamps_instead_of_wrapping() {
+        assert_eq!(to_db(0), 0);
+        assert_eq!(to_db(i64::MAX as u64), i64::MAX);
+        assert_eq!(to_db(u64::MAX), i64::MAX);
+        assert_eq!(from_db_u64(-1), None);
+        assert_eq!(from_db_u32(i64::from(u32::MAX) + 1), None);
+    }
+}

@@ -1,0 +1,213 @@
+//! Schema versions and migrations, tracked in `PRAGMA user_version`.
+//!
+//! `MIGRATIONS[i]` takes a database from version `i` to `i + 1`; version 0 is an empty file.
+//! Adding version 2 is one function appended to the list. The rules every migration follows:
+//! - it runs inside the one transaction that also bumps `user_version`: a crash mid-migration
+//!   leaves the old version intact;
+//! - it never drops a pending outbox row. `migrate` enforces this: if the outbox holds fewer
+//!   rows after the migration than before, the transaction is rolled back and the open fails;
+//! - a database whose version is newer than this build knows is refused with
+//!   `StoreError::NewerSchema` and never written to (an older build cannot know what a newer
+//!   schema means, and "fixing" it would lose data the newer build relies on).
+
+use rusqlite::{Connection, Transaction, TransactionBehavior};
+
+use super::StoreError;
+
+/// One migration step: from version `i` to `i + 1` (its index in `MIGRATIONS`).
+pub(crate) type Migration = fn(&Transaction<'_>) -> rusqlite::Result<()>;
+
+pub(crate) const MIGRATIONS: &[Migration] = &[v1_initial];
+
+/// The schema version this build writes and understands.
+pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
+
+/// Version 1: outbox, settled outcomes, processed inbound keys.
+fn v1_initial(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "CREATE TABLE outbox (
+             id                TEXT    PRIMARY KEY NOT NULL,
+             recipient         TEXT    NOT NULL,
+             state             TEXT    NOT NULL CHECK (state IN ('queued', 'in_flight', 'parked')),
+             created_at        INTEGER NOT NULL,
+             window_start      INTEGER NOT NULL,
+             ack_attempts      INTEGER NOT NULL CHECK (ack_attempts >= 0),
+             transport_retries INTEGER NOT NULL CHECK (transport_retries >= 0),
+             next_at           INTEGER NULL,
+             first_sent_at     INTEGER NULL,
+             last_sent_at      INTEGER NULL,
+             is_media          INTEGER NOT NULL CHECK (is_media IN (0, 1)),
+             message_json      TEXT    NOT NULL
+         );
+         CREATE INDEX outbox_by_created_at ON outbox (created_at);
+
+         CREATE TABLE settled (
+             id        TEXT    PRIMARY KEY NOT NULL,
+             recipient TEXT    NOT NULL,
+             outcome   TEXT    NOT NULL CHECK (outcome IN ('delivered', 'failed')),
+             reason    TEXT    NULL,
+             at        INTEGER NOT NULL,
+             CHECK ((outcome = 'delivered') = (reason IS NULL))
+         ) WITHOUT ROWID;
+         CREATE INDEX settled_by_at ON settled (at);
+
+         CREATE TABLE processed (
+             chat       TEXT    NOT NULL,
+             sender     TEXT    NOT NULL,
+             message_id TEXT    NOT NULL,
+             at         INTEGER NOT NULL,
+             PRIMARY KEY (chat, sender, message_id)
+         ) WITHOUT ROWID;
+         CREATE INDEX processed_by_at ON processed (at);",
+    )
+}
+
+/// `PRAGMA user_version`. The first read of a file, so a non-database fails here.
+pub(crate) fn read_version(conn: &Connection) -> rusqlite::Result<u32> {
+    let v: i64 = conn.pragma_query_value(None, "user_version", |row| row.get(0))?;
+    // user_version is a signed 32-bit header field; a negative one was not written by us and
+    // is certainly not a version we support.
+    Ok(u32::try_from(v).unwrap_or(u32::MAX))
+}
+
+/// Refuses a database newer than `supported` without touching it.
+pub(crate) fn check_not_newer(found: u32, supported: u32) -> Result<(), StoreError> {
+    if found > supported {
+        return Err(StoreError::NewerSchema { found, supported });
+    }
+    Ok(())
+}
+
+/// Brings the database to `SCHEMA_VERSION`.
+pub(crate) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    migrate_with(conn, MIGRATIONS)
+}
+
+/// Brings the database to `migrations.len()`, all pending steps in one transaction.
+pub(crate) fn migrate_with(
+    conn: &mut Connection,
+    migrations: &[Migration],
+) -> Result<(), StoreError> {
+    let supported = migrations.len() as u32;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // Read again under the write lock: the version cannot change between here and commit.
+    let found = read_version(&tx)?;
+    check_not_newer(found, supported)?;
+    if found == supported {
+        return Ok(()); // dropping `tx` rolls back an empty transaction
+    }
+    let pending_before = if found >= 1 { outbox_rows(&tx)? } else { 0 };
+    for (index, step) in migrations.iter().enumerate().skip(found as usize) {
+        step(&tx).map_err(|e| StoreError::Migration {
+            to: index as u32 + 1,
+            message: e.to_string(),
+        })?;
+    }
+    tx.pragma_update(None, "user_version", i64::from(supported))?;
+    let pending_after = outbox_rows(&tx)?;
+    if pending_after < pending_before {
+        return Err(StoreError::Migration {
+            to: supported,
+            message: format!(
+                "would drop pending outbox rows ({pending_before} before, {pending_after} after); rolled back"
+            ),
+        });
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+fn outbox_rows(conn: &Connection) -> rusqlite::Result<u64> {
+    let n: i64 = conn.query_row("SELECT COUNT(*) FROM outbox", [], |row| row.get(0))?;
+    Ok(n as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v2_add_column(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+        tx.execute_batch("ALTER TABLE outbox ADD COLUMN note TEXT NULL")
+    }
+
+    fn v2_drops_rows(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+        tx.execute_batch("DELETE FROM outbox")
+    }
+
+    fn v2_broken(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+        tx.execute_batch("ALTER TABLE outbox ADD COLUMN note TEXT NULL; SELECT * FROM nope")
+    }
+
+    fn insert_row(conn: &Connection) {
+        conn.execute(
+            "INSERT INTO outbox (id, recipient, state, created_at, window_start, ack_attempts,
+                                 transport_retries, is_media, message_json)
+             VALUES ('m1', 'bob', 'queued', 1, 1, 0, 0, 0, '{}')",
+            [],
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn fresh_database_reaches_the_supported_version() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        assert_eq!(read_version(&conn).unwrap(), 0);
+        migrate(&mut conn).unwrap();
+        assert_eq!(read_version(&conn).unwrap(), SCHEMA_VERSION);
+        // Idempotent.
+        migrate(&mut conn).unwrap();
+        assert_eq!(read_version(&conn).unwrap(), SCHEMA_VERSION);
+    }
+
+    #[test]
+    fn a_second_version_is_one_function_and_keeps_rows() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate_with(&mut conn, &[v1_initial]).unwrap();
+        insert_row(&conn);
+        migrate_with(&mut conn, &[v1_initial, v2_add_column]).unwrap();
+        assert_eq!(read_version(&conn).unwrap(), 2);
+        assert_eq!(outbox_rows(&conn).unwrap(), 1);
+        let note: Option<String> = conn
+            .query_row("SELECT note FROM outbox WHERE id = 'm1'", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(note, None);
+    }
+
+    #[test]
+    fn a_migration_that_drops_pending_rows_is_rolled_back() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate_with(&mut conn, &[v1_initial]).unwrap();
+        insert_row(&conn);
+        let err = migrate_with(&mut conn, &[v1_initial, v2_drops_rows]).unwrap_err();
+        assert!(matches!(err, StoreError::Migration { to: 2, .. }), "{err}");
+        assert_eq!(read_version(&conn).unwrap(), 1);
+        assert_eq!(outbox_rows(&conn).unwrap(), 1);
+    }
+
+    #[test]
+    fn a_failing_migration_leaves_the_old_version() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate_with(&mut conn, &[v1_initial]).unwrap();
+        insert_row(&conn);
+        let err = migrate_with(&mut conn, &[v1_initial, v2_broken]).unwrap_err();
+        assert!(err.to_string().contains("no such table"), "{err}");
+        assert_eq!(read_version(&conn).unwrap(), 1);
+        // The column added before the failure was rolled back with it.
+        assert!(conn.prepare("SELECT note FROM outbox").is_err());
+    }
+
+    #[test]
+    fn newer_versions_are_refused() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.pragma_update(None, "user_version", 7).unwrap();
+        let err = migrate(&mut conn).unwrap_err();
+        assert!(matches!(
+            err,
+            StoreError::NewerSchema {
+                found: 7,
+                supported: SCHEMA_VERSION
+            }
+        ));
+        assert_eq!(read_version(&conn).unwrap(), 7);
+    }
+}
