@@ -1,0 +1,89 @@
+// The public API's contract: typed errors with stable codes, validation that names the path.
+import assert from 'node:assert/strict'
+import { test } from 'node:test'
+
+import { Protocol, ProtocolError } from '../js/index.js'
+import { peerConfig, startRelay, tempDir } from './helpers.mjs'
+
+const base = (dir) => ({ appId: 'test', storage: { path: `${dir}/p.db` } })
+
+function throwsCode(fn, code, pattern) {
+  assert.throws(fn, (e) => {
+    assert.ok(e instanceof ProtocolError, `expected ProtocolError, got ${e}`)
+    assert.ok(e instanceof Error)
+    assert.equal(e.code, code)
+    if (pattern) assert.match(e.message, pattern)
+    return true
+  })
+}
+
+async function rejectsCode(promise, code, pattern) {
+  await assert.rejects(promise, (e) => {
+    assert.ok(e instanceof ProtocolError, `expected ProtocolError, got ${e}`)
+    assert.equal(e.code, code)
+    if (pattern) assert.match(e.message, pattern)
+    return true
+  })
+}
+
+test('invalid configs throw ERR_CONFIG naming the offending path', (t) => {
+  const dir = tempDir(t)
+  assert.ok(new Protocol(base(dir)))
+  throwsCode(() => new Protocol({ ...base(dir), reliability: { retry: { initialDelayMs: 5000, maxDelayMs: 1000 } } }), 'ERR_CONFIG', /reliability\.retry\.initialDelayMs must be <= maxDelayMs/)
+  throwsCode(() => new Protocol({ ...base(dir), bogus: 1 }), 'ERR_CONFIG', /bogus/)
+  throwsCode(() => new Protocol({ ...base(dir), reliability: { ack: { defaultTimeoutMs: 'soon' } } }), 'ERR_CONFIG', /reliability\.ack\.defaultTimeoutMs/)
+  throwsCode(() => new Protocol({ appId: 'test' }), 'ERR_CONFIG', /storage/)
+  throwsCode(() => new Protocol({ ...base(dir), transports: { internet: { url: 'ws://example.com', authToken: 'x' } } }), 'ERR_CONFIG', /loopback/)
+  throwsCode(() => new Protocol({ ...base(dir), transports: { internet: { url: 'ws://127.0.0.1:1' } } }), 'ERR_CONFIG', /authToken/)
+  throwsCode(() => new Protocol(null), 'ERR_CONFIG')
+})
+
+test('the three presets of the delivery guide are accepted as written', (t) => {
+  const dir = tempDir(t)
+  const presets = [
+    { ack: { defaultTimeoutMs: 15000 }, retry: { maxRetries: 20, outboxMaxLifetimeMs: 2592000000 } },
+    { ack: { defaultTimeoutMs: 5000 }, retry: { maxRetries: 5, maxDelayMs: 10000 } },
+    { retry: { maxRetries: 3, initialDelayMs: 5000, maxDelayMs: 60000 } },
+  ]
+  for (const reliability of presets) assert.ok(new Protocol({ ...base(dir), reliability }))
+})
+
+test('bad sends are refused with ERR_INVALID_ARGUMENT and change nothing', async (t) => {
+  const dir = tempDir(t)
+  const relay = await startRelay(t)
+  const p = new Protocol(peerConfig('alice', dir, relay.url))
+  await rejectsCode(p.sendMessage('bob', 'early'), 'ERR_NOT_STARTED')
+  await p.start()
+  t.after(() => p.stop())
+  await rejectsCode(p.start(), 'ERR_ALREADY_STARTED')
+  await rejectsCode(p.sendMessage('bob', 'x'.repeat(256 * 1024 + 1)), 'ERR_INVALID_ARGUMENT', /256|262144/)
+  assert.ok(await p.sendMessage('bob', 'x'.repeat(256 * 1024)))
+  for (const prefix of ['__MLS_ENC__', '__GRP_x', '__CTRL_x', '__FILE_x', '__ACK_x']) {
+    await rejectsCode(p.sendMessage('bob', `${prefix}payload`), 'ERR_INVALID_ARGUMENT', /reserved/)
+  }
+  await rejectsCode(p.sendMessage('', 'x'), 'ERR_INVALID_ARGUMENT', /recipient/)
+  await rejectsCode(p.sendMessage('a/b', 'x'), 'ERR_INVALID_ARGUMENT', /recipient/)
+  await rejectsCode(p.sendMessage('bob', 'x', { priority: 'urgent' }), 'ERR_INVALID_ARGUMENT', /priority/)
+  await rejectsCode(p.sendMessage('bob', 'x', { colour: 'red' }), 'ERR_INVALID_ARGUMENT', /colour/)
+  await rejectsCode(p.sendMessage('bob', 'x', { metadata: { ack_for: 'm' } }), 'ERR_INVALID_ARGUMENT', /reserved/)
+  await rejectsCode(p.sendMessage('bob', 42), 'ERR_INVALID_ARGUMENT', /content/)
+  assert.equal(p.stats().outboxRegular, 1)
+})
+
+test('events() iterates in order and ends on abort', async (t) => {
+  const dir = tempDir(t)
+  const relay = await startRelay(t)
+  const p = new Protocol(peerConfig('alice', dir, relay.url))
+  const controller = new AbortController()
+  const iterator = p.events({ signal: controller.signal })
+  await p.start()
+  t.after(() => p.stop())
+  const id = await p.sendMessage('nobody-known', 'x')
+  const seen = []
+  for await (const event of iterator) {
+    seen.push(event)
+    if (event.messageId === id) controller.abort()
+  }
+  assert.ok(seen.some((e) => e.type === 'internet_status_changed'))
+  assert.ok(seen.some((e) => e.messageId === id))
+})

@@ -1,0 +1,108 @@
+// End to end through a real relay on loopback, with real SQLite files.
+import assert from 'node:assert/strict'
+import { test } from 'node:test'
+
+import { Protocol } from '../js/index.js'
+import { ofType, peerConfig, record, startRelay, tempDir, waitFor } from './helpers.mjs'
+
+async function started(t, config) {
+  const protocol = new Protocol(config)
+  const recorder = record(protocol)
+  await protocol.start()
+  t.after(() => protocol.stop())
+  return { protocol, recorder }
+}
+
+test('a message is delivered and acknowledged end to end', async (t) => {
+  const dir = tempDir(t)
+  const relay = await startRelay(t)
+  const bob = await started(t, peerConfig('bob', dir, relay.url))
+  const alice = await started(t, peerConfig('alice', dir, relay.url))
+  await waitFor(alice.recorder, (e) => e.type === 'internet_status_changed' && e.connected)
+
+  const id = await alice.protocol.sendMessage('bob', 'hello bob', { priority: 'high', metadata: { k: 'v' } })
+  const received = await waitFor(bob.recorder, (e) => e.type === 'message_received' && e.messageId === id)
+  assert.equal(received.content, 'hello bob')
+  assert.equal(received.sender, 'alice')
+  assert.deepEqual(received.metadata, { k: 'v' })
+  const delivered = await waitFor(alice.recorder, (e) => e.type === 'message_delivered' && e.messageId === id)
+  assert.equal(delivered.recipient, 'bob')
+  assert.equal(delivered.transport, 'internet')
+  assert.ok(delivered.latencyMs >= 0)
+  assert.equal(await alice.protocol.getMessageStatus(id), 'delivered')
+  assert.equal(ofType(alice.recorder, 'message_sent').filter((e) => e.messageId === id)[0].priority, 'high')
+  assert.equal(alice.protocol.stats().outboxRegular, 0)
+})
+
+test('binary content arrives as a Uint8Array', async (t) => {
+  const dir = tempDir(t)
+  const relay = await startRelay(t)
+  const bob = await started(t, peerConfig('bob', dir, relay.url))
+  const alice = await started(t, peerConfig('alice', dir, relay.url))
+  const bytes = new Uint8Array([0, 1, 2, 250, 255])
+  const id = await alice.protocol.sendMessage('bob', bytes, { contentType: 'file' })
+  const received = await waitFor(bob.recorder, (e) => e.type === 'message_received' && e.messageId === id)
+  assert.ok(received.content instanceof Uint8Array)
+  assert.deepEqual([...received.content], [...bytes])
+  assert.equal(received.contentType, 'file')
+})
+
+test('a message to an offline recipient is stored by the relay and delivered when it starts', async (t) => {
+  const dir = tempDir(t)
+  const relay = await startRelay(t)
+  // Bob connects once so the relay knows the account, then goes away.
+  const first = new Protocol(peerConfig('bob', dir, relay.url))
+  const firstEvents = record(first)
+  await first.start()
+  await waitFor(firstEvents, (e) => e.type === 'internet_status_changed' && e.connected)
+  await first.stop()
+
+  const alice = await started(t, peerConfig('alice', dir, relay.url))
+  const id = await alice.protocol.sendMessage('bob', 'while you were away')
+  await waitFor(alice.recorder, (e) => e.type === 'message_stored' && e.messageId === id)
+  assert.equal(ofType(alice.recorder, 'message_delivered').length, 0)
+
+  const bob = await started(t, peerConfig('bob', dir, relay.url))
+  const received = await waitFor(bob.recorder, (e) => e.type === 'message_received' && e.messageId === id)
+  assert.equal(received.content, 'while you were away')
+  await waitFor(bob.recorder, (e) => e.type === 'inbound_drain_completed')
+  await waitFor(alice.recorder, (e) => e.type === 'message_delivered' && e.messageId === id)
+  assert.equal(ofType(alice.recorder, 'message_failed').length, 0)
+})
+
+test('a message sent while the sender is offline is deferred, then flushed on reconnect', async (t) => {
+  const dir = tempDir(t)
+  const relay = await startRelay(t)
+  const bob = await started(t, peerConfig('bob', dir, relay.url))
+  const alice = await started(t, peerConfig('alice', dir, relay.url))
+  await waitFor(alice.recorder, (e) => e.type === 'internet_status_changed' && e.connected)
+
+  alice.protocol.internetStatusChanged(false)
+  await waitFor(alice.recorder, (e) => e.type === 'internet_status_changed' && !e.connected)
+  const ids = []
+  for (let i = 0; i < 25; i++) ids.push(await alice.protocol.sendMessage('bob', `offline ${i}`))
+  await waitFor(alice.recorder, (e) => e.type === 'message_deferred' && e.messageId === ids[24])
+  assert.equal(await alice.protocol.getMessageStatus(ids[0]), 'queued')
+
+  alice.protocol.internetStatusChanged(true)
+  for (const id of ids) {
+    await waitFor(alice.recorder, (e) => e.type === 'message_delivered' && e.messageId === id, { what: `delivery of ${id}` })
+  }
+  const received = ofType(bob.recorder, 'message_received').map((e) => e.content)
+  assert.equal(new Set(received).size, 25)
+})
+
+test('an id already delivered or already in the outbox is a no-op', async (t) => {
+  const dir = tempDir(t)
+  const relay = await startRelay(t)
+  const bob = await started(t, peerConfig('bob', dir, relay.url))
+  const alice = await started(t, peerConfig('alice', dir, relay.url))
+  const id = await alice.protocol.sendMessage('bob', 'once', { id: 'order-42' })
+  assert.equal(id, 'order-42')
+  assert.equal(await alice.protocol.sendMessage('bob', 'once', { id: 'order-42' }), 'order-42')
+  await waitFor(alice.recorder, (e) => e.type === 'message_delivered' && e.messageId === id)
+  assert.equal(await alice.protocol.sendMessage('bob', 'once again', { id: 'order-42' }), 'order-42')
+  await new Promise((resolve) => setImmediate(resolve))
+  assert.equal(ofType(alice.recorder, 'message_delivered').length, 1)
+  assert.equal(ofType(bob.recorder, 'message_received').length, 1)
+})

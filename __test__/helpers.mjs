@@ -1,0 +1,115 @@
+// Shared test plumbing: temp dirs, a real relay on loopback, peers in child processes that
+// speak line-delimited JSON, and waiting with deadlines (never fixed sleeps).
+import { spawn } from 'node:child_process'
+import { mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { createInterface } from 'node:readline'
+import { fileURLToPath } from 'node:url'
+
+import { Relay, issueToken } from '../js/index.js'
+
+export const SECRET = 'test-secret-0123456789'
+const PEER = fileURLToPath(new URL('./fixtures/peer.mjs', import.meta.url))
+
+export function tempDir(t) {
+  const dir = mkdtempSync(join(tmpdir(), 'courier-test-'))
+  t.after(() => rmSync(dir, { recursive: true, force: true }))
+  return dir
+}
+
+export async function startRelay(t, options = {}) {
+  const relay = await Relay.start({ listen: '127.0.0.1:0', storage: { memory: true }, jwtSecret: SECRET, ...options })
+  t.after(() => relay.stop())
+  return relay
+}
+
+export function token(account) {
+  return issueToken(SECRET, account)
+}
+
+export function peerConfig(name, dir, relayUrl, extra = {}) {
+  return {
+    appId: 'test',
+    storage: { path: join(dir, `${name}.db`) },
+    transports: { internet: { url: relayUrl, authToken: token(name) } },
+    ...extra,
+  }
+}
+
+/** Resolves when `predicate` holds for an event seen (past or future) by `recorder`. */
+export function waitFor(recorder, predicate, { timeoutMs = 10_000, what = 'event' } = {}) {
+  return new Promise((resolve, reject) => {
+    const found = recorder.events.find(predicate)
+    if (found) return resolve(found)
+    const timer = setTimeout(() => {
+      recorder.waiters.delete(check)
+      reject(new Error(`timed out after ${timeoutMs} ms waiting for ${what}; saw ${JSON.stringify(recorder.events.map((e) => e.type))}`))
+    }, timeoutMs)
+    const check = (event) => {
+      if (!predicate(event)) return
+      clearTimeout(timer)
+      recorder.waiters.delete(check)
+      resolve(event)
+    }
+    recorder.waiters.add(check)
+  })
+}
+
+/** Records a Protocol's events for later assertions and waits. */
+export function record(protocol) {
+  const recorder = { events: [], waiters: new Set() }
+  protocol.onEvent((event) => {
+    recorder.events.push(event)
+    for (const waiter of [...recorder.waiters]) waiter(event)
+  })
+  return recorder
+}
+
+export const ofType = (recorder, type) => recorder.events.filter((e) => e.type === type)
+
+/** A peer in its own process: it prints each event as a JSON line and takes commands on stdin. */
+export class PeerProcess {
+  constructor(config) {
+    this.recorder = { events: [], waiters: new Set() }
+    this.replies = { events: [], waiters: new Set() }
+    this.child = spawn(process.execPath, [PEER], {
+      env: { ...process.env, PEER_CONFIG: JSON.stringify(config) },
+      stdio: ['pipe', 'pipe', 'inherit'],
+    })
+    this.exited = new Promise((resolve) => this.child.once('exit', (code, signal) => resolve({ code, signal })))
+    createInterface({ input: this.child.stdout }).on('line', (line) => {
+      let msg
+      try {
+        msg = JSON.parse(line)
+      } catch {
+        return
+      }
+      const target = msg.event ? this.recorder : this.replies
+      const item = msg.event ?? msg
+      target.events.push(item)
+      for (const waiter of [...target.waiters]) waiter(item)
+    })
+  }
+
+  async request(cmd, timeoutMs = 15_000) {
+    const nonce = Math.random().toString(36).slice(2)
+    this.child.stdin.write(`${JSON.stringify({ ...cmd, nonce })}\n`)
+    const reply = await waitFor(this.replies, (r) => r.nonce === nonce, { timeoutMs, what: `reply to ${cmd.cmd}` })
+    if (reply.error) {
+      const err = new Error(reply.error.message)
+      err.code = reply.error.code
+      throw err
+    }
+    return reply.result
+  }
+
+  waitFor(predicate, options) {
+    return waitFor(this.recorder, predicate, options)
+  }
+
+  kill() {
+    this.child.kill('SIGKILL')
+    return this.exited
+  }
+}

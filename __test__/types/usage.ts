@@ -1,0 +1,51 @@
+// Compiled by `tsc --noEmit` in `npm test`: the typings must accept real usage and narrow events.
+import { Protocol, ProtocolError, Relay, issueToken, type ProtocolEvent } from '../../js/index.js'
+
+async function main(): Promise<void> {
+  const relay = await Relay.start({ listen: '127.0.0.1:0', storage: { memory: true }, jwtSecret: 's3cret' })
+  const protocol = new Protocol({
+    appId: 'chat',
+    storage: { path: 'alice.db' },
+    transports: { internet: { url: relay.url, authToken: issueToken('s3cret', 'alice') } },
+    reliability: { ack: { defaultTimeoutMs: 5000 }, retry: { maxRetries: 5 } },
+  })
+  const off = protocol.onEvent((ev: ProtocolEvent) => {
+    switch (ev.type) {
+      case 'message_delivered': {
+        const latency: number = ev.latencyMs
+        void latency
+        break
+      }
+      case 'message_failed': {
+        const reason: string = ev.reason
+        void reason
+        break
+      }
+      case 'message_received': {
+        const body: string | Uint8Array = ev.content
+        void body
+        break
+      }
+      default:
+        break
+    }
+  })
+  await protocol.start()
+  const id: string = await protocol.sendMessage('bob', 'hello', { priority: 'high', metadata: { k: 'v' } })
+  const status = await protocol.getMessageStatus(id)
+  if (status === 'delivered') off()
+  const controller = new AbortController()
+  for await (const ev of protocol.events({ signal: controller.signal })) {
+    if (ev.type === 'message_sent') controller.abort()
+  }
+  try {
+    await protocol.sendMessage('', 'x')
+  } catch (e) {
+    if (e instanceof ProtocolError && e.code === 'ERR_INVALID_ARGUMENT') console.log(e.message)
+  }
+  console.log(protocol.stats().outboxRegular, relay.stats().connections)
+  await protocol.stop()
+  await relay.stop()
+}
+
+void main()

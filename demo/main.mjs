@@ -1,0 +1,138 @@
+// The main job, end to end: an embedded relay with a SQLite mailbox and two peers with their own
+// SQLite outboxes. Shows a live delivery, a recipient that is offline (relay custody), a sender
+// that is offline (deferred, then flushed on reconnect), and a sender killed with SIGKILL right
+// after `sendMessage` resolved that delivers after it restarts. Prints a timeline; exits 0.
+import { spawn } from 'node:child_process'
+import { mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { createInterface } from 'node:readline'
+import { fileURLToPath } from 'node:url'
+
+import { Protocol, Relay, issueToken } from '../js/index.js'
+
+const SECRET = 'demo-secret-please-change'
+const dir = mkdtempSync(join(tmpdir(), 'offline-courier-demo-'))
+const t0 = Date.now()
+const DEADLINE_MS = 30_000
+
+function log(who, what) {
+  const t = ((Date.now() - t0) / 1000).toFixed(2).padStart(6)
+  console.log(`${t}s  ${who.padEnd(7)} ${what}`)
+}
+
+function describe(e) {
+  switch (e.type) {
+    case 'message_sent': return `sent ${e.messageId.slice(0, 8)} → ${e.recipient} over ${e.transport} (attempt ${e.attempt})`
+    case 'message_stored': return `relay holds ${e.messageId.slice(0, 8)} in ${e.recipient}'s mailbox (custody, not delivery)`
+    case 'message_deferred': return `deferred ${e.messageId.slice(0, 8)}: ${e.reason}`
+    case 'message_retrying': return `retrying ${e.messageId.slice(0, 8)} (retry ${e.retryCount})`
+    case 'message_delivered': return `DELIVERED ${e.messageId.slice(0, 8)} to ${e.recipient} in ${e.latencyMs} ms`
+    case 'message_failed': return `FAILED ${e.messageId.slice(0, 8)}: ${e.reason}`
+    case 'message_received': return `received "${e.content}" from ${e.sender}`
+    case 'internet_status_changed': return e.connected ? 'relay connected' : 'relay disconnected'
+    case 'inbound_drain_completed': return `mailbox drained (${e.count} waiting frame${e.count === 1 ? '' : 's'})`
+    default: return null
+  }
+}
+
+function peer(name) {
+  const protocol = new Protocol({
+    appId: 'demo',
+    storage: { path: join(dir, `${name}.db`) },
+    transports: { internet: { url: relay.url, authToken: issueToken(SECRET, name) } },
+    reliability: { ack: { defaultTimeoutMs: 5000 } },
+  })
+  const events = []
+  const waiters = new Set()
+  protocol.onEvent((e) => {
+    const line = describe(e)
+    if (line) log(name, line)
+    events.push(e)
+    for (const w of [...waiters]) w(e)
+  })
+  const waitFor = (predicate, what) =>
+    new Promise((resolve, reject) => {
+      const hit = events.find(predicate)
+      if (hit) return resolve(hit)
+      const timer = setTimeout(() => reject(new Error(`${name}: no ${what} within ${DEADLINE_MS / 1000} s`)), DEADLINE_MS)
+      const check = (e) => {
+        if (!predicate(e)) return
+        clearTimeout(timer)
+        waiters.delete(check)
+        resolve(e)
+      }
+      waiters.add(check)
+    })
+  return { name, protocol, waitFor }
+}
+
+const connected = (e) => e.type === 'internet_status_changed' && e.connected
+const deliveredId = (id) => (e) => e.type === 'message_delivered' && e.messageId === id
+const receivedId = (id) => (e) => e.type === 'message_received' && e.messageId === id
+
+/** Runs a sender in its own process and kills it with SIGKILL as soon as its send is durable. */
+function sendThenKill(recipient, content) {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [fileURLToPath(new URL('./crash-sender.mjs', import.meta.url))], {
+      env: { ...process.env, DEMO_DB: join(dir, 'carol.db'), DEMO_URL: relay.url, DEMO_TOKEN: issueToken(SECRET, 'carol'), DEMO_TO: recipient, DEMO_CONTENT: content },
+      stdio: ['ignore', 'pipe', 'inherit'],
+    })
+    createInterface({ input: child.stdout }).once('line', (id) => {
+      child.kill('SIGKILL')
+      child.once('exit', (_code, signal) => resolve({ id, signal }))
+    })
+    child.once('error', reject)
+  })
+}
+
+const relay = await Relay.start({ listen: '127.0.0.1:0', storage: { path: join(dir, 'relay.db') }, jwtSecret: SECRET })
+log('relay', `listening on ${relay.url} (mailbox in relay.db)`)
+
+try {
+  const alice = peer('alice')
+  const bob = peer('bob')
+  await alice.protocol.start()
+  await bob.protocol.start()
+  await Promise.all([alice.waitFor(connected, 'connection'), bob.waitFor(connected, 'connection')])
+
+  console.log('\n— 1. live delivery —')
+  const live = await alice.protocol.sendMessage('bob', 'hello bob')
+  log('alice', `sendMessage resolved: ${live.slice(0, 8)} is durably in the outbox`)
+  await alice.waitFor(deliveredId(live), 'delivery')
+
+  console.log('\n— 2. the recipient is offline: the relay keeps the message —')
+  await bob.protocol.stop()
+  log('bob', 'stopped (offline)')
+  const stored = await alice.protocol.sendMessage('bob', 'are you there?')
+  await alice.waitFor((e) => e.type === 'message_stored' && e.messageId === stored, 'custody')
+  await bob.protocol.start()
+  log('bob', 'started again')
+  await bob.waitFor(receivedId(stored), 'the stored message')
+  await alice.waitFor(deliveredId(stored), 'delivery')
+
+  console.log('\n— 3. the sender is offline: deferred, then flushed on reconnect —')
+  alice.protocol.internetStatusChanged(false)
+  await alice.waitFor((e) => e.type === 'internet_status_changed' && !e.connected, 'disconnect')
+  const deferred = await alice.protocol.sendMessage('bob', 'written on a plane')
+  await alice.waitFor((e) => e.type === 'message_deferred' && e.messageId === deferred, 'deferral')
+  log('alice', `status of ${deferred.slice(0, 8)}: ${await alice.protocol.getMessageStatus(deferred)}`)
+  alice.protocol.internetStatusChanged(true)
+  await alice.waitFor(deliveredId(deferred), 'delivery')
+
+  console.log('\n— 4. the sender is killed right after sendMessage resolved —')
+  const { id: crashed, signal } = await sendThenKill('bob', 'sent just before a crash')
+  log('carol', `sendMessage resolved ${crashed.slice(0, 8)}; process killed with ${signal}`)
+  const carol = peer('carol')
+  await carol.protocol.start()
+  log('carol', 'restarted: the outbox is restored from carol.db')
+  await bob.waitFor(receivedId(crashed), 'the message from carol')
+  await carol.waitFor(deliveredId(crashed), 'delivery')
+  log('carol', `status of ${crashed.slice(0, 8)}: ${await carol.protocol.getMessageStatus(crashed)}`)
+
+  await Promise.all([alice.protocol.stop(), bob.protocol.stop(), carol.protocol.stop()])
+  console.log('\nEvery message settled in exactly one terminal event: message_delivered.')
+} finally {
+  await relay.stop()
+  rmSync(dir, { recursive: true, force: true })
+}

@@ -1,0 +1,203 @@
+/// <reference types="node" />
+// Typings of the offline-courier public API (the contract is `api.md`).
+
+/** Stable error codes carried by every `ProtocolError`. */
+export type ProtocolErrorCode =
+  | 'ERR_CONFIG'
+  | 'ERR_INVALID_ARGUMENT'
+  | 'ERR_NOT_STARTED'
+  | 'ERR_ALREADY_STARTED'
+  | 'ERR_STORAGE'
+  | 'ERR_UNSUPPORTED_DURABILITY_BACKEND'
+  | 'ERR_EVENT_OVERFLOW'
+  | 'ERR_RELAY'
+  | 'ERR_INTERNAL'
+
+/** Every rejection or throw of this package. A failing call changes nothing. */
+export class ProtocolError extends Error {
+  readonly name: 'ProtocolError'
+  readonly code: ProtocolErrorCode
+  constructor(code: ProtocolErrorCode, message: string)
+}
+
+export type Priority = 'low' | 'medium' | 'high' | 'critical'
+export type ContentType = 'text' | 'image' | 'video' | 'audio' | 'voice_note' | 'video_note' | 'file' | 'poll'
+export type MessageStatus = 'queued' | 'in_flight' | 'parked' | 'delivered' | 'failed' | 'unknown'
+export type LogLevel = 'error' | 'warn' | 'info' | 'debug' | 'trace'
+
+export interface ProtocolConfig {
+  /** Namespace of this app's messages. */
+  appId: string
+  /** Exactly one of `path` (SQLite file, WAL) or `memory: true` (nothing survives `stop()`). */
+  storage: { path: string } | { memory: true }
+  transports?: {
+    internet?: {
+      /** Relay WebSocket URL. `ws://` is accepted only for loopback hosts. */
+      url: string
+      /** JWT for the relay; required with `url`. */
+      authToken: string
+      tls?: { /** Extra trust anchors (PEM) for `wss://`, e.g. a private CA. */ caCertificates?: string }
+      /** Reconnect with backoff 1 s doubling to 30 s, with jitter. Default `true`. */
+      autoReconnect?: boolean
+    }
+  }
+  encryption?: { /** End-to-end encryption is not in this build: only `false` is accepted. */ enabled?: boolean }
+  reliability?: {
+    ack?: {
+      /** ACK timeout from the moment the frame is written to a carrier. Default 10000. */
+      defaultTimeoutMs?: number
+      /** In-flight cap; beyond it sends wait (never dropped). Default 1000. */
+      maxPendingAcks?: number
+    }
+    retry?: {
+      /** ACK-retry budget before `message_failed`. Default 10. */
+      maxRetries?: number
+      /** First backoff delay. Default 1000. */
+      initialDelayMs?: number
+      /** Backoff ceiling. Default 300000. */
+      maxDelayMs?: number
+      /** Finite, >= 1. Default 2. */
+      backoffMultiplier?: number
+      /** Sliding outbox lifetime; the absolute cap is 4x. Default 604800000 (7 days). */
+      outboxMaxLifetimeMs?: number
+      /** Lifetime of a message waiting for an end-to-end session. Default 604800000. */
+      pendingMessageMaxLifetimeMs?: number
+    }
+    /** Bounded timed probes for unreachable recipients, then edge-driven only. Default `false`. */
+    edgeDrivenUnreachableDm?: boolean
+  }
+  group?: { relayBroadcastEnabled?: boolean }
+  /** Timeout of the inbound durability hook. Default 30000. */
+  inboundDurabilityHookTimeoutMs?: number
+  /** Level of diagnostics forwarded as `diagnostic` events. Default `'warn'`. */
+  logLevel?: LogLevel
+}
+
+export interface SendOptions {
+  /** Default `'medium'`. */
+  priority?: Priority
+  /** Client-chosen id: sending an id already in the outbox or already delivered is a no-op returning it. */
+  id?: string
+  /** Default `'text'`. */
+  contentType?: ContentType
+  /** App metadata (string values; reserved keys are refused). */
+  metadata?: Record<string, string>
+}
+
+export interface MessageSentEvent { type: 'message_sent'; messageId: string; recipient: string; priority: Priority; transport: string; attempt: number }
+export interface MessageDeferredEvent { type: 'message_deferred'; messageId: string; recipient: string; reason: string; retryCount: number; /** `null` when no timer is set (waiting for a carrier). */ nextRetryAt: number | null }
+/** The relay took custody (its mailbox holds the message). Not delivery; never becomes a failure by timeout. */
+export interface MessageStoredEvent { type: 'message_stored'; messageId: string; recipient: string }
+export interface MessageRetryingEvent { type: 'message_retrying'; messageId: string; recipient: string; retryCount: number; nextRetryAt: number }
+/** Terminal: the recipient acknowledged the message. */
+export interface MessageDeliveredEvent { type: 'message_delivered'; messageId: string; recipient: string; latencyMs: number; hopCount: number; transport: string }
+export type MessageFailedReason =
+  | 'Max retries exceeded'
+  | 'Outbox lifetime exceeded'
+  | 'Outbox capacity exceeded'
+  | 'Pending session lifetime exceeded'
+  | 'Pending session queue capacity exceeded'
+/** Terminal failure. */
+export interface MessageFailedEvent { type: 'message_failed'; messageId: string; recipient: string; reason: MessageFailedReason; retryCount: number }
+export interface MessageReceivedEvent {
+  type: 'message_received'
+  messageId: string
+  sender: string
+  recipient: string
+  chat: string
+  /** A string, or a `Uint8Array` when the sender sent bytes. */
+  content: string | Uint8Array
+  contentType: ContentType
+  timestamp: number
+  transport: string
+  hopCount: number
+  metadata: Record<string, string>
+  encrypted: boolean
+}
+export interface InternetStatusChangedEvent { type: 'internet_status_changed'; connected: boolean; authenticated: boolean }
+export interface InternetSessionSupersededEvent { type: 'internet_session_superseded'; reason: string }
+/** A relay frame the engine does not consume, verbatim. */
+export interface InternetServerMessageEvent { type: 'internet_server_message'; json: string }
+export interface InboundDrainCompletedEvent { type: 'inbound_drain_completed'; count: number }
+export interface DiagnosticEvent { type: 'diagnostic'; level: LogLevel; message: string; target: string }
+
+/** Every event, discriminated on `type`. */
+export type ProtocolEvent =
+  | MessageSentEvent
+  | MessageDeferredEvent
+  | MessageStoredEvent
+  | MessageRetryingEvent
+  | MessageDeliveredEvent
+  | MessageFailedEvent
+  | MessageReceivedEvent
+  | InternetStatusChangedEvent
+  | InternetSessionSupersededEvent
+  | InternetServerMessageEvent
+  | InboundDrainCompletedEvent
+  | DiagnosticEvent
+
+export interface ProtocolStats {
+  outboxRegular: number
+  outboxMedia: number
+  pendingAcks: number
+  retryQueue: number
+  parked: number
+  preSessionQueue: number
+  carriersUp: number
+}
+
+export class Protocol {
+  /** Validates the whole config synchronously; throws `ProtocolError` `ERR_CONFIG` naming the path. */
+  constructor(config: ProtocolConfig)
+  /** Opens storage (one `Protocol` per file, across processes), restores the outbox, connects. */
+  start(): Promise<void>
+  /** Stops timers and carriers and flushes storage; the process can exit afterwards. Restartable. */
+  stop(): Promise<void>
+  /** Resolves with the message id once the message is durably in the outbox. */
+  sendMessage(recipient: string, content: string | Uint8Array, options?: SendOptions): Promise<string>
+  /** Answered from storage; survives restarts. */
+  getMessageStatus(id: string): Promise<MessageStatus>
+  stats(): ProtocolStats
+  /** OS hint: `true` reconnects now and flushes; `false` marks the relay carrier down. */
+  internetStatusChanged(online: boolean): void
+  /** Listeners run on the JS thread in event order. Returns the unsubscribe function. */
+  onEvent(listener: (event: ProtocolEvent) => void): () => void
+  /** Bounded buffer (default 10000 events); ends on `signal` abort or `stop()`. */
+  events(options?: { signal?: AbortSignal; bufferSize?: number }): AsyncIterableIterator<ProtocolEvent>
+}
+
+export interface RelayOptions {
+  /** Address to listen on. Default `'127.0.0.1:0'` (an ephemeral port). */
+  listen?: string
+  storage: { path: string } | { memory: true }
+  /** HS256 secret for client tokens. */
+  jwtSecret: string | Buffer
+  /** `false` disables store-and-forward (offline recipients are reported unreachable). */
+  mailbox?: false | { maxMessages?: number; maxBytes?: number; ttlMs?: number }
+  /** Per-connection token bucket. Default 2000 burst, 1000 per second. */
+  rateLimit?: { burst?: number; perSec?: number }
+  /** Serve `wss://` with this certificate chain and key (PEM). */
+  tls?: { cert: string; key: string }
+}
+
+export interface RelayStats {
+  connections: number
+  accounts: number
+  storedFrames: number
+}
+
+export interface RelayHandle {
+  /** `ws://host:port` (or `wss://localhost:port` with TLS). */
+  readonly url: string
+  readonly port: number
+  stop(): Promise<void>
+  stats(): RelayStats
+}
+
+export const Relay: {
+  /** Starts a relay in this process: the same code as the `courier-relay` command. */
+  start(options: RelayOptions): Promise<RelayHandle>
+}
+
+/** An HS256 JWT naming `account` (`sub`), valid for `expiresInSec` (default one day). */
+export function issueToken(secret: string | Buffer, account: string, options?: { expiresInSec?: number }): string
