@@ -1,0 +1,112 @@
+// Node benchmarks (`npm run bench`), end to end through the built addon:
+//  1. sendMessage throughput: durable accepts per second with concurrent sends (group commit);
+//  2. delivery between two processes through a loopback relay: delivered messages per second and
+//     send→ACK latency percentiles measured by the sender.
+// Figures go to BENCHMARKS.md; this is never part of `npm test`.
+import { spawn } from 'node:child_process'
+import { mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { createInterface } from 'node:readline'
+import { fileURLToPath } from 'node:url'
+
+import { Protocol, Relay, issueToken } from '../js/index.js'
+
+const SECRET = 'bench-secret'
+const dir = mkdtempSync(join(tmpdir(), 'offline-courier-bench-'))
+const args = new Map(process.argv.slice(2).map((a) => a.replace(/^--/, '').split('=')))
+const ACCEPTS = Number(args.get('accepts') ?? 20_000)
+const MESSAGES = Number(args.get('messages') ?? 5_000)
+const WINDOW = Number(args.get('window') ?? 400)
+
+const percentile = (sorted, p) => sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]
+
+async function acceptThroughput() {
+  // No carrier: every send is a durable accept and nothing else competes for the driver.
+  const p = new Protocol({ appId: 'bench', storage: { path: join(dir, 'accept.db') } })
+  await p.start()
+  const started = process.hrtime.bigint()
+  let inFlight = []
+  for (let i = 0; i < ACCEPTS; i++) {
+    inFlight.push(p.sendMessage('bob', `message ${i}`))
+    if (inFlight.length === WINDOW) {
+      await Promise.all(inFlight)
+      inFlight = []
+    }
+  }
+  await Promise.all(inFlight)
+  const seconds = Number(process.hrtime.bigint() - started) / 1e9
+  await p.stop()
+  return { accepts: ACCEPTS, seconds, perSecond: ACCEPTS / seconds }
+}
+
+function spawnReceiver(url) {
+  const child = spawn(process.execPath, [fileURLToPath(new URL('./receiver.mjs', import.meta.url))], {
+    env: { ...process.env, BENCH_DB: join(dir, 'bob.db'), BENCH_URL: url, BENCH_TOKEN: issueToken(SECRET, 'bob') },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  })
+  return new Promise((resolve) => {
+    createInterface({ input: child.stdout }).once('line', () => resolve(child))
+  })
+}
+
+async function endToEnd() {
+  const relay = await Relay.start({ listen: '127.0.0.1:0', storage: { path: join(dir, 'relay.db') }, jwtSecret: SECRET })
+  const receiver = await spawnReceiver(relay.url)
+  const alice = new Protocol({
+    appId: 'bench',
+    storage: { path: join(dir, 'alice.db') },
+    transports: { internet: { url: relay.url, authToken: issueToken(SECRET, 'alice') } },
+  })
+  const latencies = []
+  let done
+  const finished = new Promise((resolve) => {
+    done = resolve
+  })
+  let freeSlots = () => {}
+  alice.onEvent((e) => {
+    if (e.type === 'message_delivered') {
+      latencies.push(e.latencyMs)
+      freeSlots()
+      if (latencies.length === MESSAGES) done()
+    }
+    if (e.type === 'message_failed') throw new Error(`bench message failed: ${e.reason}`)
+  })
+  await alice.start()
+  await new Promise((resolve) => {
+    const off = alice.onEvent((e) => {
+      if (e.type === 'internet_status_changed' && e.connected) {
+        off()
+        resolve()
+      }
+    })
+  })
+  const started = process.hrtime.bigint()
+  // Keep at most WINDOW messages unacknowledged: the outbox holds 500.
+  for (let i = 0; i < MESSAGES; i++) {
+    while (i - latencies.length >= WINDOW) await new Promise((resolve) => (freeSlots = resolve))
+    await alice.sendMessage('bob', `payload ${i}`)
+  }
+  await finished
+  const seconds = Number(process.hrtime.bigint() - started) / 1e9
+  await alice.stop()
+  receiver.kill('SIGTERM')
+  await relay.stop()
+  latencies.sort((a, b) => a - b)
+  return {
+    messages: MESSAGES,
+    seconds,
+    deliveredPerSecond: MESSAGES / seconds,
+    p50: percentile(latencies, 50),
+    p99: percentile(latencies, 99),
+  }
+}
+
+try {
+  const accept = await acceptThroughput()
+  console.log(`sendMessage durable accepts: ${accept.accepts} in ${accept.seconds.toFixed(2)} s = ${Math.round(accept.perSecond)}/s (window ${WINDOW})`)
+  const e2e = await endToEnd()
+  console.log(`end to end: ${e2e.messages} delivered in ${e2e.seconds.toFixed(2)} s = ${Math.round(e2e.deliveredPerSecond)}/s; send→ACK latency p50 ${e2e.p50} ms, p99 ${e2e.p99} ms`)
+} finally {
+  rmSync(dir, { recursive: true, force: true })
+}
