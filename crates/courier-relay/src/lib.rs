@@ -1,1 +1,243 @@
-pub fn placeholder() {}
+//! `courier-relay`: the offline-courier relay server (`relay-protocol.md` is its contract).
+//!
+//! Clients connect over WebSocket (`ws://`, or `wss://` with [`TlsConfig`]), authenticate with
+//! an HS256 JWT, and exchange frames with other accounts. With the mailbox on, every accepted
+//! frame is committed to the recipient's SQLite journal before anyone hears of it, carries a
+//! per-account `seq`, and stays until acked or expired; offline recipients get it in their
+//! next connection's drain.
+//!
+//! Task layout, per connection: a reader that handles frames strictly in arrival order and a
+//! writer that owns the socket's sending half (answers, drain, live frames, pings). The store
+//! is one thread with one SQLite connection; the router maps accounts to live connections.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_rustls::TlsAcceptor;
+
+mod auth;
+pub mod cli;
+mod config;
+mod connection;
+mod dispatch;
+mod error;
+mod mailbox;
+mod rate;
+mod router;
+mod send;
+mod store;
+mod tls;
+mod writer;
+
+pub use auth::issue_token;
+pub use config::{MailboxLimits, RateLimit, RelayConfig, Storage, Timings, TlsConfig};
+pub use error::RelayError;
+
+use auth::TokenVerifier;
+use router::Router;
+use store::Store;
+
+/// Connections served at once; further sockets are closed at accept.
+const MAX_CONNECTIONS: usize = 16_384;
+
+/// Milliseconds since the Unix epoch (the protocol's time unit).
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// What every connection task shares.
+pub(crate) struct Ctx {
+    pub mailbox: Option<MailboxLimits>,
+    pub rate_limit: RateLimit,
+    pub timings: Timings,
+    pub verifier: TokenVerifier,
+    pub store: Store,
+    pub router: Arc<Router>,
+    pub shutdown: watch::Receiver<bool>,
+    next_connection: AtomicU64,
+}
+
+impl Ctx {
+    pub fn next_connection_id(&self) -> u64 {
+        self.next_connection.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// Resolves once the relay is stopping (or its handle is gone).
+pub(crate) async fn stopping(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+/// A snapshot for monitoring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct RelayStats {
+    /// Authenticated connections (at most one per account).
+    pub connections: u64,
+    /// Accounts that ever authenticated.
+    pub accounts: u64,
+    /// Journal frames not yet acked or expired.
+    pub stored_frames: u64,
+}
+
+/// A running relay. Dropping it stops the relay in the background; `stop` waits for it.
+pub struct RelayHandle {
+    local_addr: SocketAddr,
+    tls: bool,
+    ctx: Arc<Ctx>,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl RelayHandle {
+    /// `ws://IP:PORT`, or `wss://localhost:PORT` with TLS so certificate names match.
+    pub fn url(&self) -> String {
+        if self.tls {
+            format!("wss://localhost:{}", self.local_addr.port())
+        } else {
+            format!("ws://{}", self.local_addr)
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.local_addr.port()
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn stats(&self) -> RelayStats {
+        RelayStats {
+            connections: self.ctx.router.connections() as u64,
+            accounts: self.ctx.store.accounts(),
+            stored_frames: self.ctx.store.stored_frames(),
+        }
+    }
+
+    /// Stops accepting, closes every connection with 1001, then flushes and closes the
+    /// database. Returns when no relay task is left.
+    pub async fn stop(mut self) {
+        self.shutdown.send_replace(true);
+        for task in std::mem::take(&mut self.tasks) {
+            let _ = task.await;
+        }
+        self.ctx.store.shutdown().await;
+    }
+}
+
+impl Drop for RelayHandle {
+    fn drop(&mut self) {
+        self.shutdown.send_replace(true);
+    }
+}
+
+/// Binds, opens the database and starts serving on the current tokio runtime.
+pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
+    config.validate()?;
+    let verifier = TokenVerifier::new(&config.jwt_secret)?;
+    let tls = config.tls.as_ref().map(tls::acceptor).transpose()?;
+    let router = Arc::new(Router::default());
+    let storage = config.storage.clone();
+    let store_router = Arc::clone(&router);
+    let store = tokio::task::spawn_blocking(move || Store::open(&storage, store_router))
+        .await
+        .map_err(|e| RelayError::Config(format!("opening the database was interrupted: {e}")))??;
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| RelayError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let local_addr = listener.local_addr().map_err(|source| RelayError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let ctx = Arc::new(Ctx {
+        mailbox: config.mailbox,
+        rate_limit: config.rate_limit,
+        timings: config.timings,
+        verifier,
+        store,
+        router,
+        shutdown: shutdown_rx,
+        next_connection: AtomicU64::new(1),
+    });
+    let mut tasks = vec![tokio::spawn(accept_loop(
+        listener,
+        tls.clone(),
+        Arc::clone(&ctx),
+    ))];
+    if let Some(limits) = config.mailbox {
+        tasks.push(tokio::spawn(purge_loop(Arc::clone(&ctx), limits)));
+    }
+    tracing::info!(%local_addr, tls = tls.is_some(), mailbox = config.mailbox.is_some(), "relay started");
+    Ok(RelayHandle {
+        local_addr,
+        tls: tls.is_some(),
+        ctx,
+        shutdown,
+        tasks,
+    })
+}
+
+async fn accept_loop(listener: TcpListener, tls: Option<TlsAcceptor>, ctx: Arc<Ctx>) {
+    let mut shutdown = ctx.shutdown.clone();
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            () = stopping(&mut shutdown) => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, remote)) => {
+                    if connections.len() >= MAX_CONNECTIONS {
+                        tracing::warn!(%remote, "connection limit reached; refusing");
+                        continue;
+                    }
+                    let _ = tcp.set_nodelay(true);
+                    connections.spawn(connection::serve(Arc::clone(&ctx), tcp, tls.clone(), remote));
+                }
+                Err(e) => {
+                    // Typically out of file descriptors: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+    drop(listener);
+    // Connections close themselves with 1001 on the same signal; give them their linger.
+    let grace = ctx.timings.close_linger * 2 + Duration::from_secs(1);
+    let _ = tokio::time::timeout(grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    connections.shutdown().await;
+}
+
+async fn purge_loop(ctx: Arc<Ctx>, limits: MailboxLimits) {
+    let mut shutdown = ctx.shutdown.clone();
+    let mut tick = tokio::time::interval(ctx.timings.purge_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stopping(&mut shutdown) => return,
+            _ = tick.tick() => {
+                let cutoff = now_ms().saturating_sub(limits.ttl_ms);
+                match ctx.store.purge(cutoff).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(frames = n, "purged expired frames"),
+                    Err(e) => tracing::warn!(error = %e, "purging expired frames failed"),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! Relay configuration: what an operator chooses (`RelayConfig`) and the protocol's timing
+//! constants (`Timings`), kept apart so tests can shorten the clocks without touching policy.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::RelayError;
+
+/// Where the relay keeps accounts and the journal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Storage {
+    /// A SQLite file, created if missing, in WAL mode.
+    Path(PathBuf),
+    /// A private in-memory database: nothing survives `stop()`.
+    Memory,
+}
+
+/// Per-account mailbox limits (`relay-protocol.md` §8), advertised in `Authenticated.mailbox`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MailboxLimits {
+    pub max_messages: u64,
+    /// Sum of `content` bytes over every unacked frame of the account.
+    pub max_bytes: u64,
+    /// Frames older than this (from acceptance) are deleted undelivered.
+    pub ttl_ms: u64,
+}
+
+impl Default for MailboxLimits {
+    fn default() -> Self {
+        Self {
+            max_messages: 10_000,
+            max_bytes: 67_108_864,
+            ttl_ms: 604_800_000,
+        }
+    }
+}
+
+/// The per-connection token bucket (§11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    pub burst: u32,
+    pub per_sec: u32,
+}
+
+impl Default for RateLimit {
+    fn default() -> Self {
+        Self {
+            burst: 2000,
+            per_sec: 1000,
+        }
+    }
+}
+
+/// PEM texts (not paths) of the certificate chain and private key served on `wss://`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TlsConfig {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for TlsConfig {
+    // The key must never end up in a log line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsConfig")
+            .field("cert_pem", &format_args!("{} bytes", self.cert_pem.len()))
+            .field("key_pem", &"<redacted>")
+            .finish()
+    }
+}
+
+/// The protocol's clocks (§14.4). Production uses the defaults; tests shorten them so they
+/// never sleep for the real 2–30 s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timings {
+    /// Upgrade (TLS + WebSocket handshake) to `Authenticate`.
+    pub auth_timeout: Duration,
+    pub ping_interval: Duration,
+    /// Silence (no Pong, no other message) after which a connection is dropped.
+    pub dead_after: Duration,
+    /// Drain start at the latest this long after `Authenticated` (§8 rule c).
+    pub drain_grace: Duration,
+    pub purge_interval: Duration,
+    /// How long a new connection waits for the one it displaces to close.
+    pub supersede_wait: Duration,
+    /// How long a closing connection keeps reading for the peer's Close reply.
+    pub close_linger: Duration,
+    /// Bound on the relay's own work for one SendMessage, under the 10 s answer rule (§6).
+    pub answer_deadline: Duration,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Self {
+            auth_timeout: Duration::from_secs(10),
+            ping_interval: Duration::from_secs(10),
+            dead_after: Duration::from_secs(30),
+            drain_grace: Duration::from_secs(2),
+            purge_interval: Duration::from_secs(60),
+            supersede_wait: Duration::from_secs(5),
+            close_linger: Duration::from_secs(2),
+            answer_deadline: Duration::from_secs(8),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// `127.0.0.1:0` binds an ephemeral port; `RelayHandle::port` tells which.
+    pub listen: SocketAddr,
+    pub storage: Storage,
+    /// HS256 key shared with whoever issues tokens.
+    pub jwt_secret: Vec<u8>,
+    /// `None` runs without a mailbox (`--no-mailbox`): nothing journaled, offline recipients
+    /// are unreachable.
+    pub mailbox: Option<MailboxLimits>,
+    pub rate_limit: RateLimit,
+    pub tls: Option<TlsConfig>,
+    #[doc(hidden)]
+    pub timings: Timings,
+}
+
+impl RelayConfig {
+    /// Mailbox on with default limits, default rate limit, plain `ws://`.
+    pub fn new(listen: SocketAddr, storage: Storage, jwt_secret: Vec<u8>) -> Self {
+        Self {
+            listen,
+            storage,
+            jwt_secret,
+            mailbox: Some(MailboxLimits::default()),
+            rate_limit: RateLimit::default(),
+            tls: None,
+            timings: Timings::default(),
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), RelayError> {
+        let fail = |msg: &str| Err(RelayError::Config(msg.to_owned()));
+        if self.jwt_secret.is_empty() {
+            return fail("jwt_secret must not be empty");
+        }
+        if self.rate_limit.burst == 0 || self.rate_limit.per_sec == 0 {
+            return fail("rate_limit.burst and rate_limit.per_sec must be at least 1");
+        }
+        if let Some(m) = &self.mailbox {
+            if m.max_messages == 0 || m.max_bytes == 0 || m.ttl_ms == 0 {
+                return fail("mailbox limits must be at least 1");
+            }
+            // The journal stores counts and times as SQLite integers (i64).
+            if m.max_messages > i64::MAX as u64
+                || m.max_bytes > i64::MAX as u64
+                || m.ttl_ms > i64::MAX as u64
+            {
+                return fail("mailbox limits must fit in a signed 64-bit integer");
+            }
+        }
+        Ok(())
+    }
+}

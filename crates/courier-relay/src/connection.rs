@@ -1,0 +1,372 @@
+//! One client connection: upgrade, authentication (§2), then the reader loop that handles
+//! frames strictly in arrival order (§1), keepalive (§1), displacement (§12) and shutdown.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use courier_proto::limits::{close, CAP_MAILBOX, MAX_FRAME_BYTES};
+use courier_proto::{ClientFrame, DecodeError, MailboxInfo, RateLimitInfo, RelayFrame};
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+use tokio_tungstenite::tungstenite::error::Error as WsError;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+use crate::auth::{new_challenge, AuthFailure};
+use crate::dispatch::{Flow, Session};
+use crate::mailbox::DeliveryQueue;
+use crate::rate::TokenBucket;
+use crate::router::{Peer, SupersedeAck};
+use crate::writer::{self, Outbound};
+use crate::{now_ms, stopping, Ctx};
+
+/// Answers the reader may queue ahead of the writer before it waits.
+const OUTBOUND_QUEUE: usize = 64;
+
+pub async fn serve(ctx: Arc<Ctx>, tcp: TcpStream, tls: Option<TlsAcceptor>, remote: SocketAddr) {
+    let handshake_deadline = Instant::now() + ctx.timings.auth_timeout;
+    match tls {
+        Some(acceptor) => {
+            match tokio::time::timeout_at(handshake_deadline, acceptor.accept(tcp)).await {
+                Ok(Ok(stream)) => run(ctx, stream, handshake_deadline, remote).await,
+                Ok(Err(e)) => tracing::debug!(%remote, error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),
+            }
+        }
+        None => run(ctx, tcp, handshake_deadline, remote).await,
+    }
+}
+
+fn ws_config() -> WebSocketConfig {
+    WebSocketConfig::default()
+        .max_message_size(Some(MAX_FRAME_BYTES))
+        .max_frame_size(Some(MAX_FRAME_BYTES))
+}
+
+/// The close code a read error calls for, if the peer is still there to hear it.
+fn close_code_for(error: &WsError) -> Option<u16> {
+    match error {
+        WsError::Capacity(_) => Some(close::TOO_BIG),
+        WsError::Utf8(_) => Some(close::INVALID_UTF8),
+        _ => None,
+    }
+}
+
+fn close_message(code: u16) -> Message {
+    Message::Close(Some(CloseFrame {
+        code: CloseCode::from(code),
+        reason: "".into(),
+    }))
+}
+
+struct Authed {
+    account: String,
+    opted_in: bool,
+}
+
+async fn run<S>(ctx: Arc<Ctx>, stream: S, handshake_deadline: Instant, remote: SocketAddr)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let accepted = tokio::time::timeout_at(
+        handshake_deadline,
+        tokio_tungstenite::accept_async_with_config(stream, Some(ws_config())),
+    )
+    .await;
+    let mut ws = match accepted {
+        Ok(Ok(ws)) => ws,
+        Ok(Err(e)) => {
+            tracing::debug!(%remote, error = %e, "WebSocket upgrade failed");
+            return;
+        }
+        Err(_) => return,
+    };
+    let Some(authed) = authenticate(&ctx, &mut ws).await else {
+        return;
+    };
+    let Authed { account, opted_in } = authed;
+
+    if let Err(e) = ctx.store.ensure_account(&account, now_ms()).await {
+        tracing::error!(%account, error = %e, "cannot persist the account");
+        close_and_linger(&mut ws, close::INTERNAL, ctx.timings.close_linger).await;
+        return;
+    }
+    let (queue, deliveries) = DeliveryQueue::new();
+    let (peer, superseded) = Peer::new(ctx.next_connection_id(), account.clone(), queue);
+    let peer = Arc::new(peer);
+    // Registration precedes the drain bound, so no frame falls between drain and live (mailbox.rs).
+    if let Some(old) = ctx.router.register(Arc::clone(&peer)) {
+        if let Some(done) = old.supersede() {
+            let _ = tokio::time::timeout(ctx.timings.supersede_wait, done).await;
+        }
+    }
+    let Some(address_challenge) = new_challenge() else {
+        tracing::error!("the system random generator failed");
+        ctx.router.unregister(&peer, now_ms());
+        close_and_linger(&mut ws, close::INTERNAL, ctx.timings.close_linger).await;
+        return;
+    };
+    let journaled = ctx.mailbox.is_some();
+    let authenticated = RelayFrame::Authenticated {
+        user_id: account.clone(),
+        username: account.clone(),
+        capabilities: if journaled {
+            vec![CAP_MAILBOX.to_owned()]
+        } else {
+            Vec::new()
+        },
+        address_challenge: Some(address_challenge),
+        rate_limit: Some(RateLimitInfo {
+            burst: ctx.rate_limit.burst,
+            per_sec: ctx.rate_limit.per_sec,
+        }),
+        mailbox: ctx.mailbox.map(|m| MailboxInfo {
+            max_messages: m.max_messages,
+            max_bytes: m.max_bytes,
+            ttl_ms: m.ttl_ms,
+        }),
+    };
+    if ws
+        .send(Message::text(authenticated.encode()))
+        .await
+        .is_err()
+    {
+        ctx.router.unregister(&peer, now_ms());
+        return;
+    }
+    tracing::debug!(%remote, %account, opted_in, "authenticated");
+
+    let (sink, stream) = ws.split();
+    let (out, out_rx) = mpsc::channel(OUTBOUND_QUEUE);
+    let writer = tokio::spawn(writer::run(
+        sink,
+        out_rx,
+        deliveries,
+        Arc::clone(&peer),
+        Arc::clone(&ctx),
+        opted_in,
+    ));
+    let session = Session::new(
+        Arc::clone(&ctx),
+        Arc::clone(&peer),
+        TokenBucket::new(ctx.rate_limit, std::time::Instant::now()),
+        out.clone(),
+    );
+    let reader = Reader {
+        ctx: Arc::clone(&ctx),
+        stream,
+        out,
+        writer,
+    };
+    reader.run(session, superseded).await;
+    ctx.router.unregister(&peer, now_ms());
+    tracing::debug!(%remote, %account, "connection ended");
+}
+
+enum AuthEvent {
+    Message(Option<Result<Message, WsError>>),
+    Timeout,
+    Shutdown,
+}
+
+/// Waits for the first frame; it must be a valid Authenticate (§2.1). Everything else ends
+/// the connection with the matching AuthError and close 4001, and has no effect.
+async fn authenticate<S>(ctx: &Ctx, ws: &mut WebSocketStream<S>) -> Option<Authed>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let deadline = Instant::now() + ctx.timings.auth_timeout;
+    let linger = ctx.timings.close_linger;
+    let mut shutdown = ctx.shutdown.clone();
+    loop {
+        let event = tokio::select! {
+            m = tokio::time::timeout_at(deadline, ws.next()) => m.map_or(AuthEvent::Timeout, AuthEvent::Message),
+            () = stopping(&mut shutdown) => AuthEvent::Shutdown,
+        };
+        let failure = match event {
+            AuthEvent::Timeout => AuthFailure::AuthTimeout,
+            AuthEvent::Shutdown => {
+                close_and_linger(ws, close::GOING_AWAY, linger).await;
+                return None;
+            }
+            AuthEvent::Message(None) => return None,
+            AuthEvent::Message(Some(Err(e))) => {
+                if let Some(code) = close_code_for(&e) {
+                    close_and_linger(ws, code, linger).await;
+                }
+                return None;
+            }
+            AuthEvent::Message(Some(Ok(message))) => match message {
+                Message::Text(text) => match ClientFrame::decode(&text) {
+                    Ok(ClientFrame::Authenticate {
+                        token,
+                        client_capabilities,
+                    }) => match ctx.verifier.verify(&token) {
+                        Ok(account) => {
+                            let opted_in = client_capabilities
+                                .unwrap_or_default()
+                                .iter()
+                                .any(|c| c == CAP_MAILBOX);
+                            return Some(Authed { account, opted_in });
+                        }
+                        Err(failure) => failure,
+                    },
+                    Err(DecodeError::Invalid { frame_type, .. })
+                        if frame_type == "Authenticate" =>
+                    {
+                        AuthFailure::InvalidToken
+                    }
+                    _ => AuthFailure::NotAuthenticated,
+                },
+                Message::Binary(_) => AuthFailure::NotAuthenticated,
+                Message::Close(_) => {
+                    linger_read(ws, linger).await;
+                    return None;
+                }
+                Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => continue,
+            },
+        };
+        tracing::debug!(reason = failure.reason(), "authentication refused");
+        let refusal = RelayFrame::AuthError {
+            reason: failure.reason().to_owned(),
+        };
+        if ws.send(Message::text(refusal.encode())).await.is_ok() {
+            close_and_linger(ws, close::AUTH_FAILED, linger).await;
+        }
+        return None;
+    }
+}
+
+async fn close_and_linger<S>(ws: &mut WebSocketStream<S>, code: u16, linger: Duration)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    if ws.send(close_message(code)).await.is_ok() {
+        linger_read(ws, linger).await;
+    }
+}
+
+/// Reads (and discards) until the peer answers our Close, so the Close reaches it before the
+/// TCP connection goes away.
+async fn linger_read<St>(stream: &mut St, linger: Duration)
+where
+    St: futures_util::Stream<Item = Result<Message, WsError>> + Unpin,
+{
+    let _ = tokio::time::timeout(linger, async {
+        while let Some(Ok(_)) = stream.next().await {}
+    })
+    .await;
+}
+
+enum End {
+    /// Close with this code, then linger for the peer's reply.
+    Close(u16),
+    Superseded(Option<SupersedeAck>),
+    /// No Pong or other message for `dead_after`: best-effort 4008, no waiting (§1).
+    Dead,
+    /// The peer went away or the socket failed.
+    Gone,
+    /// The writer stopped (socket error, or it closed the connection itself).
+    WriterStopped,
+}
+
+struct Reader<S> {
+    ctx: Arc<Ctx>,
+    stream: futures_util::stream::SplitStream<WebSocketStream<S>>,
+    out: mpsc::Sender<Outbound>,
+    writer: tokio::task::JoinHandle<()>,
+}
+
+impl<S> Reader<S>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    async fn run(mut self, mut session: Session, mut superseded: oneshot::Receiver<SupersedeAck>) {
+        let timings = self.ctx.timings;
+        let mut shutdown = self.ctx.shutdown.clone();
+        let mut last_heard = Instant::now();
+        let end = loop {
+            let event = tokio::select! {
+                biased;
+                () = stopping(&mut shutdown) => Err(End::Close(close::GOING_AWAY)),
+                ack = &mut superseded => Err(End::Superseded(ack.ok())),
+                _ = &mut self.writer => Err(End::WriterStopped),
+                () = tokio::time::sleep_until(last_heard + timings.dead_after) => Err(End::Dead),
+                message = self.stream.next() => Ok(message),
+            };
+            let message = match event {
+                Err(end) => break end,
+                Ok(None) => break End::Gone,
+                Ok(Some(Err(e))) => match close_code_for(&e) {
+                    Some(code) => break End::Close(code),
+                    None => break End::Gone,
+                },
+                Ok(Some(Ok(message))) => message,
+            };
+            last_heard = Instant::now();
+            let flow = match message {
+                Message::Text(text) => session.on_text(&text).await,
+                Message::Binary(_) => session.on_malformed().await,
+                Message::Close(_) => {
+                    // tungstenite queued the reply; reading on flushes it and ends the stream.
+                    linger_read(&mut self.stream, timings.close_linger).await;
+                    break End::Gone;
+                }
+                Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => Flow::Continue,
+            };
+            match flow {
+                Flow::Continue => {}
+                Flow::Close(code) => break End::Close(code),
+                Flow::WriterGone => break End::WriterStopped,
+            }
+        };
+        // The session holds a sender too; the writer must see the channel close.
+        drop(session);
+        self.finish(end).await;
+    }
+
+    async fn finish(mut self, end: End) {
+        let linger = self.ctx.timings.close_linger;
+        match end {
+            End::Close(code) => {
+                if self.out.send(Outbound::Close(code)).await.is_ok() {
+                    linger_read(&mut self.stream, linger).await;
+                }
+            }
+            End::Superseded(ack) => {
+                let superseded = RelayFrame::SessionSuperseded {
+                    reason: "new_session".to_owned(),
+                };
+                let _ = self.out.send(Outbound::Frame(superseded)).await;
+                let _ = self.out.send(Outbound::Close(close::SUPERSEDED)).await;
+                // The new connection is answered only once the old one has closed.
+                let _ =
+                    tokio::time::timeout(self.ctx.timings.supersede_wait, &mut self.writer).await;
+                if let Some(ack) = ack {
+                    let _ = ack.send(());
+                }
+                linger_read(&mut self.stream, linger).await;
+            }
+            End::Dead => {
+                let _ = self.out.try_send(Outbound::Close(close::KEEPALIVE_TIMEOUT));
+            }
+            End::Gone => {}
+            End::WriterStopped => linger_read(&mut self.stream, linger).await,
+        }
+        drop(self.out);
+        if !self.writer.is_finished()
+            && tokio::time::timeout(linger, &mut self.writer)
+                .await
+                .is_err()
+        {
+            self.writer.abort();
+        }
+    }
+}

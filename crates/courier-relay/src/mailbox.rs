@@ -1,0 +1,239 @@
+//! What flows to a recipient connection, and in which order (`relay-protocol.md` §7.1, §8).
+//!
+//! Invariants the writer relies on:
+//! 1. The store thread assigns `seq` and offers journaled frames to the recipient's queue in
+//!    commit order, so the queue holds increasing seqs.
+//! 2. Once an offer fails (queue full, byte budget spent) the queue is *lagged*: no further
+//!    offers are queued until the writer has caught up from the journal, so a later frame can
+//!    never overtake the one that did not fit.
+//! 3. A connection registers in the router before it fixes its drain bound S, and a sender
+//!    looks the recipient up only after its commit; every frame is therefore either ≤ S (the
+//!    drain writes it) or offered to the queue (or recorded as lag).
+//! 4. The writer writes frames in strictly increasing seq and skips anything ≤ its watermark,
+//!    which makes "written frames ≤ n" the same as "journal rows ≤ min(n, highest written)".
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use courier_proto::RelayFrame;
+use tokio::sync::{mpsc, Notify};
+
+/// Frames queued in memory for one connection; past either bound the writer reads the journal.
+const QUEUE_FRAMES: usize = 256;
+const QUEUE_BYTES: usize = 8 * 1024 * 1024;
+
+/// One accepted SendMessage as the recipient will see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Envelope {
+    /// Absent when the relay runs without a mailbox (nothing is journaled).
+    pub seq: Option<u64>,
+    /// The identity stamped when the frame was read (§5).
+    pub sender: String,
+    pub sender_account: String,
+    pub message_id: String,
+    pub content: String,
+    pub reply_to_msg: Option<String>,
+    pub accepted_ms: u64,
+}
+
+impl Envelope {
+    pub fn to_frame(&self, with_seq: bool) -> RelayFrame {
+        RelayFrame::MessageReceived {
+            seq: if with_seq { self.seq } else { None },
+            sender: self.sender.clone(),
+            sender_account: Some(self.sender_account.clone()),
+            content: self.content.clone(),
+            message_id: self.message_id.clone(),
+            timestamp: self.accepted_ms,
+            reply_to_msg: self.reply_to_msg.clone(),
+        }
+    }
+
+    fn weight(&self) -> usize {
+        self.content.len()
+    }
+}
+
+/// The sending side of one connection's delivery queue.
+pub struct DeliveryQueue {
+    tx: mpsc::Sender<Arc<Envelope>>,
+    queued_bytes: AtomicUsize,
+    lagged: AtomicBool,
+    wake: Notify,
+    /// Highest seq handed to the socket on this connection; acks above it are ignored.
+    highest_written: AtomicU64,
+}
+
+pub type DeliveryReceiver = mpsc::Receiver<Arc<Envelope>>;
+
+impl DeliveryQueue {
+    pub fn new() -> (Self, DeliveryReceiver) {
+        let (tx, rx) = mpsc::channel(QUEUE_FRAMES);
+        let queue = Self {
+            tx,
+            queued_bytes: AtomicUsize::new(0),
+            lagged: AtomicBool::new(false),
+            wake: Notify::new(),
+            highest_written: AtomicU64::new(0),
+        };
+        (queue, rx)
+    }
+
+    /// Offers a journaled frame without blocking (called by the store thread after commit).
+    /// A frame that does not fit stays in the journal and the writer is told to read it there.
+    pub fn offer_journaled(&self, envelope: Arc<Envelope>) {
+        if self.lagged.load(Ordering::SeqCst) {
+            self.wake.notify_one();
+            return;
+        }
+        let weight = envelope.weight();
+        let queued = self.queued_bytes.fetch_add(weight, Ordering::SeqCst);
+        if queued + weight > QUEUE_BYTES || self.tx.try_send(envelope).is_err() {
+            self.queued_bytes.fetch_sub(weight, Ordering::SeqCst);
+            self.lagged.store(true, Ordering::SeqCst);
+            self.wake.notify_one();
+        }
+    }
+
+    /// Queues an unjournaled frame (mailbox disabled), waiting at most `wait` for room:
+    /// without a journal there is nowhere else to keep it.
+    pub async fn send_unjournaled(&self, envelope: Arc<Envelope>, wait: Duration) -> bool {
+        let weight = envelope.weight();
+        self.queued_bytes.fetch_add(weight, Ordering::SeqCst);
+        let sent = matches!(
+            tokio::time::timeout(wait, self.tx.send(envelope)).await,
+            Ok(Ok(()))
+        );
+        if !sent {
+            self.queued_bytes.fetch_sub(weight, Ordering::SeqCst);
+        }
+        sent
+    }
+
+    /// Called by the writer for every frame it takes off the queue.
+    pub fn taken(&self, envelope: &Envelope) {
+        self.queued_bytes
+            .fetch_sub(envelope.weight(), Ordering::SeqCst);
+    }
+
+    /// Clears the lag mark; the writer calls this *before* each catch-up read of the journal so
+    /// that a frame skipped after the clear is either in that read or queued (invariant 2).
+    pub fn clear_lag(&self) {
+        self.lagged.store(false, Ordering::SeqCst);
+    }
+
+    pub fn is_lagged(&self) -> bool {
+        self.lagged.load(Ordering::SeqCst)
+    }
+
+    pub async fn lag_signalled(&self) {
+        self.wake.notified().await;
+    }
+
+    pub fn mark_written(&self, seq: u64) {
+        self.highest_written.fetch_max(seq, Ordering::SeqCst);
+    }
+
+    pub fn highest_written(&self) -> u64 {
+        self.highest_written.load(Ordering::SeqCst)
+    }
+}
+
+/// Where a connection's journaled delivery stands (§8): before the drain, draining up to S,
+/// or live (possibly catching up from the journal after lag).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    AwaitingDrain,
+    Draining { bound: u64, count: u64 },
+    Live { catching_up: bool },
+}
+
+/// The writer's delivery cursor.
+#[derive(Debug)]
+pub struct Outflow {
+    pub phase: Phase,
+    /// Every unacked journal frame ≤ watermark has been written on this connection.
+    pub watermark: u64,
+}
+
+impl Outflow {
+    pub fn new(journaled: bool) -> Self {
+        Self {
+            phase: if journaled {
+                Phase::AwaitingDrain
+            } else {
+                Phase::Live { catching_up: false }
+            },
+            watermark: 0,
+        }
+    }
+
+    pub fn live(&self) -> bool {
+        matches!(self.phase, Phase::Live { catching_up: false })
+    }
+
+    /// Whether the writer has journal reads to do.
+    pub fn reading_journal(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::Draining { .. } | Phase::Live { catching_up: true }
+        )
+    }
+
+    /// A queued frame is written only if it is past everything already covered.
+    pub fn accept_queued(&mut self, envelope: &Envelope) -> bool {
+        match envelope.seq {
+            None => true,
+            Some(seq) if seq > self.watermark => {
+                self.watermark = seq;
+                true
+            }
+            Some(_) => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(seq: u64, size: usize) -> Arc<Envelope> {
+        Arc::new(Envelope {
+            seq: Some(seq),
+            sender: "a".into(),
+            sender_account: "a".into(),
+            message_id: format!("m{seq}"),
+            content: "x".repeat(size),
+            reply_to_msg: None,
+            accepted_ms: 1,
+        })
+    }
+
+    #[test]
+    fn a_frame_that_does_not_fit_lags_the_queue_and_later_frames_are_not_queued() {
+        let (q, mut rx) = DeliveryQueue::new();
+        q.offer_journaled(env(1, 10));
+        q.offer_journaled(env(2, QUEUE_BYTES));
+        assert!(q.is_lagged());
+        q.offer_journaled(env(3, 1));
+        assert_eq!(rx.try_recv().unwrap().seq, Some(1));
+        assert!(
+            rx.try_recv().is_err(),
+            "nothing may overtake the lagged frame"
+        );
+        q.clear_lag();
+        q.offer_journaled(env(4, 1));
+        assert_eq!(rx.try_recv().unwrap().seq, Some(4));
+    }
+
+    #[test]
+    fn queued_frames_at_or_below_the_watermark_are_skipped() {
+        let mut flow = Outflow::new(true);
+        flow.phase = Phase::Live { catching_up: false };
+        flow.watermark = 5;
+        assert!(!flow.accept_queued(&env(5, 1)));
+        assert!(flow.accept_queued(&env(6, 1)));
+        assert_eq!(flow.watermark, 6);
+    }
+}

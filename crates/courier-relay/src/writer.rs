@@ -1,0 +1,268 @@
+//! The sending half of a connection: answers from the reader, keepalive Pings, and inbound
+//! frames in seq order — drain, DrainComplete, then live (§7.1, §8). See `mailbox.rs` for the
+//! ordering invariants this loop keeps.
+
+use std::sync::Arc;
+
+use courier_proto::limits::close;
+use courier_proto::RelayFrame;
+use futures_util::stream::SplitSink;
+use futures_util::SinkExt;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::{Bytes, Message};
+use tokio_tungstenite::WebSocketStream;
+
+use crate::mailbox::{DeliveryReceiver, Envelope, Outflow, Phase};
+use crate::router::Peer;
+use crate::store::{Release, StoreError};
+use crate::{now_ms, Ctx};
+
+/// What the reader asks the writer to do, in order.
+#[derive(Debug)]
+pub enum Outbound {
+    Frame(RelayFrame),
+    /// Drain rule (a)/(b) of §8 fired.
+    StartDrain,
+    /// Write Close with this code and stop.
+    Close(u16),
+}
+
+type Sink<S> = SplitSink<WebSocketStream<S>, Message>;
+
+/// The socket failed; the connection is over.
+struct Broken;
+
+enum Step {
+    Control(Option<Outbound>),
+    Ping,
+    StartDrain,
+    ReadJournal,
+    Lagged,
+    Deliver(Option<Arc<Envelope>>),
+}
+
+struct Writer<S> {
+    sink: Sink<S>,
+    ctx: Arc<Ctx>,
+    peer: Arc<Peer>,
+    /// Opted in to `mailbox_v1` (§2.2): frames carry `seq`, the drain ends with DrainComplete,
+    /// and frames stay journaled until acked. Otherwise they are released once written.
+    opted_in: bool,
+    journaled: bool,
+    flow: Outflow,
+}
+
+pub async fn run<S>(
+    sink: Sink<S>,
+    mut control: mpsc::Receiver<Outbound>,
+    mut deliveries: DeliveryReceiver,
+    peer: Arc<Peer>,
+    ctx: Arc<Ctx>,
+    opted_in: bool,
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let journaled = ctx.mailbox.is_some();
+    let timings = ctx.timings;
+    let mut writer = Writer {
+        sink,
+        ctx,
+        peer: Arc::clone(&peer),
+        opted_in,
+        journaled,
+        flow: Outflow::new(journaled),
+    };
+    let mut ping = tokio::time::interval_at(
+        Instant::now() + timings.ping_interval,
+        timings.ping_interval,
+    );
+    ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let grace = tokio::time::sleep(timings.drain_grace);
+    tokio::pin!(grace);
+
+    loop {
+        let awaiting_drain = writer.flow.phase == Phase::AwaitingDrain;
+        let reading_journal = writer.flow.reading_journal();
+        let live = writer.flow.live();
+        let step = tokio::select! {
+            biased;
+            cmd = control.recv() => Step::Control(cmd),
+            _ = ping.tick() => Step::Ping,
+            () = &mut grace, if awaiting_drain => Step::StartDrain,
+            () = std::future::ready(()), if reading_journal => Step::ReadJournal,
+            () = peer.queue.lag_signalled(), if live => Step::Lagged,
+            envelope = deliveries.recv(), if live => Step::Deliver(envelope),
+        };
+        let result = match step {
+            Step::Control(None) => return,
+            Step::Control(Some(Outbound::Frame(frame))) => {
+                writer.send(Message::text(frame.encode())).await
+            }
+            Step::Control(Some(Outbound::StartDrain)) | Step::StartDrain => {
+                writer.start_drain().await
+            }
+            Step::Control(Some(Outbound::Close(code))) => {
+                writer.close(code).await;
+                return;
+            }
+            Step::Ping => writer.send(Message::Ping(Bytes::new())).await,
+            Step::ReadJournal => writer.read_journal().await,
+            Step::Lagged => {
+                writer.catch_up_if_lagged();
+                Ok(())
+            }
+            Step::Deliver(None) => return,
+            Step::Deliver(Some(envelope)) => writer.deliver(&envelope).await,
+        };
+        if result.is_err() {
+            return;
+        }
+    }
+}
+
+impl<S> Writer<S>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    async fn send(&mut self, message: Message) -> Result<(), Broken> {
+        self.sink.send(message).await.map_err(|_| Broken)
+    }
+
+    async fn close(&mut self, code: u16) {
+        let frame = CloseFrame {
+            code: CloseCode::from(code),
+            reason: "".into(),
+        };
+        let _ = self.sink.send(Message::Close(Some(frame))).await;
+    }
+
+    fn catch_up_if_lagged(&mut self) {
+        if self.peer.queue.is_lagged() {
+            self.flow.phase = Phase::Live { catching_up: true };
+        }
+    }
+
+    /// Fixes S (§8) and switches to reading the journal up to it.
+    async fn start_drain(&mut self) -> Result<(), Broken> {
+        if self.flow.phase != Phase::AwaitingDrain {
+            return Ok(());
+        }
+        match self.ctx.store.highest_seq(&self.peer.account).await {
+            Ok(bound) => {
+                self.flow.phase = Phase::Draining { bound, count: 0 };
+                Ok(())
+            }
+            Err(e) => self.storage_failed(e).await,
+        }
+    }
+
+    /// One bounded journal read: the drain up to S, or a catch-up after lag.
+    async fn read_journal(&mut self) -> Result<(), Broken> {
+        let (up_to, draining) = match self.flow.phase {
+            Phase::Draining { bound, .. } => (bound, true),
+            Phase::Live { catching_up: true } => {
+                self.peer.queue.clear_lag();
+                (u64::MAX, false)
+            }
+            _ => return Ok(()),
+        };
+        let not_before = self
+            .ctx
+            .mailbox
+            .map_or(0, |m| now_ms().saturating_sub(m.ttl_ms));
+        let frames = match self
+            .ctx
+            .store
+            .fetch(&self.peer.account, self.flow.watermark, up_to, not_before)
+            .await
+        {
+            Ok(frames) => frames,
+            Err(e) => return self.storage_failed(e).await,
+        };
+        if frames.is_empty() {
+            if let Phase::Draining { bound, count } = self.flow.phase {
+                self.flow.watermark = self.flow.watermark.max(bound);
+                self.flow.phase = Phase::Live { catching_up: false };
+                self.catch_up_if_lagged();
+                if self.opted_in {
+                    return self
+                        .send(Message::text(RelayFrame::DrainComplete { count }.encode()))
+                        .await;
+                }
+            } else {
+                self.flow.phase = Phase::Live { catching_up: false };
+            }
+            return Ok(());
+        }
+        let written = frames.len() as u64;
+        for envelope in &frames {
+            if let Some(seq) = envelope.seq {
+                self.flow.watermark = seq;
+            }
+            self.feed(envelope).await?;
+        }
+        self.sink.flush().await.map_err(|_| Broken)?;
+        if let Phase::Draining { count, .. } = &mut self.flow.phase {
+            if draining {
+                *count += written;
+            }
+        }
+        self.release_written().await;
+        Ok(())
+    }
+
+    async fn deliver(&mut self, envelope: &Envelope) -> Result<(), Broken> {
+        self.peer.queue.taken(envelope);
+        if !self.flow.accept_queued(envelope) {
+            return Ok(());
+        }
+        self.feed(envelope).await?;
+        self.sink.flush().await.map_err(|_| Broken)?;
+        self.release_written().await;
+        Ok(())
+    }
+
+    /// Queues one frame on the socket. It counts as written from here: a client may ack it
+    /// before this task gets to run again.
+    async fn feed(&mut self, envelope: &Envelope) -> Result<(), Broken> {
+        if let Some(seq) = envelope.seq {
+            self.peer.queue.mark_written(seq);
+        }
+        let frame = envelope.to_frame(self.opted_in);
+        self.sink
+            .feed(Message::text(frame.encode()))
+            .await
+            .map_err(|_| Broken)
+    }
+
+    /// Without the opt-in a journaled frame is released as soon as it is written (§2.2).
+    async fn release_written(&mut self) {
+        if self.opted_in || !self.journaled {
+            return;
+        }
+        let up_to = self.peer.queue.highest_written();
+        if up_to == 0 {
+            return;
+        }
+        if let Err(e) = self
+            .ctx
+            .store
+            .release(&self.peer.account, Release::UpTo(up_to))
+            .await
+        {
+            tracing::warn!(account = %self.peer.account, error = %e, "releasing written frames failed");
+        }
+    }
+
+    /// The journal cannot be read: close with 1011 so the client reconnects and gets a fresh
+    /// drain rather than a gap.
+    async fn storage_failed(&mut self, error: StoreError) -> Result<(), Broken> {
+        tracing::error!(account = %self.peer.account, %error, "journal read failed");
+        self.close(close::INTERNAL).await;
+        Err(Broken)
+    }
+}
