@@ -7,21 +7,60 @@ use crate::io::{FailReason, Millis};
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// A carrier wrote the message (attempt = 1 for the first send).
-    MessageSent { message_id: String, recipient: String, priority: Priority, transport: String, attempt: u32 },
+    MessageSent {
+        message_id: String,
+        recipient: String,
+        priority: Priority,
+        transport: String,
+        attempt: u32,
+    },
     /// No carrier could take it now; it waits for one (`next_retry_at` = `None`: no timer, edge-driven).
-    MessageDeferred { message_id: String, recipient: String, reason: String, retry_count: u32, next_retry_at: Option<Millis> },
+    MessageDeferred {
+        message_id: String,
+        recipient: String,
+        reason: String,
+        retry_count: u32,
+        next_retry_at: Option<Millis>,
+    },
     /// The relay's mailbox holds it: custody, not delivery; never turns into a failure by timeout.
-    MessageStored { message_id: String, recipient: String },
+    MessageStored {
+        message_id: String,
+        recipient: String,
+    },
     /// ACK timeout or failed attempt; the next send is at `next_retry_at`. Non-terminal.
-    MessageRetrying { message_id: String, recipient: String, retry_count: u32, next_retry_at: Millis },
+    MessageRetrying {
+        message_id: String,
+        recipient: String,
+        retry_count: u32,
+        next_retry_at: Millis,
+    },
     /// Terminal: the recipient acknowledged it.
-    MessageDelivered { message_id: String, recipient: String, latency_ms: u64, hop_count: u32, transport: String },
+    MessageDelivered {
+        message_id: String,
+        recipient: String,
+        latency_ms: u64,
+        hop_count: u32,
+        transport: String,
+    },
     /// Terminal failure.
-    MessageFailed { message_id: String, recipient: String, reason: FailReason, retry_count: u32 },
+    MessageFailed {
+        message_id: String,
+        recipient: String,
+        reason: FailReason,
+        retry_count: u32,
+    },
     /// A new inbound message for the application. `chat` is the dedup chat key.
-    MessageReceived { message: Message, chat: String, sender: String, transport: String },
+    MessageReceived {
+        message: Message,
+        chat: String,
+        sender: String,
+        transport: String,
+    },
     /// Something worth a log line.
-    Diagnostic { level: DiagnosticLevel, message: String },
+    Diagnostic {
+        level: DiagnosticLevel,
+        message: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -122,7 +122,8 @@ pub struct OutboxRecord {
     pub window_start: Millis,
     /// ACK timeouts consumed (the `maxRetries` budget). Never reset by bookkeeping.
     pub ack_attempts: u32,
-    /// Consecutive transport failures (backoff of the deferred path; no limit).
+    /// Transport failures since the relay last accepted the frame (backoff of the deferred path;
+    /// no limit).
     pub transport_retries: u32,
     /// The next timer of this entry (retry, probe), if any.
     pub next_at: Option<Millis>,
@@ -162,7 +163,12 @@ pub enum StoreOp {
     /// Insert or replace the entry's row.
     Put(OutboxRecord),
     /// Remove the entry's row and remember how it ended (for status and idempotent ids).
-    Settle { id: String, recipient: String, settlement: Settlement, at: Millis },
+    Settle {
+        id: String,
+        recipient: String,
+        settlement: Settlement,
+        at: Millis,
+    },
     /// Remember an inbound message as processed (dedup across restarts).
     MarkProcessed(ProcessedKey),
 }

@@ -3,11 +3,77 @@
 //! Inputs are `handle_*` calls that each carry `now`; outputs are polled as data
 //! (`poll_transmit`, `poll_event`, `poll_store`) and `next_deadline` says when the engine next
 //! needs `handle_timeout`. It never reads a clock, spawns, sleeps or touches storage or sockets.
+//! After each call the runtime commits the drained store ops, then dispatches the events, then
+//! executes the transmits.
+//!
+//! # Life of an outbox entry
+//!
+//! An accepted message is an entry in one of three phases: *queued* in the retry queue (with a
+//! due time and a lifetime expiry), *handed* to a carrier (the runtime owes a `written` or
+//! `send_failed` report for that `send_seq`), or *awaiting its ACK* (written; ACK deadline
+//! armed). Two retry mechanisms move it:
+//!
+//! - the **transport retry queue**: no carrier, a failed send, or (until parking lands) the
+//!   relay's unreachable verdict → `message_deferred`, backoff `backoff_ms(transport_retries)`,
+//!   no attempt limit;
+//! - the **ACK ladder**: a written frame whose ACK does not come within `ack_timeout_ms` →
+//!   `message_retrying` at `now + backoff_ms(retry)`, or `message_failed("Max retries exceeded")`
+//!   once `max_retries` retries were granted.
+//!
+//! A relay "stored" answer takes the entry off the ladder into relay custody: it is probed at
+//! 15 s doubling to 600 s per recipient and ends only by its ACK or its lifetime.
+//!
+//! # Counters in events
+//!
+//! - `message_sent.attempt` = `ack_attempts + 1`: the ladder attempt the write belongs to.
+//! - `message_retrying.retry_count` = the retry being scheduled, counted from 0 (the seed's
+//!   "Retry 0: 1s"): `next_retry_at = now + backoff_ms(retry_count)`. Afterwards
+//!   `ack_attempts = retry_count + 1`.
+//! - `message_deferred.retry_count` = transport failures before this one since the relay last
+//!   accepted the frame (0 at accept); when a timer is set, `next_retry_at = now + backoff_ms(retry_count)`. It is `None`
+//!   when the entry waits for an edge instead (no carrier up, or every in-flight slot taken).
+//! - `message_failed.retry_count` = `ack_attempts`, the ACK retries granted (`max_retries` for
+//!   "Max retries exceeded").
+//!
+//! # Invariants (checked by the simulator in `src/tests`)
+//!
+//! 1. Every accepted message ends in exactly one terminal event, `message_delivered` or
+//!    `message_failed`, each paired with one `StoreOp::Settle`. Settling removes the entry, so
+//!    no later report, ACK or timer can produce a second one.
+//! 2. Nothing is stranded: every live entry is queued, handed or awaiting its ACK, and its
+//!    timers are indexed exactly as its phase says. A queued entry is only without an effective
+//!    timer while no outbox carrier is up or every in-flight slot is taken; the carrier-up or
+//!    slot-freeing input is what moves it.
+//! 3. At most `max_pending_acks` entries are handed or awaiting an ACK; the rest wait, never
+//!    dropped.
+//! 4. Only the ACK timeout of a ladder attempt spends the ACK budget. `ack_attempts` is
+//!    persisted and never reset; every write, whatever caused the send, arms a fresh ACK timer.
+//! 5. An ACK settles an entry only when the connection that carried it is the entry's recipient
+//!    and the ACK claims to come from it.
+//! 6. No entry outlives `created_at + 4 × outbox_max_lifetime_ms`, across restarts. The sliding
+//!    lifetime only fires while no ACK is pending; with one pending, the ACK timeout decides.
+//! 7. After every call, the latest `StoreOp::Put` of each live entry equals its current ladder
+//!    state (one Put per changed entry per call).
+//! 8. An inbound message reaches the application at most once per `(chat, sender, id)` within
+//!    the dedup retention; its end-to-end ACK and relay `HopAck` follow its processing.
+//! 9. Time is an input: the same inputs give the same outputs.
 
+mod ack;
 pub mod config;
+mod custody;
+mod dedup;
+mod engine;
 pub mod event;
+mod inbound;
 pub mod io;
+mod outbox;
+mod retry_queue;
+mod timers;
+
+#[cfg(test)]
+mod tests;
 
 pub use config::Config;
+pub use engine::Engine;
 pub use event::{DiagnosticLevel, Event};
 pub use io::*;

@@ -1,0 +1,203 @@
+//! Outbox entries: what an accepted message carries through its life, its phase, the two
+//! capacity classes and the lifetime arithmetic.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use courier_proto::{ContentType, Message};
+
+use crate::config::Config;
+use crate::io::{Carrier, EntryState, Millis, OutboxRecord};
+
+/// An entry's place in acceptance order. Keys only grow, so the oldest entry of a class is its
+/// smallest key (capacity eviction) and ties in the retry queue break towards older entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct Key(u64);
+
+/// Capacity class: file chunks have their own, smaller bound so media cannot crowd out text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Class {
+    Regular,
+    Media,
+}
+
+impl Class {
+    pub(crate) fn of(content_type: ContentType) -> Self {
+        match content_type {
+            ContentType::FileChunk => Self::Media,
+            _ => Self::Regular,
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Self::Regular => 0,
+            Self::Media => 1,
+        }
+    }
+
+    /// A zero bound would leave no room for the message being accepted; it behaves as one.
+    pub(crate) fn capacity(self, config: &Config) -> usize {
+        let configured = match self {
+            Self::Regular => config.outbox_max_entries,
+            Self::Media => config.outbox_max_media_entries,
+        };
+        configured.max(1)
+    }
+}
+
+/// Where an entry is. Each variant carries what moves it on, so "queued but forgotten" or
+/// "awaiting an ACK without a deadline" cannot be expressed.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Phase {
+    /// In the retry queue, due at `at`; it goes once a carrier and an in-flight slot are free.
+    /// Dropped at `expires_at` if still here (an entry only expires while nothing is pending).
+    Queued { at: Millis, expires_at: Millis },
+    /// Handed to `carrier`: the runtime owes `handle_written` or `handle_send_failed`, or the
+    /// carrier goes down and takes the attempt with it.
+    Handed { send_seq: u64, carrier: Carrier },
+    /// Written; the end-to-end ACK is due by `deadline`.
+    AwaitingAck { send_seq: u64, deadline: Millis },
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    /// Built once at accept; every transmission sends exactly this.
+    pub message: Message,
+    pub created_at: Millis,
+    pub window_start: Millis,
+    pub ack_attempts: u32,
+    pub transport_retries: u32,
+    pub first_sent_at: Option<Millis>,
+    pub last_sent_at: Option<Millis>,
+    /// The relay's latest verdict was "stored": its mailbox holds a copy, so the entry is paced
+    /// by probes instead of the ACK ladder until a "live" answer or the ACK.
+    pub custody: bool,
+    pub phase: Phase,
+}
+
+impl Entry {
+    pub(crate) fn class(&self) -> Class {
+        Class::of(self.message.content_type)
+    }
+
+    /// The sliding window, never past the absolute cap.
+    pub(crate) fn expires_at(&self, config: &Config) -> Millis {
+        let sliding = self
+            .window_start
+            .saturating_add(config.outbox_max_lifetime_ms);
+        sliding.min(self.absolute_cap(config))
+    }
+
+    pub(crate) fn absolute_cap(&self, config: &Config) -> Millis {
+        self.created_at
+            .saturating_add(config.absolute_lifetime_ms())
+    }
+
+    pub(crate) fn state(&self) -> EntryState {
+        match self.phase {
+            Phase::Queued { .. } if self.custody => EntryState::Parked,
+            Phase::Queued { .. } => EntryState::Queued,
+            Phase::Handed { .. } | Phase::AwaitingAck { .. } => EntryState::InFlight,
+        }
+    }
+
+    /// The attempt a runtime report may refer to.
+    pub(crate) fn current_send_seq(&self) -> Option<u64> {
+        match self.phase {
+            Phase::Queued { .. } => None,
+            Phase::Handed { send_seq, .. } | Phase::AwaitingAck { send_seq, .. } => Some(send_seq),
+        }
+    }
+
+    pub(crate) fn record(&self) -> OutboxRecord {
+        let next_at = match self.phase {
+            Phase::Queued { at, .. } => Some(at),
+            Phase::Handed { .. } => None,
+            Phase::AwaitingAck { deadline, .. } => Some(deadline),
+        };
+        OutboxRecord {
+            message: self.message.clone(),
+            state: self.state(),
+            created_at: self.created_at,
+            window_start: self.window_start,
+            ack_attempts: self.ack_attempts,
+            transport_retries: self.transport_retries,
+            next_at,
+            first_sent_at: self.first_sent_at,
+            last_sent_at: self.last_sent_at,
+        }
+    }
+}
+
+/// The live entries, by key and by id, with each class's keys for eviction.
+#[derive(Debug, Default)]
+pub(crate) struct Outbox {
+    entries: BTreeMap<Key, Entry>,
+    ids: HashMap<String, Key>,
+    classes: [BTreeSet<Key>; 2],
+    next_key: u64,
+}
+
+impl Outbox {
+    pub(crate) fn key_of(&self, id: &str) -> Option<Key> {
+        self.ids.get(id).copied()
+    }
+
+    pub(crate) fn get(&self, key: Key) -> Option<&Entry> {
+        self.entries.get(&key)
+    }
+
+    pub(crate) fn get_mut(&mut self, key: Key) -> Option<&mut Entry> {
+        self.entries.get_mut(&key)
+    }
+
+    /// The caller has checked that the id is new.
+    pub(crate) fn insert(&mut self, entry: Entry) -> Key {
+        let key = Key(self.next_key);
+        self.next_key += 1;
+        self.ids.insert(entry.message.id.clone(), key);
+        self.classes[entry.class().index()].insert(key);
+        self.entries.insert(key, entry);
+        key
+    }
+
+    pub(crate) fn remove(&mut self, key: Key) -> Option<Entry> {
+        let entry = self.entries.remove(&key)?;
+        self.ids.remove(&entry.message.id);
+        self.classes[entry.class().index()].remove(&key);
+        Some(entry)
+    }
+
+    pub(crate) fn oldest(&self, class: Class) -> Option<Key> {
+        self.classes[class.index()].first().copied()
+    }
+
+    pub(crate) fn count(&self, class: Class) -> usize {
+        self.classes[class.index()].len()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (Key, &Entry)> {
+        self.entries.iter().map(|(key, entry)| (*key, entry))
+    }
+
+    #[cfg(test)]
+    pub(crate) fn check(&self) {
+        assert_eq!(self.ids.len(), self.entries.len(), "id index out of step");
+        for (key, entry) in &self.entries {
+            assert_eq!(
+                self.ids.get(&entry.message.id),
+                Some(key),
+                "id index out of step"
+            );
+            assert!(
+                self.classes[entry.class().index()].contains(key),
+                "class index out of step"
+            );
+        }
+        assert_eq!(
+            self.classes[0].len() + self.classes[1].len(),
+            self.entries.len()
+        );
+    }
+}

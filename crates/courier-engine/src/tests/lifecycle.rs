@@ -1,0 +1,323 @@
+//! The ordinary life of a message: sent, deferred, flushed, evicted, waiting for a slot.
+
+use courier_proto::{ContentType, Priority};
+
+use super::*;
+use crate::{FailReason, Stats};
+
+#[test]
+fn immediate_delivery() {
+    let mut sim = Sim::with_defaults();
+    sim.carrier_up();
+    let id = sim.send(BOB);
+
+    // The Put (committed before the promise resolves) comes before the frame goes out.
+    let put = sim
+        .log
+        .iter()
+        .position(|(_, o)| matches!(o, Out::Store(StoreOp::Put(r)) if r.message.id == id));
+    let frame = sim
+        .log
+        .iter()
+        .position(|(_, o)| matches!(o, Out::Transmit(_)));
+    assert!(put.unwrap() < frame.unwrap());
+    let (_, message) = sim.outbox_frames_since(0)[0];
+    assert_eq!(
+        (message.sender.as_str(), message.recipient.as_str()),
+        (ALICE, BOB)
+    );
+    assert_eq!(
+        (
+            message.app_id.as_str(),
+            message.requires_ack,
+            message.hop_count
+        ),
+        ("chat", true, 0)
+    );
+
+    assert_eq!(sim.sends(&id), [0]);
+    assert!(matches!(
+        sim.events_of(&id).next(),
+        Some((0, Event::MessageSent { attempt: 1, transport, priority: Priority::Medium, .. })) if transport == "internet"
+    ));
+    assert_eq!(sim.status(&id), Some(EntryState::InFlight));
+
+    sim.advance(100);
+    let (at, delivered) = sim.terminal(&id).expect("delivered");
+    assert_eq!(at, 100);
+    assert!(
+        matches!(delivered, Event::MessageDelivered { latency_ms: 100, hop_count: 0, ref transport, .. } if transport == "internet")
+    );
+    assert!(sim.log.iter().any(|(_, o)| matches!(o,
+        Out::Store(StoreOp::Settle { id: settled, settlement: Settlement::Delivered, .. }) if *settled == id)));
+    assert_eq!(sim.status(&id), None);
+    assert!(sim.rows.is_empty());
+    assert_eq!(sim.engine.next_deadline(), None, "an empty engine sleeps");
+}
+
+#[test]
+fn deferred_then_delivered_by_the_reconnect_flush_in_batches() {
+    let mut sim = Sim::with_defaults();
+    let ids: Vec<String> = (0..45).map(|_| sim.send(BOB)).collect();
+    for id in &ids {
+        assert!(matches!(
+            sim.events_of(id).next(),
+            Some((
+                _,
+                Event::MessageDeferred {
+                    retry_count: 0,
+                    next_retry_at: None,
+                    ..
+                }
+            ))
+        ));
+    }
+    // Nothing to do but wait for lifetimes: no polling while no carrier is up.
+    assert_eq!(sim.engine.next_deadline(), Some(7 * DAY));
+
+    sim.advance(5 * SEC);
+    assert_eq!(sim.carrier_up(), 20, "one flush batch");
+    assert!(
+        sim.engine.next_deadline().is_some_and(|d| d <= sim.now),
+        "the rest is due at once"
+    );
+    assert_eq!(sim.timeout(), 20);
+    assert_eq!(sim.timeout(), 5);
+    assert_eq!(sim.timeout(), 0);
+
+    sim.advance(SEC);
+    for id in &ids {
+        assert!(
+            matches!(sim.terminal(id), Some((_, Event::MessageDelivered { .. }))),
+            "{id}"
+        );
+        assert_eq!(sim.sends(id).len(), 1);
+    }
+}
+
+#[test]
+fn idempotent_ids() {
+    let mut sim = Sim::with_defaults();
+    let id = sim.send_with(BOB, Priority::High, ContentType::Text, Some("order-42"));
+    assert_eq!(id, "order-42");
+    let puts = sim.mark();
+    let again = sim.submit(request(
+        BOB,
+        Priority::Low,
+        ContentType::Text,
+        Some("order-42"),
+    ));
+    assert_eq!(again, SendOutcome::Duplicate("order-42".into()));
+    assert_eq!(sim.mark(), puts, "a duplicate changes nothing");
+}
+
+#[test]
+fn the_501st_message_evicts_the_oldest() {
+    let mut sim = Sim::with_defaults();
+    let first = sim.send(BOB);
+    let media = sim.send_with(BOB, Priority::Medium, ContentType::FileChunk, None);
+    for _ in 0..499 {
+        sim.send(BOB);
+    }
+    assert_eq!(sim.failures(), 0);
+    let newest = sim.send(BOB);
+    assert!(matches!(
+        sim.terminal(&first),
+        Some((
+            _,
+            Event::MessageFailed {
+                reason: FailReason::OutboxCapacityExceeded,
+                retry_count: 0,
+                ..
+            }
+        ))
+    ));
+    assert_eq!(sim.failures(), 1);
+    assert_eq!(sim.status(&newest), Some(EntryState::Queued));
+    assert_eq!(
+        sim.status(&media),
+        Some(EntryState::Queued),
+        "media has its own bound"
+    );
+    let Stats {
+        outbox_regular,
+        outbox_media,
+        ..
+    } = sim.engine.stats();
+    assert_eq!((outbox_regular, outbox_media), (500, 1));
+
+    for _ in 0..100 {
+        sim.send_with(BOB, Priority::Medium, ContentType::FileChunk, None);
+    }
+    assert!(matches!(
+        sim.terminal(&media),
+        Some((
+            _,
+            Event::MessageFailed {
+                reason: FailReason::OutboxCapacityExceeded,
+                ..
+            }
+        ))
+    ));
+    assert_eq!(sim.engine.stats().outbox_media, 100);
+    assert_eq!(sim.engine.stats().outbox_regular, 500);
+}
+
+#[test]
+fn in_flight_cap_holds_back_sends_until_slots_free() {
+    let mut config = Config::new("chat");
+    config.max_pending_acks = 3;
+    let mut sim = Sim::new(config);
+    sim.net = Net::silent_peer();
+    sim.carrier_up();
+    let ids: Vec<String> = (0..10).map(|_| sim.send(BOB)).collect();
+    assert_eq!(sim.outbox_frames_since(0).len(), 3);
+    assert_eq!(sim.engine.stats().pending_acks, 3);
+    for id in &ids[3..] {
+        assert!(matches!(
+            sim.events_of(id).next(),
+            Some((_, Event::MessageDeferred { reason, next_retry_at: None, .. })) if reason == "in-flight limit reached"
+        ));
+    }
+    // Waiting for a slot is not a timer: the next wake-up is the first ACK timeout.
+    assert_eq!(sim.engine.next_deadline(), Some(10 * SEC));
+
+    sim.ack(&ids[0]);
+    assert!(sim.engine.next_deadline().is_some_and(|d| d <= sim.now));
+    assert_eq!(sim.timeout(), 1, "one slot, one send");
+
+    sim.net = Net::honest();
+    sim.ack(&ids[1]);
+    sim.ack(&ids[2]);
+    sim.advance(MIN);
+    for id in &ids {
+        assert!(
+            matches!(sim.terminal(id), Some((_, Event::MessageDelivered { .. }))),
+            "{id}"
+        );
+    }
+}
+
+#[test]
+fn equal_retry_times_go_by_priority() {
+    let mut config = Config::new("chat");
+    config.flush_batch = 2;
+    let mut sim = Sim::new(config);
+    let low = sim.send_with(BOB, Priority::Low, ContentType::Text, None);
+    let critical = sim.send_with(BOB, Priority::Critical, ContentType::Text, None);
+    let medium = sim.send_with(BOB, Priority::Medium, ContentType::Text, None);
+    let high = sim.send_with(BOB, Priority::High, ContentType::Text, None);
+
+    let mark = sim.mark();
+    sim.carrier_up();
+    sim.advance(0);
+    let order: Vec<&str> = sim
+        .outbox_frames_since(mark)
+        .iter()
+        .map(|(_, m)| m.id.as_str())
+        .collect();
+    assert_eq!(order, [&critical, &high, &medium, &low]);
+}
+
+#[test]
+fn earlier_retry_times_go_first_whatever_the_priority() {
+    let mut sim = Sim::with_defaults();
+    sim.net.write = false;
+    sim.carrier_up();
+    let critical = sim.send_with(BOB, Priority::Critical, ContentType::Text, None);
+    sim.fail_unwritten(0, "socket error"); // retry 0 at 1 s
+    sim.advance(SEC);
+    sim.fail_unwritten(0, "socket error"); // retry 1 at 1 s + 2 s
+    sim.advance(SEC / 2);
+    let low = sim.send_with(BOB, Priority::Low, ContentType::Text, None);
+    sim.fail_unwritten(0, "socket error"); // retry 0 at 1.5 s + 1 s
+
+    sim.net.write = true;
+    let mark = sim.mark();
+    sim.advance(10 * SEC);
+    let order: Vec<(Millis, &str)> = sim
+        .outbox_frames_since(mark)
+        .iter()
+        .map(|(at, m)| (*at, m.id.as_str()))
+        .collect();
+    assert_eq!(order, [(2500, low.as_str()), (3 * SEC, critical.as_str())]);
+}
+
+#[test]
+fn failed_sends_back_off_without_limit_and_spend_no_budget() {
+    let mut sim = Sim::with_defaults();
+    sim.net = Net::relay(RelayAnswer::Unreachable);
+    sim.carrier_up();
+    let id = sim.send(BOB);
+    sim.advance(2 * HOUR);
+
+    let deferred: Vec<(Millis, u32, Option<Millis>)> = sim
+        .events_of(&id)
+        .filter_map(|(at, e)| match e {
+            Event::MessageDeferred {
+                retry_count,
+                next_retry_at,
+                reason,
+                ..
+            } => {
+                assert_eq!(reason, "recipient unreachable");
+                Some((at, *retry_count, *next_retry_at))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        deferred[..3],
+        [
+            (0, 0, Some(SEC)),
+            (SEC, 1, Some(3 * SEC)),
+            (3 * SEC, 2, Some(7 * SEC))
+        ]
+    );
+    assert!(deferred.len() > 25, "still trying after two hours");
+    assert_eq!(sim.failures(), 0);
+    assert!(sim
+        .events_of(&id)
+        .all(|(_, e)| !matches!(e, Event::MessageRetrying { .. })));
+
+    // The recipient comes back: the ladder starts at attempt 1, nothing was spent.
+    sim.net = Net::honest();
+    sim.advance(6 * MIN);
+    assert!(matches!(
+        sim.terminal(&id),
+        Some((_, Event::MessageDelivered { .. }))
+    ));
+    assert!(sim
+        .events_of(&id)
+        .all(|(_, e)| !matches!(e, Event::MessageSent { attempt, .. } if *attempt != 1)));
+}
+
+#[test]
+fn a_frame_the_carrier_never_wrote_is_a_failed_send_when_it_goes_down() {
+    let mut sim = Sim::with_defaults();
+    sim.net.write = false;
+    sim.carrier_up();
+    let id = sim.send(BOB);
+    let stale = sim.unwritten[0].clone();
+    sim.advance(SEC);
+    sim.carrier_down();
+    assert!(matches!(
+        sim.events_of(&id).last(),
+        Some((_, Event::MessageDeferred { retry_count: 0, next_retry_at: None, reason, .. })) if reason == "carrier unavailable"
+    ));
+    assert_eq!(sim.status(&id), Some(EntryState::Queued));
+
+    // A late report about the dead attempt is ignored.
+    sim.engine.handle_written(&stale.0, stale.1, sim.now);
+    assert_eq!(sim.status(&id), Some(EntryState::Queued));
+
+    sim.net = Net::honest();
+    sim.advance(MIN);
+    assert!(sim.sends(&id).is_empty(), "no carrier, no send");
+    sim.carrier_up();
+    sim.advance(SEC);
+    assert!(matches!(
+        sim.terminal(&id),
+        Some((_, Event::MessageDelivered { .. }))
+    ));
+}

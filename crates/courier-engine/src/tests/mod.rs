@@ -1,0 +1,539 @@
+//! A virtual-time simulator around one engine, in the shape of quinn-proto's test `Pair`: a
+//! store that applies `StoreOp`s like the runtime's SQLite, a network model that executes
+//! transmits (carrier writes, relay answers, the recipient's ACKs), and a clock that only moves
+//! when a scenario says so. After every engine call it checks the crate's invariants.
+
+mod chaos;
+mod custody;
+mod inbound;
+mod ladder;
+mod lifecycle;
+mod lifetime;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use courier_proto::{ContentType, Message, Priority};
+
+use crate::{
+    Carrier, Config, Engine, EntryState, Event, InboundOrigin, Millis, OutboxRecord, ProcessedKey,
+    RelayAnswer, SendOutcome, SendRequest, Settlement, StoreOp, Transmit, TransmitKind,
+};
+
+pub(crate) const ALICE: &str = "alice";
+pub(crate) const BOB: &str = "bob";
+pub(crate) const SEC: Millis = 1000;
+pub(crate) const MIN: Millis = 60 * SEC;
+pub(crate) const HOUR: Millis = 60 * MIN;
+pub(crate) const DAY: Millis = 24 * HOUR;
+
+/// One engine output, in the order the runtime acts on a call's outputs.
+#[derive(Debug, Clone)]
+pub(crate) enum Out {
+    Store(StoreOp),
+    Event(Event),
+    Transmit(Transmit),
+}
+
+/// How the world answers each outbox frame.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Net {
+    /// The carrier writes frames at once; otherwise they wait in `Sim::unwritten`.
+    pub write: bool,
+    /// The relay's answer to each written frame; `None`: it says nothing.
+    pub answer: Option<RelayAnswer>,
+    /// The recipient ACKs this long after a write that reached it (relay answer `Live` or none).
+    pub ack_after: Option<Millis>,
+}
+
+impl Net {
+    pub(crate) fn honest() -> Self {
+        Self {
+            write: true,
+            answer: Some(RelayAnswer::Live),
+            ack_after: Some(100),
+        }
+    }
+
+    /// Frames are written and the relay takes them, but the recipient never answers.
+    pub(crate) fn silent_peer() -> Self {
+        Self {
+            write: true,
+            answer: Some(RelayAnswer::Live),
+            ack_after: None,
+        }
+    }
+
+    pub(crate) fn relay(answer: RelayAnswer) -> Self {
+        Self {
+            write: true,
+            answer: Some(answer),
+            ack_after: None,
+        }
+    }
+}
+
+pub(crate) struct Sim {
+    pub engine: Engine,
+    pub config: Config,
+    pub now: Millis,
+    pub net: Net,
+    /// The runtime's store: outbox rows by id, processed inbound keys.
+    pub rows: BTreeMap<String, OutboxRecord>,
+    pub processed: Vec<ProcessedKey>,
+    /// Every output with the virtual time it came out at.
+    pub log: Vec<(Millis, Out)>,
+    /// Outbox frames handed to the carrier and not yet written: (id, send_seq).
+    pub unwritten: Vec<(String, u64)>,
+    internet_up: bool,
+    arrivals: BTreeMap<(Millis, u64), (Message, InboundOrigin)>,
+    arrival_seq: u64,
+    relay_seq: u64,
+    minted: u64,
+    /// The last frame transmitted for each id: what the recipient would acknowledge.
+    frames: BTreeMap<String, Message>,
+    /// Ids the recipient really acknowledged; only these may be delivered.
+    acked_by_recipient: BTreeSet<String>,
+    terminal: BTreeMap<String, u32>,
+    /// When each inbound (sender, id) last reached the application.
+    received: BTreeMap<(String, String), Millis>,
+}
+
+impl Sim {
+    pub(crate) fn new(config: Config) -> Self {
+        Self {
+            engine: Engine::new(config.clone(), ALICE.to_owned()),
+            config,
+            now: 0,
+            net: Net::honest(),
+            rows: BTreeMap::new(),
+            processed: Vec::new(),
+            log: Vec::new(),
+            unwritten: Vec::new(),
+            internet_up: false,
+            arrivals: BTreeMap::new(),
+            arrival_seq: 0,
+            relay_seq: 0,
+            minted: 0,
+            frames: BTreeMap::new(),
+            acked_by_recipient: BTreeSet::new(),
+            terminal: BTreeMap::new(),
+            received: BTreeMap::new(),
+        }
+    }
+
+    pub(crate) fn with_defaults() -> Self {
+        Self::new(Config::new("chat"))
+    }
+
+    // ---- inputs ---------------------------------------------------------------------------
+
+    pub(crate) fn send(&mut self, recipient: &str) -> String {
+        self.send_with(recipient, Priority::Medium, ContentType::Text, None)
+    }
+
+    pub(crate) fn send_with(
+        &mut self,
+        recipient: &str,
+        priority: Priority,
+        content_type: ContentType,
+        id: Option<&str>,
+    ) -> String {
+        match self.submit(request(recipient, priority, content_type, id)) {
+            SendOutcome::Accepted(id) | SendOutcome::Duplicate(id) => id,
+        }
+    }
+
+    pub(crate) fn submit(&mut self, req: SendRequest) -> SendOutcome {
+        self.minted += 1;
+        let minted = format!("m{}", self.minted);
+        let outcome = self.engine.send(req, || minted, self.now);
+        self.after_call();
+        outcome
+    }
+
+    pub(crate) fn carrier_up(&mut self) -> usize {
+        self.internet_up = true;
+        let mark = self.mark();
+        self.engine.handle_carrier_up(Carrier::Internet, self.now);
+        self.after_call_counting(mark)
+    }
+
+    pub(crate) fn carrier_down(&mut self) {
+        self.internet_up = false;
+        // Frames the carrier had not written die with it.
+        self.unwritten.clear();
+        self.engine.handle_carrier_down(Carrier::Internet, self.now);
+        self.after_call();
+    }
+
+    /// One `handle_timeout` at the current time; returns the outbox frames it sent.
+    pub(crate) fn timeout(&mut self) -> usize {
+        let mark = self.mark();
+        self.engine.handle_timeout(self.now);
+        self.after_call_counting(mark)
+    }
+
+    pub(crate) fn write_unwritten(&mut self, index: usize) {
+        if index < self.unwritten.len() {
+            let (id, seq) = self.unwritten.remove(index);
+            let more = self.write(id, seq);
+            self.execute(more);
+        }
+    }
+
+    pub(crate) fn fail_unwritten(&mut self, index: usize, reason: &str) {
+        if index < self.unwritten.len() {
+            let (id, seq) = self.unwritten.remove(index);
+            self.engine.handle_send_failed(&id, seq, reason, self.now);
+            self.after_call();
+        }
+    }
+
+    pub(crate) fn answer(&mut self, id: &str, answer: RelayAnswer) {
+        self.engine.handle_relay_answer(id, answer, self.now);
+        self.after_call();
+    }
+
+    /// The recipient's end-to-end ACK of the last frame sent for `id`, arriving now.
+    pub(crate) fn ack(&mut self, id: &str) {
+        let (ack, origin) = self.recipient_ack(id);
+        self.inbound(ack, origin);
+    }
+
+    pub(crate) fn inbound(&mut self, message: Message, origin: InboundOrigin) {
+        self.engine.handle_inbound(message, origin, self.now);
+        self.after_call();
+    }
+
+    /// The process dies and starts again from the store; the carrier comes up separately.
+    pub(crate) fn restart(&mut self) {
+        self.engine = Engine::new(self.config.clone(), ALICE.to_owned());
+        self.internet_up = false;
+        self.unwritten.clear();
+        let records = self.rows.values().cloned().collect();
+        self.engine
+            .restore(records, self.processed.clone(), self.now);
+        self.after_call();
+    }
+
+    /// Moves the clock forward, feeding the engine its deadlines and the scheduled arrivals.
+    pub(crate) fn advance(&mut self, by: Millis) {
+        self.advance_to(self.now + by);
+    }
+
+    pub(crate) fn advance_to(&mut self, until: Millis) {
+        let mut calls_at_this_instant = 0;
+        loop {
+            let arrival = self.arrivals.keys().next().map(|(at, _)| *at);
+            let deadline = self.engine.next_deadline();
+            let Some(next) = [arrival, deadline]
+                .into_iter()
+                .flatten()
+                .min()
+                .filter(|t| *t <= until)
+            else {
+                break;
+            };
+            let next = next.max(self.now);
+            calls_at_this_instant = if next == self.now {
+                calls_at_this_instant + 1
+            } else {
+                0
+            };
+            assert!(
+                calls_at_this_instant < 100_000,
+                "the engine spins at {next}"
+            );
+            self.now = next;
+            if arrival.is_some_and(|at| at <= next) {
+                if let Some((_, (message, origin))) = self.arrivals.pop_first() {
+                    self.inbound(message, origin);
+                }
+            } else {
+                self.engine.handle_timeout(self.now);
+                self.after_call();
+            }
+        }
+        self.now = self.now.max(until);
+    }
+
+    // ---- observations ---------------------------------------------------------------------
+
+    pub(crate) fn mark(&self) -> usize {
+        self.log.len()
+    }
+
+    pub(crate) fn events(&self) -> impl Iterator<Item = (Millis, &Event)> {
+        self.log.iter().filter_map(|(at, out)| match out {
+            Out::Event(event) => Some((*at, event)),
+            _ => None,
+        })
+    }
+
+    pub(crate) fn events_of<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> impl Iterator<Item = (Millis, &'a Event)> + 'a {
+        self.events()
+            .filter(move |(_, event)| event_id(event) == Some(id))
+    }
+
+    /// When each `message_sent` of `id` happened.
+    pub(crate) fn sends(&self, id: &str) -> Vec<Millis> {
+        self.events_of(id)
+            .filter(|(_, e)| matches!(e, Event::MessageSent { .. }))
+            .map(|(at, _)| at)
+            .collect()
+    }
+
+    pub(crate) fn retries(&self, id: &str) -> Vec<(u32, Millis)> {
+        self.events_of(id)
+            .filter_map(|(_, e)| match e {
+                Event::MessageRetrying {
+                    retry_count,
+                    next_retry_at,
+                    ..
+                } => Some((*retry_count, *next_retry_at)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The terminal event of `id` and when it came, if it has come.
+    pub(crate) fn terminal(&self, id: &str) -> Option<(Millis, Event)> {
+        self.events_of(id)
+            .find(|(_, e)| {
+                matches!(
+                    e,
+                    Event::MessageDelivered { .. } | Event::MessageFailed { .. }
+                )
+            })
+            .map(|(at, e)| (at, e.clone()))
+    }
+
+    pub(crate) fn failures(&self) -> usize {
+        self.events()
+            .filter(|(_, e)| matches!(e, Event::MessageFailed { .. }))
+            .count()
+    }
+
+    pub(crate) fn status(&self, id: &str) -> Option<EntryState> {
+        self.engine.status(id)
+    }
+
+    pub(crate) fn outbox_frames_since(&self, mark: usize) -> Vec<(Millis, &Message)> {
+        self.log[mark..]
+            .iter()
+            .filter_map(|(at, out)| match out {
+                Out::Transmit(Transmit {
+                    kind: TransmitKind::Outbox { message, .. },
+                    ..
+                }) => Some((*at, message)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub(crate) fn terminal_count(&self, id: &str) -> u32 {
+        self.terminal.get(id).copied().unwrap_or(0)
+    }
+
+    // ---- the world's side ------------------------------------------------------------------
+
+    fn recipient_ack(&mut self, id: &str) -> (Message, InboundOrigin) {
+        let frame = self
+            .frames
+            .get(id)
+            .unwrap_or_else(|| panic!("{id} was never transmitted"));
+        self.acked_by_recipient.insert(id.to_owned());
+        let ack = frame.ack(format!("peer-ack-{id}"), self.now, "internet");
+        self.relay_seq += 1;
+        let origin = InboundOrigin {
+            carrier: Carrier::Internet,
+            stamped_sender: frame.recipient.clone(),
+            sender_account: None,
+            seq: Some(self.relay_seq),
+        };
+        (ack, origin)
+    }
+
+    fn write(&mut self, id: String, send_seq: u64) -> VecDeque<(String, u64)> {
+        self.engine.handle_written(&id, send_seq, self.now);
+        let mut more = self.after_call_collect();
+        let reached_recipient = match self.net.answer {
+            Some(answer) => {
+                self.engine.handle_relay_answer(&id, answer, self.now);
+                more.extend(self.after_call_collect());
+                answer == RelayAnswer::Live
+            }
+            None => true,
+        };
+        if let (true, Some(after)) = (reached_recipient, self.net.ack_after) {
+            let arrival = self.recipient_ack(&id);
+            self.arrival_seq += 1;
+            self.arrivals
+                .insert((self.now + after, self.arrival_seq), arrival);
+        }
+        more
+    }
+
+    fn execute(&mut self, mut frames: VecDeque<(String, u64)>) {
+        while let Some((id, seq)) = frames.pop_front() {
+            if self.net.write {
+                let more = self.write(id, seq);
+                frames.extend(more);
+            } else {
+                self.unwritten.push((id, seq));
+            }
+        }
+    }
+
+    fn after_call(&mut self) {
+        let frames = self.after_call_collect();
+        self.execute(frames);
+    }
+
+    fn after_call_counting(&mut self, mark: usize) -> usize {
+        let frames = self.after_call_collect();
+        let count = frames.len();
+        debug_assert_eq!(count, self.outbox_frames_since(mark).len());
+        self.execute(frames);
+        count
+    }
+
+    /// Drains one call's outputs like the runtime (store, then events, then transmits) and
+    /// checks the invariants; returns the outbox frames to execute.
+    fn after_call_collect(&mut self) -> VecDeque<(String, u64)> {
+        let mut settled = BTreeSet::new();
+        while let Some(op) = self.engine.poll_store() {
+            match &op {
+                StoreOp::Put(record) => {
+                    self.rows.insert(record.message.id.clone(), record.clone());
+                }
+                StoreOp::Settle { id, settlement, .. } => {
+                    assert!(
+                        self.rows.remove(id).is_some(),
+                        "settled {id} which has no row"
+                    );
+                    assert!(settled.insert(id.clone()), "{id} settled twice in one call");
+                    if *settlement == Settlement::Delivered {
+                        assert!(
+                            self.acked_by_recipient.contains(id),
+                            "{id} delivered without the recipient's ACK"
+                        );
+                    }
+                }
+                StoreOp::MarkProcessed(key) => self.processed.push(key.clone()),
+            }
+            self.log.push((self.now, Out::Store(op)));
+        }
+        let mut terminal = BTreeSet::new();
+        while let Some(event) = self.engine.poll_event() {
+            match &event {
+                Event::MessageDelivered { message_id, .. }
+                | Event::MessageFailed { message_id, .. } => {
+                    let count = self.terminal.entry(message_id.clone()).or_default();
+                    *count += 1;
+                    assert_eq!(*count, 1, "second terminal event for {message_id}");
+                    terminal.insert(message_id.clone());
+                }
+                Event::MessageReceived {
+                    sender, message, ..
+                } => {
+                    let retention = self.config.dedup_retention_ms();
+                    if let Some(before) = self
+                        .received
+                        .insert((sender.clone(), message.id.clone()), self.now)
+                    {
+                        assert!(
+                            self.now >= before + retention,
+                            "{} reached the application twice",
+                            message.id
+                        );
+                    }
+                }
+                _ => {}
+            }
+            self.log.push((self.now, Out::Event(event)));
+        }
+        assert_eq!(
+            settled, terminal,
+            "every terminal event comes with its Settle"
+        );
+        let mut frames = VecDeque::new();
+        while let Some(transmit) = self.engine.poll_transmit() {
+            if let TransmitKind::Outbox { message, send_seq } = &transmit.kind {
+                self.frames.insert(message.id.clone(), message.clone());
+                frames.push_back((message.id.clone(), *send_seq));
+            }
+            self.log.push((self.now, Out::Transmit(transmit)));
+        }
+        self.check();
+        frames
+    }
+
+    fn check(&self) {
+        self.engine.check_invariants();
+        let records = self.engine.records();
+        assert_eq!(
+            records.len(),
+            self.rows.len(),
+            "store rows and live entries differ"
+        );
+        let stats = self.engine.stats();
+        let can_send = self.internet_up && stats.pending_acks < self.config.max_pending_acks.max(1);
+        let deadline = self.engine.next_deadline();
+        for record in &records {
+            let id = &record.message.id;
+            assert_eq!(
+                self.rows.get(id),
+                Some(record),
+                "the last Put of {id} is stale"
+            );
+            match (record.state, record.next_at) {
+                (EntryState::InFlight, Some(ack_due)) => {
+                    assert!(
+                        deadline.is_some_and(|d| d <= ack_due),
+                        "{id} has no ACK timer"
+                    )
+                }
+                (EntryState::InFlight, None) => {}
+                (EntryState::Queued | EntryState::Parked, next) => {
+                    let next = next.unwrap_or_else(|| panic!("queued {id} without a time"));
+                    if can_send {
+                        assert!(deadline.is_some_and(|d| d <= next), "{id} is stranded");
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub(crate) fn request(
+    recipient: &str,
+    priority: Priority,
+    content_type: ContentType,
+    id: Option<&str>,
+) -> SendRequest {
+    SendRequest {
+        id: id.map(str::to_owned),
+        recipient: recipient.to_owned(),
+        content: "hello".to_owned(),
+        content_type,
+        priority,
+        metadata: BTreeMap::new(),
+        binary_content: None,
+    }
+}
+
+pub(crate) fn event_id(event: &Event) -> Option<&str> {
+    match event {
+        Event::MessageSent { message_id, .. }
+        | Event::MessageDeferred { message_id, .. }
+        | Event::MessageStored { message_id, .. }
+        | Event::MessageRetrying { message_id, .. }
+        | Event::MessageDelivered { message_id, .. }
+        | Event::MessageFailed { message_id, .. } => Some(message_id),
+        Event::MessageReceived { .. } | Event::Diagnostic { .. } => None,
+    }
+}
