@@ -1,0 +1,550 @@
+//! Test harness: a real relay on 127.0.0.1:0 with a SQLite file in a temp dir, and a
+//! tokio-tungstenite client that reads frames with deadlines (never fixed sleeps).
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use courier_proto::{ClientFrame, RelayFrame};
+use courier_relay::{RelayConfig, RelayHandle, Storage, Timings};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+pub const SECRET: &[u8] = b"relay-test-secret";
+/// Every wait in the tests is bounded by this.
+pub const DEADLINE: Duration = Duration::from_secs(5);
+
+pub fn token(account: &str) -> String {
+    courier_relay::issue_token(SECRET, account, 3600).expect("token")
+}
+
+/// Short clocks so tests never wait for the real 2–30 s; keepalive stays long unless a test
+/// is about keepalive.
+pub fn fast_timings() -> Timings {
+    Timings {
+        drain_grace: Duration::from_millis(50),
+        close_linger: Duration::from_millis(500),
+        ..Timings::default()
+    }
+}
+
+pub struct TestRelay {
+    pub handle: Option<RelayHandle>,
+    pub dir: tempfile::TempDir,
+    pub url: String,
+}
+
+impl TestRelay {
+    pub fn db_path(&self) -> PathBuf {
+        self.dir.path().join("relay.db")
+    }
+
+    pub fn config(&self) -> RelayConfig {
+        let mut config = RelayConfig::new(
+            "127.0.0.1:0".parse().unwrap(),
+            Storage::Path(self.db_path()),
+            SECRET.to_vec(),
+        );
+        config.timings = fast_timings();
+        config
+    }
+
+    pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    pub async fn start_with(adjust: impl FnOnce(&mut RelayConfig)) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut relay = Self {
+            handle: None,
+            dir,
+            url: String::new(),
+        };
+        let mut config = relay.config();
+        adjust(&mut config);
+        relay.run(config).await;
+        relay
+    }
+
+    pub async fn run(&mut self, config: RelayConfig) {
+        let handle = courier_relay::start(config).await.expect("relay starts");
+        self.url = handle.url();
+        self.handle = Some(handle);
+    }
+
+    pub fn handle(&self) -> &RelayHandle {
+        self.handle.as_ref().expect("relay running")
+    }
+
+    pub async fn stop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            handle.stop().await;
+        }
+    }
+
+    /// Stops and starts again on the same database file.
+    pub async fn restart_with(&mut self, adjust: impl FnOnce(&mut RelayConfig)) {
+        self.stop().await;
+        let mut config = self.config();
+        adjust(&mut config);
+        self.run(config).await;
+    }
+
+    pub async fn client(&self) -> Client {
+        Client::connect(&self.url).await
+    }
+
+    /// An opted-in client whose drain is over (DrainComplete{0} expected).
+    pub async fn online(&self, account: &str) -> Client {
+        let mut c = self.client().await;
+        c.authenticate(account, true).await;
+        let count = c.drain_complete().await;
+        assert_eq!(count, 0, "{account} was expected to have an empty mailbox");
+        c
+    }
+
+    /// Makes `account` known to the relay (accounts exist from their first authentication).
+    pub async fn register(&self, account: &str) {
+        let mut c = self.client().await;
+        c.authenticate(account, true).await;
+        c.close().await;
+    }
+
+    pub fn stored_frames(&self) -> u64 {
+        self.handle().stats().stored_frames
+    }
+
+    /// Polls the stats until `check` holds or the deadline passes.
+    pub async fn wait_stats(&self, what: &str, check: impl Fn(courier_relay::RelayStats) -> bool) {
+        let stats = || self.handle().stats();
+        let reached = within(async {
+            while !check(stats()) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        assert!(
+            reached.is_some(),
+            "timed out waiting for {what}; stats = {:?}",
+            stats()
+        );
+    }
+}
+
+pub async fn within<T>(f: impl Future<Output = T>) -> Option<T> {
+    tokio::time::timeout(DEADLINE, f).await.ok()
+}
+
+pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+pub struct Client {
+    pub ws: Ws,
+    buffered: VecDeque<RelayFrame>,
+}
+
+/// How a connection ended, as the client saw it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ending {
+    Close(u16),
+    /// EOF or reset without a Close frame.
+    Dropped,
+}
+
+impl Client {
+    pub async fn connect(url: &str) -> Self {
+        let (ws, _) = within(tokio_tungstenite::connect_async(url))
+            .await
+            .expect("connect in time")
+            .expect("connect");
+        Self::from_ws(ws)
+    }
+
+    pub fn from_ws(ws: Ws) -> Self {
+        Self {
+            ws,
+            buffered: VecDeque::new(),
+        }
+    }
+
+    pub async fn send_text(&mut self, text: impl Into<String>) {
+        self.ws
+            .send(Message::text(text.into()))
+            .await
+            .expect("send");
+    }
+
+    pub async fn send_json(&mut self, value: Value) {
+        self.send_text(value.to_string()).await;
+    }
+
+    pub async fn send(&mut self, frame: &ClientFrame) {
+        self.send_text(frame.encode()).await;
+    }
+
+    pub async fn send_message(&mut self, recipient: &str, message_id: &str, content: &str) {
+        self.send(&ClientFrame::SendMessage {
+            recipient: recipient.into(),
+            content: content.into(),
+            message_id: message_id.into(),
+            reply_to_msg: None,
+        })
+        .await;
+    }
+
+    /// Sends and returns the answer (MessageSent, DeliveryError, Error or RateLimited),
+    /// keeping other frames for later reads.
+    pub async fn send_and_answer(
+        &mut self,
+        recipient: &str,
+        message_id: &str,
+        content: &str,
+    ) -> RelayFrame {
+        self.send_message(recipient, message_id, content).await;
+        self.next_where(|f| {
+            matches!(
+                f,
+                RelayFrame::MessageSent { .. }
+                    | RelayFrame::DeliveryError { .. }
+                    | RelayFrame::Error { .. }
+                    | RelayFrame::RateLimited { .. }
+            )
+        })
+        .await
+    }
+
+    async fn read_frame(&mut self) -> Result<RelayFrame, Ending> {
+        loop {
+            let message = within(self.ws.next())
+                .await
+                .expect("a frame within the deadline");
+            match message {
+                Some(Ok(Message::Text(text))) => {
+                    return Ok(RelayFrame::decode(&text)
+                        .unwrap_or_else(|e| panic!("bad relay frame {text}: {e}")))
+                }
+                Some(Ok(Message::Close(frame))) => {
+                    return Err(Ending::Close(frame.map_or(1005, |f| u16::from(f.code))));
+                }
+                Some(Ok(Message::Binary(_))) => panic!("the relay sent a binary message"),
+                Some(Ok(_)) => continue,
+                Some(Err(_)) | None => return Err(Ending::Dropped),
+            }
+        }
+    }
+
+    pub async fn next_frame(&mut self) -> RelayFrame {
+        if let Some(frame) = self.buffered.pop_front() {
+            return frame;
+        }
+        match self.read_frame().await {
+            Ok(frame) => frame,
+            Err(ending) => panic!("connection ended ({ending:?}) while a frame was expected"),
+        }
+    }
+
+    /// The first frame matching `pred`; frames read before it are kept for `next_frame`.
+    pub async fn next_where(&mut self, pred: impl Fn(&RelayFrame) -> bool) -> RelayFrame {
+        if let Some(i) = self.buffered.iter().position(&pred) {
+            return self.buffered.remove(i).unwrap();
+        }
+        loop {
+            let frame = match self.read_frame().await {
+                Ok(frame) => frame,
+                Err(ending) => panic!(
+                    "connection ended ({ending:?}); buffered: {:?}",
+                    self.buffered
+                ),
+            };
+            if pred(&frame) {
+                return frame;
+            }
+            self.buffered.push_back(frame);
+        }
+    }
+
+    /// Every frame up to the end of the connection, and how it ended.
+    pub async fn frames_until_end(&mut self) -> (Vec<RelayFrame>, Ending) {
+        let mut frames: Vec<RelayFrame> = self.buffered.drain(..).collect();
+        loop {
+            match self.read_frame().await {
+                Ok(frame) => frames.push(frame),
+                Err(ending) => return (frames, ending),
+            }
+        }
+    }
+
+    pub async fn authenticate_with(&mut self, token: &str, opted_in: bool) {
+        let caps = if opted_in {
+            json!(["mailbox_v1"])
+        } else {
+            Value::Null
+        };
+        self.send_json(
+            json!({"type": "Authenticate", "token": token, "client_capabilities": caps}),
+        )
+        .await;
+    }
+
+    /// Authenticates and returns the Authenticated frame.
+    pub async fn authenticate(&mut self, account: &str, opted_in: bool) -> RelayFrame {
+        self.authenticate_with(&token(account), opted_in).await;
+        let frame = self.next_frame().await;
+        assert!(
+            matches!(&frame, RelayFrame::Authenticated { username, .. } if username == account),
+            "expected Authenticated for {account}, got {frame:?}"
+        );
+        frame
+    }
+
+    /// Reads up to DrainComplete; returns its count, keeping the drained frames buffered.
+    pub async fn drain_complete(&mut self) -> u64 {
+        match self
+            .next_where(|f| matches!(f, RelayFrame::DrainComplete { .. }))
+            .await
+        {
+            RelayFrame::DrainComplete { count } => count,
+            _ => unreachable!(),
+        }
+    }
+
+    /// The drained MessageReceived frames, then the DrainComplete count.
+    pub async fn drain(&mut self) -> (Vec<Received>, u64) {
+        let mut received = Vec::new();
+        let mut others = VecDeque::new();
+        loop {
+            match self.next_frame().await {
+                frame @ RelayFrame::MessageReceived { .. } => received.push(Received::from(frame)),
+                RelayFrame::DrainComplete { count } => {
+                    others.extend(self.buffered.drain(..));
+                    self.buffered = others;
+                    return (received, count);
+                }
+                other => others.push_back(other),
+            }
+        }
+    }
+
+    pub async fn received(&mut self) -> Received {
+        Received::from(
+            self.next_where(|f| matches!(f, RelayFrame::MessageReceived { .. }))
+                .await,
+        )
+    }
+
+    pub async fn ack(&mut self, seq: u64) {
+        self.send(&ClientFrame::Ack { seq }).await;
+    }
+
+    pub async fn ack_up_to(&mut self, seq: u64) {
+        self.send(&ClientFrame::AckUpTo { seq }).await;
+    }
+
+    /// A round trip: once answered, every earlier frame of this connection has been handled
+    /// (the relay processes frames strictly in order, acks included).
+    pub async fn sync(&mut self) {
+        self.send(&ClientFrame::CheckPresence {
+            username: "sync".into(),
+        })
+        .await;
+        self.next_where(
+            |f| matches!(f, RelayFrame::PresenceStatus { user_id, .. } if user_id == "sync"),
+        )
+        .await;
+    }
+
+    pub async fn close(mut self) {
+        let _ = self.ws.close(None).await;
+        let _ = within(async { while let Some(Ok(_)) = self.ws.next().await {} }).await;
+    }
+}
+
+/// A MessageReceived, flattened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    pub seq: Option<u64>,
+    pub sender: String,
+    pub sender_account: Option<String>,
+    pub content: String,
+    pub message_id: String,
+    pub timestamp: u64,
+}
+
+impl From<RelayFrame> for Received {
+    fn from(frame: RelayFrame) -> Self {
+        match frame {
+            RelayFrame::MessageReceived {
+                seq,
+                sender,
+                sender_account,
+                content,
+                message_id,
+                timestamp,
+                ..
+            } => Self {
+                seq,
+                sender,
+                sender_account,
+                content,
+                message_id,
+                timestamp,
+            },
+            other => panic!("expected MessageReceived, got {other:?}"),
+        }
+    }
+}
+
+pub fn assert_sent(frame: &RelayFrame, message_id: &str, recipient: &str, disposition: &str) {
+    match frame {
+        RelayFrame::MessageSent {
+            message_id: m,
+            recipient: r,
+            disposition: Some(d),
+            ..
+        } => {
+            assert_eq!((m.as_str(), r.as_str()), (message_id, recipient));
+            assert_eq!(
+                serde_json::to_value(d).unwrap(),
+                json!(disposition),
+                "disposition"
+            );
+        }
+        other => panic!("expected MessageSent {message_id} {disposition}, got {other:?}"),
+    }
+}
+
+pub fn assert_unreachable(frame: &RelayFrame, message_id: &str, recipient: &str, detail: &str) {
+    match frame {
+        RelayFrame::DeliveryError {
+            message_id: Some(m),
+            recipient: r,
+            reason,
+        } => {
+            assert_eq!((m.as_str(), r.as_str()), (message_id, recipient));
+            assert_eq!(reason, &format!("recipient_unreachable: {detail}"));
+        }
+        other => panic!("expected DeliveryError {detail}, got {other:?}"),
+    }
+}
+
+/// A WebSocket client written by hand, for what tokio-tungstenite will not do: send invalid
+/// UTF-8, or never answer Pings.
+pub struct RawClient {
+    tcp: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl RawClient {
+    pub async fn connect(addr: std::net::SocketAddr) -> Self {
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        let request = format!(
+            "GET / HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        );
+        tcp.write_all(request.as_bytes()).await.unwrap();
+        let mut raw = Self {
+            tcp,
+            buf: Vec::new(),
+        };
+        let end = loop {
+            if let Some(i) = raw.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            assert!(raw.fill().await, "the relay closed during the upgrade");
+        };
+        let head = String::from_utf8_lossy(&raw.buf[..end]).to_string();
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        raw.buf.drain(..end);
+        raw
+    }
+
+    async fn fill(&mut self) -> bool {
+        let mut chunk = [0u8; 4096];
+        match within(self.tcp.read(&mut chunk))
+            .await
+            .expect("relay bytes within the deadline")
+        {
+            Ok(0) | Err(_) => false,
+            Ok(n) => {
+                self.buf.extend_from_slice(&chunk[..n]);
+                true
+            }
+        }
+    }
+
+    /// Writes one final, masked frame.
+    pub async fn send_frame(&mut self, opcode: u8, payload: &[u8]) {
+        let mut frame = vec![0x80 | opcode];
+        let len = payload.len();
+        if len < 126 {
+            frame.push(0x80 | len as u8);
+        } else if len <= 0xffff {
+            frame.push(0x80 | 126);
+            frame.extend_from_slice(&(len as u16).to_be_bytes());
+        } else {
+            frame.push(0x80 | 127);
+            frame.extend_from_slice(&(len as u64).to_be_bytes());
+        }
+        let mask = [0x37, 0xfa, 0x21, 0x3d];
+        frame.extend_from_slice(&mask);
+        frame.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        self.tcp.write_all(&frame).await.unwrap();
+    }
+
+    /// The next frame as (opcode, payload); `None` once the relay closed the TCP connection.
+    pub async fn read_frame(&mut self) -> Option<(u8, Vec<u8>)> {
+        loop {
+            if self.buf.len() >= 2 {
+                let opcode = self.buf[0] & 0x0f;
+                let (len, header) = match self.buf[1] & 0x7f {
+                    126 if self.buf.len() >= 4 => (
+                        usize::from(u16::from_be_bytes([self.buf[2], self.buf[3]])),
+                        4,
+                    ),
+                    127 if self.buf.len() >= 10 => {
+                        let mut b = [0u8; 8];
+                        b.copy_from_slice(&self.buf[2..10]);
+                        (u64::from_be_bytes(b) as usize, 10)
+                    }
+                    n @ 0..=125 => (usize::from(n), 2),
+                    _ => (usize::MAX, 0),
+                };
+                if len != usize::MAX && self.buf.len() >= header + len {
+                    let payload = self.buf[header..header + len].to_vec();
+                    self.buf.drain(..header + len);
+                    return Some((opcode, payload));
+                }
+            }
+            if !self.fill().await {
+                return None;
+            }
+        }
+    }
+
+    pub async fn authenticate(&mut self, account: &str) {
+        let auth = json!({"type": "Authenticate", "token": token(account), "client_capabilities": ["mailbox_v1"]});
+        self.send_frame(0x1, auth.to_string().as_bytes()).await;
+        let (opcode, payload) = self.read_frame().await.expect("Authenticated");
+        assert_eq!(opcode, 0x1);
+        let frame = RelayFrame::decode(std::str::from_utf8(&payload).unwrap()).unwrap();
+        assert!(
+            matches!(frame, RelayFrame::Authenticated { .. }),
+            "{frame:?}"
+        );
+    }
+
+    /// Reads until the relay's Close frame and returns its code (skipping Pings and text).
+    pub async fn close_code(&mut self) -> Option<u16> {
+        while let Some((opcode, payload)) = self.read_frame().await {
+            if opcode == 0x8 {
+                return (payload.len() >= 2).then(|| u16::from_be_bytes([payload[0], payload[1]]));
+            }
+        }
+        None
+    }
+}
