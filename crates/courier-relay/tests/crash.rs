@@ -1,0 +1,127 @@
+//! A frame answered MessageSent survives SIGKILL of the relay process (conformance item 17).
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use common::*;
+
+/// The relay binary as a child process; killed (SIGKILL) when dropped.
+struct RelayProcess {
+    child: Child,
+    url: String,
+}
+
+impl RelayProcess {
+    fn spawn(db: &Path, secret_file: &Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_courier-relay"))
+            .args(["--listen", "127.0.0.1:0", "--db"])
+            .arg(db)
+            .arg("--jwt-secret-file")
+            .arg(secret_file)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn courier-relay");
+        let stdout = child.stdout.take().expect("stdout");
+        // Blocking read of one line on a helper thread, bounded by the deadline.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(DEADLINE).expect("the relay prints its URL");
+        let url = line
+            .trim()
+            .strip_prefix("courier-relay listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        assert!(url.starts_with("ws://127.0.0.1:"), "{url}");
+        Self { child, url }
+    }
+
+    fn kill9(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reaped");
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_frame_survives_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("relay.db");
+    let secret = dir.path().join("secret.txt");
+    std::fs::write(&secret, [SECRET, b"\n"].concat()).unwrap();
+
+    let mut relay = RelayProcess::spawn(&db, &secret);
+    let mut bob = Client::connect(&relay.url).await;
+    bob.authenticate("bob", true).await;
+    bob.close().await;
+    let mut alice = Client::connect(&relay.url).await;
+    alice.authenticate("alice", true).await;
+    assert_sent(
+        &alice.send_and_answer("bob", "m1", "survives").await,
+        "m1",
+        "bob",
+        "stored",
+    );
+    relay.kill9();
+    let (_, ending) = alice.frames_until_end().await;
+    assert_eq!(ending, Ending::Dropped, "a killed relay sends no Close");
+
+    let relay = RelayProcess::spawn(&db, &secret);
+    let mut bob = Client::connect(&relay.url).await;
+    bob.authenticate("bob", true).await;
+    // A first frame starts the drain without waiting out the 2 s grace.
+    bob.sync().await;
+    let (frames, count) = bob.drain().await;
+    assert_eq!(count, 1);
+    assert_eq!(
+        (
+            frames[0].seq,
+            frames[0].message_id.as_str(),
+            frames[0].content.as_str()
+        ),
+        (Some(1), "m1", "survives")
+    );
+    // seq continues after the crash.
+    let mut alice = Client::connect(&relay.url).await;
+    alice.authenticate("alice", true).await;
+    assert_sent(
+        &alice.send_and_answer("bob", "m2", "next").await,
+        "m2",
+        "bob",
+        "live",
+    );
+    assert_eq!(bob.received().await.seq, Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_explains_bad_arguments() {
+    let output = Command::new(env!("CARGO_BIN_EXE_courier-relay"))
+        .arg("--memory")
+        .output()
+        .expect("run courier-relay");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--jwt-secret-file FILE is required"),
+        "{stderr}"
+    );
+    let help = Command::new(env!("CARGO_BIN_EXE_courier-relay"))
+        .arg("--help")
+        .output()
+        .expect("run courier-relay");
+    assert!(help.status.success());
+    assert!(String::from_utf8_lossy(&help.stdout).contains("--no-mailbox"));
+}

@@ -1,0 +1,302 @@
+//! Transport rules, rate limiting and the mailbox-less mode (relay-protocol.md §1, §8, §11;
+//! conformance items 1, 2, 15, 27).
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use courier_proto::{ClientFrame, RelayFrame};
+use futures_util::SinkExt;
+use serde_json::json;
+use tokio_tungstenite::tungstenite::Message;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_frames_are_answered_and_the_16th_closes_with_4002() {
+    let relay = TestRelay::start().await;
+    let mut c = relay.online("alice").await;
+    let samples = ["not json", "[1]", "42", r#"{"no":"type"}"#, r#"{"type":7}"#];
+    for i in 0..15 {
+        if i % 3 == 0 {
+            c.ws.send(Message::binary(vec![0u8, 1])).await.unwrap();
+        } else {
+            c.send_text(samples[i % samples.len()]).await;
+        }
+        assert_eq!(
+            c.next_frame().await,
+            RelayFrame::error("malformed", None),
+            "malformed #{}",
+            i + 1
+        );
+    }
+    // Still open after 15, and other frames still work.
+    c.sync().await;
+    c.send_text("{").await;
+    let (frames, ending) = c.frames_until_end().await;
+    assert_eq!(frames, vec![RelayFrame::error("malformed", None)]);
+    assert_eq!(ending, Ending::Close(4002));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_and_invalid_frames_are_answered_and_the_connection_stays() {
+    let relay = TestRelay::start().await;
+    let mut c = relay.online("alice").await;
+    c.send_json(json!({"type": "Teleport", "to": "mars"})).await;
+    assert_eq!(
+        c.next_frame().await,
+        RelayFrame::error("unknown_type", Some("Teleport"))
+    );
+    c.send_json(json!({"type": "Ack", "seq": "seven"})).await;
+    assert_eq!(
+        c.next_frame().await,
+        RelayFrame::error("invalid_frame", Some("Ack"))
+    );
+    c.send_json(json!({"type": "SendMessage", "recipient": "bob", "content": "x"}))
+        .await;
+    assert_eq!(
+        c.next_frame().await,
+        RelayFrame::error("invalid_frame", Some("SendMessage"))
+    );
+    // Oversized identifier fields are invalid, not unreachable.
+    c.send_message(&"b".repeat(257), "m1", "x").await;
+    match c.next_frame().await {
+        RelayFrame::Error {
+            code,
+            frame_type,
+            message_id,
+            ..
+        } => {
+            assert_eq!(code, "invalid_frame");
+            assert_eq!(frame_type.as_deref(), Some("SendMessage"));
+            assert_eq!(message_id.as_deref(), Some("m1"));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Frames of features not advertised yet are unknown to this relay.
+    let unsupported = [
+        json!({"type": "DeclareAddress", "address": "off1x", "public_key": "k", "signature": "s"}),
+        json!({"type": "WatchPresence", "users": ["bob"]}),
+        json!({"type": "CreateGroup", "group_id": "g", "name": "G"}),
+        json!({"type": "SendGroupMessage", "group_id": "g", "content": "x", "message_id": "m"}),
+    ];
+    for frame in unsupported {
+        let frame_type = frame["type"].as_str().unwrap().to_owned();
+        c.send_json(frame).await;
+        assert_eq!(
+            c.next_frame().await,
+            RelayFrame::error("unknown_type", Some(&frame_type))
+        );
+    }
+    c.sync().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_1_mib_closes_with_1009() {
+    let relay = TestRelay::start().await;
+    let mut c = relay.online("alice").await;
+    let big = format!(
+        r#"{{"type":"SendMessage","recipient":"alice","message_id":"m","content":"{}"}}"#,
+        "x".repeat(1_048_576)
+    );
+    c.send_text(big).await;
+    let (frames, ending) = c.frames_until_end().await;
+    assert!(frames.is_empty(), "{frames:?}");
+    assert_eq!(ending, Ending::Close(1009));
+    assert_eq!(relay.stored_frames(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_that_would_not_fit_when_delivered_is_refused() {
+    let relay = TestRelay::start().await;
+    let mut c = relay.online("alice").await;
+    // Just under 1 MiB as sent, but MessageReceived adds seq, sender, sender_account and
+    // timestamp, which push it over.
+    let envelope = ClientFrame::SendMessage {
+        recipient: "alice".into(),
+        content: String::new(),
+        message_id: "m".into(),
+        reply_to_msg: None,
+    };
+    let content = "x".repeat(1_048_576 - envelope.encode().len() - 10);
+    let answer = c.send_and_answer("alice", "m", &content).await;
+    assert_eq!(
+        answer,
+        RelayFrame::Error {
+            code: "invalid_frame".into(),
+            frame_type: Some("SendMessage".into()),
+            message_id: Some("m".into()),
+            detail: None
+        }
+    );
+    assert_eq!(relay.stored_frames(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_utf8_closes_with_1007() {
+    let relay = TestRelay::start().await;
+    let mut raw = RawClient::connect(relay.handle().local_addr()).await;
+    raw.authenticate("alice").await;
+    raw.send_frame(0x1, &[b'{', 0xff, 0xfe, b'}']).await;
+    assert_eq!(raw.close_code().await, Some(1007));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_stops_answering_pings_is_dropped() {
+    let relay = TestRelay::start_with(|c| {
+        c.timings.ping_interval = Duration::from_millis(50);
+        c.timings.dead_after = Duration::from_millis(300);
+    })
+    .await;
+    // This client never answers a Ping.
+    let mut raw = RawClient::connect(relay.handle().local_addr()).await;
+    raw.authenticate("alice").await;
+    let mut pings = 0;
+    let mut close = None;
+    while let Some((opcode, payload)) = raw.read_frame().await {
+        match opcode {
+            0x9 => pings += 1,
+            0x8 => close = Some(u16::from_be_bytes([payload[0], payload[1]])),
+            _ => {}
+        }
+    }
+    assert!(pings >= 1, "the relay pings");
+    assert_eq!(close, Some(4008));
+    relay
+        .wait_stats("the dead connection to go", |s| s.connections == 0)
+        .await;
+
+    // A client that answers Pings (tokio-tungstenite does, while reading) stays connected.
+    let mut c = relay.online("bob").await;
+    let stay = tokio::time::timeout(Duration::from_millis(800), c.next_frame()).await;
+    assert!(
+        stay.is_err(),
+        "no frame and no close expected, got {stay:?}"
+    );
+    c.sync().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_burst_frames_are_rate_limited_and_dropped() {
+    let relay = TestRelay::start_with(|c| {
+        c.rate_limit = courier_relay::RateLimit {
+            burst: 3,
+            per_sec: 1,
+        };
+    })
+    .await;
+    relay.register("bob").await;
+    let mut c = relay.client().await;
+    let RelayFrame::Authenticated { rate_limit, .. } = c.authenticate("alice", true).await else {
+        unreachable!()
+    };
+    assert_eq!(rate_limit.map(|r| (r.burst, r.per_sec)), Some((3, 1)));
+    // DeclareAddress costs nothing.
+    for _ in 0..2 {
+        c.send_json(json!({"type": "DeclareAddress", "address": "off1x", "public_key": "k", "signature": "s"}))
+            .await;
+        let answer = c
+            .next_where(|f| matches!(f, RelayFrame::Error { .. }))
+            .await;
+        assert_eq!(
+            answer,
+            RelayFrame::error("unknown_type", Some("DeclareAddress"))
+        );
+    }
+    for seq in 1..=3 {
+        c.send(&ClientFrame::Ack { seq }).await;
+    }
+    c.send_message("bob", "m1", "x").await;
+    c.send(&ClientFrame::Ack { seq: 9 }).await;
+    let limited = c
+        .next_where(|f| matches!(f, RelayFrame::RateLimited { .. }))
+        .await;
+    let RelayFrame::RateLimited {
+        retry_after_ms,
+        frame_type,
+        message_id,
+        seq,
+    } = limited
+    else {
+        unreachable!()
+    };
+    assert!(retry_after_ms >= 1);
+    assert_eq!(
+        (frame_type.as_str(), message_id.as_deref(), seq),
+        ("SendMessage", Some("m1"), None)
+    );
+    let limited = c
+        .next_where(|f| matches!(f, RelayFrame::RateLimited { .. }))
+        .await;
+    let RelayFrame::RateLimited {
+        retry_after_ms,
+        frame_type,
+        seq,
+        ..
+    } = limited
+    else {
+        unreachable!()
+    };
+    assert_eq!((frame_type.as_str(), seq), ("Ack", Some(9)));
+
+    // After the advertised wait a token is back; the dropped frame was never processed.
+    tokio::time::sleep(Duration::from_millis(retry_after_ms)).await;
+    assert_sent(
+        &c.send_and_answer("bob", "m2", "y").await,
+        "m2",
+        "bob",
+        "stored",
+    );
+    c.close().await;
+    let mut bob = relay.client().await;
+    bob.authenticate("bob", true).await;
+    let (frames, count) = bob.drain().await;
+    assert_eq!(count, 1);
+    assert_eq!(frames[0].message_id, "m2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_mailbox_nothing_is_journaled() {
+    let relay = TestRelay::start_with(|c| c.mailbox = None).await;
+    let mut bob = relay.client().await;
+    let RelayFrame::Authenticated {
+        capabilities,
+        mailbox,
+        ..
+    } = bob.authenticate("bob", true).await
+    else {
+        unreachable!()
+    };
+    assert!(capabilities.is_empty(), "{capabilities:?}");
+    assert_eq!(mailbox, None);
+
+    let mut alice = relay.client().await;
+    alice.authenticate("alice", true).await;
+    assert_sent(
+        &alice.send_and_answer("bob", "m1", "hello").await,
+        "m1",
+        "bob",
+        "live",
+    );
+    // Live at once: no seq and no DrainComplete, even for an opted-in client.
+    let got = Received::from(bob.next_frame().await);
+    assert_eq!(
+        (got.seq, got.content.as_str(), got.sender.as_str()),
+        (None, "hello", "alice")
+    );
+    assert_eq!(relay.stored_frames(), 0);
+
+    bob.close().await;
+    relay
+        .wait_stats("bob's disconnect", |s| s.connections == 1)
+        .await;
+    let answer = alice.send_and_answer("bob", "m2", "x").await;
+    assert_unreachable(&answer, "m2", "bob", "offline_no_mailbox");
+    let answer = alice.send_and_answer("nobody", "m3", "x").await;
+    assert_unreachable(&answer, "m3", "nobody", "unknown_recipient");
+
+    let mut bob = relay.client().await;
+    bob.authenticate("bob", true).await;
+    bob.sync().await;
+    let stay = tokio::time::timeout(Duration::from_millis(200), bob.next_frame()).await;
+    assert!(stay.is_err(), "nothing was kept for bob: {stay:?}");
+}
