@@ -163,7 +163,7 @@ where
         ctx: Arc::clone(&ctx),
         stream,
         out,
-        writer,
+        writer: WriterTask(writer),
     };
     reader.run(session, superseded).await;
     ctx.router.unregister(&peer, now_ms());
@@ -277,11 +277,21 @@ enum End {
     WriterStopped,
 }
 
+/// The writer task, aborted when its connection task ends or is dropped (e.g. aborted at
+/// shutdown), so no writer outlives its connection.
+struct WriterTask(tokio::task::JoinHandle<()>);
+
+impl Drop for WriterTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 struct Reader<S> {
     ctx: Arc<Ctx>,
     stream: futures_util::stream::SplitStream<WebSocketStream<S>>,
     out: mpsc::Sender<Outbound>,
-    writer: tokio::task::JoinHandle<()>,
+    writer: WriterTask,
 }
 
 impl<S> Reader<S>
@@ -297,7 +307,7 @@ where
                 biased;
                 () = stopping(&mut shutdown) => Err(End::Close(close::GOING_AWAY)),
                 ack = &mut superseded => Err(End::Superseded(ack.ok())),
-                _ = &mut self.writer => Err(End::WriterStopped),
+                _ = &mut self.writer.0 => Err(End::WriterStopped),
                 () = tokio::time::sleep_until(last_heard + timings.dead_after) => Err(End::Dead),
                 message = self.stream.next() => Ok(message),
             };
@@ -347,8 +357,8 @@ where
                 let _ = self.out.send(Outbound::Frame(superseded)).await;
                 let _ = self.out.send(Outbound::Close(close::SUPERSEDED)).await;
                 // The new connection is answered only once the old one has closed.
-                let _ =
-                    tokio::time::timeout(self.ctx.timings.supersede_wait, &mut self.writer).await;
+                let wait = self.ctx.timings.supersede_wait;
+                let _ = tokio::time::timeout(wait, &mut self.writer.0).await;
                 if let Some(ack) = ack {
                     let _ = ack.send(());
                 }
@@ -361,12 +371,9 @@ where
             End::WriterStopped => linger_read(&mut self.stream, linger).await,
         }
         drop(self.out);
-        if !self.writer.is_finished()
-            && tokio::time::timeout(linger, &mut self.writer)
-                .await
-                .is_err()
-        {
-            self.writer.abort();
+        // A writer stuck on a socket that no longer drains is aborted when `self` drops.
+        if !self.writer.0.is_finished() {
+            let _ = tokio::time::timeout(linger, &mut self.writer.0).await;
         }
     }
 }

@@ -143,10 +143,12 @@ impl Session {
                 return flow;
             }
             let (message_id, seq) = match &frame {
+                // Echoed only when it is a well-formed identifier, so an answer stays small.
                 ClientFrame::SendMessage { message_id, .. }
-                | ClientFrame::SendGroupMessage { message_id, .. } => {
-                    (Some(message_id.clone()), None)
-                }
+                | ClientFrame::SendGroupMessage { message_id, .. } => (
+                    identifier_size_ok(message_id).then(|| message_id.clone()),
+                    None,
+                ),
                 ClientFrame::Ack { seq } | ClientFrame::AckUpTo { seq } => (None, Some(*seq)),
                 _ => (None, None),
             };

@@ -43,6 +43,20 @@ impl RelayProcess {
         Self { child, url }
     }
 
+    fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the relay did not exit"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
     fn kill9(&mut self) {
         self.child.kill().expect("SIGKILL");
         self.child.wait().expect("reaped");
@@ -104,6 +118,25 @@ async fn a_stored_frame_survives_sigkill() {
         "live",
     );
     assert_eq!(bob.received().await.seq, Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_the_relay_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret.txt");
+    std::fs::write(&secret, SECRET).unwrap();
+    let mut relay = RelayProcess::spawn(&dir.path().join("relay.db"), &secret);
+    let mut alice = Client::connect(&relay.url).await;
+    alice.authenticate("alice", true).await;
+    let status = Command::new("kill")
+        .args(["-TERM", &relay.child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+    let (_, ending) = alice.frames_until_end().await;
+    assert_eq!(ending, Ending::Close(1001), "going away");
+    let exit = relay.wait_exit();
+    assert!(exit.success(), "{exit:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

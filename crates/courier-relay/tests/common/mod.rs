@@ -274,7 +274,11 @@ impl Client {
         loop {
             match self.read_frame().await {
                 Ok(frame) => frames.push(frame),
-                Err(ending) => return (frames, ending),
+                Err(ending) => {
+                    // Reading on sends our Close reply, which ends the relay's linger.
+                    let _ = within(async { while let Some(Ok(_)) = self.ws.next().await {} }).await;
+                    return (frames, ending);
+                }
             }
         }
     }
