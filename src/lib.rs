@@ -73,13 +73,21 @@ impl NativeProtocol {
             .await
             .map_err(|e| coded("ERR_INTERNAL", e))?
             .map_err(to_napi)?;
-        let mut slot = self.client.lock().map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?;
-        if slot.is_some() {
-            drop(slot);
+        let client = Arc::new(client);
+        let raced = {
+            let mut slot = self.client.lock().map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?;
+            if slot.is_some() {
+                true
+            } else {
+                *slot = Some(client.clone());
+                false
+            }
+        };
+        if raced {
+            // Another start() won meanwhile; this one must not hold the store.
             client.stop().await;
             return Err(to_napi(ClientError::AlreadyStarted));
         }
-        *slot = Some(Arc::new(client));
         Ok(())
     }
 
@@ -125,9 +133,8 @@ impl NativeProtocol {
 
     /// Counts, as JSON text.
     #[napi]
-    pub async fn stats(&self) -> Result<String> {
-        let client = self.started()?;
-        let s = client.stats().await.map_err(to_napi)?;
+    pub fn stats(&self) -> Result<String> {
+        let s = self.started()?.stats();
         Ok(serde_json::json!({
             "outboxRegular": s.outbox_regular,
             "outboxMedia": s.outbox_media,

@@ -1,7 +1,7 @@
 //! `Client`: what the binding holds while a `Protocol` is started.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::thread;
 
 use courier_engine::{Engine, SendRequest, Stats};
@@ -35,6 +35,7 @@ pub struct SendInput {
 pub struct Client {
     driver: DriverTx,
     relay_tx: Option<tokio_mpsc::UnboundedSender<RelayOut>>,
+    stats: Arc<Mutex<Stats>>,
     /// Taken by `stop`, which may run while sends are still awaiting their reply.
     running: Mutex<Option<Running>>,
 }
@@ -74,7 +75,9 @@ impl Client {
             let task = runtime.spawn(relay::run(settings, rx, driver_tx.clone()));
             (tx, task)
         });
+        let stats = Arc::new(Mutex::new(engine.stats()));
         let driver = Driver {
+            stats: stats.clone(),
             engine,
             store,
             rx: driver_rx,
@@ -89,7 +92,7 @@ impl Client {
             Some((tx, task)) => (Some(tx), Some(task)),
             None => (None, None),
         };
-        Ok(Self { driver: driver_tx, relay_tx, running: Mutex::new(Some(Running { driver_thread, relay_task })) })
+        Ok(Self { driver: driver_tx, relay_tx, stats, running: Mutex::new(Some(Running { driver_thread, relay_task })) })
     }
 
     /// Resolves once the message is durably in the outbox.
@@ -106,10 +109,9 @@ impl Client {
         rx.await.map_err(|_| ClientError::NotStarted)?
     }
 
-    pub async fn stats(&self) -> Result<Stats, ClientError> {
-        let (reply, rx) = oneshot::channel();
-        self.driver.send(Command::Stats { reply });
-        rx.await.map_err(|_| ClientError::NotStarted)
+    /// The counts as of the driver's last step.
+    pub fn stats(&self) -> Stats {
+        self.stats.lock().map(|s| *s).unwrap_or_default()
     }
 
     /// The OS's network hint: `true` reconnects now, `false` marks the relay carrier down.

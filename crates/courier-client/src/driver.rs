@@ -11,6 +11,7 @@
 //! written.
 
 use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use courier_engine::{
@@ -57,7 +58,6 @@ impl MessageStatus {
 pub enum Command {
     Send { req: SendRequest, reply: oneshot::Sender<Result<String, ClientError>> },
     Status { id: String, reply: oneshot::Sender<Result<MessageStatus, ClientError>> },
-    Stats { reply: oneshot::Sender<Stats> },
     CarrierUp(Carrier),
     CarrierDown(Carrier),
     Written { id: String, send_seq: u64 },
@@ -98,6 +98,8 @@ pub struct Driver {
     pub rx: mpsc::Receiver<Command>,
     pub sink: EventSink,
     pub relay: Option<tokio_mpsc::UnboundedSender<RelayOut>>,
+    /// Published after every step, so `stats()` is a synchronous read that never waits on a commit.
+    pub stats: Arc<Mutex<Stats>>,
 }
 
 /// What a step owes once its writes are committed.
@@ -118,7 +120,8 @@ impl Driver {
             };
             let mut step = Step::default();
             let now = now_ms();
-            for cmd in first.into_iter().chain(self.rx.try_iter().take(MAX_STEP)) {
+            let batch: Vec<Command> = first.into_iter().chain(self.rx.try_iter().take(MAX_STEP)).collect();
+            for cmd in batch {
                 self.apply(cmd, now, &mut step);
             }
             self.engine.handle_timeout(now);
@@ -155,9 +158,6 @@ impl Driver {
             Command::Send { req, reply } => self.send(req, reply, now, step),
             Command::Status { id, reply } => {
                 let _ = reply.send(self.status(&id));
-            }
-            Command::Stats { reply } => {
-                let _ = reply.send(self.engine.stats());
             }
             Command::CarrierUp(carrier) => self.engine.handle_carrier_up(carrier, now),
             Command::CarrierDown(carrier) => self.engine.handle_carrier_down(carrier, now),
@@ -242,6 +242,10 @@ impl Driver {
                 });
                 return;
             }
+        }
+        // Published before anything is resolved, so a caller never reads counts older than its send.
+        if let Ok(mut stats) = self.stats.lock() {
+            *stats = self.engine.stats();
         }
         for (id, reply) in accepted {
             let _ = reply.send(Ok(id));

@@ -413,6 +413,64 @@ mod tests {
     }
 
     #[test]
+    fn a_failing_batch_changes_nothing() {
+        use courier_proto::{ContentType, Message, Priority};
+        let mut store = Store::open_memory().unwrap();
+        // Make the second op of the batch fail inside SQLite.
+        store
+            .conn
+            .execute_batch(
+                "CREATE TRIGGER refuse BEFORE INSERT ON processed
+                 BEGIN SELECT RAISE(ABORT, 'disk on fire'); END;",
+            )
+            .unwrap();
+        let message = Message {
+            id: "m1".into(),
+            sender: "alice".into(),
+            recipient: "bob".into(),
+            app_id: "chat".into(),
+            priority: Priority::Medium,
+            ttl: 8,
+            hop_count: 0,
+            timestamp: 1,
+            lamport_clock: 1,
+            content_type: ContentType::Text,
+            content: "hi".into(),
+            metadata: Default::default(),
+            requires_ack: true,
+            reply_to_msg: None,
+            binary_content: None,
+            media_metadata: None,
+            forwarded_from: None,
+            reply_context: None,
+        };
+        let put = StoreOp::Put(OutboxRecord {
+            message,
+            state: EntryState::Queued,
+            created_at: 1,
+            window_start: 1,
+            ack_attempts: 0,
+            transport_retries: 0,
+            next_at: None,
+            first_sent_at: None,
+            last_sent_at: None,
+        });
+        let mark = StoreOp::MarkProcessed(ProcessedKey {
+            chat: "dm".into(),
+            sender: "bob".into(),
+            message_id: "x".into(),
+            at: 1,
+        });
+        let err = store.commit(&[put.clone(), mark]).unwrap_err();
+        assert!(matches!(err, StoreError::Sqlite(_)), "{err:?}");
+        assert!(err.to_string().contains("disk on fire"), "{err}");
+        assert!(store.load_outbox().unwrap().is_empty());
+        // The store is usable afterwards.
+        store.commit(&[put]).unwrap();
+        assert_eq!(store.load_outbox().unwrap().len(), 1);
+    }
+
+    #[test]
     fn time_conversion_clamps_instead_of_wrapping() {
         assert_eq!(to_db(0), 0);
         assert_eq!(to_db(i64::MAX as u64), i64::MAX);
