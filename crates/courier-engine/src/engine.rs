@@ -268,7 +268,11 @@ impl Engine {
         if answer != RelayAnswer::Unreachable {
             // The relay took the frame: the transport works. A write alone does not prove that,
             // and resetting on it would re-send to an unreachable recipient every second.
-            if let Some(entry) = self.outbox.get_mut(key) {
+            if let Some(entry) = self
+                .outbox
+                .get_mut(key)
+                .filter(|entry| entry.transport_retries != 0)
+            {
                 entry.transport_retries = 0;
                 self.dirty.insert(key);
             }

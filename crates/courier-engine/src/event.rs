@@ -4,6 +4,9 @@ use courier_proto::{Message, Priority};
 
 use crate::io::{FailReason, Millis};
 
+// Events are drained right after the call that produced them; boxing the large variant would
+// cost an allocation per event for no memory that is ever held.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// A carrier wrote the message (attempt = 1 for the first send).

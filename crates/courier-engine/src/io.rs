@@ -158,6 +158,8 @@ impl FailReason {
 
 /// A write for the runtime's store. The runtime commits all ops it drained in one transaction
 /// before it dispatches the events and executes the transmits of the same step.
+// Drained and committed after each call, never held: boxing `Put` would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum StoreOp {
     /// Insert or replace the entry's row.

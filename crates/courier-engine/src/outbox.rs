@@ -1,7 +1,7 @@
 //! Outbox entries: what an accepted message carries through its life, its phase, the two
 //! capacity classes and the lifetime arithmetic.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 
 use courier_proto::{ContentType, Message};
 
@@ -129,10 +129,12 @@ impl Entry {
     }
 }
 
-/// The live entries, by key and by id, with each class's keys for eviction.
+/// The live entries, by key and by id, with each class's keys in age order for eviction. Order
+/// lives in the small key indexes (here and in the timers), so the large entries sit in a hash
+/// map and are never moved around by ordered-tree rebalancing.
 #[derive(Debug, Default)]
 pub(crate) struct Outbox {
-    entries: BTreeMap<Key, Entry>,
+    entries: HashMap<Key, Entry>,
     ids: HashMap<String, Key>,
     classes: [BTreeSet<Key>; 2],
     next_key: u64,

@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use courier_proto::{ContentType, Priority};
 
 use super::*;
+use crate::FailReason;
 
 /// splitmix64: enough randomness for scheduling, and reproducible from the seed.
 struct Rng(u64);
@@ -56,12 +57,48 @@ const ANSWERS: [Option<RelayAnswer>; 6] = [
 
 #[test]
 fn random_interleavings_keep_the_invariants() {
+    let mut seen = BTreeSet::new();
     for seed in 1..=16 {
-        run(seed);
+        seen.extend(run(seed));
     }
+    let all = [
+        "delivered",
+        "stored",
+        "retrying",
+        "deferred",
+        "received",
+        "max retries",
+        "lifetime",
+        "capacity",
+    ];
+    assert_eq!(seen, all.into_iter().collect());
 }
 
-fn run(seed: u64) {
+fn outcome(event: &Event) -> Option<&'static str> {
+    Some(match event {
+        Event::MessageDelivered { .. } => "delivered",
+        Event::MessageStored { .. } => "stored",
+        Event::MessageRetrying { .. } => "retrying",
+        Event::MessageDeferred { .. } => "deferred",
+        Event::MessageReceived { .. } => "received",
+        Event::MessageFailed {
+            reason: FailReason::MaxRetriesExceeded,
+            ..
+        } => "max retries",
+        Event::MessageFailed {
+            reason: FailReason::OutboxLifetimeExceeded,
+            ..
+        } => "lifetime",
+        Event::MessageFailed {
+            reason: FailReason::OutboxCapacityExceeded,
+            ..
+        } => "capacity",
+        Event::MessageSent { .. } | Event::Diagnostic { .. } => return None,
+    })
+}
+
+/// The paths a run went through, so the test notices when the world model stops reaching them.
+fn run(seed: u64) -> BTreeSet<&'static str> {
     let mut rng = Rng(seed);
     let mut config = Config::new("chaos");
     config.max_retries = 3;
@@ -69,7 +106,7 @@ fn run(seed: u64) {
     config.flush_batch = 4;
     config.outbox_max_entries = 30;
     config.outbox_max_media_entries = 4;
-    config.outbox_max_lifetime_ms = 2 * HOUR;
+    config.outbox_max_lifetime_ms = 15 * MIN;
     let mut sim = Sim::new(config);
     let mut accepted = BTreeSet::new();
     let mut relay_seq = 1_000_000;
@@ -187,6 +224,9 @@ fn run(seed: u64) {
     for id in &accepted {
         assert_eq!(sim.terminal_count(id), 1, "seed {seed}: {id}");
     }
+    sim.events()
+        .filter_map(|(_, event)| outcome(event))
+        .collect()
 }
 
 fn random_key<'a>(
