@@ -117,7 +117,15 @@ impl NativeRelay {
     pub fn stats(&self) -> Result<String> {
         let guard = self.handle.lock().map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?;
         match guard.as_ref() {
-            Some(h) => serde_json::to_string(&h.stats()).map_err(|e| coded("ERR_INTERNAL", e)),
+            Some(h) => {
+                let s = h.stats();
+                Ok(serde_json::json!({
+                    "connections": s.connections,
+                    "accounts": s.accounts,
+                    "storedFrames": s.stored_frames,
+                })
+                .to_string())
+            }
             None => Err(coded("ERR_NOT_STARTED", "the relay is stopped")),
         }
     }

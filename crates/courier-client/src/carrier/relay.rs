@@ -268,7 +268,7 @@ struct Session<'a> {
 impl<'a> Session<'a> {
     fn new((ws, auth): (Ws, Authenticated), driver: &'a DriverTx) -> Self {
         let now = Instant::now();
-        let session = Self {
+        let mut session = Self {
             ws,
             driver,
             bucket: super::bucket::TokenBucket::from_advertised(auth.rate_limit, now),
@@ -278,6 +278,13 @@ impl<'a> Session<'a> {
             last_heard: now,
             last_ping: now,
         };
+        if auth.capabilities.iter().any(|c| c == CAP_MAILBOX) {
+            // The relay starts the backlog drain at our first frame after Authenticated, or only
+            // after a 2 s grace. Until address declaration is sent here, an `AckUpTo{0}` (which
+            // releases nothing: seqs start at 1) is that first frame, so the backlog and live
+            // traffic flow at once.
+            session.acks.push_back(ClientFrame::AckUpTo { seq: 0 }.encode());
+        }
         diagnostic(driver, DiagnosticLevel::Info, format!("relay connected; capabilities {:?}", auth.capabilities));
         driver.send(Command::Emit(ClientEvent::InternetStatusChanged { connected: true, authenticated: true }));
         driver.send(Command::CarrierUp(Carrier::Internet));
