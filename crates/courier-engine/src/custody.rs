@@ -72,6 +72,7 @@ impl Custody {
         }
     }
 
+    #[cfg(test)]
     pub(crate) fn keys(&self) -> impl Iterator<Item = Key> + '_ {
         self.by_recipient
             .values()

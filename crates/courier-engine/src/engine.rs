@@ -349,15 +349,7 @@ impl Engine {
     }
 
     pub fn stats(&self) -> Stats {
-        let parked = self
-            .custody
-            .keys()
-            .filter(|key| {
-                self.outbox
-                    .get(*key)
-                    .is_some_and(|entry| matches!(entry.phase, Phase::Queued { .. }))
-            })
-            .count();
+        let parked = self.timers.parked();
         Stats {
             outbox_regular: self.outbox.count(Class::Regular),
             outbox_media: self.outbox.count(Class::Media),
@@ -642,11 +634,11 @@ impl Engine {
     // ---- bookkeeping --------------------------------------------------------------------------
 
     fn admit(&mut self, entry: Entry) -> Key {
-        let priority = entry.message.priority;
+        let (priority, custody) = (entry.message.priority, entry.custody);
         let phase = entry.phase.clone();
-        let held_for = entry.custody.then(|| entry.message.recipient.clone());
+        let held_for = custody.then(|| entry.message.recipient.clone());
         let key = self.outbox.insert(entry);
-        self.timers.arm(key, priority, &phase);
+        self.timers.arm(key, priority, custody, &phase);
         if let Some(recipient) = held_for {
             self.custody.hold(&recipient, key);
         }
@@ -659,8 +651,10 @@ impl Engine {
             return;
         };
         let old = std::mem::replace(&mut entry.phase, phase);
-        self.timers.disarm(key, entry.message.priority, &old);
-        self.timers.arm(key, entry.message.priority, &entry.phase);
+        self.timers
+            .disarm(key, entry.message.priority, entry.custody, &old);
+        self.timers
+            .arm(key, entry.message.priority, entry.custody, &entry.phase);
         self.dirty.insert(key);
     }
 
@@ -671,7 +665,11 @@ impl Engine {
         if entry.custody == custody {
             return;
         }
+        self.timers
+            .disarm(key, entry.message.priority, entry.custody, &entry.phase);
         entry.custody = custody;
+        self.timers
+            .arm(key, entry.message.priority, entry.custody, &entry.phase);
         if custody {
             self.custody.hold(&entry.message.recipient, key);
         } else {
@@ -683,7 +681,7 @@ impl Engine {
     fn remove(&mut self, key: Key) -> Option<Entry> {
         let entry = self.outbox.remove(key)?;
         self.timers
-            .disarm(key, entry.message.priority, &entry.phase);
+            .disarm(key, entry.message.priority, entry.custody, &entry.phase);
         if entry.custody {
             self.custody.release(&entry.message.recipient, key);
         }
@@ -775,7 +773,7 @@ impl Engine {
         let mut expected = Timers::default();
         let mut held = BTreeSet::new();
         for (key, entry) in self.outbox.iter() {
-            expected.arm(key, entry.message.priority, &entry.phase);
+            expected.arm(key, entry.message.priority, entry.custody, &entry.phase);
             if entry.custody {
                 held.insert(key);
             }

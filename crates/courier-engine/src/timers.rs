@@ -1,6 +1,7 @@
 //! Every entry's pending work, indexed by time: the retry queue, ACK deadlines, lifetime
 //! expiries, and the entries handed to a carrier. `arm`/`disarm` derive membership from the
-//! entry's `Phase` alone, so the indexes cannot disagree with the phases they mirror.
+//! entry's phase (and custody flag, for the parked count) alone, so the indexes cannot disagree
+//! with the phases they mirror.
 
 use std::collections::BTreeSet;
 
@@ -16,14 +17,17 @@ pub(crate) struct Timers {
     acks: Deadlines,
     expiries: Deadlines,
     handed: BTreeSet<Key>,
+    /// Queued entries in relay custody: counted here so `stats()` stays O(1).
+    parked: usize,
 }
 
 impl Timers {
-    pub(crate) fn arm(&mut self, key: Key, priority: Priority, phase: &Phase) {
+    pub(crate) fn arm(&mut self, key: Key, priority: Priority, custody: bool, phase: &Phase) {
         match *phase {
             Phase::Queued { at, expires_at } => {
                 self.queue.insert(at, priority, key);
                 self.expiries.insert(expires_at, key);
+                self.parked += usize::from(custody);
             }
             Phase::Handed { .. } => {
                 self.handed.insert(key);
@@ -32,11 +36,12 @@ impl Timers {
         }
     }
 
-    pub(crate) fn disarm(&mut self, key: Key, priority: Priority, phase: &Phase) {
+    pub(crate) fn disarm(&mut self, key: Key, priority: Priority, custody: bool, phase: &Phase) {
         match *phase {
             Phase::Queued { at, expires_at } => {
                 self.queue.remove(at, priority, key);
                 self.expiries.remove(expires_at, key);
+                self.parked = self.parked.saturating_sub(usize::from(custody));
             }
             Phase::Handed { .. } => {
                 self.handed.remove(&key);
@@ -56,6 +61,10 @@ impl Timers {
 
     pub(crate) fn queued(&self) -> usize {
         self.queue.len()
+    }
+
+    pub(crate) fn parked(&self) -> usize {
+        self.parked
     }
 
     pub(crate) fn first_due_send(&self, now: Millis) -> Option<Key> {
