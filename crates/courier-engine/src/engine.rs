@@ -17,7 +17,7 @@ use crate::io::{
     Carrier, EntryState, FailReason, InboundOrigin, Millis, OutboxRecord, ProcessedKey,
     RelayAnswer, SendOutcome, SendRequest, Settlement, Stats, StoreOp, Transmit, TransmitKind,
 };
-use crate::outbox::{Class, Entry, Key, Outbox, Phase};
+use crate::outbox::{self, Class, Entry, Key, Outbox, Phase};
 use crate::timers::Timers;
 
 /// Hops a message may still travel. Only mesh forwarding spends it; the relay leg does not.
@@ -98,7 +98,17 @@ impl Engine {
                 );
                 continue;
             }
-            let mut entry = Entry {
+            if now >= outbox::absolute_cap(record.created_at, &self.config) {
+                let Message { id, recipient, .. } = record.message;
+                let reason = FailReason::OutboxLifetimeExceeded;
+                self.emit_failed(id, recipient, reason, record.ack_attempts, now);
+                continue;
+            }
+            let entry = Entry {
+                phase: Phase::Queued {
+                    at: now,
+                    expires_at: outbox::expires_at(record.created_at, now, &self.config),
+                },
                 message: record.message,
                 created_at: record.created_at,
                 window_start: now,
@@ -107,18 +117,6 @@ impl Engine {
                 first_sent_at: record.first_sent_at,
                 last_sent_at: record.last_sent_at,
                 custody: record.state == EntryState::Parked,
-                phase: Phase::Queued {
-                    at: now,
-                    expires_at: now,
-                },
-            };
-            if now >= entry.absolute_cap(&self.config) {
-                self.emit_failed(entry, FailReason::OutboxLifetimeExceeded, now);
-                continue;
-            }
-            entry.phase = Phase::Queued {
-                at: now,
-                expires_at: entry.expires_at(&self.config),
             };
             self.make_room(entry.class(), now);
             self.admit(entry);
@@ -171,7 +169,7 @@ impl Engine {
             forwarded_from: None,
             reply_context: None,
         };
-        let mut entry = Entry {
+        let entry = Entry {
             message,
             created_at: now,
             window_start: now,
@@ -182,12 +180,8 @@ impl Engine {
             custody: false,
             phase: Phase::Queued {
                 at: now,
-                expires_at: now,
+                expires_at: outbox::expires_at(now, now, &self.config),
             },
-        };
-        entry.phase = Phase::Queued {
-            at: now,
-            expires_at: entry.expires_at(&self.config),
         };
         let key = self.admit(entry);
         match self.sendable_carrier() {
@@ -701,24 +695,32 @@ impl Engine {
 
     fn settle_failed(&mut self, key: Key, reason: FailReason, now: Millis) {
         if let Some(entry) = self.remove(key) {
-            self.emit_failed(entry, reason, now);
+            let Message { id, recipient, .. } = entry.message;
+            self.emit_failed(id, recipient, reason, entry.ack_attempts, now);
         }
     }
 
     /// The terminal failure: `message_failed.retry_count` is the ACK retries the entry was
     /// granted (`ack_attempts`), `max_retries` for "Max retries exceeded".
-    fn emit_failed(&mut self, entry: Entry, reason: FailReason, now: Millis) {
-        let Message { id, recipient, .. } = entry.message;
+    fn emit_failed(
+        &mut self,
+        id: String,
+        recipient: String,
+        reason: FailReason,
+        ack_attempts: u32,
+        now: Millis,
+    ) {
         self.events.push_back(Event::MessageFailed {
             message_id: id.clone(),
             recipient: recipient.clone(),
             reason,
-            retry_count: entry.ack_attempts,
+            retry_count: ack_attempts,
         });
+        let settlement = Settlement::Failed(reason);
         self.store.push_back(StoreOp::Settle {
             id,
             recipient,
-            settlement: Settlement::Failed(reason),
+            settlement,
             at: now,
         });
     }

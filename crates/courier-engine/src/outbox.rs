@@ -8,6 +8,17 @@ use courier_proto::{ContentType, Message};
 use crate::config::Config;
 use crate::io::{Carrier, EntryState, Millis, OutboxRecord};
 
+/// When an entry accepted at `created_at` with its window opened at `window_start` expires:
+/// the sliding window, never past the absolute cap.
+pub(crate) fn expires_at(created_at: Millis, window_start: Millis, config: &Config) -> Millis {
+    let sliding = window_start.saturating_add(config.outbox_max_lifetime_ms);
+    sliding.min(absolute_cap(created_at, config))
+}
+
+pub(crate) fn absolute_cap(created_at: Millis, config: &Config) -> Millis {
+    created_at.saturating_add(config.absolute_lifetime_ms())
+}
+
 /// An entry's place in acceptance order. Keys only grow, so the oldest entry of a class is its
 /// smallest key (capacity eviction) and ties in the retry queue break towards older entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -80,17 +91,8 @@ impl Entry {
         Class::of(self.message.content_type)
     }
 
-    /// The sliding window, never past the absolute cap.
     pub(crate) fn expires_at(&self, config: &Config) -> Millis {
-        let sliding = self
-            .window_start
-            .saturating_add(config.outbox_max_lifetime_ms);
-        sliding.min(self.absolute_cap(config))
-    }
-
-    pub(crate) fn absolute_cap(&self, config: &Config) -> Millis {
-        self.created_at
-            .saturating_add(config.absolute_lifetime_ms())
+        expires_at(self.created_at, self.window_start, config)
     }
 
     pub(crate) fn state(&self) -> EntryState {
