@@ -69,7 +69,9 @@ fn a_missing_directory_is_an_error_not_a_panic() {
 fn random_bytes_are_reported_as_not_a_database() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("garbage.db");
-    let bytes: Vec<u8> = (0..8192u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let bytes: Vec<u8> = (0..8192u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
     fs::write(&db, &bytes).unwrap();
     let err = Store::open(&db).unwrap_err();
     assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
@@ -85,7 +87,11 @@ fn random_bytes_are_reported_as_not_a_database() {
 fn a_text_file_is_reported_as_not_a_database() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("notes.txt");
-    fs::write(&db, "this is definitely not SQLite, but it is long enough to have a header\n".repeat(100)).unwrap();
+    fs::write(
+        &db,
+        "this is definitely not SQLite, but it is long enough to have a header\n".repeat(100),
+    )
+    .unwrap();
     let err = Store::open(&db).unwrap_err();
     assert!(err.to_string().contains("file is not a database"), "{err}");
 }
@@ -101,7 +107,8 @@ fn a_newer_schema_is_refused_and_left_untouched() {
     // A newer build bumped the version (and would have changed the schema).
     {
         let conn = rusqlite::Connection::open(&db).unwrap();
-        conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1).unwrap();
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .unwrap();
         conn.execute_batch("PRAGMA journal_mode = DELETE;").unwrap();
     }
     let before = fs::read(&db).unwrap();
@@ -114,7 +121,10 @@ fn a_newer_schema_is_refused_and_left_untouched() {
         other => panic!("expected NewerSchema, got {other}"),
     }
     assert_eq!(fs::read(&db).unwrap(), before, "not a byte changed");
-    assert!(!dir.path().join("future.db-wal").exists(), "not even switched to WAL");
+    assert!(
+        !dir.path().join("future.db-wal").exists(),
+        "not even switched to WAL"
+    );
     let msg = Store::open(&db).unwrap_err().to_string();
     assert!(msg.contains("newer"), "{msg}");
 }
@@ -136,12 +146,23 @@ fn committed_rows_survive_without_a_clean_close() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("crash.db");
     let mut store = Store::open(&db).unwrap();
-    store.commit(&[StoreOp::Put(record("m1")), StoreOp::Put(record("m2"))]).unwrap();
+    store
+        .commit(&[StoreOp::Put(record("m1")), StoreOp::Put(record("m2"))])
+        .unwrap();
     let copy = dir.path().join("copy.db");
     fs::copy(&db, &copy).unwrap();
-    fs::copy(dir.path().join("crash.db-wal"), dir.path().join("copy.db-wal")).unwrap();
+    fs::copy(
+        dir.path().join("crash.db-wal"),
+        dir.path().join("copy.db-wal"),
+    )
+    .unwrap();
     std::mem::forget(store);
     let store = Store::open(&copy).unwrap();
-    let ids: Vec<String> = store.load_outbox().unwrap().into_iter().map(|r| r.message.id).collect();
+    let ids: Vec<String> = store
+        .load_outbox()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.message.id)
+        .collect();
     assert_eq!(ids, ["m1", "m2"]);
 }

@@ -58,7 +58,12 @@ struct ChildProc {
 
 fn spawn_child(db: &Path, mode: &str) -> ChildProc {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["child_process", "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            "child_process",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(ENV_DB, db)
         .env(ENV_MODE, mode)
         .stdin(Stdio::piped())
@@ -135,7 +140,9 @@ fn second_open_in_the_same_process_is_refused_until_drop() {
     expect_locked(&db);
     // Also from another thread.
     let db2 = db.clone();
-    std::thread::spawn(move || expect_locked(&db2)).join().unwrap();
+    std::thread::spawn(move || expect_locked(&db2))
+        .join()
+        .unwrap();
     drop(first);
     let again = Store::open(&db).unwrap();
     drop(again);

@@ -10,7 +10,7 @@ use serde_json::json;
 
 fn message(i: u64) -> Message {
     let mut metadata = BTreeMap::new();
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         metadata.insert("thread".to_owned(), format!("t{i}"));
         metadata.insert("ünïcode".to_owned(), "✓ \"quoted\" \n newline".to_owned());
     }
@@ -19,16 +19,27 @@ fn message(i: u64) -> Message {
         sender: "alice".into(),
         recipient: format!("peer-{}", i % 3),
         app_id: "chat".into(),
-        priority: [Priority::Low, Priority::Medium, Priority::High, Priority::Critical][(i % 4) as usize],
+        priority: [
+            Priority::Low,
+            Priority::Medium,
+            Priority::High,
+            Priority::Critical,
+        ][(i % 4) as usize],
         ttl: (i % 16) as u8,
         hop_count: (i % 5) as u8,
         timestamp: 1_700_000_000_000 + i,
         lamport_clock: if i == 5 { i64::MAX as u64 } else { i * 7 },
-        content_type: if i % 5 == 4 { ContentType::FileChunk } else { ContentType::Text },
+        content_type: if i % 5 == 4 {
+            ContentType::FileChunk
+        } else {
+            ContentType::Text
+        },
         content: format!("hello {i} 👋"),
         metadata,
         requires_ack: i % 7 != 3,
-        reply_to_msg: (i % 3 == 0).then(|| format!("msg-{}", i.saturating_sub(1))),
+        reply_to_msg: i
+            .is_multiple_of(3)
+            .then(|| format!("msg-{}", i.saturating_sub(1))),
         binary_content: (i % 4 == 1).then(|| json!("aGVsbG8=")),
         media_metadata: (i % 4 == 2).then(|| json!({"w": 640, "h": 480})),
         forwarded_from: None,
@@ -38,7 +49,7 @@ fn message(i: u64) -> Message {
 
 /// Records covering every `EntryState`, `None` and `Some` timers, extreme counters.
 fn record(i: u64) -> OutboxRecord {
-    let opt = |k: u64, v: u64| (i % k != 0).then_some(v);
+    let opt = |k: u64, v: u64| (!i.is_multiple_of(k)).then_some(v);
     OutboxRecord {
         message: message(i),
         state: [EntryState::Queued, EntryState::InFlight, EntryState::Parked][(i % 3) as usize],
@@ -53,7 +64,14 @@ fn record(i: u64) -> OutboxRecord {
         transport_retries: (i * 13 % 50) as u32,
         next_at: opt(2, 1_700_000_100_000 + i),
         first_sent_at: opt(3, 1_700_000_000_001 + i),
-        last_sent_at: opt(5, if i == 7 { i64::MAX as u64 } else { 1_700_000_000_002 + i }),
+        last_sent_at: opt(
+            5,
+            if i == 7 {
+                i64::MAX as u64
+            } else {
+                1_700_000_000_002 + i
+            },
+        ),
     }
 }
 
@@ -73,7 +91,9 @@ fn every_outbox_field_survives_commit_load_and_reopen() {
     for state in [EntryState::Queued, EntryState::InFlight, EntryState::Parked] {
         assert!(records.iter().any(|r| r.state == state));
     }
-    assert!(records.iter().any(|r| r.next_at.is_none()) && records.iter().any(|r| r.next_at.is_some()));
+    assert!(
+        records.iter().any(|r| r.next_at.is_none()) && records.iter().any(|r| r.next_at.is_some())
+    );
     assert!(records.iter().any(|r| r.first_sent_at.is_none()));
     assert!(records.iter().any(|r| r.last_sent_at.is_none()));
 
@@ -177,7 +197,10 @@ fn settling_an_unknown_id_still_records_it_and_resettling_updates() {
         at,
     };
     store
-        .commit(&[settle(Settlement::Failed(FailReason::MaxRetriesExceeded), 1)])
+        .commit(&[settle(
+            Settlement::Failed(FailReason::MaxRetriesExceeded),
+            1,
+        )])
         .unwrap();
     store.commit(&[settle(Settlement::Delivered, 2)]).unwrap();
     let s = store.settled("x").unwrap().unwrap();
@@ -225,7 +248,9 @@ fn mark_processed_is_idempotent_and_keeps_the_first_time() {
                 StoreOp::MarkProcessed(key("group-1", "m1", 150)),
             ])
             .unwrap();
-        store.commit(&[StoreOp::MarkProcessed(key("dm", "m1", 300))]).unwrap();
+        store
+            .commit(&[StoreOp::MarkProcessed(key("dm", "m1", 300))])
+            .unwrap();
     }
     let mut store = open(dir.path());
     let keys = store.load_processed(1000, 10_000, 100).unwrap();
@@ -269,7 +294,7 @@ fn prune_settled_bounds_by_age_and_count() {
         .map(|i| StoreOp::Settle {
             id: format!("m{i:02}"),
             recipient: "bob".into(),
-            settlement: if i % 2 == 0 {
+            settlement: if i.is_multiple_of(2) {
                 Settlement::Delivered
             } else {
                 Settlement::Failed(FailReason::OutboxLifetimeExceeded)
@@ -335,7 +360,11 @@ fn memory_store_has_the_same_semantics_and_forgets() {
     store.maybe_checkpoint().unwrap();
     assert_eq!(store.wal_pages(), 0);
     drop(store);
-    assert!(Store::open_memory().unwrap().load_outbox().unwrap().is_empty());
+    assert!(Store::open_memory()
+        .unwrap()
+        .load_outbox()
+        .unwrap()
+        .is_empty());
     // Two memory stores are independent: no lock involved.
     let _a = Store::open_memory().unwrap();
     let _b = Store::open_memory().unwrap();
