@@ -165,6 +165,7 @@ impl Store {
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_CREATE
             | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let created = !path.exists();
         let mut conn = Connection::open_with_flags(path, flags)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
 
@@ -199,7 +200,13 @@ impl Store {
             Ok(())
         }))?;
 
-        Self::finish(conn, wal_pages, Some(path.to_path_buf()), Some(lock))
+        let store = Self::finish(conn, wal_pages, Some(path.to_path_buf()), Some(lock))?;
+        if created {
+            // SQLite syncs the WAL's directory entry, not the new database file's: make the
+            // file itself survive a power cut before the first `sendMessage` can resolve.
+            sync_parent_dir(path)?;
+        }
+        Ok(store)
     }
 
     /// An in-memory store (`storage.memory: true`): same schema and semantics, nothing survives
@@ -359,6 +366,22 @@ impl Store {
     }
 }
 
+#[cfg(unix)]
+fn sync_parent_dir(path: &Path) -> Result<(), StoreError> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(parent)?.sync_all()?;
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn sync_parent_dir(_path: &Path) -> Result<(), StoreError> {
+    // Windows has no directory fsync; NTFS journals the directory entry itself.
+    Ok(())
+}
+
 /// Times and counters are `u64` in the engine and `INTEGER` (i64) in SQLite. Real values are
 /// far below `i64::MAX` (epoch milliseconds reach it in 292 million years); larger ones are
 /// clamped rather than wrapped, so ordering by time stays correct.
@@ -402,6 +425,21 @@ mod tests {
             pragma_i64(&store, "journal_size_limit"),
             JOURNAL_SIZE_LIMIT_BYTES
         );
+    }
+
+    #[test]
+    fn store_moves_to_the_driver_thread() {
+        fn assert_send<T: Send>() {}
+        assert_send::<Store>();
+        assert_send::<StoreError>();
+    }
+
+    #[test]
+    fn parent_directory_sync_handles_bare_names() {
+        // `sync_parent_dir` on a bare file name syncs ".".
+        let dir = tempfile::tempdir().unwrap();
+        sync_parent_dir(&dir.path().join("x.db")).unwrap();
+        sync_parent_dir(Path::new("x.db")).unwrap();
     }
 
     #[test]
