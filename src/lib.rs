@@ -12,7 +12,7 @@ use napi::bindgen_prelude::*;
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi_derive::napi;
 
-mod relay;
+pub mod relay;
 
 fn to_napi(e: ClientError) -> Error {
     Error::new(Status::GenericFailure, format!("[{}] {}", e.code(), e))
@@ -47,10 +47,13 @@ impl NativeProtocol {
     /// Validates the whole configuration (JSON text); throws `[ERR_CONFIG] path message`.
     #[napi(constructor)]
     pub fn new(config_json: String) -> Result<Self> {
-        let value: serde_json::Value =
-            serde_json::from_str(&config_json).map_err(|e| coded("ERR_CONFIG", format!("config is not valid JSON: {e}")))?;
+        let value: serde_json::Value = serde_json::from_str(&config_json)
+            .map_err(|e| coded("ERR_CONFIG", format!("config is not valid JSON: {e}")))?;
         let config = parse_protocol_config(&value).map_err(|e| to_napi(e.into()))?;
-        Ok(Self { config, client: Arc::new(Mutex::new(None)) })
+        Ok(Self {
+            config,
+            client: Arc::new(Mutex::new(None)),
+        })
     }
 
     /// Configuration warnings worth a log line (for example a lifetime beyond the signature window).
@@ -65,7 +68,10 @@ impl NativeProtocol {
             return Err(to_napi(ClientError::AlreadyStarted));
         }
         let sink = Box::new(move |event: courier_client::event::ClientEvent| {
-            on_event.call(event.to_json().to_string(), ThreadsafeFunctionCallMode::NonBlocking);
+            on_event.call(
+                event.to_json().to_string(),
+                ThreadsafeFunctionCallMode::NonBlocking,
+            );
         });
         let config = self.config.clone();
         let runtime = tokio::runtime::Handle::current();
@@ -75,7 +81,10 @@ impl NativeProtocol {
             .map_err(to_napi)?;
         let client = Arc::new(client);
         let raced = {
-            let mut slot = self.client.lock().map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?;
+            let mut slot = self
+                .client
+                .lock()
+                .map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?;
             if slot.is_some() {
                 true
             } else {
@@ -95,7 +104,11 @@ impl NativeProtocol {
     /// driver, so nothing keeps the process alive afterwards.
     #[napi]
     pub async fn stop(&self) -> Result<()> {
-        let client = self.client.lock().map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?.take();
+        let client = self
+            .client
+            .lock()
+            .map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?
+            .take();
         if let Some(client) = client {
             client.stop().await;
         }
@@ -108,7 +121,10 @@ impl NativeProtocol {
         let (binary_content, binary_len) = match &input.binary {
             Some(bytes) => {
                 use base64::Engine as _;
-                (Some(base64::engine::general_purpose::STANDARD.encode(bytes.as_ref())), bytes.len())
+                (
+                    Some(base64::engine::general_purpose::STANDARD.encode(bytes.as_ref())),
+                    bytes.len(),
+                )
             }
             None => (None, 0),
         };
@@ -120,7 +136,10 @@ impl NativeProtocol {
             id: input.id,
             priority: input.priority,
             content_type: input.content_type,
-            metadata: input.metadata.map(|m| m.into_iter().collect::<BTreeMap<_, _>>()).unwrap_or_default(),
+            metadata: input
+                .metadata
+                .map(|m| m.into_iter().collect::<BTreeMap<_, _>>())
+                .unwrap_or_default(),
         };
         client.send(send).await.map_err(to_napi)
     }
@@ -128,7 +147,11 @@ impl NativeProtocol {
     #[napi]
     pub async fn get_message_status(&self, id: String) -> Result<String> {
         let client = self.started()?;
-        client.status(id).await.map(|s| s.as_str().to_owned()).map_err(to_napi)
+        client
+            .status(id)
+            .await
+            .map(|s| s.as_str().to_owned())
+            .map_err(to_napi)
     }
 
     /// Counts, as JSON text.
@@ -165,6 +188,7 @@ impl NativeProtocol {
     }
 
     fn started(&self) -> Result<Arc<Client>> {
-        self.current().ok_or_else(|| to_napi(ClientError::NotStarted))
+        self.current()
+            .ok_or_else(|| to_napi(ClientError::NotStarted))
     }
 }

@@ -41,15 +41,23 @@ fn non_negative(name: &str, v: Option<i64>, default: u64) -> Result<u64> {
     match v {
         None => Ok(default),
         Some(v) if v >= 1 => Ok(v as u64),
-        Some(_) => Err(coded("ERR_CONFIG", format!("mailbox.{name} must be a positive integer"))),
+        Some(_) => Err(coded(
+            "ERR_CONFIG",
+            format!("mailbox.{name} must be a positive integer"),
+        )),
     }
 }
 
 fn relay_config(o: NativeRelayOptions) -> Result<RelayConfig> {
-    let listen = o
-        .listen
-        .parse()
-        .map_err(|_| coded("ERR_CONFIG", format!("listen must be an address like 127.0.0.1:0, got {:?}", o.listen)))?;
+    let listen = o.listen.parse().map_err(|_| {
+        coded(
+            "ERR_CONFIG",
+            format!(
+                "listen must be an address like 127.0.0.1:0, got {:?}",
+                o.listen
+            ),
+        )
+    })?;
     let storage = match o.storage_path {
         Some(path) => Storage::Path(PathBuf::from(path)),
         None => Storage::Memory,
@@ -60,7 +68,11 @@ fn relay_config(o: NativeRelayOptions) -> Result<RelayConfig> {
     let mut config = RelayConfig::new(listen, storage, o.jwt_secret.into_bytes());
     config.mailbox = if o.mailbox_enabled {
         let d = MailboxLimits::default();
-        let m = o.mailbox.unwrap_or(NativeRelayMailbox { max_messages: None, max_bytes: None, ttl_ms: None });
+        let m = o.mailbox.unwrap_or(NativeRelayMailbox {
+            max_messages: None,
+            max_bytes: None,
+            ttl_ms: None,
+        });
         Some(MailboxLimits {
             max_messages: non_negative("maxMessages", m.max_messages, d.max_messages)?,
             max_bytes: non_negative("maxBytes", m.max_bytes, d.max_bytes)?,
@@ -83,8 +95,14 @@ fn relay_config(o: NativeRelayOptions) -> Result<RelayConfig> {
 }
 
 async fn start_relay(config: RelayConfig) -> Result<NativeRelay> {
-    let handle = courier_relay::start(config).await.map_err(|e| coded("ERR_RELAY", e))?;
-    Ok(NativeRelay { url: handle.url(), port: handle.port(), handle: Mutex::new(Some(handle)) })
+    let handle = courier_relay::start(config)
+        .await
+        .map_err(|e| coded("ERR_RELAY", e))?;
+    Ok(NativeRelay {
+        url: handle.url(),
+        port: handle.port(),
+        handle: Mutex::new(Some(handle)),
+    })
 }
 
 #[napi]
@@ -115,7 +133,10 @@ impl NativeRelay {
 
     #[napi]
     pub fn stats(&self) -> Result<String> {
-        let guard = self.handle.lock().map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?;
+        let guard = self
+            .handle
+            .lock()
+            .map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?;
         match guard.as_ref() {
             Some(h) => {
                 let s = h.stats();
@@ -132,7 +153,11 @@ impl NativeRelay {
 
     #[napi]
     pub async fn stop(&self) -> Result<()> {
-        let handle = self.handle.lock().map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?.take();
+        let handle = self
+            .handle
+            .lock()
+            .map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?
+            .take();
         if let Some(handle) = handle {
             handle.stop().await;
         }
@@ -148,6 +173,10 @@ pub fn relay_cli_help() -> String {
 /// An HS256 JWT for `account`, valid for `expiresInSec` (default one day).
 #[napi]
 pub fn issue_token(secret: String, account: String, expires_in_sec: Option<u32>) -> Result<String> {
-    courier_relay::issue_token(secret.as_bytes(), &account, u64::from(expires_in_sec.unwrap_or(86_400)))
-        .map_err(|e| coded("ERR_INVALID_ARGUMENT", e))
+    courier_relay::issue_token(
+        secret.as_bytes(),
+        &account,
+        u64::from(expires_in_sec.unwrap_or(86_400)),
+    )
+    .map_err(|e| coded("ERR_INVALID_ARGUMENT", e))
 }

@@ -48,9 +48,16 @@ struct Running {
 impl Client {
     /// Opens storage (refused if another `Protocol` holds it), restores the outbox with a
     /// refreshed window, starts the driver and connects the carriers.
-    pub fn start(config: &ProtocolConfig, sink: EventSink, runtime: &Handle) -> Result<Self, ClientError> {
+    pub fn start(
+        config: &ProtocolConfig,
+        sink: EventSink,
+        runtime: &Handle,
+    ) -> Result<Self, ClientError> {
         let tls = match &config.internet {
-            Some(internet) if internet.tls => Some(tls::client_config(internet.ca_certificates.as_deref()).map_err(ClientError::InvalidArgument)?),
+            Some(internet) if internet.tls => Some(
+                tls::client_config(internet.ca_certificates.as_deref())
+                    .map_err(ClientError::InvalidArgument)?,
+            ),
             _ => None,
         };
         let mut store = match &config.storage {
@@ -59,7 +66,11 @@ impl Client {
         };
         let now = driver::now_ms();
         let records = store.load_outbox()?;
-        let processed = store.load_processed(now, config.engine.dedup_retention_ms(), config.engine.dedup_max_entries)?;
+        let processed = store.load_processed(
+            now,
+            config.engine.dedup_retention_ms(),
+            config.engine.dedup_max_entries,
+        )?;
         let mut engine = Engine::new(config.engine.clone(), config.local_identity.clone());
         engine.restore(records, processed, now);
 
@@ -92,7 +103,15 @@ impl Client {
             Some((tx, task)) => (Some(tx), Some(task)),
             None => (None, None),
         };
-        Ok(Self { driver: driver_tx, relay_tx, stats, running: Mutex::new(Some(Running { driver_thread, relay_task })) })
+        Ok(Self {
+            driver: driver_tx,
+            relay_tx,
+            stats,
+            running: Mutex::new(Some(Running {
+                driver_thread,
+                relay_task,
+            })),
+        })
     }
 
     /// Resolves once the message is durably in the outbox.
@@ -162,17 +181,29 @@ fn validate_send(input: SendInput) -> Result<SendRequest, ClientError> {
         None => Priority::Medium,
         Some(p) => match Priority::parse(p) {
             Some(p) => p,
-            None => return invalid(format!("options.priority must be 'low', 'medium', 'high' or 'critical', got {p:?}")),
+            None => {
+                return invalid(format!(
+                    "options.priority must be 'low', 'medium', 'high' or 'critical', got {p:?}"
+                ))
+            }
         },
     };
     let content_type = match input.content_type.as_deref() {
         None => ContentType::Text,
         Some(t) => match ContentType::parse(t) {
-            Some(ContentType::FileChunk) | None => return invalid(format!("options.contentType {t:?} is not a message content type")),
+            Some(ContentType::FileChunk) | None => {
+                return invalid(format!(
+                    "options.contentType {t:?} is not a message content type"
+                ))
+            }
             Some(t) => t,
         },
     };
-    if let Some(key) = input.metadata.keys().find(|k| RESERVED_METADATA_KEYS.contains(&k.as_str())) {
+    if let Some(key) = input
+        .metadata
+        .keys()
+        .find(|k| RESERVED_METADATA_KEYS.contains(&k.as_str()))
+    {
         return invalid(format!("options.metadata key {key:?} is reserved"));
     }
     Ok(SendRequest {

@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use courier_engine::{
-    Carrier, DiagnosticLevel, Engine, EntryState, InboundOrigin, Millis, RelayAnswer, SendOutcome, SendRequest,
-    Settlement, Stats, StoreOp, TransmitKind,
+    Carrier, DiagnosticLevel, Engine, EntryState, InboundOrigin, Millis, RelayAnswer, SendOutcome,
+    SendRequest, Settlement, Stats, StoreOp, TransmitKind,
 };
 use courier_proto::{ClientFrame, Message};
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
@@ -56,17 +56,40 @@ impl MessageStatus {
 }
 
 pub enum Command {
-    Send { req: SendRequest, reply: oneshot::Sender<Result<String, ClientError>> },
-    Status { id: String, reply: oneshot::Sender<Result<MessageStatus, ClientError>> },
+    Send {
+        req: SendRequest,
+        reply: oneshot::Sender<Result<String, ClientError>>,
+    },
+    Status {
+        id: String,
+        reply: oneshot::Sender<Result<MessageStatus, ClientError>>,
+    },
     CarrierUp(Carrier),
     CarrierDown(Carrier),
-    Written { id: String, send_seq: u64 },
-    SendFailed { id: String, send_seq: u64, reason: String },
-    RelayAnswer { id: String, answer: RelayAnswer },
-    Inbound { message: Message, origin: InboundOrigin },
-    DrainComplete { count: u64 },
+    Written {
+        id: String,
+        send_seq: u64,
+    },
+    SendFailed {
+        id: String,
+        send_seq: u64,
+        reason: String,
+    },
+    RelayAnswer {
+        id: String,
+        answer: RelayAnswer,
+    },
+    Inbound {
+        message: Box<Message>,
+        origin: InboundOrigin,
+    },
+    DrainComplete {
+        count: u64,
+    },
     Emit(ClientEvent),
-    Stop { reply: oneshot::Sender<()> },
+    Stop {
+        reply: oneshot::Sender<()>,
+    },
 }
 
 /// The sending side of the driver's queue; cheap to clone, never blocks.
@@ -120,7 +143,10 @@ impl Driver {
             };
             let mut step = Step::default();
             let now = now_ms();
-            let batch: Vec<Command> = first.into_iter().chain(self.rx.try_iter().take(MAX_STEP)).collect();
+            let batch: Vec<Command> = first
+                .into_iter()
+                .chain(self.rx.try_iter().take(MAX_STEP))
+                .collect();
             for cmd in batch {
                 self.apply(cmd, now, &mut step);
             }
@@ -162,9 +188,17 @@ impl Driver {
             Command::CarrierUp(carrier) => self.engine.handle_carrier_up(carrier, now),
             Command::CarrierDown(carrier) => self.engine.handle_carrier_down(carrier, now),
             Command::Written { id, send_seq } => self.engine.handle_written(&id, send_seq, now),
-            Command::SendFailed { id, send_seq, reason } => self.engine.handle_send_failed(&id, send_seq, &reason, now),
-            Command::RelayAnswer { id, answer } => self.engine.handle_relay_answer(&id, answer, now),
-            Command::Inbound { message, origin } => self.engine.handle_inbound(message, origin, now),
+            Command::SendFailed {
+                id,
+                send_seq,
+                reason,
+            } => self.engine.handle_send_failed(&id, send_seq, &reason, now),
+            Command::RelayAnswer { id, answer } => {
+                self.engine.handle_relay_answer(&id, answer, now)
+            }
+            Command::Inbound { message, origin } => {
+                self.engine.handle_inbound(*message, origin, now)
+            }
             Command::DrainComplete { count } => step.drain_completed.push(count),
             Command::Emit(event) => {
                 // Keep runtime events in order with the engine's.
@@ -176,11 +210,20 @@ impl Driver {
         self.collect_events(step);
     }
 
-    fn send(&mut self, req: SendRequest, reply: oneshot::Sender<Result<String, ClientError>>, now: Millis, step: &mut Step) {
+    fn send(
+        &mut self,
+        req: SendRequest,
+        reply: oneshot::Sender<Result<String, ClientError>>,
+        now: Millis,
+        step: &mut Step,
+    ) {
         // An id that was already delivered is a no-op returning that id (delivery.md 2).
         if let Some(id) = &req.id {
             match self.store.settled(id) {
-                Ok(Some(SettledRecord { outcome: Settlement::Delivered, .. })) => {
+                Ok(Some(SettledRecord {
+                    outcome: Settlement::Delivered,
+                    ..
+                })) => {
                     let _ = reply.send(Ok(id.clone()));
                     return;
                 }
@@ -208,7 +251,10 @@ impl Driver {
             });
         }
         Ok(match self.store.settled(id)? {
-            Some(SettledRecord { outcome: Settlement::Delivered, .. }) => MessageStatus::Delivered,
+            Some(SettledRecord {
+                outcome: Settlement::Delivered,
+                ..
+            }) => MessageStatus::Delivered,
             Some(_) => MessageStatus::Failed,
             None => MessageStatus::Unknown,
         })
@@ -233,7 +279,9 @@ impl Driver {
                 // The step's state is not durable: no send may claim it is.
                 let message = e.to_string();
                 for (_, reply) in accepted {
-                    let _ = reply.send(Err(ClientError::Internal(format!("storage commit failed: {message}"))));
+                    let _ = reply.send(Err(ClientError::Internal(format!(
+                        "storage commit failed: {message}"
+                    ))));
                 }
                 (self.sink)(ClientEvent::Diagnostic {
                     level: DiagnosticLevel::Error,
@@ -265,7 +313,9 @@ impl Driver {
                     recipient: message.recipient.clone(),
                     frame: send_frame(&message),
                 },
-                TransmitKind::Ack { message } => RelayOut::Ack { frame: send_frame(&message) },
+                TransmitKind::Ack { message } => RelayOut::Ack {
+                    frame: send_frame(&message),
+                },
                 TransmitKind::HopAck { seq } => RelayOut::HopAck { seq },
             };
             let _ = relay.send(out);

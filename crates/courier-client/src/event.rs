@@ -7,18 +7,32 @@ use serde_json::{json, Value};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClientEvent {
-    Engine(Event),
-    InternetStatusChanged { connected: bool, authenticated: bool },
-    InternetSessionSuperseded { reason: String },
+    /// Boxed: a received message is large, and most events are small.
+    Engine(Box<Event>),
+    InternetStatusChanged {
+        connected: bool,
+        authenticated: bool,
+    },
+    InternetSessionSuperseded {
+        reason: String,
+    },
     /// A relay frame the engine does not consume, verbatim.
-    InternetServerMessage { json: String },
-    InboundDrainCompleted { count: u64 },
-    Diagnostic { level: DiagnosticLevel, message: String, target: &'static str },
+    InternetServerMessage {
+        json: String,
+    },
+    InboundDrainCompleted {
+        count: u64,
+    },
+    Diagnostic {
+        level: DiagnosticLevel,
+        message: String,
+        target: &'static str,
+    },
 }
 
 impl From<Event> for ClientEvent {
     fn from(e: Event) -> Self {
-        Self::Engine(e)
+        Self::Engine(Box::new(e))
     }
 }
 
@@ -35,15 +49,26 @@ impl ClientEvent {
     pub fn to_json(&self) -> Value {
         match self {
             Self::Engine(e) => engine_event_json(e),
-            Self::InternetStatusChanged { connected, authenticated } => {
+            Self::InternetStatusChanged {
+                connected,
+                authenticated,
+            } => {
                 json!({"type": "internet_status_changed", "connected": connected, "authenticated": authenticated})
             }
             Self::InternetSessionSuperseded { reason } => {
                 json!({"type": "internet_session_superseded", "reason": reason})
             }
-            Self::InternetServerMessage { json } => json!({"type": "internet_server_message", "json": json}),
-            Self::InboundDrainCompleted { count } => json!({"type": "inbound_drain_completed", "count": count}),
-            Self::Diagnostic { level, message, target } => {
+            Self::InternetServerMessage { json } => {
+                json!({"type": "internet_server_message", "json": json})
+            }
+            Self::InboundDrainCompleted { count } => {
+                json!({"type": "inbound_drain_completed", "count": count})
+            }
+            Self::Diagnostic {
+                level,
+                message,
+                target,
+            } => {
                 json!({"type": "diagnostic", "level": level_name(*level), "message": message, "target": target})
             }
         }
@@ -52,30 +77,66 @@ impl ClientEvent {
 
 fn engine_event_json(e: &Event) -> Value {
     match e {
-        Event::MessageSent { message_id, recipient, priority, transport, attempt } => json!({
+        Event::MessageSent {
+            message_id,
+            recipient,
+            priority,
+            transport,
+            attempt,
+        } => json!({
             "type": "message_sent", "messageId": message_id, "recipient": recipient,
             "priority": priority.as_str(), "transport": transport, "attempt": attempt,
         }),
-        Event::MessageDeferred { message_id, recipient, reason, retry_count, next_retry_at } => json!({
+        Event::MessageDeferred {
+            message_id,
+            recipient,
+            reason,
+            retry_count,
+            next_retry_at,
+        } => json!({
             "type": "message_deferred", "messageId": message_id, "recipient": recipient,
             "reason": reason, "retryCount": retry_count, "nextRetryAt": next_retry_at,
         }),
-        Event::MessageStored { message_id, recipient } => json!({
+        Event::MessageStored {
+            message_id,
+            recipient,
+        } => json!({
             "type": "message_stored", "messageId": message_id, "recipient": recipient,
         }),
-        Event::MessageRetrying { message_id, recipient, retry_count, next_retry_at } => json!({
+        Event::MessageRetrying {
+            message_id,
+            recipient,
+            retry_count,
+            next_retry_at,
+        } => json!({
             "type": "message_retrying", "messageId": message_id, "recipient": recipient,
             "retryCount": retry_count, "nextRetryAt": next_retry_at,
         }),
-        Event::MessageDelivered { message_id, recipient, latency_ms, hop_count, transport } => json!({
+        Event::MessageDelivered {
+            message_id,
+            recipient,
+            latency_ms,
+            hop_count,
+            transport,
+        } => json!({
             "type": "message_delivered", "messageId": message_id, "recipient": recipient,
             "latencyMs": latency_ms, "hopCount": hop_count, "transport": transport,
         }),
-        Event::MessageFailed { message_id, recipient, reason, retry_count } => json!({
+        Event::MessageFailed {
+            message_id,
+            recipient,
+            reason,
+            retry_count,
+        } => json!({
             "type": "message_failed", "messageId": message_id, "recipient": recipient,
             "reason": reason.as_str(), "retryCount": retry_count,
         }),
-        Event::MessageReceived { message, chat, sender, transport } => {
+        Event::MessageReceived {
+            message,
+            chat,
+            sender,
+            transport,
+        } => {
             let mut v = json!({
                 "type": "message_received", "messageId": message.id, "sender": sender,
                 "recipient": message.recipient, "chat": chat, "content": message.content,

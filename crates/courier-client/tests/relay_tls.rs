@@ -24,8 +24,17 @@ fn test_ca() -> TestCa {
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
     let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec!["localhost".to_owned()]).unwrap().signed_by(&key, &ca).unwrap();
-    TestCa { ca_pem: ca.pem(), tls: TlsConfig { cert_pem: cert.pem(), key_pem: key.serialize_pem() } }
+    let cert = CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    TestCa {
+        ca_pem: ca.pem(),
+        tls: TlsConfig {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        },
+    }
 }
 
 struct Peer {
@@ -74,7 +83,11 @@ impl Peer {
 }
 
 async fn tls_relay(dir: &std::path::Path, ca: &TestCa) -> courier_relay::RelayHandle {
-    let mut config = RelayConfig::new("127.0.0.1:0".parse().unwrap(), Storage::Path(dir.join("relay.db")), SECRET.to_vec());
+    let mut config = RelayConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+        Storage::Path(dir.join("relay.db")),
+        SECRET.to_vec(),
+    );
     config.tls = Some(ca.tls.clone());
     courier_relay::start(config).await.unwrap()
 }
@@ -88,22 +101,39 @@ async fn clients_trusting_a_private_ca_deliver_over_wss() {
 
     let bob = Peer::start("bob", dir.path(), &relay.url(), Some(&ca.ca_pem));
     let alice = Peer::start("alice", dir.path(), &relay.url(), Some(&ca.ca_pem));
-    let connected = |e: &ClientEvent| matches!(e, ClientEvent::InternetStatusChanged { connected: true, .. });
+    let connected = |e: &ClientEvent| {
+        matches!(
+            e,
+            ClientEvent::InternetStatusChanged {
+                connected: true,
+                ..
+            }
+        )
+    };
     alice.wait_for("alice connected", connected).await;
     bob.wait_for("bob connected", connected).await;
 
     let id = alice
         .client
-        .send(SendInput { recipient: "bob".into(), content: "over tls".into(), ..Default::default() })
+        .send(SendInput {
+            recipient: "bob".into(),
+            content: "over tls".into(),
+            ..Default::default()
+        })
         .await
         .unwrap();
     let received = bob
-        .wait_for("the message", |e| matches!(e, ClientEvent::Engine(Event::MessageReceived { message, .. }) if message.id == id))
+        .wait_for("the message", |e| matches!(e, ClientEvent::Engine(e) if matches!(&**e, Event::MessageReceived { message, .. } if message.id == id)))
         .await;
-    let ClientEvent::Engine(Event::MessageReceived { message, .. }) = received else { unreachable!() };
+    let ClientEvent::Engine(event) = received else {
+        unreachable!()
+    };
+    let Event::MessageReceived { message, .. } = *event else {
+        unreachable!()
+    };
     assert_eq!(message.content, "over tls");
     alice
-        .wait_for("delivery", |e| matches!(e, ClientEvent::Engine(Event::MessageDelivered { message_id, .. }) if *message_id == id))
+        .wait_for("delivery", |e| matches!(e, ClientEvent::Engine(e) if matches!(&**e, Event::MessageDelivered { message_id, .. } if *message_id == id)))
         .await;
 
     alice.client.stop().await;
@@ -121,8 +151,13 @@ async fn a_relay_certificate_from_an_untrusted_ca_is_refused() {
     let failure = alice
         .wait_for("a connect failure", |e| matches!(e, ClientEvent::Diagnostic { message, .. } if message.contains("connect failed")))
         .await;
-    let ClientEvent::Diagnostic { message, .. } = failure else { unreachable!() };
-    assert!(message.to_lowercase().contains("certificate"), "unexpected failure: {message}");
+    let ClientEvent::Diagnostic { message, .. } = failure else {
+        unreachable!()
+    };
+    assert!(
+        message.to_lowercase().contains("certificate"),
+        "unexpected failure: {message}"
+    );
     assert_eq!(relay.stats().connections, 0);
     alice.client.stop().await;
     relay.stop().await;

@@ -328,7 +328,10 @@ pub enum DecodeError {
     Invalid { frame_type: String, detail: String },
 }
 
-fn decode_tagged<T: serde::de::DeserializeOwned>(text: &str, known: &[&str]) -> Result<T, DecodeError> {
+fn decode_tagged<T: serde::de::DeserializeOwned>(
+    text: &str,
+    known: &[&str],
+) -> Result<T, DecodeError> {
     if text.len() > MAX_FRAME_BYTES {
         return Err(DecodeError::Malformed);
     }
@@ -369,8 +372,14 @@ mod tests {
     #[test]
     fn decode_distinguishes_malformed_unknown_and_invalid() {
         assert_eq!(ClientFrame::decode("[1]"), Err(DecodeError::Malformed));
-        assert_eq!(ClientFrame::decode("{\"x\":1}"), Err(DecodeError::Malformed));
-        assert_eq!(ClientFrame::decode("{\"type\":5}"), Err(DecodeError::Malformed));
+        assert_eq!(
+            ClientFrame::decode("{\"x\":1}"),
+            Err(DecodeError::Malformed)
+        );
+        assert_eq!(
+            ClientFrame::decode("{\"type\":5}"),
+            Err(DecodeError::Malformed)
+        );
         assert_eq!(
             ClientFrame::decode("{\"type\":\"Nope\"}"),
             Err(DecodeError::UnknownType("Nope".into()))
@@ -401,7 +410,10 @@ mod tests {
     #[test]
     fn presence_alias_and_round_trip() {
         let f = RelayFrame::decode(r#"{"type":"PresenceStatusWithLastSeen","user_id":"a","online":false,"last_seen":"2026-01-01T00:00:00Z"}"#).unwrap();
-        assert!(matches!(f, RelayFrame::PresenceStatus { online: false, .. }));
+        assert!(matches!(
+            f,
+            RelayFrame::PresenceStatus { online: false, .. }
+        ));
         let sent = RelayFrame::MessageSent {
             message_id: "m".into(),
             recipient: "bob".into(),

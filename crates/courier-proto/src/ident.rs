@@ -60,14 +60,29 @@ mod tests {
     #[test]
     fn identifier_rules() {
         assert_eq!(validate_identifier(""), Err(IdentError::Empty));
-        assert_eq!(validate_identifier(&"a".repeat(257)), Err(IdentError::TooLong));
+        assert_eq!(
+            validate_identifier(&"a".repeat(257)),
+            Err(IdentError::TooLong)
+        );
         assert!(validate_identifier(&"a".repeat(256)).is_ok());
-        assert_eq!(validate_identifier("a\nb"), Err(IdentError::ControlCharacter));
-        assert_eq!(validate_identifier("a/b"), Err(IdentError::ForbiddenCharacter));
-        assert_eq!(validate_identifier("a:b"), Err(IdentError::ForbiddenCharacter));
+        assert_eq!(
+            validate_identifier("a\nb"),
+            Err(IdentError::ControlCharacter)
+        );
+        assert_eq!(
+            validate_identifier("a/b"),
+            Err(IdentError::ForbiddenCharacter)
+        );
+        assert_eq!(
+            validate_identifier("a:b"),
+            Err(IdentError::ForbiddenCharacter)
+        );
         assert_eq!(validate_identifier(".."), Err(IdentError::DotName));
         assert!(validate_identifier("zoë").is_ok());
-        assert_eq!(validate_account_name("off1abc"), Err(IdentError::AddressPrefix));
+        assert_eq!(
+            validate_account_name("off1abc"),
+            Err(IdentError::AddressPrefix)
+        );
         assert!(validate_account_name("alice").is_ok());
     }
 }

@@ -37,7 +37,14 @@ pub mod close {
 
 /// Content prefixes the engine reserves for itself; an application may not send them.
 pub const RESERVED_PREFIXES: &[&str] = &[
-    "__MLS_", "__GRP_", "__GROUP_", "__CTRL_", "__FILE_", "__ACK_", "__CONN_", "__USER_GROUPS__",
+    "__MLS_",
+    "__GRP_",
+    "__GROUP_",
+    "__CTRL_",
+    "__FILE_",
+    "__ACK_",
+    "__CONN_",
+    "__USER_GROUPS__",
 ];
 
 /// Whether `content` starts with a prefix reserved for the engine.

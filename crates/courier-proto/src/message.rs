@@ -155,7 +155,10 @@ pub enum MessageError {
     #[error("not a valid message: {0}")]
     Json(String),
     #[error("field {field} {error}")]
-    Identifier { field: &'static str, error: IdentError },
+    Identifier {
+        field: &'static str,
+        error: IdentError,
+    },
 }
 
 impl Message {
@@ -177,7 +180,8 @@ impl Message {
             ("recipient", &self.recipient),
             ("app_id", &self.app_id),
         ] {
-            validate_identifier(value).map_err(|error| MessageError::Identifier { field, error })?;
+            validate_identifier(value)
+                .map_err(|error| MessageError::Identifier { field, error })?;
         }
         Ok(())
     }
@@ -257,12 +261,20 @@ mod tests {
         let text = sample()
             .encode()
             .replace("\"text\"", "\"hologram\"")
-            .replace("\"lamport_clock\":3", "\"lamport_clock\":18446744073709551615");
+            .replace(
+                "\"lamport_clock\":3",
+                "\"lamport_clock\":18446744073709551615",
+            );
         let m = Message::decode(&text).unwrap();
         assert_eq!(m.content_type, ContentType::File);
         assert_eq!(m.lamport_clock, i64::MAX as u64);
         assert!(Message::decode(&sample().encode().replace("\"high\"", "\"urgent\"")).is_err());
-        assert!(Message::decode(&sample().encode().replace("\"sender\":\"alice\"", "\"sender\":\"\"")).is_err());
+        assert!(Message::decode(
+            &sample()
+                .encode()
+                .replace("\"sender\":\"alice\"", "\"sender\":\"\"")
+        )
+        .is_err());
     }
 
     #[test]

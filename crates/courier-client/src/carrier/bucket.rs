@@ -31,7 +31,9 @@ impl TokenBucket {
     }
 
     fn refill(&mut self, now: Instant) {
-        let elapsed = now.saturating_duration_since(self.refilled_at).as_secs_f64();
+        let elapsed = now
+            .saturating_duration_since(self.refilled_at)
+            .as_secs_f64();
         self.tokens = (self.tokens + elapsed * self.per_sec).min(self.capacity);
         self.refilled_at = now;
     }

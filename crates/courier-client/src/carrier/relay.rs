@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use courier_engine::{Carrier, DiagnosticLevel, InboundOrigin, RelayAnswer};
-use courier_proto::limits::{close, CAP_MAILBOX, MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_FRAME_BYTES};
+use courier_proto::limits::{
+    close, CAP_MAILBOX, MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_FRAME_BYTES,
+};
 use courier_proto::{ClientFrame, DecodeError, Disposition, Message, RelayFrame};
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
@@ -48,7 +50,12 @@ type Ws = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
 #[derive(Debug)]
 pub enum RelayOut {
     /// An outbox entry's send; `Written` / `SendFailed` quote `send_seq`.
-    Outbox { id: String, send_seq: u64, recipient: String, frame: String },
+    Outbox {
+        id: String,
+        send_seq: u64,
+        recipient: String,
+        frame: String,
+    },
     /// An end-to-end ACK (a SendMessage nobody waits for).
     Ack { frame: String },
     /// Release relay journal frame `seq`.
@@ -81,7 +88,11 @@ enum Loss {
     Stopped,
 }
 
-pub async fn run(settings: RelaySettings, mut rx: mpsc::UnboundedReceiver<RelayOut>, driver: DriverTx) {
+pub async fn run(
+    settings: RelaySettings,
+    mut rx: mpsc::UnboundedReceiver<RelayOut>,
+    driver: DriverTx,
+) {
     let mut attempt: u32 = 0;
     let mut superseded_reported = false;
     loop {
@@ -98,17 +109,27 @@ pub async fn run(settings: RelaySettings, mut rx: mpsc::UnboundedReceiver<RelayO
             Loss::Superseded(reason) => {
                 if !superseded_reported {
                     superseded_reported = true;
-                    driver.send(Command::Emit(ClientEvent::InternetSessionSuperseded { reason }));
+                    driver.send(Command::Emit(ClientEvent::InternetSessionSuperseded {
+                        reason,
+                    }));
                 }
                 None
             }
             Loss::AuthRejected(reason) => {
-                diagnostic(&driver, DiagnosticLevel::Error, format!("relay refused the token: {reason}"));
+                diagnostic(
+                    &driver,
+                    DiagnosticLevel::Error,
+                    format!("relay refused the token: {reason}"),
+                );
                 Some(AUTH_RETRY_MIN)
             }
             Loss::Offline => None,
             Loss::Dropped(reason) => {
-                diagnostic(&driver, DiagnosticLevel::Warn, format!("relay connection lost: {reason}"));
+                diagnostic(
+                    &driver,
+                    DiagnosticLevel::Warn,
+                    format!("relay connection lost: {reason}"),
+                );
                 if settings.auto_reconnect {
                     let delay = backoff(attempt);
                     attempt = attempt.saturating_add(1);
@@ -130,7 +151,9 @@ pub async fn run(settings: RelaySettings, mut rx: mpsc::UnboundedReceiver<RelayO
 
 /// 1 s doubling to 30 s, with up to 25 % jitter so a fleet does not reconnect in step.
 fn backoff(attempt: u32) -> Duration {
-    let base = RECONNECT_MIN.saturating_mul(1u32 << attempt.min(5)).min(RECONNECT_MAX);
+    let base = RECONNECT_MIN
+        .saturating_mul(1u32 << attempt.min(5))
+        .min(RECONNECT_MAX);
     let jitter = RandomState::new().hash_one(Instant::now()) % 250;
     base + base.mul_f64(jitter as f64 / 1000.0)
 }
@@ -138,7 +161,11 @@ fn backoff(attempt: u32) -> Duration {
 /// Waits out a pause between connections while answering the driver: sends fail at once (the
 /// carrier is down), a `Hint(true)` cuts the wait short. `None` waits for a hint only.
 /// Returns false when the client is stopping.
-async fn wait_for_reconnect(wait: Option<Duration>, rx: &mut mpsc::UnboundedReceiver<RelayOut>, driver: &DriverTx) -> bool {
+async fn wait_for_reconnect(
+    wait: Option<Duration>,
+    rx: &mut mpsc::UnboundedReceiver<RelayOut>,
+    driver: &DriverTx,
+) -> bool {
     let deadline = wait.map(|w| tokio::time::Instant::now() + w);
     loop {
         let cmd = match deadline {
@@ -158,12 +185,20 @@ async fn wait_for_reconnect(wait: Option<Duration>, rx: &mut mpsc::UnboundedRece
 
 fn refuse_while_down(cmd: RelayOut, driver: &DriverTx) {
     if let RelayOut::Outbox { id, send_seq, .. } = cmd {
-        driver.send(Command::SendFailed { id, send_seq, reason: "relay not connected".into() });
+        driver.send(Command::SendFailed {
+            id,
+            send_seq,
+            reason: "relay not connected".into(),
+        });
     }
 }
 
 /// Connects and authenticates. `Ok(None)` when the client stopped meanwhile.
-async fn connect(settings: &RelaySettings, rx: &mut mpsc::UnboundedReceiver<RelayOut>, driver: &DriverTx) -> Result<Option<(Ws, Authenticated)>, Loss> {
+async fn connect(
+    settings: &RelaySettings,
+    rx: &mut mpsc::UnboundedReceiver<RelayOut>,
+    driver: &DriverTx,
+) -> Result<Option<(Ws, Authenticated)>, Loss> {
     let attempt = async {
         let config = WebSocketConfig::default()
             .max_message_size(Some(MAX_FRAME_BYTES))
@@ -171,7 +206,12 @@ async fn connect(settings: &RelaySettings, rx: &mut mpsc::UnboundedReceiver<Rela
         let connector = settings.tls.clone().map(Connector::Rustls);
         let (mut ws, _) = timeout(
             CONNECT_TIMEOUT,
-            tokio_tungstenite::connect_async_tls_with_config(settings.url.as_str(), Some(config), false, connector),
+            tokio_tungstenite::connect_async_tls_with_config(
+                settings.url.as_str(),
+                Some(config),
+                false,
+                connector,
+            ),
         )
         .await
         .map_err(|_| Loss::Dropped("connect timed out".into()))?
@@ -211,8 +251,15 @@ async fn await_authenticated(ws: &mut Ws) -> Result<Authenticated, Loss> {
         let msg = msg.map_err(|e| Loss::Dropped(format!("read failed: {e}")))?;
         match msg {
             WsMessage::Text(text) => match RelayFrame::decode(text.as_str()) {
-                Ok(RelayFrame::Authenticated { capabilities, rate_limit, .. }) => {
-                    return Ok(Authenticated { capabilities: bounded_capabilities(capabilities), rate_limit });
+                Ok(RelayFrame::Authenticated {
+                    capabilities,
+                    rate_limit,
+                    ..
+                }) => {
+                    return Ok(Authenticated {
+                        capabilities: bounded_capabilities(capabilities),
+                        rate_limit,
+                    });
                 }
                 Ok(RelayFrame::AuthError { reason }) => return Err(Loss::AuthRejected(reason)),
                 _ => {}
@@ -243,7 +290,11 @@ fn close_loss(frame: Option<&CloseFrame>) -> Loss {
 }
 
 fn diagnostic(driver: &DriverTx, level: DiagnosticLevel, message: String) {
-    driver.send(Command::Emit(ClientEvent::Diagnostic { level, message, target: "courier_client::relay" }));
+    driver.send(Command::Emit(ClientEvent::Diagnostic {
+        level,
+        message,
+        target: "courier_client::relay",
+    }));
 }
 
 /// A send written to the relay that has not been answered yet.
@@ -283,10 +334,19 @@ impl<'a> Session<'a> {
             // after a 2 s grace. Until address declaration is sent here, an `AckUpTo{0}` (which
             // releases nothing: seqs start at 1) is that first frame, so the backlog and live
             // traffic flow at once.
-            session.acks.push_back(ClientFrame::AckUpTo { seq: 0 }.encode());
+            session
+                .acks
+                .push_back(ClientFrame::AckUpTo { seq: 0 }.encode());
         }
-        diagnostic(driver, DiagnosticLevel::Info, format!("relay connected; capabilities {:?}", auth.capabilities));
-        driver.send(Command::Emit(ClientEvent::InternetStatusChanged { connected: true, authenticated: true }));
+        diagnostic(
+            driver,
+            DiagnosticLevel::Info,
+            format!("relay connected; capabilities {:?}", auth.capabilities),
+        );
+        driver.send(Command::Emit(ClientEvent::InternetStatusChanged {
+            connected: true,
+            authenticated: true,
+        }));
         driver.send(Command::CarrierUp(Carrier::Internet));
         session
     }
@@ -325,7 +385,12 @@ impl<'a> Session<'a> {
     fn on_command(&mut self, cmd: Option<RelayOut>) -> Result<(), Loss> {
         match cmd {
             None | Some(RelayOut::Stop) => Err(Loss::Stopped),
-            Some(RelayOut::Outbox { id, send_seq, recipient, frame }) => {
+            Some(RelayOut::Outbox {
+                id,
+                send_seq,
+                recipient,
+                frame,
+            }) => {
                 self.sends.push_back((id, send_seq, recipient, frame));
                 Ok(())
             }
@@ -342,7 +407,10 @@ impl<'a> Session<'a> {
         }
     }
 
-    fn on_socket(&mut self, msg: Option<Result<WsMessage, tokio_tungstenite::tungstenite::Error>>) -> Result<(), Loss> {
+    fn on_socket(
+        &mut self,
+        msg: Option<Result<WsMessage, tokio_tungstenite::tungstenite::Error>>,
+    ) -> Result<(), Loss> {
         let msg = match msg {
             None => return Err(Loss::Dropped("connection closed".into())),
             Some(Err(e)) => return Err(Loss::Dropped(format!("read failed: {e}"))),
@@ -365,21 +433,36 @@ impl<'a> Session<'a> {
                 return Ok(());
             }
             Err(e) => {
-                diagnostic(self.driver, DiagnosticLevel::Warn, format!("dropped relay frame: {e}"));
+                diagnostic(
+                    self.driver,
+                    DiagnosticLevel::Warn,
+                    format!("dropped relay frame: {e}"),
+                );
                 return Ok(());
             }
         };
         match frame {
-            RelayFrame::MessageSent { message_id, disposition, .. } => {
+            RelayFrame::MessageSent {
+                message_id,
+                disposition,
+                ..
+            } => {
                 if self.unanswered.remove(&message_id).is_some() {
                     let answer = match disposition {
                         Some(Disposition::Stored) => RelayAnswer::Stored,
                         _ => RelayAnswer::Live,
                     };
-                    self.driver.send(Command::RelayAnswer { id: message_id, answer });
+                    self.driver.send(Command::RelayAnswer {
+                        id: message_id,
+                        answer,
+                    });
                 }
             }
-            RelayFrame::DeliveryError { message_id, recipient, reason } => {
+            RelayFrame::DeliveryError {
+                message_id,
+                recipient,
+                reason,
+            } => {
                 let unreachable = reason.starts_with(courier_proto::limits::RECIPIENT_UNREACHABLE);
                 let ids: Vec<String> = match message_id {
                     Some(id) => vec![id],
@@ -395,22 +478,46 @@ impl<'a> Session<'a> {
                 for id in ids {
                     if let Some(u) = self.unanswered.remove(&id) {
                         let cmd = if unreachable {
-                            Command::RelayAnswer { id, answer: RelayAnswer::Unreachable }
+                            Command::RelayAnswer {
+                                id,
+                                answer: RelayAnswer::Unreachable,
+                            }
                         } else {
                             // The reason text is the relay's and stays out of events.
-                            Command::SendFailed { id, send_seq: u.send_seq, reason: "relay refused the message".into() }
+                            Command::SendFailed {
+                                id,
+                                send_seq: u.send_seq,
+                                reason: "relay refused the message".into(),
+                            }
                         };
                         self.driver.send(cmd);
                     }
                 }
             }
-            RelayFrame::MessageReceived { seq, sender, sender_account, content, .. } => {
+            RelayFrame::MessageReceived {
+                seq,
+                sender,
+                sender_account,
+                content,
+                ..
+            } => {
                 self.on_inbound(seq, sender, sender_account, &content);
             }
-            RelayFrame::DrainComplete { count } => self.driver.send(Command::DrainComplete { count }),
-            RelayFrame::RateLimited { retry_after_ms, message_id, seq, .. } => {
-                self.bucket.back_off(Duration::from_millis(retry_after_ms.max(1)), Instant::now());
-                if let Some(u) = message_id.as_ref().and_then(|id| self.unanswered.remove(id)) {
+            RelayFrame::DrainComplete { count } => {
+                self.driver.send(Command::DrainComplete { count })
+            }
+            RelayFrame::RateLimited {
+                retry_after_ms,
+                message_id,
+                seq,
+                ..
+            } => {
+                self.bucket
+                    .back_off(Duration::from_millis(retry_after_ms.max(1)), Instant::now());
+                if let Some(u) = message_id
+                    .as_ref()
+                    .and_then(|id| self.unanswered.remove(id))
+                {
                     self.driver.send(Command::SendFailed {
                         id: message_id.unwrap_or_default(),
                         send_seq: u.send_seq,
@@ -423,9 +530,17 @@ impl<'a> Session<'a> {
                 self.forward(text);
             }
             RelayFrame::SessionSuperseded { reason } => return Err(Loss::Superseded(reason)),
-            RelayFrame::Error { code, message_id: Some(id), .. } if code == "internal" => {
+            RelayFrame::Error {
+                code,
+                message_id: Some(id),
+                ..
+            } if code == "internal" => {
                 if let Some(u) = self.unanswered.remove(&id) {
-                    self.driver.send(Command::SendFailed { id, send_seq: u.send_seq, reason: "relay storage failure".into() });
+                    self.driver.send(Command::SendFailed {
+                        id,
+                        send_seq: u.send_seq,
+                        reason: "relay storage failure".into(),
+                    });
                 }
                 self.forward(text);
             }
@@ -434,7 +549,13 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
-    fn on_inbound(&mut self, seq: Option<u64>, sender: String, sender_account: Option<String>, content: &str) {
+    fn on_inbound(
+        &mut self,
+        seq: Option<u64>,
+        sender: String,
+        sender_account: Option<String>,
+        content: &str,
+    ) {
         let dropped = |reason: String| {
             diagnostic(self.driver, DiagnosticLevel::Warn, reason);
         };
@@ -446,13 +567,26 @@ impl<'a> Session<'a> {
                 return;
             }
         };
-        if RELAY_ANSWER_PREFIXES.iter().any(|p| message.content.starts_with(p)) {
-            dropped(format!("dropped inbound frame from {sender}: relay answer prefix in the message plane"));
+        if RELAY_ANSWER_PREFIXES
+            .iter()
+            .any(|p| message.content.starts_with(p))
+        {
+            dropped(format!(
+                "dropped inbound frame from {sender}: relay answer prefix in the message plane"
+            ));
             self.release(seq);
             return;
         }
-        let origin = InboundOrigin { carrier: Carrier::Internet, stamped_sender: sender, sender_account, seq };
-        self.driver.send(Command::Inbound { message, origin });
+        let origin = InboundOrigin {
+            carrier: Carrier::Internet,
+            stamped_sender: sender,
+            sender_account,
+            seq,
+        };
+        self.driver.send(Command::Inbound {
+            message: Box::new(message),
+            origin,
+        });
     }
 
     /// A dropped frame is still released at the relay (§7.2 step 5).
@@ -463,7 +597,10 @@ impl<'a> Session<'a> {
     }
 
     fn forward(&self, text: &str) {
-        self.driver.send(Command::Emit(ClientEvent::InternetServerMessage { json: text.to_owned() }));
+        self.driver
+            .send(Command::Emit(ClientEvent::InternetServerMessage {
+                json: text.to_owned(),
+            }));
     }
 
     /// Writes what the bucket can fund, then enforces the write-ack and keepalive deadlines.
@@ -477,9 +614,18 @@ impl<'a> Session<'a> {
                 self.write(frame).await?;
             } else if let Some((id, send_seq, recipient, frame)) = self.sends.pop_front() {
                 self.write(frame).await?;
-                self.driver.send(Command::Written { id: id.clone(), send_seq });
-                self.unanswered
-                    .insert(id, Unanswered { send_seq, recipient, deadline: Instant::now() + WRITE_ACK_TIMEOUT });
+                self.driver.send(Command::Written {
+                    id: id.clone(),
+                    send_seq,
+                });
+                self.unanswered.insert(
+                    id,
+                    Unanswered {
+                        send_seq,
+                        recipient,
+                        deadline: Instant::now() + WRITE_ACK_TIMEOUT,
+                    },
+                );
             }
         }
         let expired: Vec<String> = self
@@ -490,13 +636,20 @@ impl<'a> Session<'a> {
             .collect();
         for id in expired {
             if let Some(u) = self.unanswered.remove(&id) {
-                self.driver.send(Command::SendFailed { id, send_seq: u.send_seq, reason: "no relay answer within 15 s".into() });
+                self.driver.send(Command::SendFailed {
+                    id,
+                    send_seq: u.send_seq,
+                    reason: "no relay answer within 15 s".into(),
+                });
             }
         }
         if now >= self.last_heard + DEAD_AFTER {
             let _ = self
                 .ws
-                .send(WsMessage::Close(Some(CloseFrame { code: CloseCode::from(close::KEEPALIVE_TIMEOUT), reason: "keepalive".into() })))
+                .send(WsMessage::Close(Some(CloseFrame {
+                    code: CloseCode::from(close::KEEPALIVE_TIMEOUT),
+                    reason: "keepalive".into(),
+                })))
                 .await;
             return Err(Loss::Dropped("keepalive timeout".into()));
         }
@@ -522,16 +675,31 @@ impl<'a> Session<'a> {
         if matches!(loss, Loss::Stopped | Loss::Offline) {
             let _ = self
                 .ws
-                .send(WsMessage::Close(Some(CloseFrame { code: CloseCode::Normal, reason: "".into() })))
+                .send(WsMessage::Close(Some(CloseFrame {
+                    code: CloseCode::Normal,
+                    reason: "".into(),
+                })))
                 .await;
         }
         self.driver.send(Command::CarrierDown(Carrier::Internet));
         for (id, u) in self.unanswered.drain() {
-            self.driver.send(Command::SendFailed { id, send_seq: u.send_seq, reason: "relay connection lost".into() });
+            self.driver.send(Command::SendFailed {
+                id,
+                send_seq: u.send_seq,
+                reason: "relay connection lost".into(),
+            });
         }
         for (id, send_seq, _, _) in self.sends.drain(..) {
-            self.driver.send(Command::SendFailed { id, send_seq, reason: "relay connection lost".into() });
+            self.driver.send(Command::SendFailed {
+                id,
+                send_seq,
+                reason: "relay connection lost".into(),
+            });
         }
-        self.driver.send(Command::Emit(ClientEvent::InternetStatusChanged { connected: false, authenticated: false }));
+        self.driver
+            .send(Command::Emit(ClientEvent::InternetStatusChanged {
+                connected: false,
+                authenticated: false,
+            }));
     }
 }
