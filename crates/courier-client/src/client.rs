@@ -15,8 +15,9 @@ use tokio::task::JoinHandle;
 use crate::carrier::relay::{self, RelayOut, RelaySettings};
 use crate::carrier::tls;
 use crate::config::{ProtocolConfig, StorageConfig};
-use crate::driver::{self, Command, Driver, DriverTx, EventSink, MessageStatus};
+use crate::driver::{self, Command, Driver, DriverTx, EventSink, Retention, MAX_SETTLED};
 use crate::error::ClientError;
+use crate::store::MessageStatus;
 use crate::store::Store;
 
 /// What the application passes to `sendMessage`, before validation.
@@ -89,6 +90,11 @@ impl Client {
         let stats = Arc::new(Mutex::new(engine.stats()));
         let driver = Driver {
             stats: stats.clone(),
+            retention: Retention {
+                age_ms: config.engine.dedup_retention_ms(),
+                max_settled: MAX_SETTLED,
+                max_processed: config.engine.dedup_max_entries,
+            },
             engine,
             store,
             rx: driver_rx,

@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use courier_engine::{
-    Carrier, DiagnosticLevel, Engine, EntryState, InboundOrigin, Millis, RelayAnswer, SendOutcome,
-    SendRequest, Settlement, Stats, StoreOp, TransmitKind,
+    Carrier, DiagnosticLevel, Engine, InboundOrigin, Millis, RelayAnswer, SendOutcome, SendRequest,
+    Settlement, Stats, StoreOp, TransmitKind,
 };
 use courier_proto::{ClientFrame, Message};
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
@@ -24,36 +24,12 @@ use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 use crate::carrier::relay::RelayOut;
 use crate::error::ClientError;
 use crate::event::ClientEvent;
-use crate::store::{SettledRecord, Store};
+use crate::store::{MessageStatus, SettledRecord, Store};
 
 /// Commands handled in one step at most; the rest wait for the next step.
 const MAX_STEP: usize = 4096;
 
 pub type EventSink = Box<dyn Fn(ClientEvent) + Send + 'static>;
-
-/// The status `getMessageStatus` reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MessageStatus {
-    Queued,
-    InFlight,
-    Parked,
-    Delivered,
-    Failed,
-    Unknown,
-}
-
-impl MessageStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::InFlight => "in_flight",
-            Self::Parked => "parked",
-            Self::Delivered => "delivered",
-            Self::Failed => "failed",
-            Self::Unknown => "unknown",
-        }
-    }
-}
 
 pub enum Command {
     Send {
@@ -123,7 +99,19 @@ pub struct Driver {
     pub relay: Option<tokio_mpsc::UnboundedSender<RelayOut>>,
     /// Published after every step, so `stats()` is a synchronous read that never waits on a commit.
     pub stats: Arc<Mutex<Stats>>,
+    pub retention: Retention,
 }
+
+/// How long settled outcomes and inbound dedup records are kept, and how many at most.
+pub struct Retention {
+    pub age_ms: u64,
+    pub max_settled: usize,
+    pub max_processed: usize,
+}
+
+/// Pruning runs at most this often, and only when the driver wakes for other work anyway.
+const PRUNE_EVERY_MS: u64 = 3_600_000;
+pub const MAX_SETTLED: usize = 100_000;
 
 /// What a step owes once its writes are committed.
 #[derive(Default)]
@@ -136,6 +124,7 @@ struct Step {
 
 impl Driver {
     pub fn run(mut self) {
+        let mut next_prune = 0;
         loop {
             let first = match self.wait() {
                 Ok(cmd) => cmd,
@@ -153,6 +142,10 @@ impl Driver {
             self.engine.handle_timeout(now);
             self.collect_events(&mut step);
             self.finish(step.accepted, step.events, step.drain_completed);
+            if now >= next_prune {
+                next_prune = now + PRUNE_EVERY_MS;
+                self.prune(now);
+            }
             if let Some(reply) = step.stop {
                 let _ = self.store.maybe_checkpoint();
                 let _ = reply.send(());
@@ -183,7 +176,8 @@ impl Driver {
         match cmd {
             Command::Send { req, reply } => self.send(req, reply, now, step),
             Command::Status { id, reply } => {
-                let _ = reply.send(self.status(&id));
+                // Every step commits before it answers, so storage is as current as the engine.
+                let _ = reply.send(self.store.status(&id).map_err(ClientError::from));
             }
             Command::CarrierUp(carrier) => self.engine.handle_carrier_up(carrier, now),
             Command::CarrierDown(carrier) => self.engine.handle_carrier_down(carrier, now),
@@ -242,22 +236,21 @@ impl Driver {
         }
     }
 
-    fn status(&self, id: &str) -> Result<MessageStatus, ClientError> {
-        if let Some(state) = self.engine.status(id) {
-            return Ok(match state {
-                EntryState::Queued => MessageStatus::Queued,
-                EntryState::InFlight => MessageStatus::InFlight,
-                EntryState::Parked => MessageStatus::Parked,
+    fn prune(&mut self, now: Millis) {
+        let older_than = now.saturating_sub(self.retention.age_ms);
+        let settled = self
+            .store
+            .prune_settled(older_than, self.retention.max_settled);
+        let processed = self
+            .store
+            .prune_processed(older_than, self.retention.max_processed);
+        if let Err(e) = settled.and(processed) {
+            (self.sink)(ClientEvent::Diagnostic {
+                level: DiagnosticLevel::Warn,
+                message: format!("pruning old delivery records failed: {e}"),
+                target: "courier_client::store",
             });
         }
-        Ok(match self.store.settled(id)? {
-            Some(SettledRecord {
-                outcome: Settlement::Delivered,
-                ..
-            }) => MessageStatus::Delivered,
-            Some(_) => MessageStatus::Failed,
-            None => MessageStatus::Unknown,
-        })
     }
 
     fn collect_events(&mut self, step: &mut Step) {
