@@ -272,8 +272,8 @@ impl Driver {
                 // The step's state is not durable: no send may claim it is.
                 let message = e.to_string();
                 for (_, reply) in accepted {
-                    let _ = reply.send(Err(ClientError::Internal(format!(
-                        "storage commit failed: {message}"
+                    let _ = reply.send(Err(ClientError::Storage(format!(
+                        "commit failed: {message}"
                     ))));
                 }
                 (self.sink)(ClientEvent::Diagnostic {

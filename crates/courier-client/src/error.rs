@@ -13,10 +13,17 @@ pub enum ClientError {
     NotStarted,
     #[error("the protocol is already started")]
     AlreadyStarted,
+    /// Disk full, locked, corrupt: the text carries SQLite's reason.
     #[error("storage: {0}")]
-    Storage(#[from] StoreError),
+    Storage(String),
     #[error("{0}")]
     Internal(String),
+}
+
+impl From<StoreError> for ClientError {
+    fn from(e: StoreError) -> Self {
+        Self::Storage(e.to_string())
+    }
 }
 
 impl ClientError {
