@@ -92,6 +92,12 @@ where
         return;
     };
     let Authed { account, opted_in } = authed;
+    // Drawn before anything changes state, so a failing generator displaces nobody.
+    let Some(address_challenge) = new_challenge() else {
+        tracing::error!("the system random generator failed");
+        close_and_linger(&mut ws, close::INTERNAL, ctx.timings.close_linger).await;
+        return;
+    };
 
     if let Err(e) = ctx.store.ensure_account(&account, now_ms()).await {
         tracing::error!(%account, error = %e, "cannot persist the account");
@@ -107,12 +113,6 @@ where
             let _ = tokio::time::timeout(ctx.timings.supersede_wait, done).await;
         }
     }
-    let Some(address_challenge) = new_challenge() else {
-        tracing::error!("the system random generator failed");
-        ctx.router.unregister(&peer, now_ms());
-        close_and_linger(&mut ws, close::INTERNAL, ctx.timings.close_linger).await;
-        return;
-    };
     let journaled = ctx.mailbox.is_some();
     let authenticated = RelayFrame::Authenticated {
         user_id: account.clone(),

@@ -414,6 +414,7 @@ impl Worker {
                 // Requests still queued are dropped; their callers see `Closed`.
                 rx.close();
                 self.close();
+                // Only now: `stop()` promises the database is closed when it returns.
                 let _ = done.send(());
                 return;
             }
@@ -437,8 +438,12 @@ impl Worker {
         }
     }
 
-    fn close(&mut self) {
+    /// Folds the WAL into the database and closes the connection.
+    fn close(mut self) {
         self.checkpoint("TRUNCATE");
+        if let Err((_, e)) = self.conn.close() {
+            tracing::warn!(error = %e, "closing the database failed");
+        }
     }
 
     fn execute(&mut self, jobs: &mut Vec<Job>) {

@@ -390,8 +390,14 @@ async fn a_restart_loses_no_frame_and_seq_never_goes_back() {
     bob.ack(1).await;
     bob.sync().await;
 
-    // Stopping closes live connections with 1001.
-    relay.restart_with(|_| {}).await;
+    // Stopping closes live connections with 1001, and closes the database (WAL folded in).
+    relay.stop().await;
+    let wal = relay.db_path().with_extension("db-wal");
+    assert!(
+        std::fs::metadata(&wal).map_or(true, |m| m.len() == 0),
+        "WAL left behind"
+    );
+    relay.run(relay.config()).await;
     let (_, ending) = bob.frames_until_end().await;
     assert_eq!(ending, Ending::Close(1001));
     let (_, ending) = alice.frames_until_end().await;
