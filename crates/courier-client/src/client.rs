@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 use crate::carrier::relay::{self, RelayOut, RelaySettings};
 use crate::carrier::tls;
 use crate::config::{ProtocolConfig, StorageConfig};
-use crate::driver::{self, Command, Driver, DriverTx, EventSink, Retention, MAX_SETTLED};
+use crate::driver::{self, Command, Driver, DriverTx, EventSink, Rebuild, Retention, MAX_SETTLED};
 use crate::error::ClientError;
 use crate::store::MessageStatus;
 use crate::store::Store;
@@ -94,6 +94,11 @@ impl Client {
                 age_ms: config.engine.dedup_retention_ms(),
                 max_settled: MAX_SETTLED,
                 max_processed: config.engine.dedup_max_entries,
+            },
+            rebuild: Rebuild {
+                config: config.engine.clone(),
+                local_identity: config.local_identity.clone(),
+                carriers_up: Default::default(),
             },
             engine,
             store,

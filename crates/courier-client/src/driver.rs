@@ -10,6 +10,7 @@
 //! committed and its `message_received` dispatched before its relay `Ack` or end-to-end ACK is
 //! written.
 
+use std::collections::BTreeSet;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -100,6 +101,14 @@ pub struct Driver {
     /// Published after every step, so `stats()` is a synchronous read that never waits on a commit.
     pub stats: Arc<Mutex<Stats>>,
     pub retention: Retention,
+    pub rebuild: Rebuild,
+}
+
+/// What it takes to rebuild the engine from storage after a failed commit.
+pub struct Rebuild {
+    pub config: courier_engine::Config,
+    pub local_identity: String,
+    pub carriers_up: BTreeSet<Carrier>,
 }
 
 /// How long settled outcomes and inbound dedup records are kept, and how many at most.
@@ -179,8 +188,14 @@ impl Driver {
                 // Every step commits before it answers, so storage is as current as the engine.
                 let _ = reply.send(self.store.status(&id).map_err(ClientError::from));
             }
-            Command::CarrierUp(carrier) => self.engine.handle_carrier_up(carrier, now),
-            Command::CarrierDown(carrier) => self.engine.handle_carrier_down(carrier, now),
+            Command::CarrierUp(carrier) => {
+                self.rebuild.carriers_up.insert(carrier.clone());
+                self.engine.handle_carrier_up(carrier, now);
+            }
+            Command::CarrierDown(carrier) => {
+                self.rebuild.carriers_up.remove(&carrier);
+                self.engine.handle_carrier_down(carrier, now);
+            }
             Command::Written { id, send_seq } => self.engine.handle_written(&id, send_seq, now),
             Command::SendFailed {
                 id,
@@ -229,10 +244,44 @@ impl Driver {
             }
         }
         match self.engine.send(req, mint_id, now) {
-            SendOutcome::Accepted(id) => step.accepted.push((id, reply)),
-            SendOutcome::Duplicate(id) => {
-                let _ = reply.send(Ok(id));
+            // A duplicate may name an entry accepted earlier in this very step: it is only
+            // durable once the step commits, so both kinds are answered after the commit.
+            SendOutcome::Accepted(id) | SendOutcome::Duplicate(id) => {
+                step.accepted.push((id, reply))
             }
+        }
+    }
+
+    /// A failed commit leaves the engine ahead of storage. Rebuilding it from storage — the state
+    /// at the end of the last committed step — makes the failed step change nothing; its events
+    /// and transmits are dropped with the old engine.
+    fn roll_back(&mut self) {
+        let now = now_ms();
+        let loaded = self.store.load_outbox().and_then(|records| {
+            let processed = self.store.load_processed(
+                now,
+                self.retention.age_ms,
+                self.retention.max_processed,
+            )?;
+            Ok((records, processed))
+        });
+        match loaded {
+            Ok((records, processed)) => {
+                let mut engine = Engine::new(
+                    self.rebuild.config.clone(),
+                    self.rebuild.local_identity.clone(),
+                );
+                engine.restore(records, processed, now);
+                for carrier in &self.rebuild.carriers_up {
+                    engine.handle_carrier_up(carrier.clone(), now);
+                }
+                self.engine = engine;
+            }
+            Err(e) => (self.sink)(ClientEvent::Diagnostic {
+                level: DiagnosticLevel::Error,
+                message: format!("cannot reload storage after a failed commit: {e}"),
+                target: "courier_client::store",
+            }),
         }
     }
 
@@ -269,8 +318,10 @@ impl Driver {
         let ops: Vec<StoreOp> = std::iter::from_fn(|| self.engine.poll_store()).collect();
         if !ops.is_empty() {
             if let Err(e) = self.store.commit(&ops) {
-                // The step's state is not durable: no send may claim it is.
+                // The step's state is not durable: no send may claim it is, and none of its
+                // events or transmits may leave.
                 let message = e.to_string();
+                self.roll_back();
                 for (_, reply) in accepted {
                     let _ = reply.send(Err(ClientError::Storage(format!(
                         "commit failed: {message}"
@@ -329,4 +380,100 @@ fn send_frame(message: &Message) -> String {
 
 fn mint_id() -> String {
     uuid::Uuid::new_v4().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc as std_mpsc;
+
+    use courier_engine::Config;
+    use courier_proto::{ContentType, Priority};
+
+    use super::*;
+
+    fn request(content: String) -> SendRequest {
+        SendRequest {
+            id: None,
+            recipient: "bob".into(),
+            content,
+            content_type: ContentType::Text,
+            priority: Priority::Medium,
+            metadata: Default::default(),
+            binary_content: None,
+        }
+    }
+
+    fn send(tx: &DriverTx, content: String) -> Result<String, ClientError> {
+        let (reply, rx) = oneshot::channel();
+        tx.send(Command::Send {
+            req: request(content),
+            reply,
+        });
+        rx.blocking_recv().expect("the driver answers every send")
+    }
+
+    #[test]
+    fn a_failed_commit_rejects_the_send_and_changes_nothing() {
+        let store = Store::open_memory().unwrap();
+        let config = Config::new("test");
+        let (tx, rx) = channel();
+        let (events_tx, events) = std_mpsc::channel();
+        let stats = Arc::new(Mutex::new(Stats::default()));
+        let driver = Driver {
+            engine: Engine::new(config.clone(), "alice".into()),
+            store,
+            rx,
+            sink: Box::new(move |e| {
+                let _ = events_tx.send(e);
+            }),
+            relay: None,
+            stats: stats.clone(),
+            retention: Retention {
+                age_ms: config.dedup_retention_ms(),
+                max_settled: 10,
+                max_processed: 10,
+            },
+            rebuild: Rebuild {
+                config,
+                local_identity: "alice".into(),
+                carriers_up: Default::default(),
+            },
+        };
+        driver.store.cap_size_for_faults(4).unwrap();
+        let thread = std::thread::spawn(move || driver.run());
+
+        let kept = send(&tx, "small".into()).expect("a send that fits is accepted");
+        let big = "x".repeat(200_000);
+        let err = send(&tx, big).expect_err("a send the disk cannot hold is refused");
+        assert_eq!(err.code(), "ERR_STORAGE");
+
+        let (reply, status) = oneshot::channel();
+        tx.send(Command::Status {
+            id: kept.clone(),
+            reply,
+        });
+        assert_eq!(
+            status.blocking_recv().unwrap().unwrap(),
+            MessageStatus::Queued
+        );
+        assert_eq!(
+            stats.lock().unwrap().outbox_regular,
+            1,
+            "the refused send left no entry"
+        );
+        let deferred: Vec<_> = events
+            .try_iter()
+            .filter(|e| matches!(e, ClientEvent::Engine(e) if matches!(&**e, courier_engine::Event::MessageDeferred { .. })))
+            .collect();
+        assert_eq!(
+            deferred.len(),
+            1,
+            "only the accepted send produced an event"
+        );
+
+        let (reply, stopped) = oneshot::channel();
+        tx.send(Command::Stop { reply });
+        stopped.blocking_recv().unwrap();
+        thread.join().unwrap();
+    }
 }

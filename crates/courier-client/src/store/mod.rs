@@ -339,6 +339,19 @@ impl Store {
         Ok(n)
     }
 
+    /// Caps the database at its current size plus `extra_pages`, the way a full disk would
+    /// (SQLITE_FULL on the next commit that needs more): for fault-injection tests.
+    #[doc(hidden)]
+    pub fn cap_size_for_faults(&self, extra_pages: u32) -> Result<(), StoreError> {
+        let pages: u32 = self.conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+        self.conn.query_row(
+            &format!("PRAGMA max_page_count = {}", pages + extra_pages),
+            [],
+            |_| Ok(()),
+        )?;
+        Ok(())
+    }
+
     /// Frames in the WAL after the last commit (0 for an in-memory store).
     pub fn wal_pages(&self) -> u32 {
         self.wal_pages.load(Ordering::Relaxed)
