@@ -5,11 +5,15 @@ import { test } from 'node:test'
 import { Protocol } from '../js/index.js'
 import { ofType, peerConfig, record, startRelay, tempDir, waitFor } from './helpers.mjs'
 
+const connected = (e) => e.type === 'internet_status_changed' && e.connected
+
+/** A started Protocol, connected to the relay (so the relay knows its account). */
 async function started(t, config) {
   const protocol = new Protocol(config)
   const recorder = record(protocol)
   await protocol.start()
   t.after(() => protocol.stop())
+  await waitFor(recorder, connected)
   return { protocol, recorder }
 }
 
@@ -18,8 +22,6 @@ test('a message is delivered and acknowledged end to end', async (t) => {
   const relay = await startRelay(t)
   const bob = await started(t, peerConfig('bob', dir, relay.url))
   const alice = await started(t, peerConfig('alice', dir, relay.url))
-  await waitFor(alice.recorder, (e) => e.type === 'internet_status_changed' && e.connected)
-
   const id = await alice.protocol.sendMessage('bob', 'hello bob', { priority: 'high', metadata: { k: 'v' } })
   const received = await waitFor(bob.recorder, (e) => e.type === 'message_received' && e.messageId === id)
   assert.equal(received.content, 'hello bob')
@@ -54,7 +56,7 @@ test('a message to an offline recipient is stored by the relay and delivered whe
   const first = new Protocol(peerConfig('bob', dir, relay.url))
   const firstEvents = record(first)
   await first.start()
-  await waitFor(firstEvents, (e) => e.type === 'internet_status_changed' && e.connected)
+  await waitFor(firstEvents, connected)
   await first.stop()
 
   const alice = await started(t, peerConfig('alice', dir, relay.url))
@@ -75,7 +77,6 @@ test('a message sent while the sender is offline is deferred, then flushed on re
   const relay = await startRelay(t)
   const bob = await started(t, peerConfig('bob', dir, relay.url))
   const alice = await started(t, peerConfig('alice', dir, relay.url))
-  await waitFor(alice.recorder, (e) => e.type === 'internet_status_changed' && e.connected)
 
   alice.protocol.internetStatusChanged(false)
   await waitFor(alice.recorder, (e) => e.type === 'internet_status_changed' && !e.connected)
