@@ -107,3 +107,13 @@ test('an id already delivered or already in the outbox is a no-op', async (t) =>
   assert.equal(ofType(alice.recorder, 'message_delivered').length, 1)
   assert.equal(ofType(bob.recorder, 'message_received').length, 1)
 })
+
+test('diagnostics are forwarded at the configured logLevel and above only', async (t) => {
+  const dir = tempDir(t)
+  const relay = await startRelay(t)
+  const quiet = await started(t, peerConfig('quiet', dir, relay.url))
+  const chatty = await started(t, peerConfig('chatty', dir, relay.url, { logLevel: 'info' }))
+  const info = (r) => ofType(r, 'diagnostic').filter((e) => e.level === 'info')
+  assert.ok(info(chatty.recorder).some((e) => /relay connected/.test(e.message) && e.target.length > 0))
+  assert.equal(info(quiet.recorder).length, 0)
+})

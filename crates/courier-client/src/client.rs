@@ -17,6 +17,7 @@ use crate::carrier::tls;
 use crate::config::{ProtocolConfig, StorageConfig};
 use crate::driver::{self, Command, Driver, DriverTx, EventSink, Rebuild, Retention, MAX_SETTLED};
 use crate::error::ClientError;
+use crate::event::ClientEvent;
 use crate::store::MessageStatus;
 use crate::store::Store;
 
@@ -75,6 +76,15 @@ impl Client {
         let mut engine = Engine::new(config.engine.clone(), config.local_identity.clone());
         engine.restore(records, processed, now);
 
+        let threshold = config.log_level;
+        let sink: EventSink = Box::new(move |event: ClientEvent| {
+            if event
+                .diagnostic_level()
+                .is_none_or(|level| threshold.admits(level))
+            {
+                sink(event);
+            }
+        });
         let (driver_tx, driver_rx) = driver::channel();
         let relay = config.internet.as_ref().map(|internet| {
             let (tx, rx) = tokio_mpsc::unbounded_channel();

@@ -114,14 +114,16 @@ impl LogLevel {
         Self::ALL.into_iter().find(|l| l.as_str() == s)
     }
 
-    pub fn to_tracing(self) -> tracing::Level {
-        match self {
-            Self::Error => tracing::Level::ERROR,
-            Self::Warn => tracing::Level::WARN,
-            Self::Info => tracing::Level::INFO,
-            Self::Debug => tracing::Level::DEBUG,
-            Self::Trace => tracing::Level::TRACE,
-        }
+    /// Whether a diagnostic of `level` passes this threshold.
+    pub fn admits(self, level: courier_engine::DiagnosticLevel) -> bool {
+        use courier_engine::DiagnosticLevel as D;
+        let as_log = match level {
+            D::Error => Self::Error,
+            D::Warn => Self::Warn,
+            D::Info => Self::Info,
+            D::Debug => Self::Debug,
+        };
+        as_log <= self
     }
 }
 

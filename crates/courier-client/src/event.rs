@@ -46,6 +46,18 @@ pub fn level_name(level: DiagnosticLevel) -> &'static str {
 }
 
 impl ClientEvent {
+    /// The level of a diagnostic event, `None` for every other event.
+    pub fn diagnostic_level(&self) -> Option<DiagnosticLevel> {
+        match self {
+            Self::Diagnostic { level, .. } => Some(*level),
+            Self::Engine(e) => match &**e {
+                Event::Diagnostic { level, .. } => Some(*level),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
     pub fn to_json(&self) -> Value {
         match self {
             Self::Engine(e) => engine_event_json(e),

@@ -1,0 +1,63 @@
+// `npx courier-relay`: the package's bin, run as its own process.
+import assert from 'node:assert/strict'
+import { execFileSync, spawn } from 'node:child_process'
+import { writeFileSync } from 'node:fs'
+import { join } from 'node:path'
+import { createInterface } from 'node:readline'
+import { test } from 'node:test'
+import { fileURLToPath } from 'node:url'
+
+import { Protocol, issueToken } from '../js/index.js'
+import { record, tempDir, waitFor } from './helpers.mjs'
+
+const BIN = fileURLToPath(new URL('../js/relay-cli.js', import.meta.url))
+
+test('--help documents every flag', () => {
+  const help = execFileSync(process.execPath, [BIN, '--help'], { encoding: 'utf8' })
+  for (const flag of ['--listen', '--db', '--jwt-secret-file', '--no-mailbox', '--tls-cert', '--tls-key']) {
+    assert.ok(help.includes(flag), `--help does not mention ${flag}`)
+  }
+})
+
+test('bad arguments exit with status 2 and say why', () => {
+  assert.throws(
+    () => execFileSync(process.execPath, [BIN, '--listen', 'nowhere'], { encoding: 'utf8', stdio: 'pipe' }),
+    (e) => e.status === 2 && /courier-relay: /.test(e.stderr),
+  )
+})
+
+test('the relay command serves clients and stops on SIGTERM', async (t) => {
+  const dir = tempDir(t)
+  const secretFile = join(dir, 'secret.txt')
+  writeFileSync(secretFile, 'cli-secret\n')
+  const child = spawn(process.execPath, [BIN, '--listen', '127.0.0.1:0', '--db', join(dir, 'relay.db'), '--jwt-secret-file', secretFile], {
+    stdio: ['ignore', 'pipe', 'inherit'],
+  })
+  const exited = new Promise((resolve) => child.once('exit', (code, signal) => resolve({ code, signal })))
+  t.after(() => child.kill('SIGKILL'))
+  const line = await new Promise((resolve) => createInterface({ input: child.stdout }).once('line', resolve))
+  const url = /listening on (ws:\/\/\S+)/.exec(line)?.[1]
+  assert.ok(url, `unexpected first line: ${line}`)
+
+  const peer = async (name) => {
+    const p = new Protocol({
+      appId: 'cli',
+      storage: { path: join(dir, `${name}.db`) },
+      transports: { internet: { url, authToken: issueToken('cli-secret', name) } },
+    })
+    const recorder = record(p)
+    await p.start()
+    await waitFor(recorder, (e) => e.type === 'internet_status_changed' && e.connected)
+    return { p, recorder }
+  }
+  const bob = await peer('bob')
+  const alice = await peer('alice')
+  const id = await alice.p.sendMessage('bob', 'via the command line relay')
+  await waitFor(bob.recorder, (e) => e.type === 'message_received' && e.messageId === id)
+  await waitFor(alice.recorder, (e) => e.type === 'message_delivered' && e.messageId === id)
+  await alice.p.stop()
+  await bob.p.stop()
+
+  child.kill('SIGTERM')
+  assert.deepEqual(await exited, { code: 0, signal: null })
+})
