@@ -40,9 +40,9 @@ async function acceptThroughput() {
   return { accepts: ACCEPTS, seconds, perSecond: ACCEPTS / seconds }
 }
 
-function spawnReceiver(url) {
+function spawnReceiver(url, name) {
   const child = spawn(process.execPath, [fileURLToPath(new URL('./receiver.mjs', import.meta.url))], {
-    env: { ...process.env, BENCH_DB: join(dir, 'bob.db'), BENCH_URL: url, BENCH_TOKEN: issueToken(SECRET, 'bob') },
+    env: { ...process.env, BENCH_DB: join(dir, `${name}-bob.db`), BENCH_URL: url, BENCH_TOKEN: issueToken(SECRET, 'bob') },
     stdio: ['ignore', 'pipe', 'inherit'],
   })
   return new Promise((resolve) => {
@@ -50,12 +50,12 @@ function spawnReceiver(url) {
   })
 }
 
-async function endToEnd() {
-  const relay = await Relay.start({ listen: '127.0.0.1:0', storage: { path: join(dir, 'relay.db') }, jwtSecret: SECRET })
-  const receiver = await spawnReceiver(relay.url)
+async function endToEnd(name, rateLimit, messages = MESSAGES, window = WINDOW) {
+  const relay = await Relay.start({ listen: '127.0.0.1:0', storage: { path: join(dir, `${name}-relay.db`) }, jwtSecret: SECRET, rateLimit })
+  const receiver = await spawnReceiver(relay.url, name)
   const alice = new Protocol({
     appId: 'bench',
-    storage: { path: join(dir, 'alice.db') },
+    storage: { path: join(dir, `${name}-alice.db`) },
     transports: { internet: { url: relay.url, authToken: issueToken(SECRET, 'alice') } },
   })
   const latencies = []
@@ -68,7 +68,7 @@ async function endToEnd() {
     if (e.type === 'message_delivered') {
       latencies.push(e.latencyMs)
       freeSlots()
-      if (latencies.length === MESSAGES) done()
+      if (latencies.length === messages) done()
     }
     if (e.type === 'message_failed') throw new Error(`bench message failed: ${e.reason}`)
   })
@@ -83,10 +83,14 @@ async function endToEnd() {
   })
   const started = process.hrtime.bigint()
   // Keep at most WINDOW messages unacknowledged: the outbox holds 500.
-  for (let i = 0; i < MESSAGES; i++) {
-    while (i - latencies.length >= WINDOW) await new Promise((resolve) => (freeSlots = resolve))
-    await alice.sendMessage('bob', `payload ${i}`)
+  // Sends are not awaited one by one: concurrent sends share a commit, as in a real app.
+  const accepted = []
+  for (let i = 0; i < messages; i++) {
+    while (i - latencies.length >= window) await new Promise((resolve) => (freeSlots = resolve))
+    accepted.push(alice.sendMessage('bob', `payload ${i}`))
+    if (accepted.length % 50 === 0) await new Promise(setImmediate)
   }
+  await Promise.all(accepted)
   await finished
   const seconds = Number(process.hrtime.bigint() - started) / 1e9
   await alice.stop()
@@ -94,9 +98,9 @@ async function endToEnd() {
   await relay.stop()
   latencies.sort((a, b) => a - b)
   return {
-    messages: MESSAGES,
+    messages,
     seconds,
-    deliveredPerSecond: MESSAGES / seconds,
+    deliveredPerSecond: messages / seconds,
     p50: percentile(latencies, 50),
     p99: percentile(latencies, 99),
   }
@@ -105,8 +109,18 @@ async function endToEnd() {
 try {
   const accept = await acceptThroughput()
   console.log(`sendMessage durable accepts: ${accept.accepts} in ${accept.seconds.toFixed(2)} s = ${Math.round(accept.perSecond)}/s (window ${WINDOW})`)
-  const e2e = await endToEnd()
-  console.log(`end to end: ${e2e.messages} delivered in ${e2e.seconds.toFixed(2)} s = ${Math.round(e2e.deliveredPerSecond)}/s; send→ACK latency p50 ${e2e.p50} ms, p99 ${e2e.p99} ms`)
+  // The relay's default per-connection budget (1000 frames/s, clients meter at 93 %) bounds a
+  // single sender; the second run lifts it to show what the engine and storage sustain.
+  const lifted = { burst: 100_000, perSec: 100_000 }
+  const runs = [
+    ['saturated, default relay rate limit', undefined, MESSAGES, WINDOW],
+    ['saturated, relay rate limit lifted', lifted, MESSAGES, WINDOW],
+    ['one message at a time', undefined, 500, 1],
+  ]
+  for (const [name, rateLimit, messages, window] of runs) {
+    const e2e = await endToEnd(name.replace(/\W+/g, '-'), rateLimit, messages, window)
+    console.log(`end to end (${name}, window ${window}): ${e2e.messages} delivered in ${e2e.seconds.toFixed(2)} s = ${Math.round(e2e.deliveredPerSecond)}/s; send→ACK latency p50 ${e2e.p50} ms, p99 ${e2e.p99} ms`)
+  }
 } finally {
   rmSync(dir, { recursive: true, force: true })
 }

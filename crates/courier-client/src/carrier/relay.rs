@@ -209,7 +209,8 @@ async fn connect(
             tokio_tungstenite::connect_async_tls_with_config(
                 settings.url.as_str(),
                 Some(config),
-                false,
+                // Frames are small and latency-bound: Nagle would hold an ACK for tens of ms.
+                true,
                 connector,
             ),
         )
@@ -310,6 +311,10 @@ struct Session<'a> {
     bucket: super::bucket::TokenBucket,
     /// Funding order (§11): acks first, then sends.
     acks: VecDeque<String>,
+    /// The highest journal seq the driver has processed and not yet released. The driver
+    /// processes frames in arrival order, so every frame up to it is processed: one `AckUpTo`
+    /// releases them all (§8), which keeps acks from eating the rate budget of sends.
+    processed_up_to: Option<u64>,
     sends: VecDeque<(String, u64, String, String)>,
     unanswered: HashMap<String, Unanswered>,
     last_heard: Instant,
@@ -324,6 +329,7 @@ impl<'a> Session<'a> {
             driver,
             bucket: super::bucket::TokenBucket::from_advertised(auth.rate_limit, now),
             acks: VecDeque::new(),
+            processed_up_to: None,
             sends: VecDeque::new(),
             unanswered: HashMap::new(),
             last_heard: now,
@@ -334,9 +340,7 @@ impl<'a> Session<'a> {
             // after a 2 s grace. Until address declaration is sent here, an `AckUpTo{0}` (which
             // releases nothing: seqs start at 1) is that first frame, so the backlog and live
             // traffic flow at once.
-            session
-                .acks
-                .push_back(ClientFrame::AckUpTo { seq: 0 }.encode());
+            session.processed_up_to = Some(0);
         }
         diagnostic(
             driver,
@@ -376,7 +380,7 @@ impl<'a> Session<'a> {
         if let Some(first) = self.unanswered.values().map(|u| u.deadline).min() {
             wake = wake.min(first);
         }
-        if !self.acks.is_empty() || !self.sends.is_empty() {
+        if self.has_frames() {
             wake = wake.min(self.bucket.next_token_at(now));
         }
         wake
@@ -399,7 +403,7 @@ impl<'a> Session<'a> {
                 Ok(())
             }
             Some(RelayOut::HopAck { seq }) => {
-                self.acks.push_back(ClientFrame::Ack { seq }.encode());
+                self.processed_up_to = Some(self.processed_up_to.map_or(seq, |s| s.max(seq)));
                 Ok(())
             }
             Some(RelayOut::Hint(false)) => Err(Loss::Offline),
@@ -603,14 +607,20 @@ impl<'a> Session<'a> {
             }));
     }
 
+    fn has_frames(&self) -> bool {
+        self.processed_up_to.is_some() || !self.acks.is_empty() || !self.sends.is_empty()
+    }
+
     /// Writes what the bucket can fund, then enforces the write-ack and keepalive deadlines.
     async fn flush_and_check(&mut self) -> Result<(), Loss> {
         let now = Instant::now();
-        while !self.acks.is_empty() || !self.sends.is_empty() {
+        while self.has_frames() {
             if !self.bucket.try_take(Instant::now()) {
                 break;
             }
-            if let Some(frame) = self.acks.pop_front() {
+            if let Some(seq) = self.processed_up_to.take() {
+                self.write(ClientFrame::AckUpTo { seq }.encode()).await?;
+            } else if let Some(frame) = self.acks.pop_front() {
                 self.write(frame).await?;
             } else if let Some((id, send_seq, recipient, frame)) = self.sends.pop_front() {
                 self.write(frame).await?;
