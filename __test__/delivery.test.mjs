@@ -117,3 +117,25 @@ test('diagnostics are forwarded at the configured logLevel and above only', asyn
   assert.ok(info(chatty.recorder).some((e) => /relay connected/.test(e.message) && e.target.length > 0))
   assert.equal(info(quiet.recorder).length, 0)
 })
+
+test('the sender reconnects by itself when the relay comes back, and flushes what it deferred', async (t) => {
+  const dir = tempDir(t)
+  const { Relay } = await import('../js/index.js')
+  const { SECRET } = await import('./helpers.mjs')
+  const relayOptions = { storage: { path: `${dir}/relay.db` }, jwtSecret: SECRET }
+  let relay = await Relay.start({ listen: '127.0.0.1:0', ...relayOptions })
+  const port = relay.port
+  t.after(() => relay.stop())
+  const bob = await started(t, peerConfig('bob', dir, relay.url))
+  const alice = await started(t, peerConfig('alice', dir, relay.url))
+
+  await relay.stop()
+  await waitFor(alice.recorder, (e) => e.type === 'internet_status_changed' && !e.connected)
+  const id = await alice.protocol.sendMessage('bob', 'sent while the relay was down')
+  await waitFor(alice.recorder, (e) => e.type === 'message_deferred' && e.messageId === id)
+
+  relay = await Relay.start({ listen: `127.0.0.1:${port}`, ...relayOptions })
+  await waitFor(bob.recorder, (e) => e.type === 'message_received' && e.messageId === id, { timeoutMs: 15_000 })
+  await waitFor(alice.recorder, (e) => e.type === 'message_delivered' && e.messageId === id, { timeoutMs: 15_000 })
+  assert.ok(ofType(alice.recorder, 'internet_status_changed').filter((e) => e.connected).length >= 2)
+})

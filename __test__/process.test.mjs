@@ -124,3 +124,30 @@ test('a second process on the same storage file is refused and nothing is sent t
   assert.equal(bob.recorder.events.filter((e) => e.type === 'message_received').length, 1)
   assert.equal(two.recorder.events.filter((e) => e.type === 'message_sent').length, 0)
 })
+
+test('a message the recipient never acknowledges climbs the ACK ladder and fails after maxRetries', async (t) => {
+  const dir = tempDir(t)
+  const relay = await startRelay(t)
+  const proxy = await cuttableProxy(t, relay.port)
+  const bob = spawnPeer(t, peerConfig('bob', dir, proxy.url))
+  await bob.request({ cmd: 'start' })
+  await bob.waitFor(connected)
+  proxy.state.cut = true // bob receives, but none of its ACKs reach the relay
+
+  const alice = spawnPeer(t, peerConfig('alice', dir, relay.url, {
+    reliability: { ack: { defaultTimeoutMs: 300 }, retry: { maxRetries: 2, initialDelayMs: 100, maxDelayMs: 150 } },
+  }))
+  await alice.request({ cmd: 'start' })
+  await alice.waitFor(connected)
+  const id = await alice.request({ cmd: 'send', recipient: 'bob', content: 'nobody answers' })
+  const failed = await alice.waitFor((e) => e.type === 'message_failed' && e.messageId === id)
+  assert.equal(failed.reason, 'Max retries exceeded')
+  assert.equal(failed.retryCount, 2)
+  const mine = alice.recorder.events.filter((e) => e.messageId === id)
+  assert.deepEqual(mine.filter((e) => e.type === 'message_sent').map((e) => e.attempt), [1, 2, 3])
+  const retrying = mine.filter((e) => e.type === 'message_retrying')
+  assert.deepEqual(retrying.map((e) => e.retryCount), [0, 1])
+  assert.ok(retrying.every((e) => typeof e.nextRetryAt === 'number' && e.nextRetryAt > 0))
+  assert.equal(mine.filter((e) => e.type === 'message_delivered' || e.type === 'message_failed').length, 1)
+  assert.equal(await alice.request({ cmd: 'status', id }), 'failed')
+})
