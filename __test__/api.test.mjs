@@ -108,3 +108,13 @@ test('a second Protocol on the same storage file is refused in the same process;
   assert.equal(await second.getMessageStatus(id), 'queued')
   await second.stop()
 })
+
+test('concurrent start() calls: one starts, the other is ERR_ALREADY_STARTED', async (t) => {
+  const dir = tempDir(t)
+  const p = new Protocol(base(dir))
+  const results = await Promise.allSettled([p.start(), p.start()])
+  assert.equal(results.filter((r) => r.status === 'fulfilled').length, 1)
+  const rejected = results.find((r) => r.status === 'rejected')
+  assert.equal(rejected.reason.code, 'ERR_ALREADY_STARTED')
+  await p.stop()
+})

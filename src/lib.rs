@@ -36,10 +36,18 @@ pub struct NativeSendInput {
     pub metadata: Option<HashMap<String, String>>,
 }
 
+/// Where a `Protocol` stands; `Starting` makes a concurrent second `start()` fail with
+/// `ERR_ALREADY_STARTED` instead of racing for the storage lock.
+enum State {
+    Stopped,
+    Starting,
+    Started(Arc<Client>),
+}
+
 #[napi]
 pub struct NativeProtocol {
     config: ProtocolConfig,
-    client: Arc<Mutex<Option<Arc<Client>>>>,
+    state: Mutex<State>,
 }
 
 #[napi]
@@ -52,7 +60,7 @@ impl NativeProtocol {
         let config = parse_protocol_config(&value).map_err(|e| to_napi(e.into()))?;
         Ok(Self {
             config,
-            client: Arc::new(Mutex::new(None)),
+            state: Mutex::new(State::Stopped),
         })
     }
 
@@ -64,8 +72,12 @@ impl NativeProtocol {
 
     #[napi(ts_args_type = "onEvent: (event: string) => void")]
     pub async fn start(&self, on_event: EventCallback) -> Result<()> {
-        if self.current().is_some() {
-            return Err(to_napi(ClientError::AlreadyStarted));
+        {
+            let mut state = self.lock()?;
+            if !matches!(*state, State::Stopped) {
+                return Err(to_napi(ClientError::AlreadyStarted));
+            }
+            *state = State::Starting;
         }
         let sink = Box::new(move |event: courier_client::event::ClientEvent| {
             on_event.call(
@@ -75,28 +87,16 @@ impl NativeProtocol {
         });
         let config = self.config.clone();
         let runtime = tokio::runtime::Handle::current();
-        let client = tokio::task::spawn_blocking(move || Client::start(&config, sink, &runtime))
+        let started = tokio::task::spawn_blocking(move || Client::start(&config, sink, &runtime))
             .await
-            .map_err(|e| coded("ERR_INTERNAL", e))?
-            .map_err(to_napi)?;
-        let client = Arc::new(client);
-        let raced = {
-            let mut slot = self
-                .client
-                .lock()
-                .map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?;
-            if slot.is_some() {
-                true
-            } else {
-                *slot = Some(client.clone());
-                false
+            .map_err(|e| coded("ERR_INTERNAL", e))
+            .and_then(|r| r.map_err(to_napi));
+        let client = started.inspect_err(|_| {
+            if let Ok(mut state) = self.state.lock() {
+                *state = State::Stopped;
             }
-        };
-        if raced {
-            // Another start() won meanwhile; this one must not hold the store.
-            client.stop().await;
-            return Err(to_napi(ClientError::AlreadyStarted));
-        }
+        })?;
+        *self.lock()? = State::Started(Arc::new(client));
         Ok(())
     }
 
@@ -104,11 +104,17 @@ impl NativeProtocol {
     /// driver, so nothing keeps the process alive afterwards.
     #[napi]
     pub async fn stop(&self) -> Result<()> {
-        let client = self
-            .client
-            .lock()
-            .map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?
-            .take();
+        let client = {
+            let mut state = self.lock()?;
+            match std::mem::replace(&mut *state, State::Stopped) {
+                State::Started(client) => Some(client),
+                // A start in progress finishes on its own; stopping is for a started protocol.
+                other => {
+                    *state = other;
+                    None
+                }
+            }
+        };
         if let Some(client) = client {
             client.stop().await;
         }
@@ -183,8 +189,17 @@ impl NativeProtocol {
 }
 
 impl NativeProtocol {
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, State>> {
+        self.state
+            .lock()
+            .map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))
+    }
+
     fn current(&self) -> Option<Arc<Client>> {
-        self.client.lock().ok().and_then(|c| c.clone())
+        match &*self.state.lock().ok()? {
+            State::Started(client) => Some(client.clone()),
+            _ => None,
+        }
     }
 
     fn started(&self) -> Result<Arc<Client>> {
