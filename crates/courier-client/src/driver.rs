@@ -54,6 +54,7 @@ pub enum Command {
     },
     RelayAnswer {
         id: String,
+        send_seq: u64,
         answer: RelayAnswer,
     },
     Inbound {
@@ -202,9 +203,11 @@ impl Driver {
                 send_seq,
                 reason,
             } => self.engine.handle_send_failed(&id, send_seq, &reason, now),
-            Command::RelayAnswer { id, answer } => {
-                self.engine.handle_relay_answer(&id, answer, now)
-            }
+            Command::RelayAnswer {
+                id,
+                send_seq,
+                answer,
+            } => self.engine.handle_relay_answer(&id, send_seq, answer, now),
             Command::Inbound { message, origin } => {
                 self.engine.handle_inbound(*message, origin, now)
             }
@@ -349,6 +352,10 @@ impl Driver {
             (self.sink)(ClientEvent::InboundDrainCompleted { count });
         }
         while let Some(transmit) = self.engine.poll_transmit() {
+            // Local (app-supplied) carriers are not wired yet: their frames are dropped here.
+            if transmit.carrier != Carrier::Internet {
+                continue;
+            }
             let Some(relay) = &self.relay else { continue };
             let out = match transmit.kind {
                 TransmitKind::Outbox { message, send_seq } => RelayOut::Outbox {

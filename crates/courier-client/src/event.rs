@@ -115,6 +115,21 @@ fn engine_event_json(e: &Event) -> Value {
         } => json!({
             "type": "message_stored", "messageId": message_id, "recipient": recipient,
         }),
+        Event::MessageUndeliverable {
+            message_id,
+            recipient,
+            reason,
+            file_id,
+        } => {
+            let mut v = json!({
+                "type": "message_undeliverable", "messageId": message_id, "recipient": recipient,
+                "reason": reason,
+            });
+            if let Some(file_id) = file_id {
+                v["fileId"] = Value::String(file_id.clone());
+            }
+            v
+        }
         Event::MessageRetrying {
             message_id,
             recipient,

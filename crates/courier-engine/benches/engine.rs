@@ -57,7 +57,7 @@ fn cycle(engine: &mut Engine, n: &mut u64, now: u64, acked: bool) {
         panic!("not an outbox frame")
     };
     engine.handle_written(&message.id, send_seq, now);
-    engine.handle_relay_answer(&message.id, RelayAnswer::Live, now);
+    engine.handle_relay_answer(&message.id, send_seq, RelayAnswer::Live, now);
     if acked {
         let ack = message.ack(format!("ack-{}", message.id), now, "internet");
         let origin = InboundOrigin {

@@ -14,8 +14,9 @@ use crate::dedup::{Dedup, DedupKey};
 use crate::event::{DiagnosticLevel, Event};
 use crate::inbound;
 use crate::io::{
-    Carrier, EntryState, FailReason, InboundOrigin, Millis, OutboxRecord, ProcessedKey,
-    RelayAnswer, SendOutcome, SendRequest, Settlement, Stats, StoreOp, Transmit, TransmitKind,
+    Carrier, EntryState, FailReason, InboundOrigin, Millis, OutboxRecord, PresenceChange,
+    ProcessedKey, RelayAnswer, SendOutcome, SendRequest, Settlement, Stats, StoreOp, Transmit,
+    TransmitKind,
 };
 use crate::outbox::{self, Class, Entry, Key, Outbox, Phase};
 use crate::timers::Timers;
@@ -250,8 +251,14 @@ impl Engine {
     /// The relay's answer to the entry's current attempt. `Live` settles nothing (it is a
     /// write-ack) but ends relay custody; `Stored` puts the entry in custody; `Unreachable` is,
     /// until parking lands, a failed send.
-    pub fn handle_relay_answer(&mut self, id: &str, answer: RelayAnswer, now: Millis) {
-        let Some(key) = self.outbox.key_of(id) else {
+    pub fn handle_relay_answer(
+        &mut self,
+        id: &str,
+        send_seq: u64,
+        answer: RelayAnswer,
+        now: Millis,
+    ) {
+        let Some(key) = self.current_attempt(id, send_seq) else {
             return;
         };
         let handed = match self.outbox.get(key).map(|entry| &entry.phase) {
@@ -299,6 +306,7 @@ impl Engine {
         if let Some(seq) = origin.seq {
             self.transmits.push_back(Transmit {
                 carrier: origin.carrier,
+                peer: None,
                 kind: TransmitKind::HopAck { seq },
             });
         }
@@ -316,6 +324,31 @@ impl Engine {
         }
         self.send_due(now);
         self.end_call();
+    }
+
+    /// A presence edge from the relay (`PresenceStatus`).
+    pub fn handle_presence(&mut self, _peer: &str, _online: bool, _now: Millis) {
+        self.end_call();
+    }
+
+    /// A neighbor appeared on a local carrier.
+    pub fn handle_neighbor_discovered(&mut self, _peer: &str, _carrier: Carrier, _now: Millis) {
+        self.end_call();
+    }
+
+    /// A neighbor left a local carrier.
+    pub fn handle_neighbor_lost(&mut self, _peer: &str, _carrier: Carrier, _now: Millis) {
+        self.end_call();
+    }
+
+    /// The next change of the presence watchlist for the runtime to send.
+    pub fn poll_presence(&mut self) -> Option<PresenceChange> {
+        None
+    }
+
+    /// `internetPresenceWatchlist()`.
+    pub fn presence_watchlist(&self) -> Vec<String> {
+        Vec::new()
     }
 
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
@@ -409,6 +442,7 @@ impl Engine {
         );
         self.transmits.push_back(Transmit {
             carrier,
+            peer: None,
             kind: TransmitKind::Outbox { message, send_seq },
         });
     }
@@ -618,8 +652,13 @@ impl Engine {
             });
         }
         if let Some(message) = ack {
+            let peer = match origin.carrier {
+                Carrier::Internet => None,
+                Carrier::Local(_) => Some(origin.stamped_sender.clone()),
+            };
             self.transmits.push_back(Transmit {
                 carrier: origin.carrier.clone(),
+                peer,
                 kind: TransmitKind::Ack { message },
             });
         }

@@ -30,6 +30,15 @@ pub enum Event {
         message_id: String,
         recipient: String,
     },
+    /// The relay reported the recipient unreachable: the message is parked (non-terminal, repeats
+    /// per verdict). `reason` is a fixed local string, never the relay's text; `file_id` names
+    /// the transfer of a media chunk.
+    MessageUndeliverable {
+        message_id: String,
+        recipient: String,
+        reason: String,
+        file_id: Option<String>,
+    },
     /// ACK timeout or failed attempt; the next send is at `next_retry_at`. Non-terminal.
     MessageRetrying {
         message_id: String,

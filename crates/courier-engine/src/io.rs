@@ -85,7 +85,20 @@ pub struct InboundOrigin {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Transmit {
     pub carrier: Carrier,
+    /// For `Carrier::Local(_)`: the neighbor the frame is handed to — the recipient itself on a
+    /// direct link, or a neighbor that only carries it (a parked message offered on park or
+    /// probe). `None` for `Carrier::Internet`, where the relay routes by the message.
+    pub peer: Option<String>,
     pub kind: TransmitKind,
+}
+
+/// A change of the presence watchlist (`relay-protocol.md` §10): the runtime sends
+/// `WatchPresence` / `UnwatchPresence` for it under `presence_watch_v1`, else polls
+/// `CheckPresence` for the watched peers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PresenceChange {
+    Watch(String),
+    Unwatch(String),
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -451,13 +451,14 @@ impl<'a> Session<'a> {
                 disposition,
                 ..
             } => {
-                if self.unanswered.remove(&message_id).is_some() {
+                if let Some(u) = self.unanswered.remove(&message_id) {
                     let answer = match disposition {
                         Some(Disposition::Stored) => RelayAnswer::Stored,
                         _ => RelayAnswer::Live,
                     };
                     self.driver.send(Command::RelayAnswer {
                         id: message_id,
+                        send_seq: u.send_seq,
                         answer,
                     });
                 }
@@ -484,6 +485,7 @@ impl<'a> Session<'a> {
                         let cmd = if unreachable {
                             Command::RelayAnswer {
                                 id,
+                                send_seq: u.send_seq,
                                 answer: RelayAnswer::Unreachable,
                             }
                         } else {

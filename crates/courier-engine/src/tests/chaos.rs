@@ -78,6 +78,7 @@ fn outcome(event: &Event) -> Option<&'static str> {
     Some(match event {
         Event::MessageDelivered { .. } => "delivered",
         Event::MessageStored { .. } => "stored",
+        Event::MessageUndeliverable { .. } => "undeliverable",
         Event::MessageRetrying { .. } => "retrying",
         Event::MessageDeferred { .. } => "deferred",
         Event::MessageReceived { .. } => "received",

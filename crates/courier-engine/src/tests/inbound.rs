@@ -66,6 +66,7 @@ fn sent_ack(sim: &Sim, mark: usize) -> Option<&Message> {
         Out::Transmit(Transmit {
             kind: TransmitKind::Ack { message },
             carrier: Carrier::Internet,
+            ..
         }) => Some(message),
         _ => None,
     })

@@ -91,6 +91,8 @@ pub(crate) struct Sim {
     minted: u64,
     /// The last frame transmitted for each id: what the recipient would acknowledge.
     frames: BTreeMap<String, Message>,
+    /// The latest attempt handed out for each id.
+    pub send_seqs: BTreeMap<String, u64>,
     /// Ids the recipient really acknowledged; only these may be delivered.
     acked_by_recipient: BTreeSet<String>,
     terminal: BTreeMap<String, u32>,
@@ -115,6 +117,7 @@ impl Sim {
             relay_seq: 0,
             minted: 0,
             frames: BTreeMap::new(),
+            send_seqs: BTreeMap::new(),
             acked_by_recipient: BTreeSet::new(),
             terminal: BTreeMap::new(),
             received: BTreeMap::new(),
@@ -189,8 +192,15 @@ impl Sim {
         }
     }
 
+    /// The relay's answer to the latest attempt of `id`.
     pub(crate) fn answer(&mut self, id: &str, answer: RelayAnswer) {
-        self.engine.handle_relay_answer(id, answer, self.now);
+        let seq = self.send_seqs.get(id).copied().unwrap_or(0);
+        self.answer_seq(id, seq, answer);
+    }
+
+    pub(crate) fn answer_seq(&mut self, id: &str, send_seq: u64, answer: RelayAnswer) {
+        self.engine
+            .handle_relay_answer(id, send_seq, answer, self.now);
         self.after_call();
     }
 
@@ -362,7 +372,8 @@ impl Sim {
         let mut more = self.after_call_collect();
         let reached_recipient = match self.net.answer {
             Some(answer) => {
-                self.engine.handle_relay_answer(&id, answer, self.now);
+                self.engine
+                    .handle_relay_answer(&id, send_seq, answer, self.now);
                 more.extend(self.after_call_collect());
                 answer == RelayAnswer::Live
             }
@@ -464,6 +475,7 @@ impl Sim {
         while let Some(transmit) = self.engine.poll_transmit() {
             if let TransmitKind::Outbox { message, send_seq } = &transmit.kind {
                 self.frames.insert(message.id.clone(), message.clone());
+                self.send_seqs.insert(message.id.clone(), *send_seq);
                 frames.push_back((message.id.clone(), *send_seq));
             }
             self.log.push((self.now, Out::Transmit(transmit)));
@@ -531,6 +543,7 @@ pub(crate) fn event_id(event: &Event) -> Option<&str> {
         Event::MessageSent { message_id, .. }
         | Event::MessageDeferred { message_id, .. }
         | Event::MessageStored { message_id, .. }
+        | Event::MessageUndeliverable { message_id, .. }
         | Event::MessageRetrying { message_id, .. }
         | Event::MessageDelivered { message_id, .. }
         | Event::MessageFailed { message_id, .. } => Some(message_id),
