@@ -43,6 +43,9 @@ const invalid = (message) => new ProtocolError('ERR_INVALID_ARGUMENT', message)
 const isPlainObject = (v) => v !== null && typeof v === 'object' && !Array.isArray(v)
 const SEND_OPTIONS = new Set(['priority', 'id', 'contentType', 'metadata'])
 const DEFAULT_EVENT_BUFFER = 10_000
+// An app carrier's send() that neither resolves nor rejects within this is a failed send, so a
+// hung carrier can never strand a message.
+const LOCAL_SEND_TIMEOUT_MS = 15_000
 
 function eventFromJson(json) {
   const event = JSON.parse(json)
@@ -53,10 +56,25 @@ function eventFromJson(json) {
   return event
 }
 
+function withTimeout(promise, ms, what) {
+  let timer
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what} did not settle within ${ms} ms`)), ms)
+  })
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer))
+}
+
+function frameBytes(frame, what) {
+  if (typeof frame === 'string') return Buffer.from(frame, 'utf8')
+  if (frame instanceof Uint8Array) return Buffer.from(frame.buffer, frame.byteOffset, frame.byteLength)
+  throw invalid(`${what} must be a Uint8Array or a string`)
+}
+
 class Protocol {
   #native
   #listeners = new Set()
   #streams = new Set()
+  #transports = new Map()
 
   constructor(config) {
     if (!isPlainObject(config)) throw new ProtocolError('ERR_CONFIG', 'config must be an object')
@@ -142,8 +160,67 @@ class Protocol {
     return stream
   }
 
+  /**
+   * Registers an app-supplied local carrier (BLE, Wi-Fi Direct, a socket…). `send(peerId, frame)`
+   * returns a Promise: resolving means the frame was written, rejecting means it was not.
+   */
+  registerTransport(name, transport) {
+    if (typeof name !== 'string' || name.length === 0) throw invalid('name must be a non-empty string')
+    if (transport === null || typeof transport !== 'object' || typeof transport.send !== 'function') {
+      throw invalid('transport must be an object with a send(peerId, frame) function')
+    }
+    callSync(() => this.#native.registerTransport(name))
+    this.#transports.set(name, transport)
+  }
+
+  /** A local carrier reports `peerId` in reach: its queued messages go now. */
+  neighborDiscovered(peerId, transport) {
+    if (typeof peerId !== 'string' || typeof transport !== 'string') throw invalid('peerId and transport must be strings')
+    callSync(() => this.#native.neighborDiscovered(peerId, transport))
+  }
+
+  /** A local carrier reports `peerId` out of reach. */
+  neighborLost(peerId, transport) {
+    if (typeof peerId !== 'string' || typeof transport !== 'string') throw invalid('peerId and transport must be strings')
+    callSync(() => this.#native.neighborLost(peerId, transport))
+  }
+
+  /** Bytes that arrived from `peerId` on the local carrier `transport`. */
+  receiveFrame(transport, peerId, frame) {
+    if (typeof peerId !== 'string' || typeof transport !== 'string') throw invalid('transport and peerId must be strings')
+    const bytes = frameBytes(frame, 'frame')
+    callSync(() => this.#native.receiveFrame(transport, peerId, bytes))
+  }
+
+  /** Recipients of pending and parked messages: the peers whose presence the engine watches. */
+  internetPresenceWatchlist() {
+    return callSync(() => this.#native.internetPresenceWatchlist())
+  }
+
+  #localTransmit({ carrier, peer, frame, messageId, sendSeq }) {
+    const transport = this.#transports.get(carrier)
+    const report = (ok, reason) => {
+      if (messageId == null) return
+      try {
+        this.#native.localTransmitDone(messageId, sendSeq, ok, reason)
+      } catch {
+        // Stopped meanwhile: the restored outbox sends it again.
+      }
+    }
+    if (!transport) return report(false, `no transport named ${carrier}`)
+    withTimeout(
+      Promise.resolve().then(() => transport.send(peer, new Uint8Array(Buffer.from(frame, 'utf8')))),
+      LOCAL_SEND_TIMEOUT_MS,
+      `transport ${carrier} send`,
+    ).then(
+      () => report(true, null),
+      (e) => report(false, String((e && e.message) || e)),
+    )
+  }
+
   #dispatch(json) {
     const event = eventFromJson(json)
+    if (event.type === '__local_transmit') return this.#localTransmit(event)
     for (const stream of this.#streams) stream.push(event)
     for (const listener of [...this.#listeners]) {
       try {

@@ -182,6 +182,58 @@ impl NativeProtocol {
         Ok(())
     }
 
+    #[napi]
+    pub fn register_transport(&self, name: String) -> Result<()> {
+        self.started()?.register_transport(&name).map_err(to_napi)
+    }
+
+    #[napi]
+    pub fn neighbor_discovered(&self, peer_id: String, transport: String) -> Result<()> {
+        self.started()?
+            .neighbor_discovered(&peer_id, &transport)
+            .map_err(to_napi)
+    }
+
+    #[napi]
+    pub fn neighbor_lost(&self, peer_id: String, transport: String) -> Result<()> {
+        self.started()?
+            .neighbor_lost(&peer_id, &transport)
+            .map_err(to_napi)
+    }
+
+    #[napi]
+    pub fn receive_frame(&self, transport: String, peer_id: String, frame: Buffer) -> Result<()> {
+        self.started()?
+            .receive_frame(&transport, &peer_id, frame.as_ref())
+            .map_err(to_napi)
+    }
+
+    /// The facade's report on a frame an app carrier was handed (`__local_transmit`).
+    #[napi]
+    pub fn local_transmit_done(
+        &self,
+        message_id: String,
+        send_seq: i64,
+        ok: bool,
+        reason: Option<String>,
+    ) -> Result<()> {
+        let send_seq = u64::try_from(send_seq)
+            .map_err(|_| coded("ERR_INVALID_ARGUMENT", "sendSeq must not be negative"))?;
+        let result = if ok {
+            Ok(())
+        } else {
+            Err(reason.unwrap_or_else(|| "the transport's send failed".into()))
+        };
+        self.started()?
+            .local_transmit_done(message_id, send_seq, result);
+        Ok(())
+    }
+
+    #[napi]
+    pub fn internet_presence_watchlist(&self) -> Result<Vec<String>> {
+        Ok(self.started()?.presence_watchlist())
+    }
+
     #[napi(getter)]
     pub fn is_started(&self) -> bool {
         self.current().is_some()

@@ -1,13 +1,13 @@
 //! `Client`: what the binding holds while a `Protocol` is started.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::thread;
 
-use courier_engine::{Engine, SendRequest, Stats};
-use courier_proto::limits::{is_reserved_content, MAX_CONTENT_BYTES};
+use courier_engine::{Carrier, DiagnosticLevel, Engine, InboundOrigin, SendRequest, Stats};
+use courier_proto::limits::{is_reserved_content, MAX_CONTENT_BYTES, MAX_FRAME_BYTES};
 use courier_proto::message::RESERVED_METADATA_KEYS;
-use courier_proto::{validate_identifier, ContentType, Priority};
+use courier_proto::{validate_identifier, ContentType, Message, Priority};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -38,6 +38,9 @@ pub struct Client {
     driver: DriverTx,
     relay_tx: Option<tokio_mpsc::UnboundedSender<RelayOut>>,
     stats: Arc<Mutex<Stats>>,
+    watchlist: Arc<Mutex<BTreeSet<String>>>,
+    /// Names of the app carriers registered so far (a carrier cannot be unregistered).
+    transports: Mutex<BTreeSet<String>>,
     /// Taken by `stop`, which may run while sends are still awaiting their reply.
     running: Mutex<Option<Running>>,
 }
@@ -98,8 +101,10 @@ impl Client {
             (tx, task)
         });
         let stats = Arc::new(Mutex::new(engine.stats()));
+        let watchlist = Arc::new(Mutex::new(BTreeSet::new()));
         let driver = Driver {
             stats: stats.clone(),
+            watchlist: watchlist.clone(),
             retention: Retention {
                 age_ms: config.engine.dedup_retention_ms(),
                 max_settled: MAX_SETTLED,
@@ -128,6 +133,8 @@ impl Client {
             driver: driver_tx,
             relay_tx,
             stats,
+            watchlist,
+            transports: Mutex::new(BTreeSet::new()),
             running: Mutex::new(Some(Running {
                 driver_thread,
                 relay_task,
@@ -152,6 +159,116 @@ impl Client {
     /// The counts as of the driver's last step.
     pub fn stats(&self) -> Stats {
         self.stats.lock().map(|s| *s).unwrap_or_default()
+    }
+
+    /// The recipients whose presence the engine watches: those of pending and parked messages.
+    pub fn presence_watchlist(&self) -> Vec<String> {
+        self.watchlist
+            .lock()
+            .map(|w| w.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Registers an app-supplied carrier; it reaches the peers it reports as neighbors.
+    pub fn register_transport(&self, name: &str) -> Result<(), ClientError> {
+        if let Err(e) = validate_identifier(name) {
+            return Err(ClientError::InvalidArgument(format!("transport name {e}")));
+        }
+        if name == Carrier::Internet.name() {
+            return Err(ClientError::InvalidArgument(
+                "transport name 'internet' is the relay's".into(),
+            ));
+        }
+        let mut transports = self.lock_transports()?;
+        if !transports.insert(name.to_owned()) {
+            return Err(ClientError::InvalidArgument(format!(
+                "a transport named {name:?} is already registered"
+            )));
+        }
+        self.driver
+            .send(Command::CarrierUp(Carrier::Local(name.to_owned())));
+        Ok(())
+    }
+
+    fn lock_transports(&self) -> Result<std::sync::MutexGuard<'_, BTreeSet<String>>, ClientError> {
+        self.transports
+            .lock()
+            .map_err(|_| ClientError::Internal("transport registry poisoned".into()))
+    }
+
+    fn registered(&self, transport: &str, peer: &str) -> Result<(), ClientError> {
+        if !self.lock_transports()?.contains(transport) {
+            return Err(ClientError::InvalidArgument(format!(
+                "no transport named {transport:?} is registered"
+            )));
+        }
+        validate_identifier(peer).map_err(|e| ClientError::InvalidArgument(format!("peerId {e}")))
+    }
+
+    pub fn neighbor_discovered(&self, peer: &str, transport: &str) -> Result<(), ClientError> {
+        self.registered(transport, peer)?;
+        self.driver.send(Command::NeighborDiscovered {
+            peer: peer.to_owned(),
+            transport: transport.to_owned(),
+        });
+        Ok(())
+    }
+
+    pub fn neighbor_lost(&self, peer: &str, transport: &str) -> Result<(), ClientError> {
+        self.registered(transport, peer)?;
+        self.driver.send(Command::NeighborLost {
+            peer: peer.to_owned(),
+            transport: transport.to_owned(),
+        });
+        Ok(())
+    }
+
+    /// A frame from `peer` on an app carrier. A frame that is not a valid message is the peer's
+    /// fault, not the app's: it is dropped with a diagnostic, never thrown.
+    pub fn receive_frame(
+        &self,
+        transport: &str,
+        peer: &str,
+        frame: &[u8],
+    ) -> Result<(), ClientError> {
+        self.registered(transport, peer)?;
+        let parsed = std::str::from_utf8(frame)
+            .map_err(|e| e.to_string())
+            .and_then(|text| {
+                if text.len() > MAX_FRAME_BYTES {
+                    return Err(format!("frame of {} bytes is over the limit", text.len()));
+                }
+                Message::decode(text).map_err(|e| e.to_string())
+            });
+        match parsed {
+            Ok(message) => self.driver.send(Command::Inbound {
+                message: Box::new(message),
+                origin: InboundOrigin {
+                    carrier: Carrier::Local(transport.to_owned()),
+                    stamped_sender: peer.to_owned(),
+                    sender_account: None,
+                    seq: None,
+                },
+            }),
+            Err(reason) => self.driver.send(Command::Emit(ClientEvent::Diagnostic {
+                level: DiagnosticLevel::Warn,
+                message: format!("dropped a frame from {peer} on {transport}: {reason}"),
+                target: "courier_client::local",
+            })),
+        }
+        Ok(())
+    }
+
+    /// The app carrier's verdict on an outbox frame it was handed.
+    pub fn local_transmit_done(&self, id: String, send_seq: u64, result: Result<(), String>) {
+        self.driver.send(match result {
+            Ok(()) => Command::Written { id, send_seq },
+            Err(reason) => Command::SendFailed {
+                id,
+                send_seq,
+                reason,
+            },
+        });
     }
 
     /// The OS's network hint: `true` reconnects now, `false` marks the relay carrier down.

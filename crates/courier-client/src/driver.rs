@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use courier_engine::{
-    Carrier, DiagnosticLevel, Engine, InboundOrigin, Millis, RelayAnswer, SendOutcome, SendRequest,
-    Settlement, Stats, StoreOp, TransmitKind,
+    Carrier, DiagnosticLevel, Engine, InboundOrigin, Millis, PresenceChange, RelayAnswer,
+    SendOutcome, SendRequest, Settlement, Stats, StoreOp, Transmit, TransmitKind,
 };
 use courier_proto::{ClientFrame, Message};
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
@@ -64,6 +64,20 @@ pub enum Command {
     DrainComplete {
         count: u64,
     },
+    /// A relay `PresenceStatus` (answer or watch push).
+    Presence {
+        peer: String,
+        online: bool,
+        last_seen_ms: Option<u64>,
+    },
+    NeighborDiscovered {
+        peer: String,
+        transport: String,
+    },
+    NeighborLost {
+        peer: String,
+        transport: String,
+    },
     Emit(ClientEvent),
     Stop {
         reply: oneshot::Sender<()>,
@@ -101,6 +115,8 @@ pub struct Driver {
     pub relay: Option<tokio_mpsc::UnboundedSender<RelayOut>>,
     /// Published after every step, so `stats()` is a synchronous read that never waits on a commit.
     pub stats: Arc<Mutex<Stats>>,
+    /// The engine's presence watchlist, mirrored for `internetPresenceWatchlist()`.
+    pub watchlist: Arc<Mutex<BTreeSet<String>>>,
     pub retention: Retention,
     pub rebuild: Rebuild,
 }
@@ -211,6 +227,40 @@ impl Driver {
             Command::Inbound { message, origin } => {
                 self.engine.handle_inbound(*message, origin, now)
             }
+            Command::Presence {
+                peer,
+                online,
+                last_seen_ms,
+            } => {
+                self.engine.handle_presence(&peer, online, now);
+                self.collect_events(step);
+                step.events.push(ClientEvent::PresenceUpdated {
+                    peer_id: peer,
+                    online,
+                    last_seen_ms,
+                });
+            }
+            Command::NeighborDiscovered { peer, transport } => {
+                self.engine.handle_neighbor_discovered(
+                    &peer,
+                    Carrier::Local(transport.clone()),
+                    now,
+                );
+                self.collect_events(step);
+                step.events.push(ClientEvent::NeighborDiscovered {
+                    peer_id: peer,
+                    transport,
+                });
+            }
+            Command::NeighborLost { peer, transport } => {
+                self.engine
+                    .handle_neighbor_lost(&peer, Carrier::Local(transport.clone()), now);
+                self.collect_events(step);
+                step.events.push(ClientEvent::NeighborLost {
+                    peer_id: peer,
+                    transport,
+                });
+            }
             Command::DrainComplete { count } => step.drain_completed.push(count),
             Command::Emit(event) => {
                 // Keep runtime events in order with the engine's.
@@ -288,6 +338,46 @@ impl Driver {
         }
     }
 
+    /// Hands a transmit to its carrier: the relay task, or the facade for an app carrier.
+    fn route(&mut self, transmit: Transmit) {
+        match transmit.carrier {
+            Carrier::Internet => {
+                let Some(relay) = &self.relay else { return };
+                let out = match transmit.kind {
+                    TransmitKind::Outbox { message, send_seq } => RelayOut::Outbox {
+                        id: message.id.clone(),
+                        send_seq,
+                        recipient: message.recipient.clone(),
+                        frame: send_frame(&message),
+                    },
+                    TransmitKind::Ack { message } => RelayOut::Ack {
+                        frame: send_frame(&message),
+                    },
+                    TransmitKind::HopAck { seq } => RelayOut::HopAck { seq },
+                };
+                let _ = relay.send(out);
+            }
+            Carrier::Local(name) => {
+                // App carriers move the end-to-end Message itself; there is no journal to release.
+                let (message, report) = match transmit.kind {
+                    TransmitKind::Outbox { message, send_seq } => {
+                        let report = Some((message.id.clone(), send_seq));
+                        (message, report)
+                    }
+                    TransmitKind::Ack { message } => (message, None),
+                    TransmitKind::HopAck { .. } => return,
+                };
+                let peer = transmit.peer.unwrap_or_else(|| message.recipient.clone());
+                (self.sink)(ClientEvent::LocalTransmit {
+                    carrier: name,
+                    peer,
+                    frame: message.encode(),
+                    report,
+                });
+            }
+        }
+    }
+
     fn prune(&mut self, now: Millis) {
         let older_than = now.saturating_sub(self.retention.age_ms);
         let settled = self
@@ -352,24 +442,21 @@ impl Driver {
             (self.sink)(ClientEvent::InboundDrainCompleted { count });
         }
         while let Some(transmit) = self.engine.poll_transmit() {
-            // Local (app-supplied) carriers are not wired yet: their frames are dropped here.
-            if transmit.carrier != Carrier::Internet {
-                continue;
+            self.route(transmit);
+        }
+        while let Some(change) = self.engine.poll_presence() {
+            if let Ok(mut watchlist) = self.watchlist.lock() {
+                match &change {
+                    PresenceChange::Watch(peer) => watchlist.insert(peer.clone()),
+                    PresenceChange::Unwatch(peer) => watchlist.remove(peer),
+                };
             }
-            let Some(relay) = &self.relay else { continue };
-            let out = match transmit.kind {
-                TransmitKind::Outbox { message, send_seq } => RelayOut::Outbox {
-                    id: message.id.clone(),
-                    send_seq,
-                    recipient: message.recipient.clone(),
-                    frame: send_frame(&message),
-                },
-                TransmitKind::Ack { message } => RelayOut::Ack {
-                    frame: send_frame(&message),
-                },
-                TransmitKind::HopAck { seq } => RelayOut::HopAck { seq },
-            };
-            let _ = relay.send(out);
+            if let Some(relay) = &self.relay {
+                let _ = relay.send(match change {
+                    PresenceChange::Watch(peer) => RelayOut::Watch(peer),
+                    PresenceChange::Unwatch(peer) => RelayOut::Unwatch(peer),
+                });
+            }
         }
         let _ = self.store.maybe_checkpoint();
     }
@@ -435,6 +522,7 @@ mod tests {
             }),
             relay: None,
             stats: stats.clone(),
+            watchlist: Default::default(),
             retention: Retention {
                 age_ms: config.dedup_retention_ms(),
                 max_settled: 10,

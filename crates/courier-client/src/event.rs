@@ -28,6 +28,27 @@ pub enum ClientEvent {
         message: String,
         target: &'static str,
     },
+    PresenceUpdated {
+        peer_id: String,
+        online: bool,
+        last_seen_ms: Option<u64>,
+    },
+    NeighborDiscovered {
+        peer_id: String,
+        transport: String,
+    },
+    NeighborLost {
+        peer_id: String,
+        transport: String,
+    },
+    /// Internal, never shown to listeners: the facade hands `frame` to the app carrier's
+    /// `send(peer, bytes)` and reports `(message_id, send_seq)` back as written or failed.
+    LocalTransmit {
+        carrier: String,
+        peer: String,
+        frame: String,
+        report: Option<(String, u64)>,
+    },
 }
 
 impl From<Event> for ClientEvent {
@@ -76,6 +97,33 @@ impl ClientEvent {
             Self::InboundDrainCompleted { count } => {
                 json!({"type": "inbound_drain_completed", "count": count})
             }
+            Self::PresenceUpdated {
+                peer_id,
+                online,
+                last_seen_ms,
+            } => {
+                let mut v =
+                    json!({"type": "presence_updated", "peerId": peer_id, "online": online});
+                if let Some(at) = last_seen_ms {
+                    v["lastSeenMs"] = json!(at);
+                }
+                v
+            }
+            Self::NeighborDiscovered { peer_id, transport } => {
+                json!({"type": "neighbor_discovered", "peerId": peer_id, "transport": transport})
+            }
+            Self::NeighborLost { peer_id, transport } => {
+                json!({"type": "neighbor_lost", "peerId": peer_id, "transport": transport})
+            }
+            Self::LocalTransmit {
+                carrier,
+                peer,
+                frame,
+                report,
+            } => json!({
+                "type": "__local_transmit", "carrier": carrier, "peer": peer, "frame": frame,
+                "messageId": report.as_ref().map(|r| &r.0), "sendSeq": report.as_ref().map(|r| r.1),
+            }),
             Self::Diagnostic {
                 level,
                 message,

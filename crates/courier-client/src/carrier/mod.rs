@@ -2,5 +2,6 @@
 //! carrier only writes, reads, and reports what happened.
 
 pub mod bucket;
+pub mod presence;
 pub mod relay;
 pub mod tls;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use courier_engine::{Carrier, DiagnosticLevel, InboundOrigin, RelayAnswer};
 use courier_proto::limits::{
-    close, CAP_MAILBOX, MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_FRAME_BYTES,
+    close, CAP_MAILBOX, CAP_PRESENCE_WATCH, MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_FRAME_BYTES,
 };
 use courier_proto::{ClientFrame, DecodeError, Disposition, Message, RelayFrame};
 use futures_util::{SinkExt, StreamExt};
@@ -21,6 +21,7 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
+use crate::carrier::presence::PresenceWatch;
 use crate::driver::{Command, DriverTx};
 use crate::event::ClientEvent;
 
@@ -57,11 +58,18 @@ pub enum RelayOut {
         frame: String,
     },
     /// An end-to-end ACK (a SendMessage nobody waits for).
-    Ack { frame: String },
+    Ack {
+        frame: String,
+    },
     /// Release relay journal frame `seq`.
-    HopAck { seq: u64 },
+    HopAck {
+        seq: u64,
+    },
     /// The OS says the network is up (`true`: reconnect now) or down.
     Hint(bool),
+    /// Start or stop hearing about a peer's presence (the engine's watchlist changed).
+    Watch(String),
+    Unwatch(String),
     /// Close the connection (1000) and end the task.
     Stop,
 }
@@ -95,11 +103,12 @@ pub async fn run(
 ) {
     let mut attempt: u32 = 0;
     let mut superseded_reported = false;
+    let mut presence = PresenceWatch::default();
     loop {
-        let loss = match connect(&settings, &mut rx, &driver).await {
+        let loss = match connect(&settings, &mut rx, &driver, &mut presence).await {
             Ok(Some(ws)) => {
                 attempt = 0;
-                Session::new(ws, &driver).run(&mut rx).await
+                Session::new(ws, &driver, &mut presence).run(&mut rx).await
             }
             Ok(None) => Loss::Stopped,
             Err(loss) => loss,
@@ -139,7 +148,7 @@ pub async fn run(
                 }
             }
         };
-        if !wait_for_reconnect(wait, &mut rx, &driver).await {
+        if !wait_for_reconnect(wait, &mut rx, &driver, &mut presence).await {
             return;
         }
         if superseded_reported {
@@ -165,6 +174,7 @@ async fn wait_for_reconnect(
     wait: Option<Duration>,
     rx: &mut mpsc::UnboundedReceiver<RelayOut>,
     driver: &DriverTx,
+    presence: &mut PresenceWatch,
 ) -> bool {
     let deadline = wait.map(|w| tokio::time::Instant::now() + w);
     loop {
@@ -178,18 +188,22 @@ async fn wait_for_reconnect(
         match cmd {
             None | Some(RelayOut::Stop) => return false,
             Some(RelayOut::Hint(true)) => return true,
-            Some(cmd) => refuse_while_down(cmd, driver),
+            Some(cmd) => refuse_while_down(cmd, driver, presence),
         }
     }
 }
 
-fn refuse_while_down(cmd: RelayOut, driver: &DriverTx) {
-    if let RelayOut::Outbox { id, send_seq, .. } = cmd {
-        driver.send(Command::SendFailed {
+/// While no connection is up, sends fail at once and watchlist changes are remembered.
+fn refuse_while_down(cmd: RelayOut, driver: &DriverTx, presence: &mut PresenceWatch) {
+    match cmd {
+        RelayOut::Outbox { id, send_seq, .. } => driver.send(Command::SendFailed {
             id,
             send_seq,
             reason: "relay not connected".into(),
-        });
+        }),
+        RelayOut::Watch(peer) => presence.watch(peer),
+        RelayOut::Unwatch(peer) => presence.unwatch(&peer),
+        RelayOut::Ack { .. } | RelayOut::HopAck { .. } | RelayOut::Hint(_) | RelayOut::Stop => {}
     }
 }
 
@@ -198,6 +212,7 @@ async fn connect(
     settings: &RelaySettings,
     rx: &mut mpsc::UnboundedReceiver<RelayOut>,
     driver: &DriverTx,
+    presence: &mut PresenceWatch,
 ) -> Result<Option<(Ws, Authenticated)>, Loss> {
     let attempt = async {
         let config = WebSocketConfig::default()
@@ -236,7 +251,7 @@ async fn connect(
             cmd = rx.recv() => match cmd {
                 None | Some(RelayOut::Stop) => return Ok(None),
                 Some(RelayOut::Hint(_)) => {}
-                Some(cmd) => refuse_while_down(cmd, driver),
+                Some(cmd) => refuse_while_down(cmd, driver, presence),
             },
         }
     }
@@ -308,6 +323,7 @@ struct Unanswered {
 struct Session<'a> {
     ws: Ws,
     driver: &'a DriverTx,
+    presence: &'a mut PresenceWatch,
     bucket: super::bucket::TokenBucket,
     /// Funding order (§11): acks first, then sends.
     acks: VecDeque<String>,
@@ -322,11 +338,20 @@ struct Session<'a> {
 }
 
 impl<'a> Session<'a> {
-    fn new((ws, auth): (Ws, Authenticated), driver: &'a DriverTx) -> Self {
+    fn new(
+        (ws, auth): (Ws, Authenticated),
+        driver: &'a DriverTx,
+        presence: &'a mut PresenceWatch,
+    ) -> Self {
         let now = Instant::now();
+        presence.connected(
+            auth.capabilities.iter().any(|c| c == CAP_PRESENCE_WATCH),
+            now,
+        );
         let mut session = Self {
             ws,
             driver,
+            presence,
             bucket: super::bucket::TokenBucket::from_advertised(auth.rate_limit, now),
             acks: VecDeque::new(),
             processed_up_to: None,
@@ -383,6 +408,9 @@ impl<'a> Session<'a> {
         if self.has_frames() {
             wake = wake.min(self.bucket.next_token_at(now));
         }
+        if let Some(at) = self.presence.next_wake() {
+            wake = wake.min(at.max(self.bucket.next_token_at(now)));
+        }
         wake
     }
 
@@ -404,6 +432,14 @@ impl<'a> Session<'a> {
             }
             Some(RelayOut::HopAck { seq }) => {
                 self.processed_up_to = Some(self.processed_up_to.map_or(seq, |s| s.max(seq)));
+                Ok(())
+            }
+            Some(RelayOut::Watch(peer)) => {
+                self.presence.watch(peer);
+                Ok(())
+            }
+            Some(RelayOut::Unwatch(peer)) => {
+                self.presence.unwatch(&peer);
                 Ok(())
             }
             Some(RelayOut::Hint(false)) => Err(Loss::Offline),
@@ -536,6 +572,18 @@ impl<'a> Session<'a> {
                 self.forward(text);
             }
             RelayFrame::SessionSuperseded { reason } => return Err(Loss::Superseded(reason)),
+            RelayFrame::PresenceStatus {
+                user_id,
+                online,
+                last_seen,
+            } => {
+                self.driver.send(Command::Presence {
+                    peer: user_id,
+                    online,
+                    // Published relays may send an ISO-8601 string; only epoch ms is kept.
+                    last_seen_ms: last_seen.and_then(|v| v.as_u64()),
+                });
+            }
             RelayFrame::Error {
                 code,
                 message_id: Some(id),
@@ -640,6 +688,16 @@ impl<'a> Session<'a> {
                 );
             }
         }
+        // Presence comes last in the funding order (§11); a poll the bucket cannot fund waits
+        // for the next tick.
+        if self.presence.has_frame(now) {
+            for frame in self.presence.take_frames(now) {
+                if !self.bucket.try_take(Instant::now()) {
+                    break;
+                }
+                self.write(frame.encode()).await?;
+            }
+        }
         let expired: Vec<String> = self
             .unanswered
             .iter()
@@ -693,6 +751,7 @@ impl<'a> Session<'a> {
                 })))
                 .await;
         }
+        self.presence.disconnected();
         self.driver.send(Command::CarrierDown(Carrier::Internet));
         for (id, u) in self.unanswered.drain() {
             self.driver.send(Command::SendFailed {
