@@ -114,6 +114,12 @@ export interface MessageReceivedEvent {
   metadata: Record<string, string>
   encrypted: boolean
 }
+/** The relay says the recipient cannot be reached now: the message is parked (not failed) and re-driven on reachability edges and probes. Non-terminal; may repeat. */
+export interface MessageUndeliverableEvent { type: 'message_undeliverable'; messageId: string; recipient: string; reason: string; fileId?: string }
+/** A watched peer came online or went offline (`lastSeenMs` when the relay knows it). */
+export interface PresenceUpdatedEvent { type: 'presence_updated'; peerId: string; online: boolean; lastSeenMs?: number }
+export interface NeighborDiscoveredEvent { type: 'neighbor_discovered'; peerId: string; transport: string }
+export interface NeighborLostEvent { type: 'neighbor_lost'; peerId: string; transport: string }
 export interface InternetStatusChangedEvent { type: 'internet_status_changed'; connected: boolean; authenticated: boolean }
 export interface InternetSessionSupersededEvent { type: 'internet_session_superseded'; reason: string }
 /** A relay frame the engine does not consume, verbatim. */
@@ -130,6 +136,10 @@ export type ProtocolEvent =
   | MessageDeliveredEvent
   | MessageFailedEvent
   | MessageReceivedEvent
+  | MessageUndeliverableEvent
+  | PresenceUpdatedEvent
+  | NeighborDiscoveredEvent
+  | NeighborLostEvent
   | InternetStatusChangedEvent
   | InternetSessionSupersededEvent
   | InternetServerMessageEvent
@@ -146,6 +156,15 @@ export interface ProtocolStats {
   carriersUp: number
 }
 
+/** An app-supplied local carrier (BLE, Wi-Fi Direct, a socket…). */
+export interface LocalTransport {
+  /**
+   * Hands `frame` (an encoded message) to `peerId`. Resolve once it is written; reject when it
+   * could not be. A send that settles neither way within 15 s counts as failed.
+   */
+  send(peerId: string, frame: Uint8Array): Promise<void>
+}
+
 export class Protocol {
   /** Validates the whole config synchronously; throws `ProtocolError` `ERR_CONFIG` naming the path. */
   constructor(config: ProtocolConfig)
@@ -160,6 +179,15 @@ export class Protocol {
   stats(): ProtocolStats
   /** OS hint: `true` reconnects now and flushes; `false` marks the relay carrier down. */
   internetStatusChanged(online: boolean): void
+  /** Registers a local carrier under `name` (not `'internet'`); it reaches the peers reported as neighbors. */
+  registerTransport(name: string, transport: LocalTransport): void
+  /** A reachability edge: `peerId` is in reach on `transport`; its queued and parked messages go now. */
+  neighborDiscovered(peerId: string, transport: string): void
+  neighborLost(peerId: string, transport: string): void
+  /** Bytes that arrived from `peerId` on `transport`. Invalid frames are dropped with a `diagnostic`. */
+  receiveFrame(transport: string, peerId: string, frame: Uint8Array | string): void
+  /** Recipients of pending and parked messages, whose presence the engine watches itself. */
+  internetPresenceWatchlist(): string[]
   /** Listeners run on the JS thread in event order. Returns the unsubscribe function. */
   onEvent(listener: (event: ProtocolEvent) => void): () => void
   /** Bounded buffer (default 10000 events); ends on `signal` abort or `stop()`. */

@@ -49,3 +49,15 @@ async function main(): Promise<void> {
 }
 
 void main()
+
+export function carriers(protocol: Protocol): string[] {
+  protocol.registerTransport('ble', { send: async (peerId: string, frame: Uint8Array) => void [peerId, frame.byteLength] })
+  protocol.neighborDiscovered('bob', 'ble')
+  protocol.receiveFrame('ble', 'bob', new Uint8Array([1]))
+  protocol.neighborLost('bob', 'ble')
+  protocol.onEvent((ev) => {
+    if (ev.type === 'message_undeliverable') console.log(ev.recipient, ev.fileId)
+    if (ev.type === 'presence_updated') console.log(ev.peerId, ev.online, ev.lastSeenMs)
+  })
+  return protocol.internetPresenceWatchlist()
+}

@@ -1,0 +1,110 @@
+// Unreachable recipients end to end: parking on the relay's verdict, presence re-drive, and
+// app-supplied local carriers.
+import assert from 'node:assert/strict'
+import { test } from 'node:test'
+
+import { Protocol, Relay } from '../js/index.js'
+import { SECRET, ofType, peerConfig, record, tempDir, waitFor } from './helpers.mjs'
+import { PipeCarrier } from './pipe-carrier.mjs'
+
+const connected = (e) => e.type === 'internet_status_changed' && e.connected
+
+async function peer(t, config, { connect = true } = {}) {
+  const protocol = new Protocol(config)
+  const recorder = record(protocol)
+  await protocol.start()
+  t.after(() => protocol.stop())
+  if (connect) await waitFor(recorder, connected)
+  return { protocol, recorder }
+}
+
+async function noMailboxRelay(t, listen = '127.0.0.1:0') {
+  const relay = await Relay.start({ listen, storage: { memory: true }, jwtSecret: SECRET, mailbox: false })
+  t.after(() => relay.stop())
+  return relay
+}
+
+test('an offline recipient parks the message; presence brings it back before any probe is due', async (t) => {
+  const dir = tempDir(t)
+  const relay = await noMailboxRelay(t)
+  const bobFirst = await peer(t, peerConfig('bob', dir, relay.url))
+  await bobFirst.protocol.stop() // the relay knows bob; bob is offline now
+
+  const alice = await peer(t, peerConfig('alice', dir, relay.url))
+  const id = await alice.protocol.sendMessage('bob', 'are you back?')
+  const undeliverable = await waitFor(alice.recorder, (e) => e.type === 'message_undeliverable' && e.messageId === id)
+  const parkedAt = Date.now()
+  assert.equal(undeliverable.recipient, 'bob')
+  assert.equal(await alice.protocol.getMessageStatus(id), 'parked')
+  assert.deepEqual(alice.protocol.internetPresenceWatchlist(), ['bob'])
+  assert.equal(alice.protocol.stats().parked, 1)
+  await waitFor(alice.recorder, (e) => e.type === 'presence_updated' && e.peerId === 'bob' && !e.online)
+
+  const bob = await peer(t, peerConfig('bob', dir, relay.url))
+  await waitFor(alice.recorder, (e) => e.type === 'presence_updated' && e.peerId === 'bob' && e.online)
+  await waitFor(bob.recorder, (e) => e.type === 'message_received' && e.messageId === id)
+  await waitFor(alice.recorder, (e) => e.type === 'message_delivered' && e.messageId === id)
+  // The first probe is due 15 s after the park: delivery came from the presence edge.
+  assert.ok(Date.now() - parkedAt < 15_000, 'delivery waited for the probe instead of the presence edge')
+  assert.equal(ofType(alice.recorder, 'message_failed').length, 0)
+  assert.deepEqual(alice.protocol.internetPresenceWatchlist(), [])
+})
+
+test('with the relay down, a neighbor on a local carrier gets the message directly', async (t) => {
+  const dir = tempDir(t)
+  const pipe = new PipeCarrier()
+  const alice = await peer(t, { appId: 'test', storage: { path: `${dir}/alice.db` } }, { connect: false })
+  const bob = await peer(t, { appId: 'test', storage: { path: `${dir}/bob.db` } }, { connect: false })
+  pipe.attach('alice', alice.protocol)
+  pipe.attach('bob', bob.protocol)
+
+  const id = await alice.protocol.sendMessage('bob', 'over the air')
+  await waitFor(alice.recorder, (e) => e.type === 'message_deferred' && e.messageId === id)
+  pipe.link()
+  await waitFor(alice.recorder, (e) => e.type === 'neighbor_discovered' && e.peerId === 'bob' && e.transport === 'pipe')
+  const received = await waitFor(bob.recorder, (e) => e.type === 'message_received' && e.messageId === id)
+  assert.equal(received.transport, 'pipe')
+  assert.equal(received.content, 'over the air')
+  const delivered = await waitFor(alice.recorder, (e) => e.type === 'message_delivered' && e.messageId === id)
+  assert.equal(delivered.transport, 'pipe')
+  assert.ok(pipe.delivered.some((f) => f.from === 'alice' && f.to === 'bob'))
+})
+
+test('a send that fails on a cut local link is retried over the relay once it is back', async (t) => {
+  const dir = tempDir(t)
+  const relay = await noMailboxRelay(t)
+  const port = relay.port
+  const pipe = new PipeCarrier()
+  const bob = await peer(t, peerConfig('bob', dir, relay.url))
+  const alice = await peer(t, peerConfig('alice', dir, relay.url))
+  pipe.attach('alice', alice.protocol)
+  pipe.attach('bob', bob.protocol)
+  pipe.link()
+  await waitFor(alice.recorder, (e) => e.type === 'neighbor_discovered' && e.peerId === 'bob')
+
+  await relay.stop()
+  await waitFor(alice.recorder, (e) => e.type === 'internet_status_changed' && !e.connected)
+  pipe.cut = true // the link fails under the send, before anyone noticed it was gone
+  const id = await alice.protocol.sendMessage('bob', 'whichever way works')
+  await waitFor(alice.recorder, (e) => e.type === 'message_deferred' && e.messageId === id && /pipe is cut/.test(e.reason))
+  pipe.sever()
+
+  const again = await noMailboxRelay(t, `127.0.0.1:${port}`)
+  assert.equal(again.port, port)
+  await waitFor(bob.recorder, (e) => e.type === 'message_received' && e.messageId === id, { timeoutMs: 20_000 })
+  const delivered = await waitFor(alice.recorder, (e) => e.type === 'message_delivered' && e.messageId === id, { timeoutMs: 20_000 })
+  assert.equal(delivered.transport, 'internet')
+})
+
+test('local carrier inputs are checked', async (t) => {
+  const dir = tempDir(t)
+  const alice = await peer(t, { appId: 'test', storage: { path: `${dir}/alice.db` } }, { connect: false })
+  assert.throws(() => alice.protocol.registerTransport('pipe', {}), (e) => e.code === 'ERR_INVALID_ARGUMENT')
+  assert.throws(() => alice.protocol.neighborDiscovered('bob', 'nope'), (e) => e.code === 'ERR_INVALID_ARGUMENT')
+  alice.protocol.registerTransport('pipe', { send: async () => {} })
+  assert.throws(() => alice.protocol.registerTransport('pipe', { send: async () => {} }), (e) => e.code === 'ERR_INVALID_ARGUMENT')
+  assert.throws(() => alice.protocol.registerTransport('internet', { send: async () => {} }), (e) => e.code === 'ERR_INVALID_ARGUMENT')
+  // Garbage from a peer is the peer's fault: dropped with a diagnostic, never thrown at the app.
+  alice.protocol.receiveFrame('pipe', 'mallory', new Uint8Array([1, 2, 3]))
+  await waitFor(alice.recorder, (e) => e.type === 'diagnostic' && /mallory/.test(e.message))
+})
