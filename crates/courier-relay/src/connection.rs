@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use courier_proto::limits::{close, CAP_MAILBOX, MAX_FRAME_BYTES};
+use courier_proto::limits::{close, CAP_MAILBOX, CAP_PRESENCE_WATCH, MAX_FRAME_BYTES};
 use courier_proto::{ClientFrame, DecodeError, MailboxInfo, RateLimitInfo, RelayFrame};
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -113,15 +113,15 @@ where
             let _ = tokio::time::timeout(ctx.timings.supersede_wait, done).await;
         }
     }
-    let journaled = ctx.mailbox.is_some();
+    let mut capabilities = Vec::with_capacity(2);
+    if ctx.mailbox.is_some() {
+        capabilities.push(CAP_MAILBOX.to_owned());
+    }
+    capabilities.push(CAP_PRESENCE_WATCH.to_owned());
     let authenticated = RelayFrame::Authenticated {
         user_id: account.clone(),
         username: account.clone(),
-        capabilities: if journaled {
-            vec![CAP_MAILBOX.to_owned()]
-        } else {
-            Vec::new()
-        },
+        capabilities,
         address_challenge: Some(address_challenge),
         rate_limit: Some(RateLimitInfo {
             burst: ctx.rate_limit.burst,
@@ -138,7 +138,7 @@ where
         .await
         .is_err()
     {
-        ctx.router.unregister(&peer, now_ms());
+        end_session(&ctx, &peer).await;
         return;
     }
     tracing::debug!(%remote, %account, opted_in, "authenticated");
@@ -166,8 +166,29 @@ where
         writer: WriterTask(writer),
     };
     reader.run(session, superseded).await;
-    ctx.router.unregister(&peer, now_ms());
+    end_session(&ctx, &peer).await;
     tracing::debug!(%remote, %account, "connection ended");
+}
+
+/// The connection is over: its watches end, and if it was the account's last connection the
+/// account goes offline (its watchers hear it) and the time is persisted as its last_seen.
+async fn end_session(ctx: &Ctx, peer: &Peer) {
+    let now = now_ms();
+    if !ctx.router.unregister(peer, now) {
+        return;
+    }
+    let recorded = tokio::time::timeout(
+        ctx.timings.answer_deadline,
+        ctx.store.record_last_seen(&peer.account, now),
+    )
+    .await;
+    match recorded {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(account = %peer.account, error = %e, "last_seen not persisted")
+        }
+        Err(_) => tracing::warn!(account = %peer.account, "persisting last_seen timed out"),
+    }
 }
 
 enum AuthEvent {

@@ -1,7 +1,9 @@
 //! Frames after authentication: decode, meter (§11), and one handler per frame type. Frame
-//! types whose features this relay does not offer yet are answered `unknown_type`, matching
-//! the capabilities it advertises; their handlers slot into `dispatch`.
+//! types whose features this relay does not offer yet (address declaration, groups) are
+//! answered `unknown_type`, matching the capabilities it advertises; their handlers slot into
+//! `dispatch`.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -10,6 +12,7 @@ use courier_proto::{ClientFrame, DecodeError, RelayFrame};
 use tokio::sync::mpsc;
 
 use crate::mailbox::Envelope;
+use crate::presence::{Status, MAX_WATCHES, MAX_WATCH_LIST};
 use crate::rate::TokenBucket;
 use crate::router::Peer;
 use crate::send::{resolve_recipient, send_message, Recipient};
@@ -37,6 +40,12 @@ pub fn error_frame(code: &str, frame_type: &str, message_id: Option<String>) -> 
 /// Identifier fields are 1–256 UTF-8 bytes.
 pub fn identifier_size_ok(s: &str) -> bool {
     !s.is_empty() && s.len() <= MAX_IDENTIFIER_BYTES
+}
+
+/// `users[]` of Watch/UnwatchPresence: at most `MAX_WATCH_LIST` identifiers (an empty list is
+/// a valid no-op). One bad entry makes the whole frame invalid, and it changes nothing.
+fn watch_list_ok(users: &[String]) -> bool {
+    users.len() <= MAX_WATCH_LIST && users.iter().all(|u| identifier_size_ok(u))
 }
 
 /// One authenticated connection's reading side.
@@ -205,14 +214,14 @@ impl Session {
                 }
                 self.request_drain().await
             }
-            ClientFrame::WatchPresence { .. }
-            | ClientFrame::UnwatchPresence { .. }
-            | ClientFrame::CreateGroup { .. }
+            ClientFrame::WatchPresence { users } => self.watch_presence(users).await,
+            ClientFrame::UnwatchPresence { users } => self.unwatch_presence(&users).await,
+            ClientFrame::CreateGroup { .. }
             | ClientFrame::AddGroupMember { .. }
             | ClientFrame::RemoveGroupMember { .. }
             | ClientFrame::LeaveGroup { .. }
             | ClientFrame::SendGroupMessage { .. } => {
-                // Not advertised (`presence_watch_v1`, `group_delivery_v3`).
+                // Not advertised (`group_delivery_v3`).
                 self.answer(error_frame("unknown_type", frame.type_name(), None))
                     .await
             }
@@ -251,16 +260,106 @@ impl Session {
                 .answer(error_frame("invalid_frame", "CheckPresence", None))
                 .await;
         }
-        let (online, last_seen) = match resolve_recipient(&username) {
-            Recipient::Account(account) => self.ctx.router.presence(account),
-            Recipient::Unknown => (false, None),
+        let status = match resolve_recipient(&username) {
+            Recipient::Account(account) => {
+                let persisted = self.persisted_last_seen([account]).await;
+                self.ctx.router.status(account, &persisted)
+            }
+            Recipient::Unknown => Status::offline(None),
         };
-        let status = RelayFrame::PresenceStatus {
-            user_id: username,
-            online,
-            last_seen: last_seen.map(serde_json::Value::from),
-        };
-        self.answer(status).await
+        self.answer(status.frame(username)).await
+    }
+
+    /// last_seen values only the database knows (accounts last seen before a restart), for
+    /// those of `accounts` that are offline with nothing in memory. A failed read leaves them
+    /// out: the status then lacks last_seen, which is better than no answer.
+    async fn persisted_last_seen<'a>(
+        &self,
+        accounts: impl IntoIterator<Item = &'a str>,
+    ) -> HashMap<String, u64> {
+        let unseen = self.ctx.router.unseen(accounts);
+        if unseen.is_empty() {
+            return HashMap::new();
+        }
+        let read = tokio::time::timeout(
+            self.ctx.timings.answer_deadline,
+            self.ctx.store.last_seen(unseen),
+        )
+        .await;
+        match read {
+            Ok(Ok(found)) => found,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "reading last_seen failed");
+                HashMap::new()
+            }
+            Err(_) => {
+                tracing::warn!("reading last_seen timed out");
+                HashMap::new()
+            }
+        }
+    }
+
+    /// WatchPresence (§10, `presence_watch_v1`): each newly watched identifier gets its status
+    /// at once and on every change of its `online` value until unwatched or the connection
+    /// ends. Already watched identifiers (and repeats within the list) are left alone. New
+    /// identifiers past the cap are not added and the frame is answered `limit_exceeded`.
+    async fn watch_presence(&mut self, users: Vec<String>) -> Flow {
+        if !watch_list_ok(&users) {
+            return self
+                .answer(error_frame("invalid_frame", "WatchPresence", None))
+                .await;
+        }
+        let watchlist = Arc::clone(&self.peer.watchlist);
+        // Only this reader adds watches, so the room cannot shrink before `watch` below.
+        let room = MAX_WATCHES.saturating_sub(watchlist.len());
+        let mut listed = HashSet::new();
+        let mut fresh = Vec::new();
+        let mut over_cap = false;
+        for identifier in users {
+            if watchlist.contains(&identifier) || listed.contains(&identifier) {
+                continue;
+            }
+            if fresh.len() == room {
+                over_cap = true;
+                break;
+            }
+            listed.insert(identifier.clone());
+            fresh.push(identifier);
+        }
+        // An address resolves to its account once address declaration lands (§5); until
+        // then `resolve_recipient` calls it unknown: `online:false`, no last_seen, no pushes.
+        let targets: Vec<(String, Option<String>)> = fresh
+            .into_iter()
+            .map(|identifier| {
+                let account = match resolve_recipient(&identifier) {
+                    Recipient::Account(account) => Some(account.to_owned()),
+                    Recipient::Unknown => None,
+                };
+                (identifier, account)
+            })
+            .collect();
+        let persisted = self
+            .persisted_last_seen(targets.iter().filter_map(|(_, a)| a.as_deref()))
+            .await;
+        self.ctx.router.watch(&watchlist, targets, &persisted);
+        if over_cap {
+            return self
+                .answer(error_frame("limit_exceeded", "WatchPresence", None))
+                .await;
+        }
+        Flow::Continue
+    }
+
+    /// UnwatchPresence (§10): nothing more is sent for these identifiers; ones not watched
+    /// are ignored. Never answered unless invalid.
+    async fn unwatch_presence(&mut self, users: &[String]) -> Flow {
+        if !watch_list_ok(users) {
+            return self
+                .answer(error_frame("invalid_frame", "UnwatchPresence", None))
+                .await;
+        }
+        self.ctx.router.unwatch(&self.peer.watchlist, users);
+        Flow::Continue
     }
 
     /// The envelope this connection's SendMessage becomes: stamped now, with this identity.

@@ -7,8 +7,9 @@
 //! next connection's drain.
 //!
 //! Task layout, per connection: a reader that handles frames strictly in arrival order and a
-//! writer that owns the socket's sending half (answers, drain, live frames, pings). The store
-//! is one thread with one SQLite connection; the router maps accounts to live connections.
+//! writer that owns the socket's sending half (answers, presence pushes, drain, live frames,
+//! pings). The store is one thread with one SQLite connection; the router maps accounts to
+//! live connections, and watched accounts to the connections watching them (`presence.rs`).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,6 +28,7 @@ mod connection;
 mod dispatch;
 mod error;
 mod mailbox;
+mod presence;
 mod rate;
 mod router;
 mod send;
@@ -84,6 +86,8 @@ pub struct RelayStats {
     pub accounts: u64,
     /// Journal frames not yet acked or expired.
     pub stored_frames: u64,
+    /// Presence watches (`WatchPresence` identifiers), summed over connections.
+    pub watches: u64,
 }
 
 /// A running relay. Dropping it stops the relay in the background; `stop` waits for it.
@@ -118,6 +122,7 @@ impl RelayHandle {
             connections: self.ctx.router.connections() as u64,
             accounts: self.ctx.store.accounts(),
             stored_frames: self.ctx.store.stored_frames(),
+            watches: self.ctx.router.watches() as u64,
         }
     }
 

@@ -1,22 +1,32 @@
 //! Who is connected: one authenticated connection per account (§12), its delivery queue, and
-//! when each account was last seen (§10).
+//! presence (§10): when each account was last seen and which connections watch it.
+//!
+//! Locks, always taken in this order: `presence` (transitions, watches, last_seen), then
+//! `peers` (the routing map, also read by the store thread after every commit), then a
+//! connection's watchlist. Holding `presence` across an account's transition and the
+//! notification of its watchers is what keeps every watcher's statuses in order; the routing
+//! map is never held while watchers are notified.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 
 use crate::mailbox::{DeliveryQueue, Envelope};
+use crate::presence::{Status, Unwatched, Watchlist};
 
 /// Handed to a displaced connection; it answers once it has stopped reading and written its
 /// SessionSuperseded and Close 4000.
 pub type SupersedeAck = oneshot::Sender<()>;
 
-/// The part of a connection that other tasks reach: its queue and its displacement signal.
+/// The part of a connection that other tasks reach: its queue, its watches and its
+/// displacement signal.
 pub struct Peer {
     pub id: u64,
     pub account: String,
     pub queue: DeliveryQueue,
+    pub watchlist: Arc<Watchlist>,
     supersede: Mutex<Option<oneshot::Sender<SupersedeAck>>>,
 }
 
@@ -31,6 +41,7 @@ impl Peer {
             id,
             account,
             queue,
+            watchlist: Arc::new(Watchlist::new(id)),
             supersede: Mutex::new(Some(tx)),
         };
         (peer, rx)
@@ -46,9 +57,39 @@ impl Peer {
 }
 
 #[derive(Default)]
+struct Presence {
+    /// When each offline account's last connection ended: every disconnect since the relay
+    /// started, plus values read back from the database (which keeps them across restarts).
+    last_seen: HashMap<String, u64>,
+    /// Watched account → the watching connections, by connection id.
+    watchers: HashMap<String, HashMap<u64, Arc<Watchlist>>>,
+}
+
+impl Presence {
+    fn notify(&self, account: &str, status: Status) {
+        if let Some(watchers) = self.watchers.get(account) {
+            for watchlist in watchers.values() {
+                watchlist.push(account, status);
+            }
+        }
+    }
+
+    fn drop_watcher(&mut self, account: &str, connection: u64) {
+        if let Some(watchers) = self.watchers.get_mut(account) {
+            watchers.remove(&connection);
+            if watchers.is_empty() {
+                self.watchers.remove(account);
+            }
+        }
+    }
+}
+
+#[derive(Default)]
 pub struct Router {
+    presence: Mutex<Presence>,
     peers: Mutex<HashMap<String, Arc<Peer>>>,
-    last_seen: Mutex<HashMap<String, u64>>,
+    /// Identifiers watched, summed over connections.
+    watches: AtomicU64,
 }
 
 /// A poisoned lock only means another task panicked mid-update of a plain map; the map itself
@@ -59,18 +100,44 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Router {
     /// Makes `peer` the account's connection and returns the one it displaces.
+    ///
+    /// Watchers hear `online:true` only when the account had no connection. A displacement
+    /// replaces the old connection with the new one in a single step, so the account never
+    /// reads as offline and its watchers see no offline→online flap.
     pub fn register(&self, peer: Arc<Peer>) -> Option<Arc<Peer>> {
-        lock(&self.last_seen).remove(&peer.account);
-        lock(&self.peers).insert(peer.account.clone(), peer)
+        let mut presence = lock(&self.presence);
+        let account = peer.account.clone();
+        let displaced = lock(&self.peers).insert(account.clone(), peer);
+        presence.last_seen.remove(&account);
+        if displaced.is_none() {
+            presence.notify(&account, Status::ONLINE);
+        }
+        displaced
     }
 
-    /// Removes the connection if it is still the account's current one.
-    pub fn unregister(&self, peer: &Peer, now_ms: u64) {
-        let mut peers = lock(&self.peers);
-        if peers.get(&peer.account).is_some_and(|p| p.id == peer.id) {
-            peers.remove(&peer.account);
-            lock(&self.last_seen).insert(peer.account.clone(), now_ms);
+    /// Ends the connection's watches, and removes it if it is still the account's current
+    /// connection. Returns whether the account went offline (then `now_ms` is its last_seen,
+    /// which the caller persists).
+    pub fn unregister(&self, peer: &Peer, now_ms: u64) -> bool {
+        let mut presence = lock(&self.presence);
+        let (accounts, count) = peer.watchlist.close();
+        for account in &accounts {
+            presence.drop_watcher(account, peer.id);
         }
+        self.watches.fetch_sub(count as u64, Ordering::Relaxed);
+        let went_offline = {
+            let mut peers = lock(&self.peers);
+            let current = peers.get(&peer.account).is_some_and(|p| p.id == peer.id);
+            if current {
+                peers.remove(&peer.account);
+            }
+            current
+        };
+        if went_offline {
+            presence.last_seen.insert(peer.account.clone(), now_ms);
+            presence.notify(&peer.account, Status::offline(Some(now_ms)));
+        }
+        went_offline
     }
 
     pub fn get(&self, account: &str) -> Option<Arc<Peer>> {
@@ -93,15 +160,213 @@ impl Router {
         }
     }
 
-    /// `(online, last_seen_ms)`.
-    pub fn presence(&self, account: &str) -> (bool, Option<u64>) {
+    /// Of `accounts`, those offline whose last_seen is not in memory: only the database can
+    /// tell (an account last seen before the relay restarted, or never).
+    pub fn unseen<'a>(&self, accounts: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+        let presence = lock(&self.presence);
+        let peers = lock(&self.peers);
+        accounts
+            .into_iter()
+            .filter(|a| !peers.contains_key(*a) && !presence.last_seen.contains_key(*a))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The account's presence now. `persisted` holds last_seen values read from the database
+    /// for accounts `unseen` named; a value disconnects since then have superseded is ignored.
+    pub fn status(&self, account: &str, persisted: &HashMap<String, u64>) -> Status {
+        let mut presence = lock(&self.presence);
+        self.status_locked(&mut presence, account, persisted)
+    }
+
+    fn status_locked(
+        &self,
+        presence: &mut Presence,
+        account: &str,
+        persisted: &HashMap<String, u64>,
+    ) -> Status {
         if self.is_connected(account) {
-            return (true, None);
+            return Status::ONLINE;
         }
-        (false, lock(&self.last_seen).get(account).copied())
+        if let Some(&ms) = presence.last_seen.get(account) {
+            return Status::offline(Some(ms));
+        }
+        let ms = persisted.get(account).copied();
+        if let Some(ms) = ms {
+            // Offline and nothing newer in memory: remember it, so the next look-up is free.
+            presence.last_seen.insert(account.to_owned(), ms);
+        }
+        Status::offline(ms)
+    }
+
+    /// Watches each `(identifier, resolved account)` on the connection, queueing its first
+    /// status; identifiers it already watches are left alone. Atomic with respect to account
+    /// transitions: a change either precedes the first status (and is reflected in it) or
+    /// follows it as a push.
+    pub fn watch(
+        &self,
+        watchlist: &Arc<Watchlist>,
+        targets: Vec<(String, Option<String>)>,
+        persisted: &HashMap<String, u64>,
+    ) {
+        let mut presence = lock(&self.presence);
+        for (identifier, account) in targets {
+            let status = match &account {
+                Some(account) => self.status_locked(&mut presence, account, persisted),
+                None => Status::offline(None),
+            };
+            if !watchlist.add(identifier, account.clone(), status) {
+                continue;
+            }
+            self.watches.fetch_add(1, Ordering::Relaxed);
+            if let Some(account) = account {
+                presence
+                    .watchers
+                    .entry(account)
+                    .or_default()
+                    .insert(watchlist.connection(), Arc::clone(watchlist));
+            }
+        }
+    }
+
+    /// Stops watching each identifier; nothing more is queued for it from here on.
+    pub fn unwatch(&self, watchlist: &Watchlist, identifiers: &[String]) {
+        let mut presence = lock(&self.presence);
+        for identifier in identifiers {
+            match watchlist.remove(identifier) {
+                Unwatched::NotWatched => continue,
+                Unwatched::Removed => {}
+                Unwatched::LastOfAccount(account) => {
+                    presence.drop_watcher(&account, watchlist.connection());
+                }
+            }
+            self.watches.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     pub fn connections(&self) -> usize {
         lock(&self.peers).len()
+    }
+
+    /// Identifiers watched, summed over connections.
+    pub fn watches(&self) -> usize {
+        usize::try_from(self.watches.load(Ordering::Relaxed)).unwrap_or(usize::MAX)
+    }
+
+    /// Accounts with at least one watcher.
+    #[cfg(test)]
+    fn watched_accounts(&self) -> usize {
+        lock(&self.presence).watchers.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(id: u64, account: &str) -> Arc<Peer> {
+        let (queue, _rx) = DeliveryQueue::new();
+        Arc::new(Peer::new(id, account.into(), queue).0)
+    }
+
+    fn online_flags(watchlist: &Watchlist) -> Vec<bool> {
+        watchlist
+            .take()
+            .into_iter()
+            .map(|f| match f {
+                courier_proto::RelayFrame::PresenceStatus { online, .. } => online,
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn only_watchers_of_the_account_hear_its_changes() {
+        let router = Router::default();
+        let alice = peer(1, "alice");
+        let carol = peer(2, "carol");
+        let none = HashMap::new();
+        router.watch(
+            &alice.watchlist,
+            vec![("bob".into(), Some("bob".into()))],
+            &none,
+        );
+        router.watch(
+            &carol.watchlist,
+            vec![("dave".into(), Some("dave".into()))],
+            &none,
+        );
+        assert_eq!(online_flags(&alice.watchlist), vec![false]);
+        assert_eq!(online_flags(&carol.watchlist), vec![false]);
+        router.register(peer(3, "bob"));
+        assert_eq!(online_flags(&alice.watchlist), vec![true]);
+        assert!(carol.watchlist.take().is_empty());
+    }
+
+    #[test]
+    fn a_displacement_is_no_flap_and_the_last_disconnect_is() {
+        let router = Router::default();
+        let alice = peer(1, "alice");
+        router.watch(
+            &alice.watchlist,
+            vec![("bob".into(), Some("bob".into()))],
+            &HashMap::new(),
+        );
+        let old = peer(2, "bob");
+        router.register(Arc::clone(&old));
+        assert_eq!(online_flags(&alice.watchlist), vec![false, true]);
+        let new = peer(3, "bob");
+        assert!(router.register(Arc::clone(&new)).is_some());
+        assert!(
+            !router.unregister(&old, 10),
+            "the old one is no longer current"
+        );
+        assert!(alice.watchlist.take().is_empty());
+        assert!(router.unregister(&new, 20));
+        assert_eq!(
+            router.status("bob", &HashMap::new()),
+            Status::offline(Some(20))
+        );
+        assert_eq!(online_flags(&alice.watchlist), vec![false]);
+    }
+
+    #[test]
+    fn the_index_is_cleaned_up_by_unwatch_and_by_the_connection_ending() {
+        let router = Router::default();
+        let alice = peer(1, "alice");
+        router.register(Arc::clone(&alice));
+        let targets = vec![
+            ("bob".into(), Some("bob".into())),
+            ("carol".into(), Some("carol".into())),
+            ("off1x".into(), None),
+        ];
+        router.watch(&alice.watchlist, targets, &HashMap::new());
+        assert_eq!((router.watches(), router.watched_accounts()), (3, 2));
+        router.unwatch(&alice.watchlist, &["bob".into(), "bob".into()]);
+        assert_eq!((router.watches(), router.watched_accounts()), (2, 1));
+        router.unregister(&alice, 5);
+        assert_eq!((router.watches(), router.watched_accounts()), (0, 0));
+        // A watch arriving after the end is not added.
+        router.watch(
+            &alice.watchlist,
+            vec![("bob".into(), Some("bob".into()))],
+            &HashMap::new(),
+        );
+        assert_eq!((router.watches(), router.watched_accounts()), (0, 0));
+    }
+
+    #[test]
+    fn a_persisted_last_seen_never_hides_a_newer_disconnect() {
+        let router = Router::default();
+        let bob = peer(1, "bob");
+        router.register(Arc::clone(&bob));
+        router.unregister(&bob, 50);
+        let old: HashMap<String, u64> = [("bob".to_owned(), 7)].into();
+        assert!(router.unseen(["bob"]).is_empty());
+        assert_eq!(router.status("bob", &old), Status::offline(Some(50)));
+        assert_eq!(router.unseen(["carol"]), vec!["carol".to_owned()]);
+        let carol: HashMap<String, u64> = [("carol".to_owned(), 9)].into();
+        assert_eq!(router.status("carol", &carol), Status::offline(Some(9)));
+        assert!(router.unseen(["carol"]).is_empty(), "now cached");
     }
 }

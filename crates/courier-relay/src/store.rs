@@ -1,4 +1,5 @@
-//! Accounts and the per-account journal in SQLite (`relay-protocol.md` §2.1, §7.1, §8).
+//! Accounts and the per-account journal in SQLite (`relay-protocol.md` §2.1, §7.1, §8), and
+//! each account's last_seen (§10), so presence survives a relay restart.
 //!
 //! One thread owns the connection and is the only writer. It takes every request queued since
 //! its last commit and runs them in one transaction (group commit), each inside its own
@@ -35,14 +36,16 @@ const FETCH_BYTES: usize = 4 * 1024 * 1024;
 const CHECKPOINT_IDLE: u32 = 64;
 const CHECKPOINT_FORCED: u32 = 4096;
 
-const SCHEMA_VERSION: i64 = 1;
+/// 1: accounts and journal. 2: `accounts.last_seen_ms`.
+const SCHEMA_VERSION: i64 = 2;
 const SCHEMA: &str = "
 CREATE TABLE accounts (
     name TEXT PRIMARY KEY NOT NULL,
     created_ms INTEGER NOT NULL,
     last_seq INTEGER NOT NULL DEFAULT 0,
     msg_count INTEGER NOT NULL DEFAULT 0,
-    byte_count INTEGER NOT NULL DEFAULT 0
+    byte_count INTEGER NOT NULL DEFAULT 0,
+    last_seen_ms INTEGER
 );
 CREATE TABLE journal (
     id INTEGER PRIMARY KEY,
@@ -60,6 +63,8 @@ CREATE TABLE journal (
 );
 CREATE INDEX journal_accepted ON journal (accepted_ms);
 ";
+/// Upgrades a version-1 database in place.
+const MIGRATE_1_TO_2: &str = "ALTER TABLE accounts ADD COLUMN last_seen_ms INTEGER;";
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
@@ -125,13 +130,24 @@ enum Op {
     Purge {
         older_than_ms: u64,
     },
+    RecordLastSeen {
+        account: String,
+        ms: u64,
+    },
+    LastSeen {
+        accounts: Vec<String>,
+    },
 }
 
 impl Op {
     fn writes(&self) -> bool {
         matches!(
             self,
-            Op::EnsureAccount { .. } | Op::Append { .. } | Op::Release { .. } | Op::Purge { .. }
+            Op::EnsureAccount { .. }
+                | Op::Append { .. }
+                | Op::Release { .. }
+                | Op::Purge { .. }
+                | Op::RecordLastSeen { .. }
         )
     }
 }
@@ -142,6 +158,7 @@ enum Done {
     Count(u64),
     Frames(Vec<Arc<Envelope>>),
     Append(AppendOutcome),
+    LastSeen(HashMap<String, u64>),
 }
 
 struct Job {
@@ -197,6 +214,9 @@ impl Store {
         match version {
             0 => conn.execute_batch(&format!(
                 "BEGIN; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+            ))?,
+            1 => conn.execute_batch(&format!(
+                "BEGIN; {MIGRATE_1_TO_2} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
             ))?,
             SCHEMA_VERSION => {}
             other => {
@@ -331,6 +351,28 @@ impl Store {
     pub async fn purge(&self, older_than_ms: u64) -> Result<u64, StoreError> {
         match self.call(Op::Purge { older_than_ms }).await? {
             Done::Count(n) => Ok(n),
+            _ => Err(mismatch()),
+        }
+    }
+
+    /// Records that the account's last connection ended at `ms`. Never moves last_seen back,
+    /// so records committed out of order keep the latest.
+    pub async fn record_last_seen(&self, account: &str, ms: u64) -> Result<(), StoreError> {
+        self.call(Op::RecordLastSeen {
+            account: account.to_owned(),
+            ms,
+        })
+        .await
+        .map(drop)
+    }
+
+    /// The persisted last_seen of each account that has one.
+    pub async fn last_seen(
+        &self,
+        accounts: Vec<String>,
+    ) -> Result<HashMap<String, u64>, StoreError> {
+        match self.call(Op::LastSeen { accounts }).await? {
+            Done::LastSeen(found) => Ok(found),
             _ => Err(mismatch()),
         }
     }
@@ -645,6 +687,27 @@ fn apply(conn: &Connection, op: Op) -> rusqlite::Result<Applied> {
                 },
                 route: Route::None,
             })
+        }
+        Op::RecordLastSeen { account, ms } => {
+            conn.prepare_cached(
+                "UPDATE accounts SET last_seen_ms = MAX(COALESCE(last_seen_ms, 0), ?2)
+                 WHERE name = ?1",
+            )?
+            .execute(params![account, to_sql(ms)])?;
+            Ok(Applied::done(Done::Unit))
+        }
+        Op::LastSeen { accounts } => {
+            let mut stmt = conn.prepare_cached(
+                "SELECT last_seen_ms FROM accounts WHERE name = ?1 AND last_seen_ms IS NOT NULL",
+            )?;
+            let mut found = HashMap::new();
+            for account in accounts {
+                let ms: Option<i64> = stmt.query_row([&account], |r| r.get(0)).optional()?;
+                if let Some(ms) = ms {
+                    found.insert(account, from_sql(ms));
+                }
+            }
+            Ok(Applied::done(Done::LastSeen(found)))
         }
         Op::Purge { older_than_ms } => {
             let mut per_account: HashMap<String, (i64, i64)> = HashMap::new();

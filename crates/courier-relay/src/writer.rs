@@ -1,5 +1,5 @@
-//! The sending half of a connection: answers from the reader, keepalive Pings, and inbound
-//! frames in seq order — drain, DrainComplete, then live (§7.1, §8). See `mailbox.rs` for the
+//! The sending half of a connection: answers from the reader, presence pushes, keepalive
+//! Pings, and inbound frames in seq order — drain, DrainComplete, then live (§7.1, §8). See `mailbox.rs` for the
 //! ordering invariants this loop keeps.
 
 use std::sync::Arc;
@@ -37,6 +37,7 @@ type Sink<S> = SplitSink<WebSocketStream<S>, Message>;
 struct Broken;
 
 enum Step {
+    Presence,
     Control(Option<Outbound>),
     Ping,
     StartDrain,
@@ -90,6 +91,9 @@ pub async fn run<S>(
         let live = writer.flow.live();
         let step = tokio::select! {
             biased;
+            // Ahead of control: a watch's first statuses, queued while its frame was handled,
+            // go out before the answer to any later frame (presence.rs).
+            () = peer.watchlist.ready() => Step::Presence,
             cmd = control.recv() => Step::Control(cmd),
             _ = ping.tick() => Step::Ping,
             () = &mut grace, if awaiting_drain => Step::StartDrain,
@@ -98,6 +102,7 @@ pub async fn run<S>(
             envelope = deliveries.recv(), if live => Step::Deliver(envelope),
         };
         let result = match step {
+            Step::Presence => writer.presence().await,
             Step::Control(None) => return,
             Step::Control(Some(Outbound::Frame(frame))) => {
                 writer.send(Message::text(frame.encode())).await
@@ -130,6 +135,21 @@ where
 {
     async fn send(&mut self, message: Message) -> Result<(), Broken> {
         self.sink.send(message).await.map_err(|_| Broken)
+    }
+
+    /// Writes every queued PresenceStatus (§10).
+    async fn presence(&mut self) -> Result<(), Broken> {
+        let frames = self.peer.watchlist.take();
+        if frames.is_empty() {
+            return Ok(());
+        }
+        for frame in frames {
+            self.sink
+                .feed(Message::text(frame.encode()))
+                .await
+                .map_err(|_| Broken)?;
+        }
+        self.sink.flush().await.map_err(|_| Broken)
     }
 
     async fn close(&mut self, code: u16) {

@@ -203,7 +203,10 @@ async fn a_valid_token_yields_authenticated() {
         };
         assert_eq!(user_id, "alice");
         assert_eq!(username, "alice");
-        assert_eq!(capabilities, vec!["mailbox_v1".to_owned()]);
+        assert_eq!(
+            capabilities,
+            vec!["mailbox_v1".to_owned(), "presence_watch_v1".to_owned()]
+        );
         let challenge = address_challenge.expect("a challenge");
         assert_eq!(challenge.len(), 44);
         assert_eq!(STANDARD.decode(&challenge).unwrap().len(), 32);

@@ -362,6 +362,27 @@ impl Client {
         .await;
     }
 
+    /// Every frame before the answer to a fresh round trip (see `sync`), buffered ones
+    /// first. Answers to earlier frames, and presence statuses the relay queued for this
+    /// connection before it handled the round trip, are all in it: a test can assert that
+    /// something was *not* sent without sleeping.
+    pub async fn until_synced(&mut self) -> Vec<RelayFrame> {
+        self.send(&ClientFrame::CheckPresence {
+            username: "sync".into(),
+        })
+        .await;
+        let mut frames: Vec<RelayFrame> = self.buffered.drain(..).collect();
+        loop {
+            match self.read_frame().await {
+                Ok(RelayFrame::PresenceStatus { user_id, .. }) if user_id == "sync" => {
+                    return frames
+                }
+                Ok(frame) => frames.push(frame),
+                Err(ending) => panic!("connection ended ({ending:?}); frames: {frames:?}"),
+            }
+        }
+    }
+
     pub async fn close(mut self) {
         let _ = self.ws.close(None).await;
         let _ = within(async { while let Some(Ok(_)) = self.ws.next().await {} }).await;

@@ -1,0 +1,355 @@
+//! Presence watches (`relay-protocol.md` §10, `presence_watch_v1`): one [`Watchlist`] per
+//! connection, holding what it watches and the statuses waiting for its writer.
+//!
+//! The router decides every presence fact under one lock (its presence lock): an account's
+//! transitions (first connection registered, last one gone), a watch's first status, and an
+//! unwatch. A watchlist is only changed under that lock, so a newly watched identifier's first
+//! status and every later change are queued in the order they happened, and nothing is queued
+//! for an identifier once its UnwatchPresence has been handled.
+//!
+//! The writer takes queued statuses ahead of the answers to later frames, so a watch's first
+//! statuses reach the client before the answer to anything it sent after the WatchPresence.
+//!
+//! Memory stays bounded when a client stops reading: at most two statuses wait per identifier.
+//! A third change folds the queue into the latest status alone. Each queued status differs from
+//! the one before it, so folding never loses the edge away from what the client last saw. A
+//! flap back to that value stays two frames and is never dropped.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard};
+
+use courier_proto::RelayFrame;
+use tokio::sync::Notify;
+
+/// Identifiers one connection may watch at once (§14.4).
+pub const MAX_WATCHES: usize = 1024;
+
+/// Entries one WatchPresence / UnwatchPresence may list; longer lists are `invalid_frame`.
+/// Four times the cap, so a client may send a watchlist longer than the cap in one frame (the
+/// entries past the cap get `limit_exceeded`), while the work per frame stays bounded.
+pub const MAX_WATCH_LIST: usize = 4 * MAX_WATCHES;
+
+/// One presence fact about an account, as PresenceStatus carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Status {
+    pub online: bool,
+    /// When the account's last connection ended; `None` while online or never seen.
+    pub last_seen: Option<u64>,
+}
+
+impl Status {
+    pub const ONLINE: Self = Self {
+        online: true,
+        last_seen: None,
+    };
+
+    pub fn offline(last_seen: Option<u64>) -> Self {
+        Self {
+            online: false,
+            last_seen,
+        }
+    }
+
+    /// `user_id` echoes the identifier exactly as the client named it.
+    pub fn frame(self, user_id: String) -> RelayFrame {
+        RelayFrame::PresenceStatus {
+            user_id,
+            online: self.online,
+            last_seen: self.last_seen.map(serde_json::Value::from),
+        }
+    }
+}
+
+/// What removing one identifier did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unwatched {
+    NotWatched,
+    Removed,
+    /// Removed, and it was this connection's last identifier for that account: the router
+    /// drops the connection from the account's watchers.
+    LastOfAccount(String),
+}
+
+struct Entry {
+    /// The account the identifier resolved to when it was watched; `None` for an identifier
+    /// that names no account (an `off1` address before address declaration, an invalid name).
+    account: Option<String>,
+    /// Statuses not yet taken by the writer, oldest first; at most two.
+    queued: Vec<Status>,
+    /// Key in `dirty` while `queued` is not empty.
+    stamp: Option<u64>,
+}
+
+#[derive(Default)]
+struct State {
+    entries: HashMap<String, Entry>,
+    /// Account → the identifiers resolving to it (usually one).
+    by_account: HashMap<String, Vec<String>>,
+    /// Identifiers with queued statuses, in the order they got something to send.
+    dirty: BTreeMap<u64, String>,
+    next_stamp: u64,
+    /// The connection ended: nothing is added any more.
+    closed: bool,
+}
+
+impl State {
+    fn enqueue(&mut self, identifier: &str, status: Status) {
+        let Some(entry) = self.entries.get_mut(identifier) else {
+            return;
+        };
+        fold(&mut entry.queued, status);
+        if entry.stamp.is_none() {
+            let stamp = self.next_stamp;
+            self.next_stamp += 1;
+            entry.stamp = Some(stamp);
+            self.dirty.insert(stamp, identifier.to_owned());
+        }
+    }
+}
+
+/// Appends `status`, keeping at most two queued statuses that each differ from the one before.
+fn fold(queued: &mut Vec<Status>, status: Status) {
+    match queued.last() {
+        None => queued.push(status),
+        // Same value as the last queued one: only its details may have changed.
+        Some(last) if last.online == status.online => *queued.last_mut().unwrap() = status,
+        Some(_) if queued.len() < 2 => queued.push(status),
+        // [a, b] + s with s.online == a.online: the net change is a → s.
+        Some(_) => {
+            queued.clear();
+            queued.push(status);
+        }
+    }
+}
+
+/// One connection's watches and its queued PresenceStatus frames.
+pub struct Watchlist {
+    connection: u64,
+    state: Mutex<State>,
+    ready: Notify,
+}
+
+impl Watchlist {
+    pub fn new(connection: u64) -> Self {
+        Self {
+            connection,
+            state: Mutex::default(),
+            ready: Notify::new(),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn connection(&self) -> u64 {
+        self.connection
+    }
+
+    /// Identifiers watched now.
+    pub fn len(&self) -> usize {
+        self.state().entries.len()
+    }
+
+    pub fn contains(&self, identifier: &str) -> bool {
+        self.state().entries.contains_key(identifier)
+    }
+
+    /// Watches a new identifier and queues its first status. False if it is already watched
+    /// or the connection has ended. Called by the router under its presence lock.
+    pub(crate) fn add(&self, identifier: String, account: Option<String>, first: Status) -> bool {
+        let mut state = self.state();
+        if state.closed || state.entries.contains_key(&identifier) {
+            return false;
+        }
+        if let Some(account) = &account {
+            state
+                .by_account
+                .entry(account.clone())
+                .or_default()
+                .push(identifier.clone());
+        }
+        state.entries.insert(
+            identifier.clone(),
+            Entry {
+                account,
+                queued: Vec::with_capacity(2),
+                stamp: None,
+            },
+        );
+        state.enqueue(&identifier, first);
+        drop(state);
+        self.ready.notify_one();
+        true
+    }
+
+    /// Stops watching `identifier` and drops whatever it had queued. Called by the router
+    /// under its presence lock.
+    pub(crate) fn remove(&self, identifier: &str) -> Unwatched {
+        let mut state = self.state();
+        let Some(entry) = state.entries.remove(identifier) else {
+            return Unwatched::NotWatched;
+        };
+        if let Some(stamp) = entry.stamp {
+            state.dirty.remove(&stamp);
+        }
+        let Some(account) = entry.account else {
+            return Unwatched::Removed;
+        };
+        let Some(identifiers) = state.by_account.get_mut(&account) else {
+            return Unwatched::Removed;
+        };
+        identifiers.retain(|i| i != identifier);
+        if identifiers.is_empty() {
+            state.by_account.remove(&account);
+            return Unwatched::LastOfAccount(account);
+        }
+        Unwatched::Removed
+    }
+
+    /// Queues `status` for every identifier that resolves to `account`. Called by the router
+    /// under its presence lock when the account's `online` value changes.
+    pub(crate) fn push(&self, account: &str, status: Status) {
+        let mut state = self.state();
+        let Some(identifiers) = state.by_account.get(account).cloned() else {
+            return;
+        };
+        for identifier in &identifiers {
+            state.enqueue(identifier, status);
+        }
+        drop(state);
+        self.ready.notify_one();
+    }
+
+    /// The connection ended: forgets every watch and returns the accounts it watched and how
+    /// many identifiers that was. Nothing can be added afterwards.
+    pub(crate) fn close(&self) -> (Vec<String>, usize) {
+        let mut state = self.state();
+        state.closed = true;
+        let watched = state.entries.len();
+        let accounts = state
+            .by_account
+            .drain()
+            .map(|(account, _)| account)
+            .collect();
+        state.entries.clear();
+        state.dirty.clear();
+        (accounts, watched)
+    }
+
+    /// Takes every queued status as frames, in the order identifiers got something to send.
+    pub fn take(&self) -> Vec<RelayFrame> {
+        let mut state = self.state();
+        let dirty = std::mem::take(&mut state.dirty);
+        let mut frames = Vec::new();
+        for identifier in dirty.into_values() {
+            if let Some(entry) = state.entries.get_mut(&identifier) {
+                entry.stamp = None;
+                for status in entry.queued.drain(..) {
+                    frames.push(status.frame(identifier.clone()));
+                }
+            }
+        }
+        frames
+    }
+
+    /// Resolves once statuses may be waiting (spuriously too; `take` may find nothing).
+    pub async fn ready(&self) {
+        self.ready.notified().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn off(ms: u64) -> Status {
+        Status::offline(Some(ms))
+    }
+
+    fn statuses(w: &Watchlist) -> Vec<(String, bool, Option<u64>)> {
+        w.take()
+            .into_iter()
+            .map(|f| match f {
+                RelayFrame::PresenceStatus {
+                    user_id,
+                    online,
+                    last_seen,
+                } => (user_id, online, last_seen.and_then(|v| v.as_u64())),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn first_status_then_changes_in_order() {
+        let w = Watchlist::new(1);
+        assert!(w.add("bob".into(), Some("bob".into()), off(5)));
+        assert!(!w.add("bob".into(), Some("bob".into()), off(5)), "once");
+        w.push("bob", Status::ONLINE);
+        assert_eq!(
+            statuses(&w),
+            vec![("bob".into(), false, Some(5)), ("bob".into(), true, None)]
+        );
+        assert!(w.take().is_empty());
+        w.push("bob", off(9));
+        assert_eq!(statuses(&w), vec![("bob".into(), false, Some(9))]);
+    }
+
+    #[test]
+    fn a_slow_reader_gets_at_most_two_statuses_and_never_loses_the_latest() {
+        let w = Watchlist::new(1);
+        w.add("bob".into(), Some("bob".into()), off(1));
+        w.take();
+        // The client saw offline. Online, offline, online: the net change is one edge.
+        w.push("bob", Status::ONLINE);
+        w.push("bob", off(2));
+        w.push("bob", Status::ONLINE);
+        assert_eq!(statuses(&w), vec![("bob".into(), true, None)]);
+        // Offline then back online: the flap is kept.
+        w.push("bob", off(3));
+        w.push("bob", Status::ONLINE);
+        assert_eq!(
+            statuses(&w),
+            vec![("bob".into(), false, Some(3)), ("bob".into(), true, None)]
+        );
+    }
+
+    #[test]
+    fn unwatching_drops_queued_statuses_and_reports_the_last_identifier() {
+        let w = Watchlist::new(1);
+        w.add("bob".into(), Some("bob".into()), off(1));
+        w.add("nobody/".into(), None, Status::offline(None));
+        assert_eq!(w.remove("bob"), Unwatched::LastOfAccount("bob".into()));
+        assert_eq!(w.remove("bob"), Unwatched::NotWatched);
+        assert_eq!(w.remove("nobody/"), Unwatched::Removed);
+        assert!(w.take().is_empty());
+        assert_eq!(w.len(), 0);
+    }
+
+    #[test]
+    fn two_identifiers_of_one_account_each_get_the_change() {
+        let w = Watchlist::new(1);
+        w.add("bob".into(), Some("bob".into()), off(1));
+        w.add("alias".into(), Some("bob".into()), off(1));
+        w.take();
+        w.push("bob", Status::ONLINE);
+        let got = statuses(&w);
+        assert_eq!(got.len(), 2);
+        assert!(got.iter().all(|(_, online, _)| *online));
+        assert_eq!(w.remove("bob"), Unwatched::Removed);
+        assert_eq!(w.remove("alias"), Unwatched::LastOfAccount("bob".into()));
+    }
+
+    #[test]
+    fn nothing_is_added_after_close() {
+        let w = Watchlist::new(1);
+        w.add("bob".into(), Some("bob".into()), off(1));
+        let (accounts, count) = w.close();
+        assert_eq!((accounts, count), (vec!["bob".to_owned()], 1));
+        assert!(!w.add("carol".into(), Some("carol".into()), off(1)));
+        assert!(w.take().is_empty());
+    }
+}
