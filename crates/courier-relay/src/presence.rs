@@ -5,7 +5,9 @@
 //! transitions (first connection registered, last one gone), a watch's first status, and an
 //! unwatch. A watchlist is only changed under that lock, so a newly watched identifier's first
 //! status and every later change are queued in the order they happened, and nothing is queued
-//! for an identifier once its UnwatchPresence has been handled.
+//! for an identifier once its UnwatchPresence has been handled. An unwatch also drops what the
+//! identifier still had queued (its first status included, if the writer had not taken it):
+//! the client has said it no longer cares.
 //!
 //! The writer takes queued statuses ahead of the answers to later frames, so a watch's first
 //! statuses reach the client before the answer to anything it sent after the WatchPresence.
@@ -109,16 +111,16 @@ impl State {
 
 /// Appends `status`, keeping at most two queued statuses that each differ from the one before.
 fn fold(queued: &mut Vec<Status>, status: Status) {
-    match queued.last() {
-        None => queued.push(status),
+    let len = queued.len();
+    match queued.last_mut() {
         // Same value as the last queued one: only its details may have changed.
-        Some(last) if last.online == status.online => *queued.last_mut().unwrap() = status,
-        Some(_) if queued.len() < 2 => queued.push(status),
+        Some(last) if last.online == status.online => *last = status,
         // [a, b] + s with s.online == a.online: the net change is a → s.
-        Some(_) => {
+        Some(_) if len >= 2 => {
             queued.clear();
             queued.push(status);
         }
+        _ => queued.push(status),
     }
 }
 
