@@ -212,6 +212,8 @@ export interface RelayStats {
   connections: number
   accounts: number
   storedFrames: number
+  /** Presence watches held for connected clients. */
+  watches: number
 }
 
 export interface RelayHandle {

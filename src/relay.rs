@@ -144,6 +144,7 @@ impl NativeRelay {
                     "connections": s.connections,
                     "accounts": s.accounts,
                     "storedFrames": s.stored_frames,
+                    "watches": s.watches,
                 })
                 .to_string())
             }
