@@ -1,15 +1,41 @@
 //! The engine façade: the public inputs and outputs, and the transitions between entry phases.
-//! Every phase change goes through `set_phase`, which re-indexes the entry's timers and marks it
-//! for a `StoreOp::Put` at the end of the call (one Put per changed entry per call).
+//! Every phase change goes through `set_phase` (and every park flag change through `set_park`),
+//! which re-index the entry's timers and mark it for a `StoreOp::Put` at the end of the call
+//! (one Put per changed entry per call).
+//!
+//! # Carrier choice
+//!
+//! One function, [`Engine::route_for`]: a direct link to the recipient (it is a current neighbor
+//! on a registered local carrier) is preferred over the relay; else the relay when the Internet
+//! carrier is up; else the send is deferred (`message_deferred`, `next_retry_at: None`) until a
+//! carrier or neighbor edge. A parked message is also *offered* to every other current neighbor
+//! on every park and every probe (`Transmit.peer` = that neighbor): the neighbor only carries
+//! it, the offer is fire-and-forget (its `send_seq` is never the entry's attempt, so reports for
+//! it are ignored) and only the recipient's ACK settles the message.
+//!
+//! # Reachability edges and the ACK budget
+//!
+//! An edge — reconnect (`handle_carrier_up(Internet)`), `restore`, the peer discovered as a
+//! neighbor, the peer reported online (news only, see `presence`), the delivery of one of the
+//! peer's messages, an inbound message carried by the peer — resets the peer's probe ladder and
+//! verdict and re-drives its parked entries at once with a **fresh ACK budget**
+//! (`ack_attempts = 0`). A **timed probe** instead **carries the budget forward**: it resumes at
+//! the entry's accumulated `ack_attempts`, so a probe the relay accepts but nobody acknowledges
+//! re-parks after about one more ACK timeout rather than re-walking the whole ladder (the seed's
+//! ~800 s fresh-entry bound is the edge case, not the probe case).
+//!
+//! A parked entry stays parked while its probe or re-drive is in flight: an ACK timeout then
+//! re-parks it without spending budget (a probe nobody answered). It joins the ordinary ACK
+//! ladder only when its attempt is accepted by the recipient's side: the relay's `live` answer,
+//! or a write on a direct link to the recipient (the local analogue of `live`).
 
 use std::collections::{BTreeSet, VecDeque};
 
-use courier_proto::Message;
+use courier_proto::{ContentType, Message};
 use serde_json::Value;
 
 use crate::ack::{self, AfterTimeout};
 use crate::config::Config;
-use crate::custody::Custody;
 use crate::dedup::{Dedup, DedupKey};
 use crate::event::{DiagnosticLevel, Event};
 use crate::inbound;
@@ -18,8 +44,11 @@ use crate::io::{
     ProcessedKey, RelayAnswer, SendOutcome, SendRequest, Settlement, Stats, StoreOp, Transmit,
     TransmitKind,
 };
+use crate::neighbors::Neighbors;
 use crate::outbox::{self, Class, Entry, Key, Outbox, Phase};
-use crate::timers::Timers;
+use crate::parking::{Park, Parking, ResendBudget, EDGE_DRIVEN_PROBES};
+use crate::presence::Presence;
+use crate::timers::{Gate, Slot, Timers};
 
 /// Hops a message may still travel. Only mesh forwarding spends it; the relay leg does not.
 const DEFAULT_TTL: u8 = 10;
@@ -29,7 +58,12 @@ const MAX_LAMPORT: u64 = i64::MAX as u64;
 const REASON_NO_CARRIER: &str = "no carrier available";
 const REASON_IN_FLIGHT_LIMIT: &str = "in-flight limit reached";
 const REASON_CARRIER_DOWN: &str = "carrier unavailable";
+const REASON_NEIGHBOR_LOST: &str = "neighbor lost";
+/// `message_undeliverable.reason`: fixed and local; the relay's detail never reaches events.
 const REASON_UNREACHABLE: &str = "recipient unreachable";
+
+/// Where an outbox send goes: the carrier, and for a local carrier the neighbor.
+type Route = (Carrier, Option<String>);
 
 /// The delivery engine. See the crate docs for the invariants it keeps.
 #[derive(Debug)]
@@ -38,7 +72,11 @@ pub struct Engine {
     local_identity: String,
     outbox: Outbox,
     timers: Timers,
-    custody: Custody,
+    parking: Parking,
+    presence: Presence,
+    neighbors: Neighbors,
+    /// Funds sends of parked entries under `edgeDrivenUnreachableDm`.
+    resend_budget: ResendBudget,
     dedup: Dedup,
     carriers: BTreeSet<Carrier>,
     lamport: u64,
@@ -59,7 +97,10 @@ impl Engine {
             local_identity,
             outbox: Outbox::default(),
             timers: Timers::default(),
-            custody: Custody::default(),
+            parking: Parking::default(),
+            presence: Presence::default(),
+            neighbors: Neighbors::default(),
+            resend_budget: ResendBudget::default(),
             dedup,
             carriers: BTreeSet::new(),
             lamport: 0,
@@ -74,8 +115,11 @@ impl Engine {
     /// Loads the persisted outbox and inbound dedup keys at start. Entries past the absolute
     /// cap settle as "Outbox lifetime exceeded"; the others get a fresh window, keep their
     /// counters and are re-driven as soon as a carrier is up (a restart is a reachability edge,
-    /// and an in-flight entry's pending ACK died with the old process). Parked entries stay in
-    /// relay custody. The capacity bounds apply, oldest first. Every kept entry gets a Put.
+    /// and an in-flight entry's pending ACK died with the old process). A parked entry gets a
+    /// fresh ACK budget (the edge) and comes back parked; the record does not say which kind,
+    /// so it resumes as relay custody and the relay's next answer says what it is now (an
+    /// unreachable verdict parks it as such, with `message_undeliverable`). The capacity bounds
+    /// apply, oldest first. Every kept entry gets a Put.
     pub fn restore(
         &mut self,
         mut records: Vec<OutboxRecord>,
@@ -105,6 +149,7 @@ impl Engine {
                 self.emit_failed(id, recipient, reason, record.ack_attempts, now);
                 continue;
             }
+            let parked = record.state == EntryState::Parked;
             let entry = Entry {
                 phase: Phase::Queued {
                     at: now,
@@ -113,11 +158,12 @@ impl Engine {
                 message: record.message,
                 created_at: record.created_at,
                 window_start: now,
-                ack_attempts: record.ack_attempts,
+                ack_attempts: if parked { 0 } else { record.ack_attempts },
                 transport_retries: record.transport_retries,
                 first_sent_at: record.first_sent_at,
                 last_sent_at: record.last_sent_at,
-                custody: record.state == EntryState::Parked,
+                park: parked.then_some(Park::Custody),
+                timed_probes: 0,
             };
             self.make_room(entry.class(), now);
             self.admit(entry);
@@ -127,7 +173,7 @@ impl Engine {
 
     /// Accepts a send. The id is `req.id` or `mint_id()`; an id already in the outbox is a
     /// no-op. The Put comes out in this call (the runtime commits it before resolving), then the
-    /// Transmit when a carrier and an in-flight slot are free, else `message_deferred`. A full
+    /// Transmit when a route and an in-flight slot are free, else `message_deferred`. A full
     /// outbox first evicts its oldest entry of the same class.
     pub fn send(
         &mut self,
@@ -178,42 +224,59 @@ impl Engine {
             transport_retries: 0,
             first_sent_at: None,
             last_sent_at: None,
-            custody: false,
+            park: None,
+            timed_probes: 0,
             phase: Phase::Queued {
                 at: now,
                 expires_at: outbox::expires_at(now, now, &self.config),
             },
         };
         let key = self.admit(entry);
-        match self.sendable_carrier() {
-            Ok(carrier) => self.transmit(key, carrier),
+        match self.sendable(key) {
+            Ok(route) => self.transmit(key, route),
             Err(reason) => self.emit_deferred(key, reason, None),
         }
         self.end_call();
         SendOutcome::Accepted(id)
     }
 
-    /// A carrier became available. For the outbox carrier this is the reconnect flush: every
-    /// queued entry — retries, parked probes, entries waiting for a carrier — is due now, the
-    /// first `flush_batch` go in this call and the rest on the following `handle_timeout` calls.
-    /// It is also the reachability edge that resets the custody probe escalation.
+    /// A carrier became available. `Carrier::Local(name)` registers an app-supplied carrier
+    /// (it reaches only the neighbors reported for it). `Carrier::Internet` is the reconnect
+    /// flush and a reachability edge for everyone: every parked entry gets a fresh budget, every
+    /// queued or resting entry is due now, the first `flush_batch` go in this call and the rest
+    /// on the following `handle_timeout` calls; the presence watchlist is announced on the new
+    /// connection.
     pub fn handle_carrier_up(&mut self, carrier: Carrier, now: Millis) {
-        let carries_outbox = Self::carries_outbox(&carrier);
-        self.carriers.insert(carrier);
-        if carries_outbox {
-            self.custody.reset_escalation();
-            for key in self.timers.queued_later_than(now) {
-                self.bring_forward(key, now);
+        match &carrier {
+            Carrier::Internet => {
+                self.carriers.insert(carrier);
+                self.presence.connect();
+                let parked = self.parking.edge_all();
+                self.redrive(parked, now);
+                for key in self.timers.queued_later_than(now) {
+                    self.bring_forward(key, now);
+                }
+                self.send_due(now);
             }
-            self.send_due(now);
+            Carrier::Local(name) => {
+                self.neighbors.register(name);
+                self.carriers.insert(carrier);
+            }
         }
         self.end_call();
     }
 
-    /// A carrier is gone. Frames handed to it and not written are failed sends; written ones
-    /// keep their ACK timers (the ACK may still come back by another way or after reconnect).
+    /// A carrier is gone (for a local carrier: unregistered, with all its neighbor links).
+    /// Frames handed to it and not written are failed sends; written ones keep their ACK timers
+    /// (the ACK may still come back by another way or after reconnect).
     pub fn handle_carrier_down(&mut self, carrier: Carrier, now: Millis) {
         self.carriers.remove(&carrier);
+        match &carrier {
+            Carrier::Internet => self.presence.disconnect(),
+            Carrier::Local(name) => {
+                self.neighbors.unregister(name);
+            }
+        }
         for key in self.timers.handed() {
             let on_this_carrier = self.outbox.get(key).is_some_and(
                 |entry| matches!(&entry.phase, Phase::Handed { carrier: c, .. } if *c == carrier),
@@ -239,8 +302,9 @@ impl Engine {
     }
 
     /// Attempt `send_seq` did not make it (carrier error, relay `Error{internal}`, `RateLimited`,
-    /// no relay answer within 15 s, connection loss): back to the retry queue on the transport
-    /// backoff, which has no attempt limit.
+    /// no relay answer within 15 s, connection loss, a local carrier's rejected `send`): back to
+    /// the retry queue on the transport backoff, which has no attempt limit, keeping the ACK
+    /// attempt count.
     pub fn handle_send_failed(&mut self, id: &str, send_seq: u64, reason: &str, now: Millis) {
         if let Some(key) = self.current_attempt(id, send_seq) {
             self.transport_failure(key, reason, now);
@@ -248,9 +312,11 @@ impl Engine {
         self.end_call();
     }
 
-    /// The relay's answer to the entry's current attempt. `Live` settles nothing (it is a
-    /// write-ack) but ends relay custody; `Stored` puts the entry in custody; `Unreachable` is,
-    /// until parking lands, a failed send.
+    /// The relay's answer to attempt `send_seq` of `id`; answers to any other attempt are stale
+    /// and ignored. `Live` settles nothing (it is a write-ack) but puts a parked entry on the ACK
+    /// ladder; `Stored` puts the entry in relay custody; `Unreachable` is the verdict: a regular
+    /// message parks, a media chunk keeps its pending ACK (seed table "What parks and what
+    /// doesn't"); both emit `message_undeliverable` and are offered to the neighbors.
     pub fn handle_relay_answer(
         &mut self,
         id: &str,
@@ -261,43 +327,36 @@ impl Engine {
         let Some(key) = self.current_attempt(id, send_seq) else {
             return;
         };
-        let handed = match self.outbox.get(key).map(|entry| &entry.phase) {
-            Some(Phase::Handed { .. }) => true,
-            Some(Phase::AwaitingAck { .. }) => false,
-            Some(Phase::Queued { .. }) | None => return,
+        let Some(entry) = self.outbox.get_mut(key) else {
+            return;
         };
-        if answer != RelayAnswer::Unreachable {
-            // The relay took the frame: the transport works. A write alone does not prove that,
-            // and resetting on it would re-send to an unreachable recipient every second.
-            if let Some(entry) = self
-                .outbox
-                .get_mut(key)
-                .filter(|entry| entry.transport_retries != 0)
-            {
-                entry.transport_retries = 0;
-                self.dirty.insert(key);
-            }
+        let handed = matches!(entry.phase, Phase::Handed { .. });
+        // The relay processed the frame: the transport works. A write alone does not prove that.
+        if entry.transport_retries != 0 {
+            entry.transport_retries = 0;
+            self.dirty.insert(key);
+        }
+        // A Stored or Unreachable answer proves the frame was written even if that report is
+        // still on its way.
+        if handed && answer != RelayAnswer::Live {
+            self.mark_written(key, now);
         }
         match answer {
-            RelayAnswer::Live => self.set_custody(key, false),
-            RelayAnswer::Stored => {
-                // The relay has it, so the frame was written even if that report is still on its way.
-                if handed {
-                    self.mark_written(key, now);
-                }
-                self.enter_custody(key, now);
-            }
+            RelayAnswer::Live => self.set_park(key, None),
+            RelayAnswer::Stored => self.enter_custody(key, now),
             RelayAnswer::Unreachable => self.on_unreachable(key, now),
         }
         self.end_call();
     }
 
     /// A message from a carrier (`relay-protocol.md` §7.2, §9.2). An end-to-end ACK settles its
-    /// entry when attributed to the recipient. A data message is dispatched once per dedup key
-    /// (`MarkProcessed` + `message_received`), then ACKed end to end if it asks for it — also
-    /// when it is a duplicate, since the first ACK may have been lost. The relay frame's
-    /// `HopAck` comes last. The runtime commits store ops, then dispatches events, then executes
-    /// transmits, so both ACKs follow the processing (`delivery.md` item 10).
+    /// entry when attributed to the recipient (over a local carrier its peer id is the stamped
+    /// identity). A data message is dispatched once per dedup key (`MarkProcessed` +
+    /// `message_received`), then ACKed end to end if it asks for it — also when it is a
+    /// duplicate, since the first ACK may have been lost — on the carrier it came by (to that
+    /// peer for a local one). The relay frame's `HopAck` comes last. The runtime commits store
+    /// ops, then dispatches events, then executes transmits, so both ACKs follow the processing
+    /// (`delivery.md` item 10). Either kind is a reachability edge for the peer that carried it.
     pub fn handle_inbound(&mut self, message: Message, origin: InboundOrigin, now: Millis) {
         match message.ack_for().map(str::to_owned) {
             Some(acked) => self.inbound_ack(&acked, &message, &origin, now),
@@ -314,7 +373,7 @@ impl Engine {
     }
 
     /// All work due at `now`: ACK timeouts, lifetime expiries, then up to `flush_batch` sends
-    /// from the retry queue.
+    /// from the retry and probe queues.
     pub fn handle_timeout(&mut self, now: Millis) {
         for key in self.timers.due_acks(now) {
             self.ack_timeout(key, now);
@@ -326,29 +385,83 @@ impl Engine {
         self.end_call();
     }
 
-    /// A presence edge from the relay (`PresenceStatus`).
-    pub fn handle_presence(&mut self, _peer: &str, _online: bool, _now: Millis) {
+    /// A presence status from the relay (`PresenceStatus`, pushed under `presence_watch_v1` or
+    /// polled). `online: true` that is news is a reachability edge for `peer`: its parked
+    /// messages go now with a fresh budget. `online: false` only updates the remembered status:
+    /// probes continue (offline per presence is not a verdict, and a local link may still reach
+    /// the peer).
+    pub fn handle_presence(&mut self, peer: &str, online: bool, now: Millis) {
+        if self.presence.report(peer, online) {
+            self.edge(peer, now);
+            self.send_due(now);
+        }
         self.end_call();
     }
 
-    /// A neighbor appeared on a local carrier.
-    pub fn handle_neighbor_discovered(&mut self, _peer: &str, _carrier: Carrier, _now: Millis) {
+    /// `peer` appeared on local carrier `carrier` (registered with `handle_carrier_up`): a
+    /// reachability edge for it, then the seed's Peer Discovery Flush — the peer's waiting
+    /// outbox entries (queued, parked or resting) are pulled from the retry queue and sent now
+    /// over the direct link, at most `flush_batch` in this call (the rest stay queued and due,
+    /// never stranded); failed sends are re-enqueued with their attempt counts.
+    pub fn handle_neighbor_discovered(&mut self, peer: &str, carrier: Carrier, now: Millis) {
+        let registered = match &carrier {
+            Carrier::Local(name) => self.neighbors.is_registered(name),
+            Carrier::Internet => false,
+        };
+        if !registered {
+            let text = format!(
+                "neighbor {peer} reported on {carrier}, which is not a registered local carrier"
+            );
+            self.diagnostic(DiagnosticLevel::Warn, text);
+            self.end_call();
+            return;
+        }
+        self.neighbors.discover(carrier.name(), peer);
+        self.edge(peer, now);
+        let mut waiting: Vec<Slot> = Vec::new();
+        for key in self.outbox.keys_to(peer) {
+            self.bring_forward(key, now);
+            if let Some(slot) = self.queued_slot(key) {
+                waiting.push(slot);
+            }
+        }
+        waiting.sort_unstable();
+        for (_, _, key) in waiting.into_iter().take(self.config.flush_batch.max(1)) {
+            if !self.try_send(key, now) {
+                break;
+            }
+        }
         self.end_call();
     }
 
-    /// A neighbor left a local carrier.
-    pub fn handle_neighbor_lost(&mut self, _peer: &str, _carrier: Carrier, _now: Millis) {
+    /// `peer` left local carrier `carrier`. Frames handed to that link and not written are
+    /// failed sends (re-enqueued with their attempt counts; the next send takes the relay if it
+    /// is up); written ones keep their ACK timers.
+    pub fn handle_neighbor_lost(&mut self, peer: &str, carrier: Carrier, now: Millis) {
+        if self.neighbors.lose(carrier.name(), peer) {
+            for key in self.timers.handed() {
+                let on_link = self.outbox.get(key).is_some_and(|entry| {
+                    entry.message.recipient == peer
+                        && matches!(&entry.phase, Phase::Handed { carrier: c, .. } if *c == carrier)
+                });
+                if on_link {
+                    self.transport_failure(key, REASON_NEIGHBOR_LOST, now);
+                }
+            }
+        }
         self.end_call();
     }
 
-    /// The next change of the presence watchlist for the runtime to send.
+    /// The next change of the presence watch on the current relay connection (`WatchPresence` /
+    /// `UnwatchPresence`); see the `presence` module for the rules.
     pub fn poll_presence(&mut self) -> Option<PresenceChange> {
-        None
+        self.presence.poll()
     }
 
-    /// `internetPresenceWatchlist()`.
+    /// `internetPresenceWatchlist()`: the recipients of parked entries (unreachable or in relay
+    /// custody) and the peers that just got a verdict, sorted.
     pub fn presence_watchlist(&self) -> Vec<String> {
-        Vec::new()
+        self.presence.wanted()
     }
 
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
@@ -364,10 +477,30 @@ impl Engine {
     }
 
     /// When `handle_timeout` is next needed; `None` when nothing is due until an input arrives.
-    /// A queued entry that cannot go (no carrier, every in-flight slot taken) adds no deadline:
-    /// carrier-up and slot-freeing inputs are what move it.
+    /// Only due work counts: ACK deadlines, lifetime expiries, and queued sends that have a
+    /// route and an in-flight slot (probes of parked entries not before the resend budget can
+    /// fund one, under `edgeDrivenUnreachableDm`). A queued entry that cannot go adds no
+    /// deadline: the carrier, neighbor or slot-freeing input is what moves it. Resting entries
+    /// add only their expiry.
     pub fn next_deadline(&self) -> Option<Millis> {
-        self.timers.next_deadline(self.sendable_carrier().is_ok())
+        let fixed = self.timers.next_fixed_deadline();
+        let sends = if self.has_slot() {
+            let probes_from = if self.config.edge_driven_unreachable_dm {
+                self.resend_budget.ready_at()
+            } else {
+                0
+            };
+            if self.carriers.contains(&Carrier::Internet) {
+                self.timers.next_send(probes_from)
+            } else {
+                self.neighbor_queue()
+                    .map(|((at, _, _), parked)| if parked { at.max(probes_from) } else { at })
+                    .min()
+            }
+        } else {
+            None
+        };
+        [fixed, sends].into_iter().flatten().min()
     }
 
     pub fn status(&self, id: &str) -> Option<EntryState> {
@@ -375,14 +508,16 @@ impl Engine {
         self.outbox.get(key).map(Entry::state)
     }
 
+    /// `parked` counts parked entries not in flight — unreachable and relay custody alike,
+    /// probing or resting; `retry_queue` the other queued entries; a probe in flight is a
+    /// pending ACK.
     pub fn stats(&self) -> Stats {
-        let parked = self.timers.parked();
         Stats {
             outbox_regular: self.outbox.count(Class::Regular),
             outbox_media: self.outbox.count(Class::Media),
             pending_acks: self.timers.in_flight(),
-            retry_queue: self.timers.queued().saturating_sub(parked),
-            parked,
+            retry_queue: self.timers.retry_queue(),
+            parked: self.timers.parked(),
             pre_session_queue: 0,
             carriers_up: self.carriers.len(),
         }
@@ -394,43 +529,108 @@ impl Engine {
 
     // ---- carrier choice and sending -------------------------------------------------------
 
-    /// Only the relay reaches an arbitrary recipient today; local carriers join this choice
-    /// with neighbour discovery.
-    fn carries_outbox(carrier: &Carrier) -> bool {
-        *carrier == Carrier::Internet
+    /// Carrier choice: a direct link to the recipient, else the relay, else none.
+    fn route_for(&self, recipient: &str) -> Result<Route, &'static str> {
+        if let Some(carrier) = self.neighbors.link_to(recipient) {
+            return Ok((
+                Carrier::Local(carrier.to_owned()),
+                Some(recipient.to_owned()),
+            ));
+        }
+        if self.carriers.contains(&Carrier::Internet) {
+            return Ok((Carrier::Internet, None));
+        }
+        Err(REASON_NO_CARRIER)
     }
 
-    /// The carrier the next outbox send would take, or why none can go now.
-    fn sendable_carrier(&self) -> Result<Carrier, &'static str> {
-        let carrier = self
-            .carriers
-            .iter()
-            .find(|c| Self::carries_outbox(c))
-            .ok_or(REASON_NO_CARRIER)?;
-        if self.timers.in_flight() >= self.config.max_pending_acks.max(1) {
+    fn has_slot(&self) -> bool {
+        self.timers.in_flight() < self.config.max_pending_acks.max(1)
+    }
+
+    /// The route the entry's next send would take, or why it cannot go now.
+    fn sendable(&self, key: Key) -> Result<Route, &'static str> {
+        let entry = self.outbox.get(key).ok_or(REASON_NO_CARRIER)?;
+        let route = self.route_for(&entry.message.recipient)?;
+        if !self.has_slot() {
             return Err(REASON_IN_FLIGHT_LIMIT);
         }
-        Ok(carrier.clone())
+        Ok(route)
     }
 
-    /// Up to one batch of due entries, in retry-queue order, while carrier and slots allow.
-    fn send_due(&mut self, now: Millis) {
-        for _ in 0..self.config.flush_batch.max(1) {
-            let Ok(carrier) = self.sendable_carrier() else {
-                break;
-            };
-            let Some(key) = self.timers.first_due_send(now) else {
-                break;
-            };
-            self.transmit(key, carrier);
+    /// Queued entries of current neighbors, with whether each is parked: what can go while the
+    /// relay is down.
+    fn neighbor_queue(&self) -> impl Iterator<Item = (Slot, bool)> + '_ {
+        self.neighbors
+            .peers()
+            .flat_map(|peer| self.outbox.keys_to(peer))
+            .filter_map(|key| {
+                let parked = self.outbox.get(key)?.park.is_some();
+                self.queued_slot(key).map(|slot| (slot, parked))
+            })
+    }
+
+    fn queued_slot(&self, key: Key) -> Option<Slot> {
+        let entry = self.outbox.get(key)?;
+        match entry.phase {
+            Phase::Queued { at, .. } => Some((at, std::cmp::Reverse(entry.message.priority), key)),
+            _ => None,
         }
     }
 
-    fn transmit(&mut self, key: Key, carrier: Carrier) {
+    /// The next entry due at `now` that can go, in retry-queue order.
+    fn next_due(&self, now: Millis) -> Option<Key> {
+        if !self.has_slot() {
+            return None;
+        }
+        let gate = Gate {
+            probes: !self.config.edge_driven_unreachable_dm || self.resend_budget.available(now),
+        };
+        if self.carriers.contains(&Carrier::Internet) {
+            self.timers.first_due_send(now, gate)
+        } else {
+            self.neighbor_queue()
+                .filter(|((at, _, _), parked)| *at <= now && (gate.probes || !parked))
+                .map(|(slot, _)| slot)
+                .min()
+                .map(|(_, _, key)| key)
+        }
+    }
+
+    /// Up to one batch of due entries, in retry-queue order, while routes, slots and the resend
+    /// budget allow.
+    fn send_due(&mut self, now: Millis) {
+        for _ in 0..self.config.flush_batch.max(1) {
+            let Some(key) = self.next_due(now) else {
+                break;
+            };
+            if !self.try_send(key, now) {
+                break;
+            }
+        }
+    }
+
+    /// Sends the entry now if it has a route and a slot and, when parked under
+    /// `edgeDrivenUnreachableDm`, the resend budget funds it.
+    fn try_send(&mut self, key: Key, now: Millis) -> bool {
+        let Ok(route) = self.sendable(key) else {
+            return false;
+        };
+        let parked = self.outbox.get(key).is_some_and(|e| e.park.is_some());
+        if parked && self.config.edge_driven_unreachable_dm && !self.resend_budget.take(now) {
+            return false;
+        }
+        self.transmit(key, route);
+        true
+    }
+
+    /// Hands the entry's attempt to `route`. A parked entry's send is a probe on every carrier:
+    /// it is also offered to every other current neighbor.
+    fn transmit(&mut self, key: Key, (carrier, peer): Route) {
         let Some(entry) = self.outbox.get(key) else {
             return;
         };
         let message = entry.message.clone();
+        let parked = entry.park.is_some();
         self.last_send_seq += 1;
         let send_seq = self.last_send_seq;
         self.set_phase(
@@ -440,11 +640,43 @@ impl Engine {
                 carrier: carrier.clone(),
             },
         );
+        let recipient = message.recipient.clone();
         self.transmits.push_back(Transmit {
             carrier,
-            peer: None,
+            peer,
             kind: TransmitKind::Outbox { message, send_seq },
         });
+        if parked {
+            self.offer(key, Some(&recipient));
+        }
+    }
+
+    /// Offers the entry to every current neighbor but `except`: carry-only copies, reports for
+    /// which are ignored (their `send_seq` is never the entry's attempt).
+    fn offer(&mut self, key: Key, except: Option<&str>) {
+        if self.neighbors.is_empty() {
+            return;
+        }
+        let Some(entry) = self.outbox.get(key) else {
+            return;
+        };
+        let targets: Vec<(String, String)> = self
+            .neighbors
+            .each()
+            .filter(|(_, peer)| Some(*peer) != except)
+            .map(|(carrier, peer)| (carrier.to_owned(), peer.to_owned()))
+            .collect();
+        for (carrier, peer) in targets {
+            self.last_send_seq += 1;
+            self.transmits.push_back(Transmit {
+                carrier: Carrier::Local(carrier),
+                peer: Some(peer),
+                kind: TransmitKind::Outbox {
+                    message: entry.message.clone(),
+                    send_seq: self.last_send_seq,
+                },
+            });
+        }
     }
 
     fn mark_written(&mut self, key: Key, now: Millis) {
@@ -454,7 +686,8 @@ impl Engine {
         let Phase::Handed { send_seq, carrier } = &entry.phase else {
             return;
         };
-        let (send_seq, transport) = (*send_seq, carrier.name().to_owned());
+        let (send_seq, direct) = (*send_seq, matches!(carrier, Carrier::Local(_)));
+        let transport = carrier.name().to_owned();
         entry.first_sent_at.get_or_insert(now);
         entry.last_sent_at = Some(now);
         entry.window_start = now;
@@ -467,6 +700,11 @@ impl Engine {
         });
         let deadline = ack::deadline(&self.config, now);
         self.set_phase(key, Phase::AwaitingAck { send_seq, deadline });
+        if direct {
+            // Written on a direct link: it reached the recipient's device, the local analogue
+            // of the relay's "live".
+            self.set_park(key, None);
+        }
     }
 
     fn current_attempt(&self, id: &str, send_seq: u64) -> Option<Key> {
@@ -478,7 +716,7 @@ impl Engine {
 
     /// A failed send: transport backoff, no budget spent. `message_deferred.retry_count` is the
     /// number of transport failures before this one since the relay last accepted the frame,
-    /// the exponent of its backoff.
+    /// the exponent of its backoff. A parked entry stays parked.
     fn transport_failure(&mut self, key: Key, reason: &str, now: Millis) {
         let Some(entry) = self.outbox.get_mut(key) else {
             return;
@@ -487,28 +725,53 @@ impl Engine {
         entry.transport_retries = retry.saturating_add(1);
         let at = now.saturating_add(self.config.backoff_ms(retry));
         if self.requeue(key, at, now) {
-            // Without a carrier the time is only a lower bound: the carrier-up edge decides.
-            let next = self.sendable_carrier().is_ok().then_some(at);
+            // Without a route the time is only a lower bound: the carrier edge decides.
+            let next = self.sendable(key).is_ok().then_some(at);
             self.emit_deferred_with(key, reason, retry, next);
         }
     }
 
-    /// The seam for parking: until it lands, the unreachable verdict is a failed send.
+    /// The relay's unreachable verdict for the entry's current attempt (`delivery.md` item 7:
+    /// exactly this message).
     fn on_unreachable(&mut self, key: Key, now: Millis) {
-        self.transport_failure(key, REASON_UNREACHABLE, now);
+        let Some(entry) = self.outbox.get(key) else {
+            return;
+        };
+        let recipient = entry.message.recipient.clone();
+        let media = entry.class() == Class::Media;
+        self.events.push_back(Event::MessageUndeliverable {
+            message_id: entry.message.id.clone(),
+            recipient: recipient.clone(),
+            reason: REASON_UNREACHABLE.to_owned(),
+            file_id: file_id(&entry.message),
+        });
+        self.parking.set_verdict(&recipient);
+        self.presence.forget_status(&recipient);
+        if media {
+            // Not parked: it keeps its pending ACK and its ladder, and is offered to neighbors.
+            self.set_park(key, None);
+            self.offer(key, None);
+        } else {
+            self.park(key, Park::Unreachable, now);
+        }
     }
 
     fn ack_timeout(&mut self, key: Key, now: Millis) {
         let Some(entry) = self.outbox.get(key) else {
             return;
         };
-        if entry.custody {
-            // A probe nobody answered: the relay still holds the message, so pace, don't spend.
-            let delay = self.custody.next_probe_delay(&entry.message.recipient);
-            self.requeue(key, now.saturating_add(delay), now);
+        if let Some(kind) = entry.park {
+            // A probe nobody answered: pace it, don't spend.
+            self.park(key, kind, now);
             return;
         }
+        let regular = entry.class() == Class::Regular;
+        let verdict = self.parking.has_verdict(&entry.message.recipient);
         match ack::after_timeout(&self.config, entry.ack_attempts, now) {
+            AfterTimeout::Exhausted if regular && verdict => {
+                // The recipient still holds a live park counter: re-park, don't settle.
+                self.park(key, Park::Unreachable, now);
+            }
             AfterTimeout::Exhausted => self.settle_failed(key, FailReason::MaxRetriesExceeded, now),
             AfterTimeout::Retry { retry_count, at } => {
                 if !self.requeue(key, at, now) {
@@ -532,11 +795,8 @@ impl Engine {
         let Some(entry) = self.outbox.get(key) else {
             return;
         };
-        let newly = !entry.custody;
-        let recipient = entry.message.recipient.clone();
-        self.set_custody(key, true);
-        let delay = self.custody.next_probe_delay(&recipient);
-        if self.requeue(key, now.saturating_add(delay), now) && newly {
+        let newly = entry.park != Some(Park::Custody);
+        if self.park(key, Park::Custody, now) && newly {
             if let Some(entry) = self.outbox.get(key) {
                 self.events.push_back(Event::MessageStored {
                     message_id: entry.message.id.clone(),
@@ -544,6 +804,34 @@ impl Engine {
                 });
             }
         }
+    }
+
+    /// Parks the entry (pending ACK and retry entry dropped, outbox entry kept): the
+    /// recipient's ladder climbs once and the probe is scheduled at the escalated interval —
+    /// or, under `edgeDrivenUnreachableDm` once this episode's timed probes are spent, the entry
+    /// rests until an edge. Every park offers the message to the current neighbors. Returns
+    /// whether the entry is still live (a park past the lifetime settles it).
+    fn park(&mut self, key: Key, kind: Park, now: Millis) -> bool {
+        let Some(entry) = self.outbox.get(key) else {
+            return false;
+        };
+        let recipient = entry.message.recipient.clone();
+        let quiet =
+            self.config.edge_driven_unreachable_dm && entry.timed_probes >= EDGE_DRIVEN_PROBES;
+        self.set_park(key, Some(kind));
+        let delay = self.parking.climb(&recipient);
+        let live = if quiet {
+            self.rest(key, now)
+        } else {
+            if let Some(entry) = self.outbox.get_mut(key) {
+                entry.timed_probes = entry.timed_probes.saturating_add(1);
+            }
+            self.requeue(key, now.saturating_add(delay), now)
+        };
+        if live {
+            self.offer(key, None);
+        }
+        live
     }
 
     /// Back into the retry queue at `at` after an attempt ended without a settlement — unless
@@ -562,12 +850,27 @@ impl Engine {
         true
     }
 
+    /// Quiet until an edge: no send timer, only the lifetime.
+    fn rest(&mut self, key: Key, now: Millis) -> bool {
+        let Some(entry) = self.outbox.get(key) else {
+            return false;
+        };
+        let expires_at = entry.expires_at(&self.config);
+        if now >= expires_at {
+            self.settle_failed(key, FailReason::OutboxLifetimeExceeded, now);
+            return false;
+        }
+        self.set_phase(key, Phase::Resting { expires_at });
+        true
+    }
+
+    /// Makes a queued or resting entry due now.
     fn bring_forward(&mut self, key: Key, now: Millis) {
         let Some(entry) = self.outbox.get(key) else {
             return;
         };
-        if let Phase::Queued { at, expires_at } = entry.phase {
-            if at > now {
+        match entry.phase {
+            Phase::Queued { at, expires_at } if at > now => {
                 self.set_phase(
                     key,
                     Phase::Queued {
@@ -576,6 +879,38 @@ impl Engine {
                     },
                 );
             }
+            Phase::Resting { expires_at } => {
+                self.set_phase(
+                    key,
+                    Phase::Queued {
+                        at: now,
+                        expires_at,
+                    },
+                );
+            }
+            _ => {}
+        }
+    }
+
+    /// A reachability edge for `peer`: its ladder and verdict reset, its parked entries
+    /// re-driven now with a fresh budget.
+    fn edge(&mut self, peer: &str, now: Millis) {
+        let parked = self.parking.edge(peer);
+        self.redrive(parked, now);
+    }
+
+    /// Fresh ACK budget and a new park episode for each entry, due now if waiting.
+    fn redrive(&mut self, keys: Vec<Key>, now: Millis) {
+        for key in keys {
+            let Some(entry) = self.outbox.get_mut(key) else {
+                continue;
+            };
+            if entry.ack_attempts != 0 || entry.timed_probes != 0 {
+                entry.ack_attempts = 0;
+                entry.timed_probes = 0;
+                self.dirty.insert(key);
+            }
+            self.bring_forward(key, now);
         }
     }
 
@@ -614,10 +949,9 @@ impl Engine {
             settlement: Settlement::Delivered,
             at: now,
         });
-        // The recipient just proved reachable: what the relay holds for it goes again now.
-        for key in self.custody.redrive(&recipient) {
-            self.bring_forward(key, now);
-        }
+        // The recipient just proved reachable: its other parked messages go again now.
+        self.edge(&recipient, now);
+        self.send_due(now);
     }
 
     fn inbound_data(&mut self, message: Message, origin: &InboundOrigin, now: Millis) {
@@ -651,6 +985,14 @@ impl Engine {
                 transport,
             });
         }
+        // The peer that carried it is back: an edge for it (the seed's opt-out paragraph counts
+        // on returning peers that send an inbound frame). Over the relay it may be an old frame
+        // from the mailbox; the cost of that false edge is one re-drive and a fresh verdict.
+        self.edge(&origin.stamped_sender, now);
+        if let Some(account) = &origin.sender_account {
+            self.edge(account, now);
+        }
+        self.send_due(now);
         if let Some(message) = ack {
             let peer = match origin.carrier {
                 Carrier::Internet => None,
@@ -667,13 +1009,13 @@ impl Engine {
     // ---- bookkeeping --------------------------------------------------------------------------
 
     fn admit(&mut self, entry: Entry) -> Key {
-        let (priority, custody) = (entry.message.priority, entry.custody);
+        let (priority, parked) = (entry.message.priority, entry.park.is_some());
         let phase = entry.phase.clone();
-        let held_for = custody.then(|| entry.message.recipient.clone());
+        let held_for = parked.then(|| entry.message.recipient.clone());
         let key = self.outbox.insert(entry);
-        self.timers.arm(key, priority, custody, &phase);
+        self.timers.arm(key, priority, parked, &phase);
         if let Some(recipient) = held_for {
-            self.custody.hold(&recipient, key);
+            self.parking.hold(&recipient, key);
         }
         self.dirty.insert(key);
         key
@@ -683,40 +1025,49 @@ impl Engine {
         let Some(entry) = self.outbox.get_mut(key) else {
             return;
         };
+        let parked = entry.park.is_some();
         let old = std::mem::replace(&mut entry.phase, phase);
         self.timers
-            .disarm(key, entry.message.priority, entry.custody, &old);
+            .disarm(key, entry.message.priority, parked, &old);
         self.timers
-            .arm(key, entry.message.priority, entry.custody, &entry.phase);
+            .arm(key, entry.message.priority, parked, &entry.phase);
         self.dirty.insert(key);
     }
 
-    fn set_custody(&mut self, key: Key, custody: bool) {
+    fn set_park(&mut self, key: Key, park: Option<Park>) {
         let Some(entry) = self.outbox.get_mut(key) else {
             return;
         };
-        if entry.custody == custody {
+        if entry.park == park {
+            return;
+        }
+        let (was, is) = (entry.park.is_some(), park.is_some());
+        entry.park = park;
+        self.dirty.insert(key);
+        if was == is {
             return;
         }
         self.timers
-            .disarm(key, entry.message.priority, entry.custody, &entry.phase);
-        entry.custody = custody;
+            .disarm(key, entry.message.priority, was, &entry.phase);
         self.timers
-            .arm(key, entry.message.priority, entry.custody, &entry.phase);
-        if custody {
-            self.custody.hold(&entry.message.recipient, key);
+            .arm(key, entry.message.priority, is, &entry.phase);
+        if is {
+            self.parking.hold(&entry.message.recipient, key);
         } else {
-            self.custody.release(&entry.message.recipient, key);
+            self.parking.release(&entry.message.recipient, key);
         }
-        self.dirty.insert(key);
     }
 
     fn remove(&mut self, key: Key) -> Option<Entry> {
         let entry = self.outbox.remove(key)?;
+        let parked = entry.park.is_some();
         self.timers
-            .disarm(key, entry.message.priority, entry.custody, &entry.phase);
-        if entry.custody {
-            self.custody.release(&entry.message.recipient, key);
+            .disarm(key, entry.message.priority, parked, &entry.phase);
+        if parked {
+            self.parking.release(&entry.message.recipient, key);
+        }
+        if !self.outbox.has_recipient(&entry.message.recipient) {
+            self.parking.forget(&entry.message.recipient);
         }
         self.dirty.remove(&key);
         Some(entry)
@@ -795,8 +1146,13 @@ impl Engine {
         self.events.push_back(Event::Diagnostic { level, message });
     }
 
-    /// One Put per entry changed during the call, reflecting where it ended up.
+    /// One Put per entry changed during the call, reflecting where it ended up; then the
+    /// watchlist follows the parking bookkeeping.
     fn end_call(&mut self) {
+        for peer in self.parking.take_touched() {
+            let wanted = self.parking.watched(&peer);
+            self.presence.set_wanted(&peer, wanted);
+        }
         for key in std::mem::take(&mut self.dirty) {
             if let Some(entry) = self.outbox.get(key) {
                 self.store.push_back(StoreOp::Put(entry.record()));
@@ -805,26 +1161,55 @@ impl Engine {
     }
 }
 
+/// `file_id` of `message_undeliverable`: the transfer a media chunk belongs to, when it says.
+fn file_id(message: &Message) -> Option<String> {
+    if message.content_type != ContentType::FileChunk {
+        return None;
+    }
+    let from_media = message.media_metadata.as_ref().and_then(|meta| {
+        ["file_id", "fileId"]
+            .iter()
+            .find_map(|k| meta.get(k).and_then(Value::as_str))
+    });
+    from_media
+        .or_else(|| message.metadata.get("file_id").map(String::as_str))
+        .map(str::to_owned)
+}
+
 #[cfg(test)]
 impl Engine {
-    /// The engine's own consistency: indexes match phases, the in-flight cap holds, no Put is
-    /// left unemitted between calls.
+    /// The engine's own consistency: indexes match phases, the in-flight cap holds, parked
+    /// entries always have a probe timer or rest by the edge-driven rule, the watchlist follows
+    /// the parking bookkeeping, no Put is left unemitted between calls.
     pub(crate) fn check_invariants(&self) {
         self.outbox.check();
+        self.presence.check();
         let mut expected = Timers::default();
         let mut held = BTreeSet::new();
         for (key, entry) in self.outbox.iter() {
-            expected.arm(key, entry.message.priority, entry.custody, &entry.phase);
-            if entry.custody {
+            let parked = entry.park.is_some();
+            expected.arm(key, entry.message.priority, parked, &entry.phase);
+            if parked {
                 held.insert(key);
             }
-            if let Phase::Queued { expires_at, .. } = entry.phase {
-                assert_eq!(
+            match entry.phase {
+                Phase::Queued { expires_at, .. } => assert_eq!(
                     expires_at,
                     entry.expires_at(&self.config),
                     "expiry of {}",
                     entry.message.id
-                );
+                ),
+                Phase::Resting { expires_at } => {
+                    assert_eq!(expires_at, entry.expires_at(&self.config));
+                    assert!(
+                        parked
+                            && self.config.edge_driven_unreachable_dm
+                            && entry.timed_probes >= EDGE_DRIVEN_PROBES,
+                        "{} rests outside the edge-driven rule",
+                        entry.message.id
+                    );
+                }
+                Phase::Handed { .. } | Phase::AwaitingAck { .. } => {}
             }
         }
         assert_eq!(
@@ -833,14 +1218,36 @@ impl Engine {
         );
         assert_eq!(
             held,
-            self.custody.keys().collect::<BTreeSet<_>>(),
-            "custody index out of step"
+            self.parking.keys().collect::<BTreeSet<_>>(),
+            "parking index out of step"
         );
+        for recipient in self.parking.recipients() {
+            assert!(
+                self.outbox.has_recipient(recipient),
+                "parking record of {recipient} outlived its entries"
+            );
+            assert_eq!(
+                self.presence.is_wanted(recipient),
+                self.parking.watched(recipient),
+                "watchlist out of step for {recipient}"
+            );
+        }
+        for peer in self.presence.wanted() {
+            assert!(self.parking.watched(&peer), "{peer} watched for nothing");
+        }
         assert!(
             self.timers.in_flight() <= self.config.max_pending_acks.max(1),
             "in-flight cap"
         );
         assert!(self.dirty.is_empty());
+    }
+
+    pub(crate) fn park_counter(&self, recipient: &str) -> u32 {
+        self.parking.counter(recipient)
+    }
+
+    pub(crate) fn is_neighbor(&self, peer: &str) -> bool {
+        self.neighbors.link_to(peer).is_some()
     }
 
     pub(crate) fn records(&self) -> Vec<OutboxRecord> {

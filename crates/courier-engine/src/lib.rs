@@ -60,13 +60,15 @@
 
 mod ack;
 pub mod config;
-mod custody;
 mod dedup;
 mod engine;
 pub mod event;
 mod inbound;
 pub mod io;
+mod neighbors;
 mod outbox;
+mod parking;
+mod presence;
 mod retry_queue;
 mod timers;
 

@@ -7,6 +7,7 @@ use courier_proto::{ContentType, Message};
 
 use crate::config::Config;
 use crate::io::{Carrier, EntryState, Millis, OutboxRecord};
+use crate::parking::Park;
 
 /// When an entry accepted at `created_at` with its window opened at `window_start` expires:
 /// the sliding window, never past the absolute cap.
@@ -68,6 +69,9 @@ pub(crate) enum Phase {
     Handed { send_seq: u64, carrier: Carrier },
     /// Written; the end-to-end ACK is due by `deadline`.
     AwaitingAck { send_seq: u64, deadline: Millis },
+    /// Parked and quiet (`edgeDrivenUnreachableDm` after its bounded timed probes): no send
+    /// timer, only the lifetime; a reachability edge moves it.
+    Resting { expires_at: Millis },
 }
 
 #[derive(Debug, Clone)]
@@ -80,9 +84,12 @@ pub(crate) struct Entry {
     pub transport_retries: u32,
     pub first_sent_at: Option<Millis>,
     pub last_sent_at: Option<Millis>,
-    /// The relay's latest verdict was "stored": its mailbox holds a copy, so the entry is paced
-    /// by probes instead of the ACK ladder until a "live" answer or the ACK.
-    pub custody: bool,
+    /// Parked (unreachable verdict) or in relay custody ("stored"): paced by probes and edges
+    /// instead of the ACK ladder until a "live" answer, a direct-link write or the ACK.
+    pub park: Option<Park>,
+    /// Timed probes scheduled in this park episode (bounded under `edgeDrivenUnreachableDm`;
+    /// an edge starts a new episode). Not persisted: a restart is an edge.
+    pub timed_probes: u8,
     pub phase: Phase,
 }
 
@@ -97,7 +104,8 @@ impl Entry {
 
     pub(crate) fn state(&self) -> EntryState {
         match self.phase {
-            Phase::Queued { .. } if self.custody => EntryState::Parked,
+            Phase::Queued { .. } if self.park.is_some() => EntryState::Parked,
+            Phase::Resting { .. } => EntryState::Parked,
             Phase::Queued { .. } => EntryState::Queued,
             Phase::Handed { .. } | Phase::AwaitingAck { .. } => EntryState::InFlight,
         }
@@ -106,7 +114,7 @@ impl Entry {
     /// The attempt a runtime report may refer to.
     pub(crate) fn current_send_seq(&self) -> Option<u64> {
         match self.phase {
-            Phase::Queued { .. } => None,
+            Phase::Queued { .. } | Phase::Resting { .. } => None,
             Phase::Handed { send_seq, .. } | Phase::AwaitingAck { send_seq, .. } => Some(send_seq),
         }
     }
@@ -114,7 +122,7 @@ impl Entry {
     pub(crate) fn record(&self) -> OutboxRecord {
         let next_at = match self.phase {
             Phase::Queued { at, .. } => Some(at),
-            Phase::Handed { .. } => None,
+            Phase::Handed { .. } | Phase::Resting { .. } => None,
             Phase::AwaitingAck { deadline, .. } => Some(deadline),
         };
         OutboxRecord {
@@ -131,13 +139,16 @@ impl Entry {
     }
 }
 
-/// The live entries, by key and by id, with each class's keys in age order for eviction. Order
+/// The live entries, by key, by id and by recipient, with each class's keys in age order for
+/// eviction. Order
 /// lives in the small key indexes (here and in the timers), so the large entries sit in a hash
 /// map and are never moved around by ordered-tree rebalancing.
 #[derive(Debug, Default)]
 pub(crate) struct Outbox {
     entries: HashMap<Key, Entry>,
     ids: HashMap<String, Key>,
+    /// Every entry of each recipient (edges, the neighbor flush, parking bookkeeping).
+    recipients: HashMap<String, BTreeSet<Key>>,
     classes: [BTreeSet<Key>; 2],
     next_key: u64,
 }
@@ -160,6 +171,10 @@ impl Outbox {
         let key = Key(self.next_key);
         self.next_key += 1;
         self.ids.insert(entry.message.id.clone(), key);
+        self.recipients
+            .entry(entry.message.recipient.clone())
+            .or_default()
+            .insert(key);
         self.classes[entry.class().index()].insert(key);
         self.entries.insert(key, entry);
         key
@@ -168,8 +183,26 @@ impl Outbox {
     pub(crate) fn remove(&mut self, key: Key) -> Option<Entry> {
         let entry = self.entries.remove(&key)?;
         self.ids.remove(&entry.message.id);
+        if let Some(keys) = self.recipients.get_mut(&entry.message.recipient) {
+            keys.remove(&key);
+            if keys.is_empty() {
+                self.recipients.remove(&entry.message.recipient);
+            }
+        }
         self.classes[entry.class().index()].remove(&key);
         Some(entry)
+    }
+
+    /// The entries addressed to `recipient`, oldest first.
+    pub(crate) fn keys_to(&self, recipient: &str) -> Vec<Key> {
+        self.recipients
+            .get(recipient)
+            .map(|keys| keys.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn has_recipient(&self, recipient: &str) -> bool {
+        self.recipients.contains_key(recipient)
     }
 
     pub(crate) fn oldest(&self, class: Class) -> Option<Key> {
@@ -198,7 +231,18 @@ impl Outbox {
                 self.classes[entry.class().index()].contains(key),
                 "class index out of step"
             );
+            assert!(
+                self.recipients
+                    .get(&entry.message.recipient)
+                    .is_some_and(|keys| keys.contains(key)),
+                "recipient index out of step"
+            );
         }
+        assert_eq!(
+            self.recipients.values().map(BTreeSet::len).sum::<usize>(),
+            self.entries.len(),
+            "recipient index out of step"
+        );
         assert_eq!(
             self.classes[0].len() + self.classes[1].len(),
             self.entries.len()

@@ -27,11 +27,8 @@ impl RetryQueue {
         self.slots.first().map(|(at, _, _)| *at)
     }
 
-    pub(crate) fn first_due(&self, now: Millis) -> Option<Key> {
-        self.slots
-            .first()
-            .filter(|(at, _, _)| *at <= now)
-            .map(|(_, _, key)| *key)
+    pub(crate) fn first(&self) -> Option<(Millis, Reverse<Priority>, Key)> {
+        self.slots.first().copied()
     }
 
     /// Entries whose time has not come yet (what a flush brings forward).

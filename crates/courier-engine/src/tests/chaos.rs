@@ -64,6 +64,7 @@ fn random_interleavings_keep_the_invariants() {
     let all = [
         "delivered",
         "stored",
+        "undeliverable",
         "retrying",
         "deferred",
         "received",
@@ -146,6 +147,7 @@ fn run(seed: u64) -> BTreeSet<&'static str> {
                     write: rng.chance(80),
                     answer: rng.pick(&ANSWERS),
                     ack_after: rng.chance(70).then(|| rng.below(20 * SEC)),
+                    refuse: rng.chance(5),
                 }
             }
             46..=53 => {

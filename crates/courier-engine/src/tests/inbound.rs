@@ -178,9 +178,11 @@ fn no_ack_unless_asked_and_no_hop_ack_without_a_seq() {
         ["mark_processed", "message_received", "hop_ack"]
     );
 
+    sim.local_up(BLE);
+    sim.discover(BOB, BLE);
     let mark = sim.mark();
     let origin = InboundOrigin {
-        carrier: Carrier::Local("ble".into()),
+        carrier: Carrier::Local(BLE.into()),
         stamped_sender: BOB.into(),
         sender_account: None,
         seq: None,
@@ -191,7 +193,8 @@ fn no_ack_unless_asked_and_no_hop_ack_without_a_seq() {
         ["mark_processed", "message_received", "ack"]
     );
     assert!(
-        matches!(&sim.log[mark + 2].1, Out::Transmit(Transmit { carrier: Carrier::Local(name), .. }) if name == "ble")
+        matches!(&sim.log[mark + 2].1, Out::Transmit(Transmit { carrier: Carrier::Local(name), peer: Some(peer), .. }) if name == BLE && peer == BOB),
+        "the ACK goes back on that carrier, to that peer"
     );
 }
 

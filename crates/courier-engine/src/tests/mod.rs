@@ -9,18 +9,25 @@ mod inbound;
 mod ladder;
 mod lifecycle;
 mod lifetime;
+mod neighbors;
+mod parking;
+mod presence;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use courier_proto::{ContentType, Message, Priority};
 
 use crate::{
-    Carrier, Config, Engine, EntryState, Event, InboundOrigin, Millis, OutboxRecord, ProcessedKey,
-    RelayAnswer, SendOutcome, SendRequest, Settlement, StoreOp, Transmit, TransmitKind,
+    Carrier, Config, Engine, EntryState, Event, InboundOrigin, Millis, OutboxRecord,
+    PresenceChange, ProcessedKey, RelayAnswer, SendOutcome, SendRequest, Settlement, StoreOp,
+    Transmit, TransmitKind,
 };
 
 pub(crate) const ALICE: &str = "alice";
 pub(crate) const BOB: &str = "bob";
+pub(crate) const CAROL: &str = "carol";
+/// The local carrier the scenarios register.
+pub(crate) const BLE: &str = "ble";
 pub(crate) const SEC: Millis = 1000;
 pub(crate) const MIN: Millis = 60 * SEC;
 pub(crate) const HOUR: Millis = 60 * MIN;
@@ -43,6 +50,17 @@ pub(crate) struct Net {
     pub answer: Option<RelayAnswer>,
     /// The recipient ACKs this long after a write that reached it (relay answer `Live` or none).
     pub ack_after: Option<Millis>,
+    /// The relay refuses every frame (a `DeliveryError` that is not a verdict): a failed send.
+    pub refuse: bool,
+}
+
+/// How direct links to neighbors behave.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LocalNet {
+    /// The link writes frames at once; otherwise they wait in `Sim::unwritten`.
+    pub write: bool,
+    /// A recipient that got a frame over a direct link ACKs on that link this long after.
+    pub ack_after: Option<Millis>,
 }
 
 impl Net {
@@ -51,6 +69,7 @@ impl Net {
             write: true,
             answer: Some(RelayAnswer::Live),
             ack_after: Some(100),
+            refuse: false,
         }
     }
 
@@ -60,6 +79,7 @@ impl Net {
             write: true,
             answer: Some(RelayAnswer::Live),
             ack_after: None,
+            refuse: false,
         }
     }
 
@@ -68,6 +88,17 @@ impl Net {
             write: true,
             answer: Some(answer),
             ack_after: None,
+            refuse: false,
+        }
+    }
+
+    /// The relay refuses every frame: each attempt is a failed send.
+    pub(crate) fn refusing() -> Self {
+        Self {
+            write: true,
+            answer: None,
+            ack_after: None,
+            refuse: true,
         }
     }
 }
@@ -82,8 +113,17 @@ pub(crate) struct Sim {
     pub processed: Vec<ProcessedKey>,
     /// Every output with the virtual time it came out at.
     pub log: Vec<(Millis, Out)>,
-    /// Outbox frames handed to the carrier and not yet written: (id, send_seq).
-    pub unwritten: Vec<(String, u64)>,
+    /// Outbox frames handed to a carrier and not yet written: (id, send_seq, carrier).
+    pub unwritten: Vec<(String, u64, Carrier)>,
+    pub local: LocalNet,
+    /// Registered local carriers and the neighbors each reaches now (the world's view).
+    pub links: BTreeMap<String, BTreeSet<String>>,
+    /// Carry-only offers: (at, carrier, neighbor, message id).
+    pub offers: Vec<(Millis, String, String, String)>,
+    /// The presence watch as the relay sees it on the current connection.
+    pub watching: BTreeSet<String>,
+    /// Every presence change the runtime polled, with its time.
+    pub presence_log: Vec<(Millis, PresenceChange)>,
     internet_up: bool,
     arrivals: BTreeMap<(Millis, u64), (Message, InboundOrigin)>,
     arrival_seq: u64,
@@ -111,6 +151,14 @@ impl Sim {
             processed: Vec::new(),
             log: Vec::new(),
             unwritten: Vec::new(),
+            local: LocalNet {
+                write: true,
+                ack_after: Some(100),
+            },
+            links: BTreeMap::new(),
+            offers: Vec::new(),
+            watching: BTreeSet::new(),
+            presence_log: Vec::new(),
             internet_up: false,
             arrivals: BTreeMap::new(),
             arrival_seq: 0,
@@ -163,10 +211,59 @@ impl Sim {
 
     pub(crate) fn carrier_down(&mut self) {
         self.internet_up = false;
-        // Frames the carrier had not written die with it.
-        self.unwritten.clear();
+        // Frames the carrier had not written die with it, and so do the connection's watches.
+        self.unwritten.retain(|(_, _, c)| *c != Carrier::Internet);
+        self.watching.clear();
         self.engine.handle_carrier_down(Carrier::Internet, self.now);
         self.after_call();
+    }
+
+    /// The app registers local carrier `name`.
+    pub(crate) fn local_up(&mut self, name: &str) {
+        self.links.entry(name.to_owned()).or_default();
+        self.engine
+            .handle_carrier_up(Carrier::Local(name.to_owned()), self.now);
+        self.after_call();
+    }
+
+    /// Local carrier `name` goes away with its links.
+    pub(crate) fn local_down(&mut self, name: &str) {
+        self.links.remove(name);
+        let carrier = Carrier::Local(name.to_owned());
+        self.unwritten.retain(|(_, _, c)| *c != carrier);
+        self.engine.handle_carrier_down(carrier, self.now);
+        self.after_call();
+    }
+
+    /// `peer` comes in range of local carrier `name`; returns the outbox frames sent.
+    pub(crate) fn discover(&mut self, peer: &str, name: &str) -> usize {
+        if let Some(peers) = self.links.get_mut(name) {
+            peers.insert(peer.to_owned());
+        }
+        let mark = self.mark();
+        self.engine
+            .handle_neighbor_discovered(peer, Carrier::Local(name.to_owned()), self.now);
+        self.after_call_counting(mark)
+    }
+
+    /// `peer` goes out of range of local carrier `name`.
+    pub(crate) fn lose(&mut self, peer: &str, name: &str) {
+        if let Some(peers) = self.links.get_mut(name) {
+            peers.remove(peer);
+        }
+        let carrier = Carrier::Local(name.to_owned());
+        let frames = &self.frames;
+        self.unwritten
+            .retain(|(id, _, c)| !(*c == carrier && frames[id].recipient == peer));
+        self.engine.handle_neighbor_lost(peer, carrier, self.now);
+        self.after_call();
+    }
+
+    /// The relay reports `peer`'s presence; returns the outbox frames sent.
+    pub(crate) fn presence(&mut self, peer: &str, online: bool) -> usize {
+        let mark = self.mark();
+        self.engine.handle_presence(peer, online, self.now);
+        self.after_call_counting(mark)
     }
 
     /// One `handle_timeout` at the current time; returns the outbox frames it sent.
@@ -178,15 +275,15 @@ impl Sim {
 
     pub(crate) fn write_unwritten(&mut self, index: usize) {
         if index < self.unwritten.len() {
-            let (id, seq) = self.unwritten.remove(index);
-            let more = self.write(id, seq);
+            let frame = self.unwritten.remove(index);
+            let more = self.write(frame);
             self.execute(more);
         }
     }
 
     pub(crate) fn fail_unwritten(&mut self, index: usize, reason: &str) {
         if index < self.unwritten.len() {
-            let (id, seq) = self.unwritten.remove(index);
+            let (id, seq, _) = self.unwritten.remove(index);
             self.engine.handle_send_failed(&id, seq, reason, self.now);
             self.after_call();
         }
@@ -210,6 +307,23 @@ impl Sim {
         self.inbound(ack, origin);
     }
 
+    /// An ACK of `id` claiming to come from its recipient, carried on `carrier` by `carried_by`
+    /// (a local carrier's peer id, or the identity the relay stamped).
+    pub(crate) fn ack_carried(&mut self, id: &str, carrier: Carrier, carried_by: &str) {
+        let frame = &self.frames[id];
+        if carried_by == frame.recipient {
+            self.acked_by_recipient.insert(id.to_owned());
+        }
+        let ack = frame.ack(format!("peer-ack-{id}"), self.now, carrier.name());
+        let origin = InboundOrigin {
+            carrier,
+            stamped_sender: carried_by.to_owned(),
+            sender_account: None,
+            seq: None,
+        };
+        self.inbound(ack, origin);
+    }
+
     pub(crate) fn inbound(&mut self, message: Message, origin: InboundOrigin) {
         self.engine.handle_inbound(message, origin, self.now);
         self.after_call();
@@ -220,6 +334,8 @@ impl Sim {
         self.engine = Engine::new(self.config.clone(), ALICE.to_owned());
         self.internet_up = false;
         self.unwritten.clear();
+        self.links.clear();
+        self.watching.clear();
         let records = self.rows.values().cloned().collect();
         self.engine
             .restore(records, self.processed.clone(), self.now);
@@ -331,14 +447,16 @@ impl Sim {
         self.engine.status(id)
     }
 
+    /// Outbox attempts (not carry-only offers) since `mark`.
     pub(crate) fn outbox_frames_since(&self, mark: usize) -> Vec<(Millis, &Message)> {
         self.log[mark..]
             .iter()
             .filter_map(|(at, out)| match out {
                 Out::Transmit(Transmit {
                     kind: TransmitKind::Outbox { message, .. },
+                    peer,
                     ..
-                }) => Some((*at, message)),
+                }) if peer.as_ref().is_none_or(|p| *p == message.recipient) => Some((*at, message)),
                 _ => None,
             })
             .collect()
@@ -367,20 +485,44 @@ impl Sim {
         (ack, origin)
     }
 
-    fn write(&mut self, id: String, send_seq: u64) -> VecDeque<(String, u64)> {
+    fn write(&mut self, (id, send_seq, carrier): (String, u64, Carrier)) -> VecDeque<Handed> {
         self.engine.handle_written(&id, send_seq, self.now);
         let mut more = self.after_call_collect();
-        let reached_recipient = match self.net.answer {
-            Some(answer) => {
+        let (reached_recipient, ack_after) = match &carrier {
+            Carrier::Internet if self.net.refuse => {
+                let reason = "relay refused the message";
                 self.engine
-                    .handle_relay_answer(&id, send_seq, answer, self.now);
+                    .handle_send_failed(&id, send_seq, reason, self.now);
                 more.extend(self.after_call_collect());
-                answer == RelayAnswer::Live
+                (false, None)
             }
-            None => true,
+            Carrier::Internet => match self.net.answer {
+                Some(answer) => {
+                    self.engine
+                        .handle_relay_answer(&id, send_seq, answer, self.now);
+                    more.extend(self.after_call_collect());
+                    (answer == RelayAnswer::Live, self.net.ack_after)
+                }
+                None => (true, self.net.ack_after),
+            },
+            Carrier::Local(_) => (true, self.local.ack_after),
         };
-        if let (true, Some(after)) = (reached_recipient, self.net.ack_after) {
-            let arrival = self.recipient_ack(&id);
+        if let (true, Some(after)) = (reached_recipient, ack_after) {
+            let arrival = match &carrier {
+                Carrier::Internet => self.recipient_ack(&id),
+                Carrier::Local(_) => {
+                    let frame = &self.frames[&id];
+                    self.acked_by_recipient.insert(id.clone());
+                    let ack = frame.ack(format!("peer-ack-{id}"), self.now, carrier.name());
+                    let origin = InboundOrigin {
+                        carrier: carrier.clone(),
+                        stamped_sender: frame.recipient.clone(),
+                        sender_account: None,
+                        seq: None,
+                    };
+                    (ack, origin)
+                }
+            };
             self.arrival_seq += 1;
             self.arrivals
                 .insert((self.now + after, self.arrival_seq), arrival);
@@ -388,13 +530,17 @@ impl Sim {
         more
     }
 
-    fn execute(&mut self, mut frames: VecDeque<(String, u64)>) {
-        while let Some((id, seq)) = frames.pop_front() {
-            if self.net.write {
-                let more = self.write(id, seq);
+    fn execute(&mut self, mut frames: VecDeque<Handed>) {
+        while let Some(frame) = frames.pop_front() {
+            let write = match frame.2 {
+                Carrier::Internet => self.net.write,
+                Carrier::Local(_) => self.local.write,
+            };
+            if write {
+                let more = self.write(frame);
                 frames.extend(more);
             } else {
-                self.unwritten.push((id, seq));
+                self.unwritten.push(frame);
             }
         }
     }
@@ -404,6 +550,7 @@ impl Sim {
         self.execute(frames);
     }
 
+    /// Executes a call's outputs; returns the attempts it handed out (offers not counted).
     fn after_call_counting(&mut self, mark: usize) -> usize {
         let frames = self.after_call_collect();
         let count = frames.len();
@@ -414,7 +561,7 @@ impl Sim {
 
     /// Drains one call's outputs like the runtime (store, then events, then transmits) and
     /// checks the invariants; returns the outbox frames to execute.
-    fn after_call_collect(&mut self) -> VecDeque<(String, u64)> {
+    fn after_call_collect(&mut self) -> VecDeque<Handed> {
         let mut settled = BTreeSet::new();
         while let Some(op) = self.engine.poll_store() {
             match &op {
@@ -473,15 +620,61 @@ impl Sim {
         );
         let mut frames = VecDeque::new();
         while let Some(transmit) = self.engine.poll_transmit() {
-            if let TransmitKind::Outbox { message, send_seq } = &transmit.kind {
-                self.frames.insert(message.id.clone(), message.clone());
-                self.send_seqs.insert(message.id.clone(), *send_seq);
-                frames.push_back((message.id.clone(), *send_seq));
-            }
+            self.route(&transmit, &mut frames);
             self.log.push((self.now, Out::Transmit(transmit)));
+        }
+        while let Some(change) = self.engine.poll_presence() {
+            assert!(self.internet_up, "{change:?} without a relay connection");
+            match &change {
+                PresenceChange::Watch(peer) => {
+                    assert!(self.watching.insert(peer.clone()), "{peer} watched twice")
+                }
+                PresenceChange::Unwatch(peer) => {
+                    assert!(
+                        self.watching.remove(peer),
+                        "{peer} unwatched while not watched"
+                    )
+                }
+            }
+            self.presence_log.push((self.now, change));
         }
         self.check();
         frames
+    }
+
+    /// What the runtime does with one transmit: outbox attempts go to `execute`, offers to
+    /// neighbors are recorded, and every local frame must address a current neighbor.
+    fn route(&mut self, transmit: &Transmit, frames: &mut VecDeque<Handed>) {
+        if let Carrier::Local(name) = &transmit.carrier {
+            let peer = transmit
+                .peer
+                .as_deref()
+                .expect("a local frame names its neighbor");
+            assert!(
+                self.links
+                    .get(name)
+                    .is_some_and(|peers| peers.contains(peer)),
+                "frame for {peer}, who is not a neighbor on {name}"
+            );
+        } else {
+            assert_eq!(transmit.peer, None, "relay frames name no neighbor");
+        }
+        let TransmitKind::Outbox { message, send_seq } = &transmit.kind else {
+            return;
+        };
+        self.frames.insert(message.id.clone(), message.clone());
+        match (&transmit.carrier, transmit.peer.as_deref()) {
+            (Carrier::Local(name), Some(peer)) if peer != message.recipient => {
+                self.offers
+                    .push((self.now, name.clone(), peer.to_owned(), message.id.clone()));
+            }
+            (carrier, _) => {
+                if *carrier == Carrier::Internet {
+                    self.send_seqs.insert(message.id.clone(), *send_seq);
+                }
+                frames.push_back((message.id.clone(), *send_seq, carrier.clone()));
+            }
+        }
     }
 
     fn check(&self) {
@@ -493,8 +686,18 @@ impl Sim {
             "store rows and live entries differ"
         );
         let stats = self.engine.stats();
-        let can_send = self.internet_up && stats.pending_acks < self.config.max_pending_acks.max(1);
+        let slot = stats.pending_acks < self.config.max_pending_acks.max(1);
         let deadline = self.engine.next_deadline();
+        let edge_driven = self.config.edge_driven_unreachable_dm;
+        let watchlist: BTreeSet<String> = self.engine.presence_watchlist().into_iter().collect();
+        assert!(
+            self.watching.is_subset(&watchlist),
+            "a peer watched for nothing"
+        );
+        if self.internet_up && watchlist.len() <= crate::presence::MAX_WATCHED {
+            assert_eq!(self.watching, watchlist, "the watch lags the watchlist");
+        }
+        assert!(self.watching.len() <= crate::presence::MAX_WATCHED);
         for record in &records {
             let id = &record.message.id;
             assert_eq!(
@@ -510,16 +713,29 @@ impl Sim {
                     )
                 }
                 (EntryState::InFlight, None) => {}
+                (EntryState::Parked, None) => {
+                    assert!(edge_driven, "parked {id} without a probe timer");
+                }
                 (EntryState::Queued | EntryState::Parked, next) => {
                     let next = next.unwrap_or_else(|| panic!("queued {id} without a time"));
-                    if can_send {
-                        assert!(deadline.is_some_and(|d| d <= next), "{id} is stranded");
+                    let routed =
+                        self.internet_up || self.engine.is_neighbor(&record.message.recipient);
+                    if slot && routed {
+                        if edge_driven && record.state == EntryState::Parked {
+                            // The resend budget may hold it back a little, never forever.
+                            assert!(deadline.is_some(), "{id} is stranded");
+                        } else {
+                            assert!(deadline.is_some_and(|d| d <= next), "{id} is stranded");
+                        }
                     }
                 }
             }
         }
     }
 }
+
+/// An outbox frame handed to a carrier: (id, send_seq, carrier).
+pub(crate) type Handed = (String, u64, Carrier);
 
 pub(crate) fn request(
     recipient: &str,
