@@ -754,6 +754,30 @@ pub(crate) fn request(
     }
 }
 
+/// A data message from `sender` to alice.
+pub(crate) fn message_from(sender: &str, id: &str) -> Message {
+    Message {
+        id: id.to_owned(),
+        sender: sender.to_owned(),
+        recipient: ALICE.to_owned(),
+        app_id: "chat".to_owned(),
+        priority: Priority::Medium,
+        ttl: 10,
+        hop_count: 0,
+        timestamp: 0,
+        lamport_clock: 1,
+        content_type: ContentType::Text,
+        content: "hi alice".to_owned(),
+        metadata: BTreeMap::new(),
+        requires_ack: true,
+        reply_to_msg: None,
+        binary_content: None,
+        media_metadata: None,
+        forwarded_from: None,
+        reply_context: None,
+    }
+}
+
 pub(crate) fn event_id(event: &Event) -> Option<&str> {
     match event {
         Event::MessageSent { message_id, .. }
