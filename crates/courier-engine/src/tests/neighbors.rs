@@ -1,1 +1,239 @@
+//! App-supplied local carriers: carrier choice, the Peer Discovery Flush, links lost mid-send.
 
+use super::*;
+
+fn transports(sim: &Sim, id: &str) -> Vec<String> {
+    sim.events_of(id)
+        .filter_map(|(_, e)| match e {
+            Event::MessageSent { transport, .. } => Some(transport.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn attempt_carriers(sim: &Sim, mark: usize, id: &str) -> Vec<(Carrier, Option<String>)> {
+    sim.log[mark..]
+        .iter()
+        .filter_map(|(_, out)| match out {
+            Out::Transmit(Transmit {
+                carrier,
+                peer,
+                kind: TransmitKind::Outbox { message, .. },
+            }) if message.id == id => Some((carrier.clone(), peer.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn carrier_choice_prefers_a_direct_link_to_the_recipient() {
+    let mut sim = Sim::with_defaults();
+    sim.carrier_up();
+    sim.local_up(BLE);
+    sim.discover(BOB, BLE);
+    let mark = sim.mark();
+    let to_bob = sim.send(BOB);
+    let to_carol = sim.send(CAROL);
+    assert_eq!(
+        attempt_carriers(&sim, mark, &to_bob),
+        [(Carrier::Local(BLE.into()), Some(BOB.to_owned()))]
+    );
+    assert_eq!(
+        attempt_carriers(&sim, mark, &to_carol),
+        [(Carrier::Internet, None)],
+        "a local carrier reaches only its neighbors"
+    );
+    sim.advance(SEC);
+    assert!(matches!(
+        sim.terminal(&to_bob),
+        Some((_, Event::MessageDelivered { ref transport, .. })) if transport == BLE
+    ));
+    assert!(matches!(
+        sim.terminal(&to_carol),
+        Some((_, Event::MessageDelivered { ref transport, .. })) if transport == "internet"
+    ));
+}
+
+#[test]
+fn without_relay_or_link_the_send_is_deferred_until_a_neighbor_appears() {
+    let mut sim = Sim::with_defaults();
+    sim.local_up(BLE);
+    sim.discover(CAROL, BLE);
+    let id = sim.send(BOB);
+    assert!(matches!(
+        sim.events_of(&id).last(),
+        Some((
+            _,
+            Event::MessageDeferred {
+                next_retry_at: None,
+                ..
+            }
+        ))
+    ));
+    assert_eq!(
+        sim.engine.next_deadline(),
+        Some(7 * DAY),
+        "nothing to wake for"
+    );
+    sim.advance(MIN);
+    assert_eq!(sim.discover(BOB, BLE), 1, "the peer discovery flush");
+    sim.advance(SEC);
+    assert_eq!(transports(&sim, &id), [BLE]);
+    assert!(matches!(
+        sim.terminal(&id),
+        Some((_, Event::MessageDelivered { .. }))
+    ));
+}
+
+#[test]
+fn the_discovery_flush_sends_a_batch_and_leaves_the_rest_due() {
+    let mut sim = Sim::with_defaults();
+    sim.net = Net::relay(RelayAnswer::Unreachable);
+    sim.carrier_up();
+    let ids: Vec<String> = (0..45).map(|_| sim.send(BOB)).collect();
+    let other = sim.send(CAROL);
+    assert_eq!(sim.engine.stats().parked, 46);
+    sim.carrier_down();
+    sim.local_up(BLE);
+    sim.advance(MIN);
+
+    assert_eq!(sim.discover(BOB, BLE), 20, "batch limit");
+    assert_eq!(sim.engine.park_counter(BOB), 0, "an edge for bob");
+    assert!(
+        sim.engine.next_deadline().is_some_and(|d| d <= sim.now),
+        "the rest is due at once over the link, though the relay is down"
+    );
+    assert_eq!(sim.timeout(), 20);
+    assert_eq!(sim.timeout(), 5);
+    assert_eq!(
+        sim.timeout(),
+        0,
+        "carol is not reachable: her message waits"
+    );
+    sim.advance(SEC);
+    for id in &ids {
+        assert_eq!(transports(&sim, id).last().map(String::as_str), Some(BLE));
+        assert!(matches!(
+            sim.terminal(id),
+            Some((_, Event::MessageDelivered { .. }))
+        ));
+    }
+    assert_eq!(sim.status(&other), Some(EntryState::Parked));
+}
+
+#[test]
+fn the_discovery_flush_pulls_retries_forward_keeping_their_counts() {
+    let mut sim = Sim::with_defaults();
+    sim.net = Net::silent_peer();
+    sim.carrier_up();
+    let id = sim.send(BOB);
+    sim.advance(25 * SEC); // ACK timeouts at 10 s and 21 s: retry 1 is due at 23 s... then in flight
+    sim.advance(10 * SEC); // timeout at 33 s: retry 2 due at 37 s
+    assert_eq!(sim.status(&id), Some(EntryState::Queued));
+    let attempts = sim.rows[&id].ack_attempts;
+    assert_eq!(attempts, 3);
+    sim.local_up(BLE);
+    sim.local.ack_after = None;
+    assert_eq!(sim.discover(BOB, BLE), 1, "sent now, not at its retry time");
+    assert!(matches!(
+        sim.events_of(&id).last(),
+        Some((_, Event::MessageSent { attempt, transport, .. })) if *attempt == attempts + 1 && transport == BLE
+    ));
+    // A failed send on the link is re-enqueued with its attempt count.
+    sim.local.write = false;
+    sim.advance(MIN);
+    let index = sim
+        .unwritten
+        .iter()
+        .position(|(i, _, _)| *i == id)
+        .expect("handed to the link");
+    sim.fail_unwritten(index, "ble write failed");
+    assert!(matches!(
+        sim.events_of(&id).last(),
+        Some((_, Event::MessageDeferred { reason, .. })) if reason == "ble write failed"
+    ));
+    assert!(sim.rows[&id].ack_attempts > attempts);
+    assert_eq!(sim.failures(), 0);
+}
+
+#[test]
+fn a_neighbor_lost_mid_send_goes_over_the_relay() {
+    let mut sim = Sim::with_defaults();
+    sim.carrier_up();
+    sim.local_up(BLE);
+    sim.discover(BOB, BLE);
+    sim.local.write = false;
+    let id = sim.send(BOB);
+    assert_eq!(sim.unwritten.len(), 1, "handed to the link, not written");
+    sim.lose(BOB, BLE);
+    assert!(matches!(
+        sim.events_of(&id).last(),
+        Some((_, Event::MessageDeferred { reason, retry_count: 0, next_retry_at: Some(at), .. }))
+            if reason == "neighbor lost" && *at == SEC
+    ));
+    sim.advance(2 * SEC);
+    assert_eq!(transports(&sim, &id), ["internet"]);
+    assert!(matches!(
+        sim.terminal(&id),
+        Some((_, Event::MessageDelivered { ref transport, .. })) if transport == "internet"
+    ));
+}
+
+#[test]
+fn unregistering_a_carrier_loses_its_links() {
+    let mut sim = Sim::with_defaults();
+    sim.local_up(BLE);
+    sim.discover(BOB, BLE);
+    sim.local.write = false;
+    let id = sim.send(BOB);
+    sim.local_down(BLE);
+    assert_eq!(sim.status(&id), Some(EntryState::Queued));
+    assert_eq!(
+        sim.engine.next_deadline(),
+        Some(7 * DAY),
+        "no route left: it waits for an edge"
+    );
+    sim.carrier_up();
+    sim.advance(SEC);
+    assert!(matches!(
+        sim.terminal(&id),
+        Some((_, Event::MessageDelivered { ref transport, .. })) if transport == "internet"
+    ));
+}
+
+#[test]
+fn a_neighbor_on_an_unregistered_carrier_is_ignored() {
+    let mut sim = Sim::with_defaults();
+    sim.links.insert("wifi".into(), BTreeSet::new());
+    sim.engine
+        .handle_neighbor_discovered(BOB, Carrier::Local("wifi".into()), 0);
+    sim.links.clear();
+    let id = sim.send(BOB);
+    assert!(sim.outbox_frames_since(0).is_empty());
+    assert_eq!(sim.status(&id), Some(EntryState::Queued));
+}
+
+#[test]
+fn a_write_on_a_direct_link_takes_a_parked_message_onto_the_ladder() {
+    let mut sim = Sim::with_defaults();
+    sim.net = Net::relay(RelayAnswer::Unreachable);
+    sim.carrier_up();
+    let id = sim.send(BOB);
+    sim.local_up(BLE);
+    sim.local.ack_after = None; // bob's device is there but never answers
+    sim.discover(BOB, BLE);
+    assert_eq!(sim.status(&id), Some(EntryState::InFlight));
+    sim.advance(HOUR);
+    // The edge cleared the verdict: bob is reachable, so the ladder decides.
+    assert!(matches!(
+        sim.terminal(&id),
+        Some((
+            _,
+            Event::MessageFailed {
+                reason: crate::FailReason::MaxRetriesExceeded,
+                ..
+            }
+        ))
+    ));
+    assert!(transports(&sim, &id)[1..].iter().all(|t| t == BLE));
+}

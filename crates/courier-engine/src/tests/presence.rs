@@ -1,1 +1,126 @@
+//! The presence watchlist (`relay-protocol.md` §10): what is watched, and that each change is
+//! announced once, on the connection it belongs to.
 
+use super::*;
+
+fn changes(sim: &Sim) -> Vec<(Millis, PresenceChange)> {
+    sim.presence_log.clone()
+}
+
+#[test]
+fn watch_and_unwatch_are_emitted_once_each() {
+    let mut sim = Sim::with_defaults();
+    sim.net = Net::relay(RelayAnswer::Unreachable);
+    sim.carrier_up();
+    let first = sim.send(BOB);
+    let second = sim.send(BOB);
+    sim.advance(MIN); // more verdicts: no duplicate watch
+    assert_eq!(changes(&sim), [(0, PresenceChange::Watch(BOB.into()))]);
+    assert_eq!(sim.engine.presence_watchlist(), [BOB]);
+
+    sim.net = Net::honest();
+    sim.presence(BOB, true);
+    sim.advance(SEC);
+    assert!(sim.terminal(&first).is_some() && sim.terminal(&second).is_some());
+    let unwatch_at = changes(&sim)[1].0;
+    assert_eq!(
+        changes(&sim),
+        [
+            (0, PresenceChange::Watch(BOB.into())),
+            (unwatch_at, PresenceChange::Unwatch(BOB.into()))
+        ]
+    );
+    assert!(sim.engine.presence_watchlist().is_empty());
+}
+
+#[test]
+fn the_watchlist_holds_parked_and_custody_recipients_not_in_flight_ones() {
+    let mut sim = Sim::with_defaults();
+    sim.carrier_up();
+    sim.net = Net::silent_peer();
+    sim.send("dave");
+    sim.net = Net::relay(RelayAnswer::Stored);
+    sim.send(CAROL);
+    sim.net = Net::relay(RelayAnswer::Unreachable);
+    sim.send(BOB);
+    assert_eq!(sim.engine.presence_watchlist(), [BOB, CAROL]);
+    assert_eq!(sim.watching, [BOB, CAROL].map(String::from).into());
+}
+
+#[test]
+fn watches_belong_to_the_connection() {
+    let mut sim = Sim::with_defaults();
+    sim.net = Net::relay(RelayAnswer::Unreachable);
+    sim.carrier_up();
+    sim.send(BOB);
+    let to_carol = sim.send(CAROL);
+    assert_eq!(sim.presence_log.len(), 2);
+    sim.carrier_down();
+    // Nothing is announced without a connection: carol's message settles over a local link
+    // and she leaves the watchlist silently.
+    sim.local_up(BLE);
+    sim.discover(CAROL, BLE);
+    sim.advance(SEC);
+    assert!(sim.terminal(&to_carol).is_some());
+    assert_eq!(sim.presence_log.len(), 2);
+    assert_eq!(sim.engine.presence_watchlist(), [BOB]);
+    sim.carrier_up();
+    let announced: Vec<PresenceChange> = sim.presence_log[2..]
+        .iter()
+        .map(|(_, c)| c.clone())
+        .collect();
+    assert_eq!(
+        announced,
+        [PresenceChange::Watch(BOB.into())],
+        "the new connection is told the watchlist once"
+    );
+}
+
+#[test]
+fn the_watch_is_capped_at_the_relays_limit() {
+    let mut config = Config::new("chat");
+    config.outbox_max_entries = 2000;
+    let mut sim = Sim::new(config);
+    sim.net = Net::relay(RelayAnswer::Unreachable);
+    sim.carrier_up();
+    sim.checks = false; // O(outbox) per call: checked once the backlog is built
+    let ids: Vec<String> = (0..1100)
+        .map(|n| sim.send(&format!("peer{n:04}")))
+        .collect();
+    sim.checks = true;
+    assert_eq!(sim.engine.presence_watchlist().len(), 1100);
+    assert_eq!(sim.watching.len(), crate::presence::MAX_WATCHED);
+    // A watched peer leaves: the first waiting one takes its place.
+    sim.ack(&ids[0]);
+    assert_eq!(sim.watching.len(), crate::presence::MAX_WATCHED);
+    assert!(!sim.watching.contains("peer0000"));
+    assert!(sim.watching.contains("peer1024"));
+}
+
+#[test]
+fn a_peer_that_enters_and_leaves_between_polls_is_not_announced() {
+    let mut sim = Sim::with_defaults();
+    sim.carrier_up();
+    sim.net = Net::silent_peer();
+    let id = sim.send(BOB);
+    // Verdict and delivery inside one engine call would be the same; here the runtime has not
+    // polled in between.
+    let seq = sim.send_seqs[&id];
+    sim.engine
+        .handle_relay_answer(&id, seq, RelayAnswer::Unreachable, sim.now);
+    let (ack, origin) = {
+        let frame = &sim.frames[&id];
+        let ack = frame.ack("peer-ack".into(), sim.now, "internet");
+        let origin = InboundOrigin {
+            carrier: Carrier::Internet,
+            stamped_sender: BOB.into(),
+            sender_account: None,
+            seq: None,
+        };
+        (ack, origin)
+    };
+    sim.acked_by_recipient.insert(id.clone());
+    sim.inbound(ack, origin);
+    assert!(sim.presence_log.is_empty());
+    assert!(sim.terminal(&id).is_some());
+}
