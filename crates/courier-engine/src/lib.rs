@@ -8,20 +8,28 @@
 //!
 //! # Life of an outbox entry
 //!
-//! An accepted message is an entry in one of three phases: *queued* in the retry queue (with a
+//! An accepted message is an entry in one of four phases: *queued* in the retry queue (with a
 //! due time and a lifetime expiry), *handed* to a carrier (the runtime owes a `written` or
-//! `send_failed` report for that `send_seq`), or *awaiting its ACK* (written; ACK deadline
-//! armed). Two retry mechanisms move it:
+//! `send_failed` report for that `send_seq`), *awaiting its ACK* (written; ACK deadline armed),
+//! or *resting* (parked and quiet under `edgeDrivenUnreachableDm`; only its lifetime runs).
+//! Three mechanisms move it:
 //!
-//! - the **transport retry queue**: no carrier, a failed send, or (until parking lands) the
-//!   relay's unreachable verdict → `message_deferred`, backoff `backoff_ms(transport_retries)`,
-//!   no attempt limit;
+//! - the **transport retry queue**: no route, or a failed send → `message_deferred`, backoff
+//!   `backoff_ms(transport_retries)`, no attempt limit;
 //! - the **ACK ladder**: a written frame whose ACK does not come within `ack_timeout_ms` →
 //!   `message_retrying` at `now + backoff_ms(retry)`, or `message_failed("Max retries exceeded")`
-//!   once `max_retries` retries were granted.
+//!   once `max_retries` retries were granted — unless the recipient holds a live park counter
+//!   (an unreachable verdict since its last edge), in which case it re-parks;
+//! - **parking** (`parking` module): the relay's unreachable verdict for the entry's current
+//!   attempt (`message_undeliverable`) or its custody ("stored", `message_stored`) takes the entry
+//!   off the ladder. It is probed at 15 s doubling to 600 s per recipient, offered to every
+//!   current neighbor on each park and probe, re-driven with a fresh ACK budget on every
+//!   reachability edge, and ended only by its ACK or its lifetime (the sliding window keeps
+//!   being refreshed by probes, so the absolute cap is what ends it). Media chunks are not
+//!   parked: they keep their pending ACK and are offered to neighbors.
 //!
-//! A relay "stored" answer takes the entry off the ladder into relay custody: it is probed at
-//! 15 s doubling to 600 s per recipient and ends only by its ACK or its lifetime.
+//! Carrier choice, edges, offers and the carry-forward rule are described in the `engine`
+//! module; the watchlist rules in `presence`.
 //!
 //! # Counters in events
 //!
@@ -30,8 +38,9 @@
 //!   "Retry 0: 1s"): `next_retry_at = now + backoff_ms(retry_count)`. Afterwards
 //!   `ack_attempts = retry_count + 1`.
 //! - `message_deferred.retry_count` = transport failures before this one since the relay last
-//!   accepted the frame (0 at accept); when a timer is set, `next_retry_at = now + backoff_ms(retry_count)`. It is `None`
-//!   when the entry waits for an edge instead (no carrier up, or every in-flight slot taken).
+//!   accepted or answered the frame (0 at accept); when a timer is set,
+//!   `next_retry_at = now + backoff_ms(retry_count)`. It is `None` when the entry waits for an
+//!   edge instead (no route, or every in-flight slot taken).
 //! - `message_failed.retry_count` = `ack_attempts`, the ACK retries granted (`max_retries` for
 //!   "Max retries exceeded").
 //!
@@ -40,16 +49,19 @@
 //! 1. Every accepted message ends in exactly one terminal event, `message_delivered` or
 //!    `message_failed`, each paired with one `StoreOp::Settle`. Settling removes the entry, so
 //!    no later report, ACK or timer can produce a second one.
-//! 2. Nothing is stranded: every live entry is queued, handed or awaiting its ACK, and its
-//!    timers are indexed exactly as its phase says. A queued entry is only without an effective
-//!    timer while no outbox carrier is up or every in-flight slot is taken; the carrier-up or
-//!    slot-freeing input is what moves it.
+//! 2. Nothing is stranded: every live entry is queued, handed, awaiting its ACK or resting, and
+//!    its timers are indexed exactly as its phase says. A queued entry is only without an
+//!    effective timer while it has no route (no relay, recipient not a neighbor) or every
+//!    in-flight slot is taken; the carrier, neighbor or slot-freeing input is what moves it.
 //! 3. At most `max_pending_acks` entries are handed or awaiting an ACK; the rest wait, never
 //!    dropped.
 //! 4. Only the ACK timeout of a ladder attempt spends the ACK budget. `ack_attempts` is
-//!    persisted and never reset; every write, whatever caused the send, arms a fresh ACK timer.
+//!    persisted; timed probes carry it forward, and only a reachability edge re-driving a
+//!    parked entry resets it (the seed's fresh budget). Every write, whatever caused the send,
+//!    arms a fresh ACK timer.
 //! 5. An ACK settles an entry only when the connection that carried it is the entry's recipient
-//!    and the ACK claims to come from it.
+//!    (over a local carrier: the peer id) and the ACK claims to come from it too. A neighbor
+//!    that carried a copy settles nothing.
 //! 6. No entry outlives `created_at + 4 × outbox_max_lifetime_ms`, across restarts. The sliding
 //!    lifetime only fires while no ACK is pending; with one pending, the ACK timeout decides.
 //! 7. After every call, the latest `StoreOp::Put` of each live entry equals its current ladder
@@ -57,6 +69,16 @@
 //! 8. An inbound message reaches the application at most once per `(chat, sender, id)` within
 //!    the dedup retention; its end-to-end ACK and relay `HopAck` follow its processing.
 //! 9. Time is an input: the same inputs give the same outputs.
+//! 10. No parked entry is without a probe timer, except one *resting* under
+//!     `edgeDrivenUnreachableDm` after its bounded timed probes in the current park episode,
+//!     which waits for a reachability edge with only its lifetime running. A parked entry never
+//!     fails by ACK exhaustion: only its lifetime (or capacity eviction) settles it as failed.
+//! 11. `next_deadline` reports only due work: an idle engine holding N parked messages wakes
+//!     for their due probes (and expiries), nothing periodic.
+//! 12. The presence watchlist is exactly the recipients with parked entries or a verdict since
+//!     their last edge; each `Watch`/`Unwatch` is announced once, only on a live relay
+//!     connection, at most 1024 watched at a time.
+//! 13. Every frame on a local carrier goes to a current neighbor of that carrier.
 
 mod ack;
 pub mod config;

@@ -1,6 +1,8 @@
 //! Random interleavings of everything the world can do — sends, duplicates, carriers flapping,
 //! frames lost or failed, stale reports, relay verdicts, genuine and forged ACKs, inbound
-//! redeliveries, restarts — from fixed seeds. The simulator checks the invariants after every
+//! redeliveries, restarts, a local carrier with neighbors coming and going, ACKs and messages
+//! carried over it, presence reports, and (on even seeds) `edgeDrivenUnreachableDm` — from fixed
+//! seeds. The simulator checks the invariants after every
 //! call; at the end the world turns honest and everything accepted must settle exactly once.
 
 use std::collections::BTreeSet;
@@ -40,6 +42,8 @@ impl Rng {
 }
 
 const RECIPIENTS: [&str; 3] = [BOB, "carol", "dave"];
+/// Who may be in range of the local carrier: the recipients, and one device that only carries.
+const NEIGHBORS: [&str; 4] = [BOB, "carol", "dave", "zed"];
 const PRIORITIES: [Priority; 4] = [
     Priority::Low,
     Priority::Medium,
@@ -63,6 +67,10 @@ fn random_interleavings_keep_the_invariants() {
     }
     let all = [
         "delivered",
+        "delivered over ble",
+        "offered",
+        "watched",
+        "resting",
         "stored",
         "undeliverable",
         "retrying",
@@ -109,12 +117,14 @@ fn run(seed: u64) -> BTreeSet<&'static str> {
     config.outbox_max_entries = 30;
     config.outbox_max_media_entries = 4;
     config.outbox_max_lifetime_ms = 15 * MIN;
+    config.edge_driven_unreachable_dm = seed.is_multiple_of(2);
     let mut sim = Sim::new(config);
+    let mut paths = BTreeSet::new();
     let mut accepted = BTreeSet::new();
     let mut relay_seq = 1_000_000;
 
     for _ in 0..1500 {
-        match rng.below(100) {
+        match rng.below(125) {
             0..=21 => {
                 let content_type = if rng.chance(10) {
                     ContentType::FileChunk
@@ -199,11 +209,83 @@ fn run(seed: u64) -> BTreeSet<&'static str> {
                     sim.answer(&id, answer);
                 }
             }
+            78..=80 => {
+                if sim.links.contains_key(BLE) && rng.chance(40) {
+                    sim.local_down(BLE);
+                } else {
+                    sim.local_up(BLE);
+                }
+            }
+            81..=86 => {
+                if sim.links.contains_key(BLE) {
+                    sim.discover(rng.pick(&NEIGHBORS), BLE);
+                }
+            }
+            87..=90 => {
+                let peer = rng.pick(&NEIGHBORS);
+                sim.lose(peer, BLE);
+            }
+            91..=95 => {
+                let peer = rng.pick(&RECIPIENTS);
+                let online = rng.chance(60);
+                sim.presence(peer, online);
+            }
+            96..=97 => {
+                sim.local = LocalNet {
+                    write: rng.chance(80),
+                    ack_after: rng.chance(70).then(|| rng.below(20 * SEC)),
+                }
+            }
+            98..=100 => {
+                // An ACK carried over the local carrier, by the recipient or by someone else.
+                let neighbors: Vec<String> = sim
+                    .links
+                    .get(BLE)
+                    .map(|peers| peers.iter().cloned().collect())
+                    .unwrap_or_default();
+                if let (Some(id), false) = (
+                    random_key(&mut rng, sim.frames.keys()),
+                    neighbors.is_empty(),
+                ) {
+                    let by = neighbors[rng.index(neighbors.len())].clone();
+                    sim.ack_carried(&id, Carrier::Local(BLE.into()), &by);
+                }
+            }
+            101..=102 => {
+                // A message from a neighbor over the local carrier (an edge for it).
+                let neighbors: Vec<String> = sim
+                    .links
+                    .get(BLE)
+                    .map(|peers| peers.iter().cloned().collect())
+                    .unwrap_or_default();
+                if !neighbors.is_empty() {
+                    let sender = neighbors[rng.index(neighbors.len())].clone();
+                    let message = sim_message(&sender, rng.below(8));
+                    let origin = InboundOrigin {
+                        carrier: Carrier::Local(BLE.into()),
+                        stamped_sender: sender,
+                        sender_account: None,
+                        seq: None,
+                    };
+                    sim.inbound(message, origin);
+                }
+            }
             _ => sim.advance(rng.below(90 * SEC)),
+        }
+        if sim
+            .rows
+            .values()
+            .any(|r| r.state == EntryState::Parked && r.next_at.is_none())
+        {
+            paths.insert("resting");
         }
     }
 
     sim.net = Net::honest();
+    sim.local = LocalNet {
+        write: true,
+        ack_after: Some(100),
+    };
     while !sim.unwritten.is_empty() {
         sim.write_unwritten(0);
     }
@@ -227,9 +309,20 @@ fn run(seed: u64) -> BTreeSet<&'static str> {
     for id in &accepted {
         assert_eq!(sim.terminal_count(id), 1, "seed {seed}: {id}");
     }
-    sim.events()
-        .filter_map(|(_, event)| outcome(event))
-        .collect()
+    if !sim.offers.is_empty() {
+        paths.insert("offered");
+    }
+    if !sim.presence_log.is_empty() {
+        paths.insert("watched");
+    }
+    if sim
+        .events()
+        .any(|(_, e)| matches!(e, Event::MessageDelivered { transport, .. } if transport == BLE))
+    {
+        paths.insert("delivered over ble");
+    }
+    paths.extend(sim.events().filter_map(|(_, event)| outcome(event)));
+    paths
 }
 
 fn random_key<'a>(

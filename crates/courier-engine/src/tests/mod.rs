@@ -126,7 +126,7 @@ pub(crate) struct Sim {
     pub presence_log: Vec<(Millis, PresenceChange)>,
     /// Full invariant checks after every call (O(outbox) each); bulk setups may pause them.
     pub checks: bool,
-    internet_up: bool,
+    pub internet_up: bool,
     arrivals: BTreeMap<(Millis, u64), (Message, InboundOrigin)>,
     arrival_seq: u64,
     relay_seq: u64,
@@ -572,10 +572,15 @@ impl Sim {
                     self.rows.insert(record.message.id.clone(), record.clone());
                 }
                 StoreOp::Settle { id, settlement, .. } => {
-                    assert!(
-                        self.rows.remove(id).is_some(),
-                        "settled {id} which has no row"
-                    );
+                    let row = self.rows.remove(id);
+                    let row = row.unwrap_or_else(|| panic!("settled {id} which has no row"));
+                    if row.state == EntryState::Parked {
+                        assert_ne!(
+                            *settlement,
+                            Settlement::Failed(crate::FailReason::MaxRetriesExceeded),
+                            "parked {id} failed before its lifetime"
+                        );
+                    }
                     assert!(settled.insert(id.clone()), "{id} settled twice in one call");
                     if *settlement == Settlement::Delivered {
                         assert!(
