@@ -1,17 +1,71 @@
 //! Engine CPU per message: one send → written → relay answer → end-to-end ACK cycle, on an
-//! empty outbox and with 10 000 other entries awaiting their ACKs; and the cost of waking an
-//! idle engine that holds 10 000 entries.
+//! empty outbox and with 10 000 other entries awaiting their ACKs; the cost of waking an idle
+//! engine that holds 10 000 entries; and, for parking, 100 000 parked messages across 1 000
+//! offline recipients: engine memory per parked message (heap bytes counted by this bench's
+//! global allocator, plus the process RSS delta), the wake-ups over one virtual hour against
+//! the number of due probes, and the CPU of one idle `next_deadline` + `handle_timeout`.
 
-use std::collections::BTreeMap;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::{BTreeMap, HashMap};
 use std::hint::black_box;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use courier_engine::{
-    Carrier, Config, Engine, InboundOrigin, RelayAnswer, SendRequest, TransmitKind,
+    Carrier, Config, Engine, InboundOrigin, RelayAnswer, SendRequest, StoreOp, TransmitKind,
 };
 use courier_proto::{ContentType, Priority};
 use criterion::{criterion_group, criterion_main, Criterion};
 
 const BACKLOG: usize = 10_000;
+
+/// Heap bytes live right now, as counted by [`Counting`].
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// The system allocator, counting live bytes so the bench can weigh the engine's heap.
+struct Counting;
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let ptr = unsafe { System.alloc(layout) };
+        if !ptr.is_null() {
+            LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        }
+        ptr
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let ptr = unsafe { System.alloc_zeroed(layout) };
+        if !ptr.is_null() {
+            LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        }
+        ptr
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let new = unsafe { System.realloc(ptr, layout, new_size) };
+        if !new.is_null() {
+            LIVE.fetch_add(new_size, Ordering::Relaxed);
+            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        }
+        new
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Resident set size of this process, from `/proc/self/statm` (0 where unavailable).
+fn rss_bytes() -> usize {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<usize>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
 
 fn request() -> SendRequest {
     SendRequest {
@@ -108,5 +162,137 @@ fn idle_wakeup(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, send_written_ack, idle_wakeup);
+const PARKED: usize = 100_000;
+const RECIPIENTS: usize = 1_000;
+const SEC: u64 = 1000;
+const PROBE_CAP: u64 = 600 * SEC;
+
+/// Answers every outbox frame the engine handed out: written, then the relay's unreachable
+/// verdict (every recipient is offline). Returns how many frames it answered; records the
+/// probe time of each entry from its latest Put.
+fn answer_unreachable(engine: &mut Engine, now: u64, next_at: &mut HashMap<String, u64>) -> usize {
+    let mut answered = 0;
+    loop {
+        let mut frames = Vec::new();
+        while let Some(transmit) = engine.poll_transmit() {
+            if let TransmitKind::Outbox { message, send_seq } = transmit.kind {
+                frames.push((message.id, send_seq));
+            }
+        }
+        if frames.is_empty() {
+            break;
+        }
+        for (id, send_seq) in frames {
+            engine.handle_written(&id, send_seq, now);
+            engine.handle_relay_answer(&id, send_seq, RelayAnswer::Unreachable, now);
+            answered += 1;
+        }
+        while let Some(op) = engine.poll_store() {
+            if let StoreOp::Put(record) = op {
+                match record.next_at {
+                    Some(at) => next_at.insert(record.message.id, at),
+                    None => next_at.remove(&record.message.id),
+                };
+            }
+        }
+        while engine.poll_event().is_some() {}
+    }
+    while engine.poll_store().is_some() {}
+    while engine.poll_event().is_some() {}
+    while engine.poll_presence().is_some() {}
+    answered
+}
+
+/// 100 000 messages to 1 000 offline recipients, one accepted every 10 ms, each parked by the
+/// relay's verdict. Returns the engine, the time the backlog was complete and each entry's
+/// next probe time.
+fn parked_engine() -> (Engine, u64, HashMap<String, u64>) {
+    let mut config = Config::new("bench");
+    config.outbox_max_entries = PARKED;
+    let mut engine = Engine::new(config, "alice".into());
+    let mut next_at = HashMap::with_capacity(PARKED);
+    engine.handle_carrier_up(Carrier::Internet, 0);
+    let mut now = 0;
+    for n in 0..PARKED {
+        now = n as u64 * 10;
+        let mut req = request();
+        req.recipient = format!("peer{:04}", n % RECIPIENTS);
+        engine.send(req, || format!("p{n:06}"), now);
+        // Probes that came due meanwhile go too, as they would in the runtime.
+        while engine.next_deadline().is_some_and(|d| d <= now) {
+            engine.handle_timeout(now);
+            answer_unreachable(&mut engine, now, &mut next_at);
+        }
+        answer_unreachable(&mut engine, now, &mut next_at);
+    }
+    assert_eq!(engine.stats().parked, PARKED);
+    (engine, now, next_at)
+}
+
+fn parked_backlog(c: &mut Criterion) {
+    // Memory: the engine's heap (counted) and the RSS delta while it is built.
+    let heap_before = LIVE.load(Ordering::Relaxed);
+    let rss_before = rss_bytes();
+    let (mut engine, built_at, next_at) = parked_engine();
+    // The bookkeeping map of this bench is not the engine's: weigh the engine alone.
+    let bookkeeping: usize = next_at.capacity() * (std::mem::size_of::<(String, u64)>() + 1)
+        + next_at.keys().map(String::capacity).sum::<usize>();
+    let heap = LIVE.load(Ordering::Relaxed) - heap_before - bookkeeping;
+    let rss = rss_bytes().saturating_sub(rss_before);
+    println!(
+        "parked backlog: {PARKED} messages to {RECIPIENTS} recipients; engine heap {:.1} MiB = {} B per parked message (counted); process RSS grew {:.1} MiB = {} B per message",
+        heap as f64 / 1048576.0,
+        heap / PARKED,
+        rss as f64 / 1048576.0,
+        rss / PARKED
+    );
+
+    // Wake-ups over one virtual hour, every recipient offline: each due probe is answered with
+    // a fresh verdict and re-parks (by now every ladder sits at its 600 s cap).
+    let start = built_at + 1;
+    let end = start + 3600 * SEC;
+    let due: usize = next_at
+        .values()
+        .filter(|at| **at <= end)
+        .map(|at| 1 + ((end - (*at).max(start)) / PROBE_CAP) as usize)
+        .sum();
+    let mut schedule = next_at;
+    let mut wakeups = 0usize;
+    let mut idle_wakeups = 0usize;
+    let mut probes = 0usize;
+    let mut per_instant: BTreeMap<u64, usize> = BTreeMap::new();
+    while let Some(deadline) = engine.next_deadline().filter(|d| *d <= end) {
+        let now = deadline.max(start);
+        wakeups += 1;
+        engine.handle_timeout(now);
+        let sent = answer_unreachable(&mut engine, now, &mut schedule);
+        if sent == 0 {
+            idle_wakeups += 1;
+        }
+        probes += sent;
+        *per_instant.entry(now).or_default() += sent;
+    }
+    let batch = Config::new("bench").flush_batch;
+    let minimum: usize = per_instant.values().map(|n| n.div_ceil(batch)).sum();
+    println!(
+        "one virtual hour offline: {wakeups} wake-ups (next_deadline/handle_timeout cycles), {idle_wakeups} with nothing due; {probes} probes sent, {due} due by the schedule; {} distinct due instants, {minimum} wake-ups at least with batches of {batch}",
+        per_instant.len()
+    );
+    assert_eq!(idle_wakeups, 0, "a wake-up with nothing due");
+    assert_eq!(probes, due, "every due probe, nothing else");
+    assert_eq!(wakeups, minimum);
+
+    // CPU of a wake-up that finds nothing due (the runtime's timer fired early, or a spurious
+    // poll): one next_deadline + handle_timeout on the 100 000-entry engine.
+    let quiet = engine.next_deadline().expect("probes stay scheduled") - 1;
+    c.bench_function("idle_100k_parked_next_deadline_and_timeout", |b| {
+        b.iter(|| {
+            let deadline = engine.next_deadline();
+            engine.handle_timeout(black_box(quiet));
+            deadline
+        })
+    });
+}
+
+criterion_group!(benches, send_written_ack, idle_wakeup, parked_backlog);
 criterion_main!(benches);
