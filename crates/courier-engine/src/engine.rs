@@ -18,8 +18,9 @@
 //! An edge — reconnect (`handle_carrier_up(Internet)`), `restore`, the peer discovered as a
 //! neighbor, the peer reported online (news only, see `presence`), the delivery of one of the
 //! peer's messages, an inbound message carried by the peer — resets the peer's probe ladder and
-//! verdict and re-drives its parked entries at once with a **fresh ACK budget**
-//! (`ack_attempts = 0`). A **timed probe** instead **carries the budget forward**: it resumes at
+//! verdict, re-drives its parked entries at once, and gives every entry of the peer's park
+//! episode (parked, resting, or a probe climbing the ladder) a **fresh ACK budget**
+//! (`ack_attempts = 0`) and a new episode (`edgeDrivenUnreachableDm` probes count afresh). A **timed probe** instead **carries the budget forward**: it resumes at
 //! the entry's accumulated `ack_attempts`, so a probe the relay accepts but nobody acknowledges
 //! re-parks after about one more ACK timeout rather than re-walking the whole ladder (the seed's
 //! ~800 s fresh-entry bound is the edge case, not the probe case).
@@ -251,8 +252,7 @@ impl Engine {
             Carrier::Internet => {
                 self.carriers.insert(carrier);
                 self.presence.connect();
-                let parked = self.parking.edge_all();
-                self.redrive(parked, now);
+                self.edge_all(now);
                 for key in self.timers.queued_later_than(now) {
                     self.bring_forward(key, now);
                 }
@@ -892,25 +892,37 @@ impl Engine {
         }
     }
 
-    /// A reachability edge for `peer`: its ladder and verdict reset, its parked entries
-    /// re-driven now with a fresh budget.
+    /// A reachability edge for `peer`: its ladder and verdict reset, and every entry of its
+    /// park episode gets a fresh ACK budget and a new episode — parked ones go again now, and a
+    /// probe that was climbing the ACK ladder restarts it from 0 (it was not parked at the
+    /// moment, but its accumulated count came from the episode the edge just ended).
     fn edge(&mut self, peer: &str, now: Millis) {
-        let parked = self.parking.edge(peer);
-        self.redrive(parked, now);
-    }
-
-    /// Fresh ACK budget and a new park episode for each entry, due now if waiting.
-    fn redrive(&mut self, keys: Vec<Key>, now: Millis) {
-        for key in keys {
+        if !self.parking.edge(peer) {
+            return;
+        }
+        for key in self.outbox.keys_to(peer) {
             let Some(entry) = self.outbox.get_mut(key) else {
                 continue;
             };
+            let parked = entry.park.is_some();
+            if !parked && entry.timed_probes == 0 {
+                continue;
+            }
             if entry.ack_attempts != 0 || entry.timed_probes != 0 {
                 entry.ack_attempts = 0;
                 entry.timed_probes = 0;
                 self.dirty.insert(key);
             }
-            self.bring_forward(key, now);
+            if parked {
+                self.bring_forward(key, now);
+            }
+        }
+    }
+
+    /// A reachability edge for everyone (reconnect).
+    fn edge_all(&mut self, now: Millis) {
+        for peer in self.parking.recipients() {
+            self.edge(&peer, now);
         }
     }
 
@@ -1186,8 +1198,16 @@ impl Engine {
         self.presence.check();
         let mut expected = Timers::default();
         let mut held = BTreeSet::new();
+        let records: BTreeSet<String> = self.parking.recipients().into_iter().collect();
         for (key, entry) in self.outbox.iter() {
             let parked = entry.park.is_some();
+            if parked || entry.timed_probes > 0 {
+                assert!(
+                    records.contains(&entry.message.recipient),
+                    "{} of a park episode its next edge cannot find",
+                    entry.message.id
+                );
+            }
             expected.arm(key, entry.message.priority, parked, &entry.phase);
             if parked {
                 held.insert(key);
@@ -1221,7 +1241,7 @@ impl Engine {
             self.parking.keys().collect::<BTreeSet<_>>(),
             "parking index out of step"
         );
-        for recipient in self.parking.recipients() {
+        for recipient in &self.parking.recipients() {
             assert!(
                 self.outbox.has_recipient(recipient),
                 "parking record of {recipient} outlived its entries"

@@ -20,7 +20,10 @@
 //!   socket says the recipient is reachable, so the ordinary ladder decides.
 //!
 //! A recipient's record lives while it has parked entries, a climbed counter or the verdict
-//! flag, and goes with its last outbox entry, so the map is bounded by the outbox.
+//! flag, and goes with its last outbox entry, so the map is bounded by the outbox. Every entry
+//! parked since the recipient's last edge (its *episode*: parked now, resting, or a probe the
+//! relay accepted that now climbs the ACK ladder) has a record to find it by, since its park
+//! climbed the counter and only an edge resets it.
 //!
 //! The escalation is not persisted: a restart is itself a reachability edge.
 
@@ -104,29 +107,22 @@ impl Parking {
         self.peers.get(recipient).map_or(0, |l| l.escalation)
     }
 
-    /// A reachability edge for one recipient: its ladder and verdict reset; its parked entries
-    /// are returned for the re-drive, oldest first.
-    pub(crate) fn edge(&mut self, recipient: &str) -> Vec<Key> {
-        let mut keys = Vec::new();
-        if self.peers.contains_key(recipient) {
-            self.change(recipient, |l| {
-                l.escalation = 0;
-                l.verdict = false;
-                keys.extend(l.parked.iter().copied());
-            });
+    /// A reachability edge for one recipient: its ladder and verdict reset. Returns whether it
+    /// had a record — i.e. whether any of its entries parked since its last edge.
+    pub(crate) fn edge(&mut self, recipient: &str) -> bool {
+        if !self.peers.contains_key(recipient) {
+            return false;
         }
-        keys
+        self.change(recipient, |l| {
+            l.escalation = 0;
+            l.verdict = false;
+        });
+        true
     }
 
-    /// A reachability edge for everyone (reconnect, restore): every parked entry, oldest first.
-    pub(crate) fn edge_all(&mut self) -> Vec<Key> {
-        let mut keys = Vec::new();
-        let recipients: Vec<String> = self.peers.keys().cloned().collect();
-        for recipient in recipients {
-            keys.extend(self.edge(&recipient));
-        }
-        keys.sort_unstable();
-        keys
+    /// The recipients with a record (an edge for everyone visits these).
+    pub(crate) fn recipients(&self) -> Vec<String> {
+        self.peers.keys().cloned().collect()
     }
 
     /// `recipient` has no outbox entry left: nothing to pace or watch.
@@ -179,11 +175,6 @@ impl Parking {
     #[cfg(test)]
     pub(crate) fn keys(&self) -> impl Iterator<Item = Key> + '_ {
         self.peers.values().flat_map(|l| l.parked.iter().copied())
-    }
-
-    #[cfg(test)]
-    pub(crate) fn recipients(&self) -> impl Iterator<Item = &str> + '_ {
-        self.peers.keys().map(String::as_str)
     }
 }
 

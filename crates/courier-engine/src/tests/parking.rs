@@ -242,6 +242,28 @@ fn without_a_verdict_exhaustion_fails_as_usual() {
 }
 
 #[test]
+fn an_edge_gives_a_probe_climbing_the_ladder_a_fresh_budget() {
+    let mut sim = parked_sim(Config::new("chat"));
+    let id = sim.send(BOB);
+    sim.net = Net::silent_peer();
+    // Probe at 15 s walks the ladder, re-parks at 936 s, probes again at 966 s with the
+    // carried count: one ACK timeout away from re-parking.
+    sim.advance(970 * SEC);
+    assert_eq!(sim.status(&id), Some(EntryState::InFlight));
+    assert_eq!(sim.rows[&id].ack_attempts, 10);
+    sim.carrier_down();
+    sim.carrier_up(); // our reconnect: an edge for everyone
+    assert_eq!(
+        sim.rows[&id].ack_attempts, 0,
+        "a fresh budget for the episode's probe"
+    );
+    sim.advance(10 * MIN);
+    assert_eq!(sim.failures(), 0);
+    let after: Vec<u32> = sim.retries(&id)[10..].iter().map(|(n, _)| *n).collect();
+    assert_eq!(after, (0..9).collect::<Vec<_>>(), "walking a fresh ladder");
+}
+
+#[test]
 fn delivering_one_parked_message_redrives_its_siblings_at_once() {
     let mut sim = parked_sim(Config::new("chat"));
     let first = sim.send(BOB);
