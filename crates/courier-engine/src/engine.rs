@@ -245,13 +245,11 @@ impl Engine {
     /// (it reaches only the neighbors reported for it). `Carrier::Internet` is the reconnect
     /// flush and a reachability edge for everyone: every parked entry gets a fresh budget, every
     /// queued or resting entry is due now, the first `flush_batch` go in this call and the rest
-    /// on the following `handle_timeout` calls; the presence watchlist is announced on the new
-    /// connection.
+    /// on the following `handle_timeout` calls.
     pub fn handle_carrier_up(&mut self, carrier: Carrier, now: Millis) {
         match &carrier {
             Carrier::Internet => {
                 self.carriers.insert(carrier);
-                self.presence.connect();
                 self.edge_all(now);
                 for key in self.timers.queued_later_than(now) {
                     self.bring_forward(key, now);
@@ -452,8 +450,9 @@ impl Engine {
         self.end_call();
     }
 
-    /// The next change of the presence watch on the current relay connection (`WatchPresence` /
-    /// `UnwatchPresence`); see the `presence` module for the rules.
+    /// The next change of the presence watchlist: `Watch` when a peer enters it, `Unwatch` when
+    /// it leaves, independent of the relay connection (the runtime tells each new connection the
+    /// whole set); see the `presence` module for the rules.
     pub fn poll_presence(&mut self) -> Option<PresenceChange> {
         self.presence.poll()
     }

@@ -76,8 +76,8 @@
 //! 11. `next_deadline` reports only due work: an idle engine holding N parked messages wakes
 //!     for their due probes (and expiries), nothing periodic.
 //! 12. The presence watchlist is exactly the recipients with parked entries or a verdict since
-//!     their last edge; each `Watch`/`Unwatch` is announced once, only on a live relay
-//!     connection, at most 1024 watched at a time.
+//!     their last edge; `poll_presence` reports each entry into it and exit from it once (a
+//!     `Watch` never follows a `Watch` for the same peer, nor an `Unwatch` an `Unwatch`).
 //! 13. Every frame on a local carrier goes to a current neighbor of that carrier.
 
 mod ack;

@@ -1,76 +1,55 @@
 //! The presence watchlist (`relay-protocol.md` §10, `delivery.md` item 9).
 //!
-//! *Wanted* are the recipients the parking bookkeeping says to watch: those with parked entries
-//! (unreachable or in relay custody, probing or resting) and those that just got a verdict. An
-//! outbox entry that is merely queued is not watched: it waits for a carrier, and presence
-//! arrives over the same relay connection whose coming up already flushes it; with nothing
-//! left "stranded" (invariant 2) that is all of the spec's "not awaiting an ACK".
+//! The watchlist holds the recipients the parking bookkeeping says to watch: those with parked
+//! entries (unreachable or in relay custody, probing or resting) and those that just got a
+//! verdict (until their next reachability edge). An outbox entry that is merely queued is not
+//! watched: it waits for a carrier, and presence arrives over the same relay connection whose
+//! coming up already flushes it; with nothing left "stranded" (invariant 2) that is all of the
+//! spec's "not awaiting an ACK".
 //!
-//! *Watched* are the wanted peers announced on the current relay connection, at most
-//! [`MAX_WATCHED`] (the relay's per-connection cap); the rest wait for room, oldest name first.
-//! Watches belong to a connection, so nothing is announced while the Internet carrier is down,
-//! and its coming up announces the watched set afresh. Changes are coalesced until the runtime
-//! polls them: a peer that enters and leaves between two polls produces nothing, and no peer is
-//! ever watched or unwatched twice in a row.
+//! `poll_presence` reports changes of the watchlist itself — `Watch` when a peer enters it,
+//! `Unwatch` when it leaves — whatever the connection: the runtime keeps the set, tells each new
+//! relay connection all of it (watches are per connection) and polls what the relay's cap of
+//! 1024 watches leaves over. Changes are coalesced until polled: a peer that enters and leaves
+//! between two polls produces nothing, so the runtime never sees a peer watched or unwatched
+//! twice in a row, and the pending changes are bounded by the number of distinct peers.
 //!
-//! The last reported status of each wanted peer is kept so that `online: true` is a
-//! reachability edge only when it is news: the first report after the peer was (re)watched, or a
-//! change from offline. The polling fallback (`CheckPresence` every 20 s) therefore does not
-//! re-drive an online peer on every poll. An unreachable verdict for the peer forgets its
-//! status (the relay just said otherwise), so the next `online: true` is an edge again.
+//! The last reported status of each watched peer is kept so that `online: true` is a
+//! reachability edge only when it is news: the first report on a connection, or a change from
+//! offline. The polling fallback (`CheckPresence` every 20 s) therefore does not re-drive an
+//! online peer on every poll. An unreachable verdict for the peer forgets its status (the relay
+//! just said otherwise), so the next `online: true` is an edge again; so does the end of the
+//! relay connection.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::io::PresenceChange;
 
-/// The relay's per-connection watch cap.
-pub(crate) const MAX_WATCHED: usize = 1024;
-
 #[derive(Debug, Default)]
 pub(crate) struct Presence {
     wanted: BTreeSet<String>,
-    watched: BTreeSet<String>,
-    waiting: BTreeSet<String>,
     /// Net changes not yet polled, by peer: `true` = Watch, `false` = Unwatch.
     pending: BTreeMap<String, bool>,
-    /// The last reported status of wanted peers (`true` = online).
+    /// The last reported status of watched peers (`true` = online), on this connection.
     status: BTreeMap<String, bool>,
-    connected: bool,
 }
 
 impl Presence {
     pub(crate) fn set_wanted(&mut self, peer: &str, wanted: bool) {
-        if wanted {
-            if self.wanted.insert(peer.to_owned()) {
-                self.waiting.insert(peer.to_owned());
-                self.fill();
-            }
-        } else if self.wanted.remove(peer) {
+        let changed = if wanted {
+            self.wanted.insert(peer.to_owned())
+        } else {
             self.status.remove(peer);
-            if self.watched.remove(peer) {
-                self.announce(peer, false);
-                self.fill();
-            } else {
-                self.waiting.remove(peer);
-            }
+            self.wanted.remove(peer)
+        };
+        if changed {
+            self.announce(peer, wanted);
         }
     }
 
-    /// The relay connection is up: announce the watched set on it.
-    pub(crate) fn connect(&mut self) {
-        if !self.connected {
-            self.connected = true;
-            self.fill();
-        }
-    }
-
-    /// The relay connection is gone, and its watches with it.
+    /// The relay connection ended: statuses reported on it are history.
     pub(crate) fn disconnect(&mut self) {
-        self.connected = false;
-        self.pending.clear();
         self.status.clear();
-        let watched = std::mem::take(&mut self.watched);
-        self.waiting.extend(watched);
     }
 
     /// A `PresenceStatus`: returns whether it is a reachability edge (online, and news).
@@ -101,21 +80,6 @@ impl Presence {
         self.wanted.iter().cloned().collect()
     }
 
-    #[cfg(test)]
-    pub(crate) fn is_wanted(&self, peer: &str) -> bool {
-        self.wanted.contains(peer)
-    }
-
-    fn fill(&mut self) {
-        while self.connected && self.watched.len() < MAX_WATCHED {
-            let Some(peer) = self.waiting.pop_first() else {
-                break;
-            };
-            self.announce(&peer, true);
-            self.watched.insert(peer);
-        }
-    }
-
     /// Queues a change, cancelling an opposite one the runtime has not seen yet.
     fn announce(&mut self, peer: &str, watch: bool) {
         match self.pending.get(peer) {
@@ -129,17 +93,15 @@ impl Presence {
     }
 
     #[cfg(test)]
+    pub(crate) fn is_wanted(&self, peer: &str) -> bool {
+        self.wanted.contains(peer)
+    }
+
+    #[cfg(test)]
     pub(crate) fn check(&self) {
-        assert!(self.watched.len() <= MAX_WATCHED);
-        assert!(self.watched.is_subset(&self.wanted));
-        assert!(self.waiting.is_subset(&self.wanted));
-        assert!(self.watched.is_disjoint(&self.waiting));
-        assert_eq!(self.watched.len() + self.waiting.len(), self.wanted.len());
         assert!(self.status.keys().all(|peer| self.wanted.contains(peer)));
-        if self.connected {
-            assert!(self.waiting.is_empty() || self.watched.len() == MAX_WATCHED);
-        } else {
-            assert!(self.watched.is_empty() && self.pending.is_empty());
+        for (peer, watch) in &self.pending {
+            assert_eq!(*watch, self.wanted.contains(peer), "stale pending change");
         }
     }
 }
