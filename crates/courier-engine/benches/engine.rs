@@ -282,9 +282,28 @@ fn parked_backlog(c: &mut Criterion) {
     assert_eq!(probes, due, "every due probe, nothing else");
     assert_eq!(wakeups, minimum);
 
+    // With the relay down as well, nothing is due for days: only the lifetimes remain.
+    engine.handle_carrier_down(Carrier::Internet, end);
+    let asleep_until = engine.next_deadline().expect("lifetimes");
+    println!(
+        "relay down too: next wake-up {:.1} days out (the earliest lifetime expiry)",
+        (asleep_until - end) as f64 / 86_400_000.0
+    );
+    assert!(asleep_until > end + 3600 * SEC);
+    engine.handle_carrier_up(Carrier::Internet, end);
+    answer_unreachable(&mut engine, end, &mut schedule);
+    while engine.next_deadline().is_some_and(|d| d <= end) {
+        engine.handle_timeout(end);
+        answer_unreachable(&mut engine, end, &mut schedule);
+    }
+
     // CPU of a wake-up that finds nothing due (the runtime's timer fired early, or a spurious
     // poll): one next_deadline + handle_timeout on the 100 000-entry engine.
-    let quiet = engine.next_deadline().expect("probes stay scheduled") - 1;
+    let quiet = engine
+        .next_deadline()
+        .expect("probes stay scheduled")
+        .max(end + 1)
+        - 1;
     c.bench_function("idle_100k_parked_next_deadline_and_timeout", |b| {
         b.iter(|| {
             let deadline = engine.next_deadline();

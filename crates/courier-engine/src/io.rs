@@ -202,8 +202,11 @@ pub struct ProcessedKey {
 pub struct Stats {
     pub outbox_regular: usize,
     pub outbox_media: usize,
+    /// Entries handed to a carrier or awaiting their ACK (a probe in flight included).
     pub pending_acks: usize,
+    /// Queued entries that are not parked.
     pub retry_queue: usize,
+    /// Parked entries not in flight: unreachable and relay custody alike, probing or resting.
     pub parked: usize,
     pub pre_session_queue: usize,
     pub carriers_up: usize,
