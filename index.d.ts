@@ -25,6 +25,13 @@ export declare class NativeProtocol {
   /** Counts, as JSON text. */
   stats(): string
   internetStatusChanged(online: boolean): void
+  registerTransport(name: string): void
+  neighborDiscovered(peerId: string, transport: string): void
+  neighborLost(peerId: string, transport: string): void
+  receiveFrame(transport: string, peerId: string, frame: Buffer): void
+  /** The facade's report on a frame an app carrier was handed (`__local_transmit`). */
+  localTransmitDone(messageId: string, sendSeq: number, ok: boolean, reason?: string | undefined | null): void
+  internetPresenceWatchlist(): Array<string>
   get isStarted(): boolean
 }
 

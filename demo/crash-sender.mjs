@@ -1,5 +1,6 @@
-// The sender the demo kills: it prints the message id once `sendMessage` resolved (the message
-// is durable from that moment) and waits to be killed with SIGKILL.
+// The sender the demo kills: a device whose network is down (its relay address answers
+// nothing). It prints the message id once `sendMessage` resolved — the message is durable from
+// that moment — and waits to be killed.
 import { Protocol } from '../js/index.js'
 
 const protocol = new Protocol({

@@ -1,7 +1,7 @@
 // The main job, end to end: an embedded relay with a SQLite mailbox and two peers with their own
 // SQLite outboxes. Shows a live delivery, a recipient that is offline (relay custody), a sender
-// that is offline (deferred, then flushed on reconnect), and a sender killed with SIGKILL right
-// after `sendMessage` resolved that delivers after it restarts. Prints a timeline; exits 0.
+// that is offline (deferred, then flushed on reconnect), and an offline sender killed with
+// SIGKILL right after `sendMessage` resolved that delivers after it restarts. Prints a timeline; exits 0.
 import { spawn } from 'node:child_process'
 import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -31,6 +31,8 @@ function describe(e) {
     case 'message_failed': return `FAILED ${e.messageId.slice(0, 8)}: ${e.reason}`
     case 'message_received': return `received "${e.content}" from ${e.sender}`
     case 'internet_status_changed': return e.connected ? 'relay connected' : 'relay disconnected'
+    case 'message_undeliverable': return `PARKED ${e.messageId.slice(0, 8)}: ${e.recipient} is unreachable (kept, probed, re-driven when it appears)`
+    case 'presence_updated': return `${e.peerId} is ${e.online ? 'online' : 'offline'}`
     case 'inbound_drain_completed': return `mailbox drained (${e.count} waiting frame${e.count === 1 ? '' : 's'})`
     default: return null
   }
@@ -75,7 +77,15 @@ const receivedId = (id) => (e) => e.type === 'message_received' && e.messageId =
 function sendThenKill(recipient, content) {
   return new Promise((resolve, reject) => {
     const child = spawn(process.execPath, [fileURLToPath(new URL('./crash-sender.mjs', import.meta.url))], {
-      env: { ...process.env, DEMO_DB: join(dir, 'carol.db'), DEMO_URL: relay.url, DEMO_TOKEN: issueToken(SECRET, 'carol'), DEMO_TO: recipient, DEMO_CONTENT: content },
+      env: {
+        ...process.env,
+        DEMO_DB: join(dir, 'carol.db'),
+        // A closed port: carol's network is down while she sends.
+        DEMO_URL: 'ws://127.0.0.1:9',
+        DEMO_TOKEN: issueToken(SECRET, 'carol'),
+        DEMO_TO: recipient,
+        DEMO_CONTENT: content,
+      },
       stdio: ['ignore', 'pipe', 'inherit'],
     })
     createInterface({ input: child.stdout }).once('line', (id) => {
@@ -122,15 +132,25 @@ try {
 
   console.log('\n— 4. the sender is killed right after sendMessage resolved —')
   const { id: crashed, signal } = await sendThenKill('bob', 'sent just before a crash')
-  log('carol', `sendMessage resolved ${crashed.slice(0, 8)}; process killed with ${signal}`)
+  log('carol', `offline; sendMessage resolved ${crashed.slice(0, 8)}; process killed with ${signal}`)
   const carol = peer('carol')
   await carol.protocol.start()
-  log('carol', 'restarted: the outbox is restored from carol.db')
+  log('carol', `restarted with the network: ${carol.protocol.stats().outboxRegular} message restored from carol.db`)
   await bob.waitFor(receivedId(crashed), 'the message from carol')
   await carol.waitFor(deliveredId(crashed), 'delivery')
   log('carol', `status of ${crashed.slice(0, 8)}: ${await carol.protocol.getMessageStatus(crashed)}`)
 
-  await Promise.all([alice.protocol.stop(), bob.protocol.stop(), carol.protocol.stop()])
+  console.log('\n— 5. a recipient the relay cannot reach yet: parked, then re-driven by presence —')
+  const parked = await alice.protocol.sendMessage('dave', 'welcome, dave')
+  await alice.waitFor((e) => e.type === 'message_undeliverable' && e.messageId === parked, 'the unreachable verdict')
+  log('alice', `status of ${parked.slice(0, 8)}: ${await alice.protocol.getMessageStatus(parked)}; watching ${alice.protocol.internetPresenceWatchlist().join(', ')}`)
+  const dave = peer('dave')
+  await dave.protocol.start()
+  log('dave', 'started for the first time')
+  await dave.waitFor(receivedId(parked), 'the parked message')
+  await alice.waitFor(deliveredId(parked), 'delivery')
+
+  await Promise.all([alice.protocol.stop(), bob.protocol.stop(), carol.protocol.stop(), dave.protocol.stop()])
   console.log('\nEvery message settled in exactly one terminal event: message_delivered.')
 } finally {
   await relay.stop()

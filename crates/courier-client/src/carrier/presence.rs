@@ -103,7 +103,7 @@ impl PresenceWatch {
                 users: std::mem::take(&mut self.to_watch),
             }];
         }
-        if self.polls.is_empty() || !self.next_poll.is_some_and(|at| at <= now) {
+        if self.polls.is_empty() || self.next_poll.is_none_or(|at| at > now) {
             return Vec::new();
         }
         self.next_poll = Some(now + POLL_EVERY);
