@@ -224,6 +224,16 @@ fn engine_event_json(e: &Event) -> Value {
             }
             v
         }
+        Event::InboundDrainCompleted { count } => {
+            json!({"type": "inbound_drain_completed", "count": count})
+        }
+        Event::SecurityWarning {
+            peer_id,
+            reason_code,
+            reason,
+        } => json!({
+            "type": "security_warning", "peerId": peer_id, "reasonCode": reason_code, "reason": reason,
+        }),
         Event::Diagnostic { level, message } => json!({
             "type": "diagnostic", "level": level_name(*level), "message": message, "target": "courier_engine",
         }),

@@ -26,6 +26,36 @@ pub struct Config {
     pub flush_batch: usize,
     /// Inbound dedup records kept (by count); retention is by time as well.
     pub dedup_max_entries: usize,
+    /// Opt-in at-least-once inbound delivery (an inbound durability hook is registered):
+    /// `None` keeps the default at-most-once path.
+    pub durable_inbound: Option<DurableInbound>,
+}
+
+/// Batching and retry of the inbound durability pipeline (`inbound-durability-hook.md`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DurableInbound {
+    /// A drain batch is handed to the hook at the first of these (400 / 4 MiB / 3 s).
+    pub batch_max_messages: usize,
+    pub batch_max_bytes: usize,
+    pub batch_max_age_ms: u64,
+    /// A refused batch is offered again after this backoff (doubling to the ceiling).
+    pub retry_initial_ms: u64,
+    pub retry_max_ms: u64,
+    /// Buffered rows older than this are removed with a trace (`delivery.md` item 13).
+    pub retention_ms: u64,
+}
+
+impl Default for DurableInbound {
+    fn default() -> Self {
+        Self {
+            batch_max_messages: 400,
+            batch_max_bytes: 4 * 1024 * 1024,
+            batch_max_age_ms: 3000,
+            retry_initial_ms: 1000,
+            retry_max_ms: 60_000,
+            retention_ms: 7 * 24 * 3600 * 1000,
+        }
+    }
 }
 
 impl Config {
@@ -45,6 +75,7 @@ impl Config {
             outbox_max_media_entries: 100,
             flush_batch: 20,
             dedup_max_entries: 100_000,
+            durable_inbound: None,
         }
     }
 

@@ -68,6 +68,11 @@ pub enum Event {
         sender: String,
         transport: String,
     },
+    /// The relay's offline backlog has been processed (`count` frames since connect); with a
+    /// durability hook, once the drain's last batch committed.
+    InboundDrainCompleted { count: u64 },
+    /// Something that deserves the app's attention on security or data-retention grounds.
+    SecurityWarning { peer_id: String, reason_code: &'static str, reason: String },
     /// Something worth a log line.
     Diagnostic {
         level: DiagnosticLevel,

@@ -186,6 +186,67 @@ pub enum StoreOp {
     },
     /// Remember an inbound message as processed (dedup across restarts).
     MarkProcessed(ProcessedKey),
+    /// Buffer a batch's messages before the durability hook sees them (insert or ignore).
+    BufferInbound(Vec<PendingInbound>),
+    /// The hook committed these: delete their buffered rows and mark each processed at `at`.
+    CommitInbound { keys: Vec<InboundKey>, at: Millis },
+    /// Buffered rows past retention, removed undelivered (each also reported as an event).
+    ExpireInbound { keys: Vec<InboundKey> },
+}
+
+/// Identifies an inbound message for dedup and for the durability buffer.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InboundKey {
+    pub chat: String,
+    pub sender: String,
+    pub message_id: String,
+}
+
+/// How a message reached the durability hook (`api.md` `InboundMessage.origin`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchOrigin {
+    /// Live traffic: a batch of one.
+    Live,
+    /// The relay's offline backlog, batched until `DrainComplete`.
+    Drain,
+    /// Offered again from the buffered copy (after a refused batch, a redelivery or a restart).
+    Redelivery,
+}
+
+impl BatchOrigin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Live => "live",
+            Self::Drain => "drain",
+            Self::Redelivery => "redelivery",
+        }
+    }
+}
+
+/// A buffered inbound message: written before the hook runs, cleared once the hook committed it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingInbound {
+    pub key: InboundKey,
+    pub message: Message,
+    /// The carrier it arrived on and the identity that carrier vouched for (for the end-to-end ACK).
+    pub carrier: Carrier,
+    pub stamped_sender: String,
+    pub received_at: Millis,
+}
+
+/// A batch for the application's durability hook. Exactly one is with the hook at a time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HookBatch {
+    pub id: u64,
+    pub messages: Vec<HookMessage>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HookMessage {
+    pub key: InboundKey,
+    pub message: Message,
+    pub transport: String,
+    pub origin: BatchOrigin,
 }
 
 /// Inbound dedup key `(chat, sender, messageId)`; `at` is when it was processed.
