@@ -22,6 +22,7 @@
 //! [`StoreError::Locked`].
 
 mod dedup;
+mod inbound;
 mod lock;
 mod outbox;
 mod schema;
@@ -32,7 +33,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use courier_engine::io::{EntryState, Millis, OutboxRecord, ProcessedKey, Settlement, StoreOp};
+use courier_engine::io::{
+    EntryState, Millis, OutboxRecord, PendingInbound, ProcessedKey, Settlement, StoreOp,
+};
 use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
 
 use lock::LockFile;
@@ -248,6 +251,12 @@ impl Store {
         outbox::load(&self.conn)
     }
 
+    /// Every buffered inbound message (`pending_inbound`), oldest received first: the batch the
+    /// engine offers the durability hook again after a restart.
+    pub fn load_pending_inbound(&self) -> Result<Vec<PendingInbound>, StoreError> {
+        inbound::load(&self.conn)
+    }
+
     /// Prunes processed keys older than `now - retention_ms` and the oldest beyond `max`, then
     /// returns the rest, oldest first.
     pub fn load_processed(
@@ -281,7 +290,11 @@ impl Store {
     ///
     /// - `Put`: upsert the outbox row (and forget a previous settlement of the same id);
     /// - `Settle`: delete the outbox row, upsert the outcome into `settled`;
-    /// - `MarkProcessed`: insert the key unless present (first processing time kept).
+    /// - `MarkProcessed`: insert the key unless present (first processing time kept);
+    /// - `BufferInbound`: insert each message into `pending_inbound` unless its key is there
+    ///   (the first copy is kept);
+    /// - `CommitInbound`: delete the keys' buffered rows and mark each processed at `at`;
+    /// - `ExpireInbound`: delete the keys' buffered rows.
     pub fn commit(&mut self, ops: &[StoreOp]) -> Result<(), StoreError> {
         if ops.is_empty() {
             return Ok(());
@@ -299,6 +312,9 @@ impl Store {
                     at,
                 } => outbox::settle(&tx, id, recipient, settlement, *at)?,
                 StoreOp::MarkProcessed(key) => dedup::mark(&tx, key)?,
+                StoreOp::BufferInbound(batch) => inbound::buffer(&tx, batch)?,
+                StoreOp::CommitInbound { keys, at } => inbound::commit(&tx, keys, *at)?,
+                StoreOp::ExpireInbound { keys } => inbound::delete(&tx, keys)?,
             }
         }
         tx.commit()?;

@@ -17,7 +17,7 @@ use super::StoreError;
 /// One migration step: from version `i` to `i + 1` (its index in `MIGRATIONS`).
 pub(crate) type Migration = fn(&Transaction<'_>) -> rusqlite::Result<()>;
 
-pub(crate) const MIGRATIONS: &[Migration] = &[v1_initial];
+pub(crate) const MIGRATIONS: &[Migration] = &[v1_initial, v2_pending_inbound];
 
 /// The schema version this build writes and understands.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -59,6 +59,25 @@ fn v1_initial(tx: &Transaction<'_>) -> rusqlite::Result<()> {
              PRIMARY KEY (chat, sender, message_id)
          ) WITHOUT ROWID;
          CREATE INDEX processed_by_at ON processed (at);",
+    )
+}
+
+/// Version 2: the durability buffer for inbound messages. A buffered copy is written before the
+/// application's durability hook sees the message and deleted once the hook committed it (or
+/// after retention). `carrier` is `"internet"` or the local carrier's registered name.
+fn v2_pending_inbound(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "CREATE TABLE pending_inbound (
+             chat           TEXT    NOT NULL,
+             sender         TEXT    NOT NULL,
+             message_id     TEXT    NOT NULL,
+             message_json   TEXT    NOT NULL,
+             carrier        TEXT    NOT NULL,
+             stamped_sender TEXT    NOT NULL,
+             received_at    INTEGER NOT NULL,
+             PRIMARY KEY (chat, sender, message_id)
+         );
+         CREATE INDEX pending_inbound_by_received_at ON pending_inbound (received_at);",
     )
 }
 

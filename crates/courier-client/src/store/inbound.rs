@@ -1,0 +1,138 @@
+//! The durability buffer for inbound messages (`pending_inbound`, schema version 2): a copy of
+//! each message written before the application's durability hook sees it, cleared once the
+//! hook committed it (`delivery.md` items 10–13).
+
+use courier_engine::io::{Carrier, InboundKey, Millis, PendingInbound, ProcessedKey};
+use courier_proto::Message;
+use rusqlite::{params, Connection, Row};
+
+use super::{dedup, from_db_u64, to_db, StoreError};
+
+const BUFFER_SQL: &str = "INSERT INTO pending_inbound
+        (chat, sender, message_id, message_json, carrier, stamped_sender, received_at)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+    ON CONFLICT (chat, sender, message_id) DO NOTHING";
+
+const DELETE_SQL: &str =
+    "DELETE FROM pending_inbound WHERE chat = ?1 AND sender = ?2 AND message_id = ?3";
+
+const LOAD_SQL: &str = "SELECT chat, sender, message_id, message_json, carrier, stamped_sender,
+        received_at
+    FROM pending_inbound ORDER BY received_at, rowid";
+
+/// The carrier's column value: `"internet"` or the local carrier's registered name.
+fn carrier_to_db(carrier: &Carrier) -> &str {
+    carrier.name()
+}
+
+fn carrier_from_db(name: String) -> Carrier {
+    if name == "internet" {
+        Carrier::Internet
+    } else {
+        Carrier::Local(name)
+    }
+}
+
+/// Insert-or-ignore every message: a key already buffered keeps its first copy (and its first
+/// `received_at`, so a redelivery never extends its retention). One cached statement for the
+/// whole batch, inside the caller's transaction.
+pub(crate) fn buffer(conn: &Connection, batch: &[PendingInbound]) -> Result<(), StoreError> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let mut stmt = conn.prepare_cached(BUFFER_SQL)?;
+    for p in batch {
+        let json = serde_json::to_string(&p.message).map_err(|e| {
+            StoreError::Sqlite(rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
+        })?;
+        stmt.execute(params![
+            p.key.chat,
+            p.key.sender,
+            p.key.message_id,
+            json,
+            carrier_to_db(&p.carrier),
+            p.stamped_sender,
+            to_db(p.received_at),
+        ])?;
+    }
+    Ok(())
+}
+
+/// Deletes the buffered rows of `keys` (absent keys are fine).
+pub(crate) fn delete(conn: &Connection, keys: &[InboundKey]) -> Result<(), StoreError> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let mut stmt = conn.prepare_cached(DELETE_SQL)?;
+    for k in keys {
+        stmt.execute(params![k.chat, k.sender, k.message_id])?;
+    }
+    Ok(())
+}
+
+/// The hook committed `keys`: their buffered rows go and each is marked processed at `at`
+/// (insert-or-ignore, exactly like `MarkProcessed`).
+pub(crate) fn commit(conn: &Connection, keys: &[InboundKey], at: Millis) -> Result<(), StoreError> {
+    delete(conn, keys)?;
+    for k in keys {
+        dedup::mark(
+            conn,
+            &ProcessedKey {
+                chat: k.chat.clone(),
+                sender: k.sender.clone(),
+                message_id: k.message_id.clone(),
+                at,
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// Every buffered message, oldest received first.
+pub(crate) fn load(conn: &Connection) -> Result<Vec<PendingInbound>, StoreError> {
+    let mut stmt = conn.prepare_cached(LOAD_SQL)?;
+    let mut rows = stmt.query([])?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(decode(row)?);
+    }
+    Ok(out)
+}
+
+fn decode(row: &Row<'_>) -> Result<PendingInbound, StoreError> {
+    let key = InboundKey {
+        chat: row.get(0)?,
+        sender: row.get(1)?,
+        message_id: row.get(2)?,
+    };
+    let bad = |what: &str| {
+        StoreError::Corrupt(format!(
+            "pending_inbound row ({:?}, {:?}, {:?}): {what}",
+            key.chat, key.sender, key.message_id
+        ))
+    };
+    let json: String = row.get(3)?;
+    let message: Message = serde_json::from_str(&json)
+        .map_err(|e| bad(&format!("message_json does not decode: {e}")))?;
+    let received_at: i64 = row.get(6)?;
+    let received_at = from_db_u64(received_at).ok_or_else(|| bad("received_at is negative"))?;
+    Ok(PendingInbound {
+        carrier: carrier_from_db(row.get(4)?),
+        stamped_sender: row.get(5)?,
+        received_at,
+        message,
+        key,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn carrier_names_round_trip() {
+        for c in [Carrier::Internet, Carrier::Local("ble".into())] {
+            assert_eq!(carrier_from_db(carrier_to_db(&c).to_owned()), c);
+        }
+    }
+}
