@@ -325,7 +325,10 @@ fn the_fixture_is_a_version_1_database() {
     write_v1_database(&db);
     assert_eq!(user_version(&db), 1);
     let names: Vec<String> = schema_of(&db).into_iter().map(|(_, n, _)| n).collect();
-    assert!(!names.iter().any(|n| n.contains("pending_inbound")), "{names:?}");
+    assert!(
+        !names.iter().any(|n| n.contains("pending_inbound")),
+        "{names:?}"
+    );
     let outbox: i64 = Connection::open(&db)
         .unwrap()
         .query_row("SELECT COUNT(*) FROM outbox", [], |r| r.get(0))

@@ -128,6 +128,75 @@ fn decode(row: &Row<'_>) -> Result<PendingInbound, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
+    use courier_engine::io::StoreOp;
+    use courier_proto::{ContentType, Priority};
+
+    fn pending(id: &str, at: Millis) -> PendingInbound {
+        PendingInbound {
+            key: InboundKey {
+                chat: "dm".into(),
+                sender: "alice".into(),
+                message_id: id.into(),
+            },
+            message: Message {
+                id: id.into(),
+                sender: "alice".into(),
+                recipient: "bob".into(),
+                app_id: "chat".into(),
+                priority: Priority::Medium,
+                ttl: 8,
+                hop_count: 0,
+                timestamp: at,
+                lamport_clock: 1,
+                content_type: ContentType::Text,
+                content: "hi".into(),
+                metadata: Default::default(),
+                requires_ack: true,
+                reply_to_msg: None,
+                binary_content: None,
+                media_metadata: None,
+                forwarded_from: None,
+                reply_context: None,
+            },
+            carrier: Carrier::Local("ble".into()),
+            stamped_sender: "alice".into(),
+            received_at: at,
+        }
+    }
+
+    #[test]
+    fn an_op_failing_late_in_the_step_undoes_the_inbound_ops_before_it() {
+        let mut store = Store::open_memory().unwrap();
+        let (a, b) = (pending("a", 1), pending("b", 2));
+        store
+            .commit(&[StoreOp::BufferInbound(vec![a.clone(), b.clone()])])
+            .unwrap();
+        store
+            .conn
+            .execute_batch(
+                "CREATE TRIGGER refuse BEFORE INSERT ON pending_inbound
+                 WHEN NEW.message_id = 'poison'
+                 BEGIN SELECT RAISE(ABORT, 'disk on fire'); END;",
+            )
+            .unwrap();
+        // Every op before the last one succeeds; the second message of the last one fails.
+        let err = store
+            .commit(&[
+                StoreOp::CommitInbound {
+                    keys: vec![a.key.clone()],
+                    at: 10,
+                },
+                StoreOp::ExpireInbound {
+                    keys: vec![b.key.clone()],
+                },
+                StoreOp::BufferInbound(vec![pending("c", 3), pending("poison", 4)]),
+            ])
+            .unwrap_err();
+        assert!(err.to_string().contains("disk on fire"), "{err}");
+        assert_eq!(store.load_pending_inbound().unwrap(), vec![a, b]);
+        assert!(store.load_processed(100, u64::MAX, 100).unwrap().is_empty());
+    }
 
     #[test]
     fn carrier_names_round_trip() {

@@ -1,4 +1,5 @@
-//! The SQLite store: the durable outbox, settled outcomes and processed inbound keys.
+//! The SQLite store: the durable outbox, settled outcomes, processed inbound keys and the
+//! durability buffer of inbound messages awaiting the application's hook (`pending_inbound`).
 //!
 //! # Durability promise
 //! A file store runs in WAL mode with `synchronous=FULL`: every `commit` fsyncs the WAL before

@@ -1,7 +1,7 @@
 //! Schema versions and migrations, tracked in `PRAGMA user_version`.
 //!
 //! `MIGRATIONS[i]` takes a database from version `i` to `i + 1`; version 0 is an empty file.
-//! Adding version 2 is one function appended to the list. The rules every migration follows:
+//! A new version is one function appended to the list. The rules every migration follows:
 //! - it runs inside the one transaction that also bumps `user_version`: a crash mid-migration
 //!   leaves the old version intact;
 //! - it never drops a pending outbox row. `migrate` enforces this: if the outbox holds fewer
