@@ -29,6 +29,8 @@ export declare class NativeProtocol {
   neighborDiscovered(peerId: string, transport: string): void
   neighborLost(peerId: string, transport: string): void
   receiveFrame(transport: string, peerId: string, frame: Buffer): void
+  /** The facade's report on a durability hook call (`__hook_call`). */
+  hookDone(batchId: number, ok: boolean, reason?: string | undefined | null): void
   /** The facade's report on a frame an app carrier was handed (`__local_transmit`). */
   localTransmitDone(messageId: string, sendSeq: number, ok: boolean, reason?: string | undefined | null): void
   internetPresenceWatchlist(): Array<string>

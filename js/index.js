@@ -75,13 +75,20 @@ class Protocol {
   #listeners = new Set()
   #streams = new Set()
   #transports = new Map()
+  #hook
 
   constructor(config) {
     if (!isPlainObject(config)) throw new ProtocolError('ERR_CONFIG', 'config must be an object')
-    if ('inboundDurabilityHook' in config) {
-      throw new ProtocolError('ERR_CONFIG', 'inboundDurabilityHook is not available in this build')
+    const forNative = { ...config }
+    if (config.inboundDurabilityHook !== undefined) {
+      if (typeof config.inboundDurabilityHook !== 'function') {
+        throw new ProtocolError('ERR_CONFIG', 'inboundDurabilityHook must be a function')
+      }
+      this.#hook = config.inboundDurabilityHook
+      // Rust only needs to know there is one; the function stays on this side.
+      forNative.inboundDurabilityHook = true
     }
-    this.#native = callSync(() => new native.NativeProtocol(JSON.stringify(config)))
+    this.#native = callSync(() => new native.NativeProtocol(JSON.stringify(forNative)))
     for (const warning of this.#native.warnings) process.emitWarning(warning, 'OfflineCourierConfigWarning')
   }
 
@@ -218,8 +225,50 @@ class Protocol {
     )
   }
 
+  /**
+   * Runs the app's durability hook on a batch. A synchronous throw, a rejection and a return
+   * value that is not a Promise all count as failure (nothing is acknowledged; the batch comes
+   * back); the time limit is enforced on the Rust side.
+   */
+  #callHook({ batchId, messages }) {
+    const done = (ok, reason) => {
+      try {
+        this.#native.hookDone(batchId, ok, reason)
+      } catch {
+        // Stopped meanwhile: the buffered batch is offered again after the next start().
+      }
+    }
+    const batch = messages.map((m) => {
+      const message = {
+        chat: m.chat,
+        sender: m.sender,
+        messageId: m.messageId,
+        content: typeof m.binaryContent === 'string' ? new Uint8Array(Buffer.from(m.binaryContent, 'base64')) : m.content,
+        contentType: m.contentType,
+        timestamp: m.timestamp,
+        metadata: m.metadata,
+        origin: m.origin,
+      }
+      return message
+    })
+    let result
+    try {
+      result = this.#hook(batch)
+    } catch (e) {
+      return done(false, `the inboundDurabilityHook threw: ${(e && e.message) || e}`)
+    }
+    if (result === null || typeof result !== 'object' || typeof result.then !== 'function') {
+      return done(false, 'the inboundDurabilityHook did not return a Promise')
+    }
+    Promise.resolve(result).then(
+      () => done(true, null),
+      (e) => done(false, `the inboundDurabilityHook rejected: ${(e && e.message) || e}`),
+    )
+  }
+
   #dispatch(json) {
     const event = eventFromJson(json)
+    if (event.type === '__hook_call') return this.#callHook(event)
     if (event.type === '__local_transmit') return this.#localTransmit(event)
     for (const stream of this.#streams) stream.push(event)
     for (const listener of [...this.#listeners]) {

@@ -58,6 +58,7 @@ impl NativeProtocol {
         let value: serde_json::Value = serde_json::from_str(&config_json)
             .map_err(|e| coded("ERR_CONFIG", format!("config is not valid JSON: {e}")))?;
         let config = parse_protocol_config(&value).map_err(|e| to_napi(e.into()))?;
+        Client::check_config(&config).map_err(to_napi)?;
         Ok(Self {
             config,
             state: Mutex::new(State::Stopped),
@@ -206,6 +207,20 @@ impl NativeProtocol {
         self.started()?
             .receive_frame(&transport, &peer_id, frame.as_ref())
             .map_err(to_napi)
+    }
+
+    /// The facade's report on a durability hook call (`__hook_call`).
+    #[napi]
+    pub fn hook_done(&self, batch_id: i64, ok: bool, reason: Option<String>) -> Result<()> {
+        let batch_id = u64::try_from(batch_id)
+            .map_err(|_| coded("ERR_INVALID_ARGUMENT", "batchId must not be negative"))?;
+        let result = if ok {
+            Ok(())
+        } else {
+            Err(reason.unwrap_or_else(|| "the hook failed".into()))
+        };
+        self.started()?.hook_done(batch_id, result);
+        Ok(())
     }
 
     /// The facade's report on a frame an app carrier was handed (`__local_transmit`).

@@ -53,6 +53,14 @@ struct Running {
 impl Client {
     /// Opens storage (refused if another `Protocol` holds it), restores the outbox with a
     /// refreshed window, starts the driver and connects the carriers.
+    /// Checks what only the runtime can: a durability hook needs a storage file.
+    pub fn check_config(config: &ProtocolConfig) -> Result<(), ClientError> {
+        if config.has_durability_hook && config.storage == StorageConfig::Memory {
+            return Err(ClientError::UnsupportedDurabilityBackend);
+        }
+        Ok(())
+    }
+
     pub fn start(
         config: &ProtocolConfig,
         sink: EventSink,
@@ -76,8 +84,10 @@ impl Client {
             config.engine.dedup_retention_ms(),
             config.engine.dedup_max_entries,
         )?;
+        let pending_inbound = store.load_pending_inbound()?;
         let mut engine = Engine::new(config.engine.clone(), config.local_identity.clone());
         engine.restore(records, processed, now);
+        engine.restore_inbound(pending_inbound, now);
 
         let threshold = config.log_level;
         let sink: EventSink = Box::new(move |event: ClientEvent| {
@@ -105,6 +115,8 @@ impl Client {
         let driver = Driver {
             stats: stats.clone(),
             watchlist: watchlist.clone(),
+            hook_timeout_ms: config.inbound_durability_hook_timeout_ms,
+            hook: None,
             retention: Retention {
                 age_ms: config.engine.dedup_retention_ms(),
                 max_settled: MAX_SETTLED,
@@ -257,6 +269,11 @@ impl Client {
             })),
         }
         Ok(())
+    }
+
+    /// The app's durability hook settled batch `batch_id`.
+    pub fn hook_done(&self, batch_id: u64, result: Result<(), String>) {
+        self.driver.send(Command::HookResult { batch_id, result });
     }
 
     /// The app carrier's verdict on an outbox frame it was handed.

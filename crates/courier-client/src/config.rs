@@ -210,6 +210,9 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
     let inbound_durability_hook_timeout_ms = root
         .int("inboundDurabilityHookTimeoutMs", 1, MAX_SAFE_INTEGER)?
         .unwrap_or(30_000);
+    if has_durability_hook {
+        engine.durable_inbound = Some(courier_engine::config::DurableInbound::default());
+    }
 
     let log_level = match root.string("logLevel")? {
         None => LogLevel::default(),

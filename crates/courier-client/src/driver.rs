@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use courier_engine::{
-    Carrier, DiagnosticLevel, Engine, InboundOrigin, Millis, PresenceChange, RelayAnswer,
+    Carrier, DiagnosticLevel, Engine, Event, InboundOrigin, Millis, PresenceChange, RelayAnswer,
     SendOutcome, SendRequest, Settlement, Stats, StoreOp, Transmit, TransmitKind,
 };
 use courier_proto::{ClientFrame, Message};
@@ -61,8 +61,15 @@ pub enum Command {
         message: Box<Message>,
         origin: InboundOrigin,
     },
+    /// A relay connection with a mailbox is up: what arrives until `DrainComplete` is backlog.
+    DrainStarted,
     DrainComplete {
         count: u64,
+    },
+    /// The app's durability hook settled a batch.
+    HookResult {
+        batch_id: u64,
+        result: Result<(), String>,
     },
     /// A relay `PresenceStatus` (answer or watch push).
     Presence {
@@ -119,6 +126,16 @@ pub struct Driver {
     pub watchlist: Arc<Mutex<BTreeSet<String>>>,
     pub retention: Retention,
     pub rebuild: Rebuild,
+    /// How long the app's durability hook may take for one batch.
+    pub hook_timeout_ms: u64,
+    /// The batch now with the hook, if any (one at a time).
+    pub hook: Option<OutstandingHook>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct OutstandingHook {
+    pub batch_id: u64,
+    pub deadline: Millis,
 }
 
 /// What it takes to rebuild the engine from storage after a failed commit.
@@ -144,7 +161,10 @@ pub const MAX_SETTLED: usize = 100_000;
 struct Step {
     accepted: Vec<(String, oneshot::Sender<Result<String, ClientError>>)>,
     events: Vec<ClientEvent>,
-    drain_completed: Vec<u64>,
+    /// What follows a durability hook's verdict — the committed messages' `message_received`,
+    /// then what the engine reported with it (the end of a drain) — goes after the step's relay
+    /// Acks and end-to-end ACKs (api.md, "Inbound durability").
+    after_transmits: Vec<ClientEvent>,
     stop: Option<oneshot::Sender<()>>,
 }
 
@@ -165,14 +185,19 @@ impl Driver {
             for cmd in batch {
                 self.apply(cmd, now, &mut step);
             }
+            if let Some(outstanding) = self.hook.filter(|h| h.deadline <= now) {
+                let reason = format!("the hook did not settle within {} ms", self.hook_timeout_ms);
+                self.hook_result(outstanding.batch_id, Err(reason), now, &mut step);
+            }
             self.engine.handle_timeout(now);
             self.collect_events(&mut step);
-            self.finish(step.accepted, step.events, step.drain_completed);
+            let stop = step.stop.take();
+            self.finish(step);
             if now >= next_prune {
                 next_prune = now + PRUNE_EVERY_MS;
                 self.prune(now);
             }
-            if let Some(reply) = step.stop {
+            if let Some(reply) = stop {
                 let _ = self.store.maybe_checkpoint();
                 let _ = reply.send(());
                 return;
@@ -182,7 +207,12 @@ impl Driver {
 
     /// Blocks until a command arrives or the engine's next deadline; `Ok(None)` means due work.
     fn wait(&self) -> Result<Option<Command>, ()> {
-        match self.engine.next_deadline() {
+        let hook_deadline = self.hook.map(|h| h.deadline);
+        let deadline = match (self.engine.next_deadline(), hook_deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        match deadline {
             None => self.rx.recv().map(Some).map_err(|_| ()),
             Some(deadline) => {
                 let now = now_ms();
@@ -261,7 +291,14 @@ impl Driver {
                     transport,
                 });
             }
-            Command::DrainComplete { count } => step.drain_completed.push(count),
+            Command::DrainStarted => self.engine.handle_drain_started(Carrier::Internet, now),
+            Command::DrainComplete { count } => {
+                self.engine
+                    .handle_drain_complete(Carrier::Internet, count, now)
+            }
+            Command::HookResult { batch_id, result } => {
+                self.hook_result(batch_id, result, now, step)
+            }
             Command::Emit(event) => {
                 // Keep runtime events in order with the engine's.
                 self.collect_events(step);
@@ -305,6 +342,33 @@ impl Driver {
         }
     }
 
+    fn hook_result(
+        &mut self,
+        batch_id: u64,
+        result: Result<(), String>,
+        now: Millis,
+        step: &mut Step,
+    ) {
+        if self.hook.is_some_and(|h| h.batch_id == batch_id) {
+            self.hook = None;
+        }
+        // Everything earlier in the step was collected already: what the engine reports now
+        // belongs to this verdict.
+        self.collect_events(step);
+        for m in self.engine.handle_hook_result(batch_id, result, now) {
+            step.after_transmits
+                .push(ClientEvent::Engine(Box::new(Event::MessageReceived {
+                    chat: m.key.chat,
+                    sender: m.key.sender,
+                    transport: m.transport,
+                    message: m.message,
+                })));
+        }
+        while let Some(event) = self.engine.poll_event() {
+            step.after_transmits.push(event.into());
+        }
+    }
+
     /// A failed commit leaves the engine ahead of storage. Rebuilding it from storage — the state
     /// at the end of the last committed step — makes the failed step change nothing; its events
     /// and transmits are dropped with the old engine.
@@ -316,15 +380,19 @@ impl Driver {
                 self.retention.age_ms,
                 self.retention.max_processed,
             )?;
-            Ok((records, processed))
+            let pending = self.store.load_pending_inbound()?;
+            Ok((records, processed, pending))
         });
         match loaded {
-            Ok((records, processed)) => {
+            Ok((records, processed, pending)) => {
                 let mut engine = Engine::new(
                     self.rebuild.config.clone(),
                     self.rebuild.local_identity.clone(),
                 );
                 engine.restore(records, processed, now);
+                engine.restore_inbound(pending, now);
+                // The batch with the hook belonged to the old engine; its verdict is stale now.
+                self.hook = None;
                 for carrier in &self.rebuild.carriers_up {
                     engine.handle_carrier_up(carrier.clone(), now);
                 }
@@ -401,13 +469,15 @@ impl Driver {
         }
     }
 
-    /// Commit, then resolve, dispatch and transmit — in that order.
-    fn finish(
-        &mut self,
-        accepted: Vec<(String, oneshot::Sender<Result<String, ClientError>>)>,
-        events: Vec<ClientEvent>,
-        drain_completed: Vec<u64>,
-    ) {
+    /// Commit, then resolve, dispatch and transmit — in that order; then hand the next batch
+    /// to the durability hook, whose buffered rows are now committed.
+    fn finish(&mut self, step: Step) {
+        let Step {
+            accepted,
+            events,
+            after_transmits,
+            ..
+        } = step;
         let ops: Vec<StoreOp> = std::iter::from_fn(|| self.engine.poll_store()).collect();
         if !ops.is_empty() {
             if let Err(e) = self.store.commit(&ops) {
@@ -438,11 +508,23 @@ impl Driver {
         for event in events {
             (self.sink)(event);
         }
-        for count in drain_completed {
-            (self.sink)(ClientEvent::InboundDrainCompleted { count });
-        }
         while let Some(transmit) = self.engine.poll_transmit() {
             self.route(transmit);
+        }
+        for event in after_transmits {
+            (self.sink)(event);
+        }
+        if self.hook.is_none() {
+            if let Some(batch) = self.engine.poll_hook() {
+                self.hook = Some(OutstandingHook {
+                    batch_id: batch.id,
+                    deadline: now_ms().saturating_add(self.hook_timeout_ms),
+                });
+                (self.sink)(ClientEvent::HookCall {
+                    batch_id: batch.id,
+                    messages: batch.messages,
+                });
+            }
         }
         while let Some(change) = self.engine.poll_presence() {
             if let Ok(mut watchlist) = self.watchlist.lock() {
@@ -523,6 +605,8 @@ mod tests {
             relay: None,
             stats: stats.clone(),
             watchlist: Default::default(),
+            hook_timeout_ms: 30_000,
+            hook: None,
             retention: Retention {
                 age_ms: config.dedup_retention_ms(),
                 max_settled: 10,

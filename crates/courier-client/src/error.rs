@@ -16,6 +16,9 @@ pub enum ClientError {
     /// Disk full, locked, corrupt: the text carries SQLite's reason.
     #[error("storage: {0}")]
     Storage(String),
+    /// A durability hook needs storage that outlives the process.
+    #[error("inboundDurabilityHook needs storage.path: storage.memory cannot keep a message until the hook commits it")]
+    UnsupportedDurabilityBackend,
     #[error("{0}")]
     Internal(String),
 }
@@ -35,6 +38,7 @@ impl ClientError {
             Self::NotStarted => "ERR_NOT_STARTED",
             Self::AlreadyStarted => "ERR_ALREADY_STARTED",
             Self::Storage(_) => "ERR_STORAGE",
+            Self::UnsupportedDurabilityBackend => "ERR_UNSUPPORTED_DURABILITY_BACKEND",
             Self::Internal(_) => "ERR_INTERNAL",
         }
     }

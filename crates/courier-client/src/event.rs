@@ -20,9 +20,6 @@ pub enum ClientEvent {
     InternetServerMessage {
         json: String,
     },
-    InboundDrainCompleted {
-        count: u64,
-    },
     Diagnostic {
         level: DiagnosticLevel,
         message: String,
@@ -40,6 +37,12 @@ pub enum ClientEvent {
     NeighborLost {
         peer_id: String,
         transport: String,
+    },
+    /// Internal, never shown to listeners: the facade calls the app's durability hook with the
+    /// batch and reports the outcome back as `hookDone(batchId, ok, reason)`.
+    HookCall {
+        batch_id: u64,
+        messages: Vec<courier_engine::HookMessage>,
     },
     /// Internal, never shown to listeners: the facade hands `frame` to the app carrier's
     /// `send(peer, bytes)` and reports `(message_id, send_seq)` back as written or failed.
@@ -94,9 +97,6 @@ impl ClientEvent {
             Self::InternetServerMessage { json } => {
                 json!({"type": "internet_server_message", "json": json})
             }
-            Self::InboundDrainCompleted { count } => {
-                json!({"type": "inbound_drain_completed", "count": count})
-            }
             Self::PresenceUpdated {
                 peer_id,
                 online,
@@ -115,6 +115,10 @@ impl ClientEvent {
             Self::NeighborLost { peer_id, transport } => {
                 json!({"type": "neighbor_lost", "peerId": peer_id, "transport": transport})
             }
+            Self::HookCall { batch_id, messages } => json!({
+                "type": "__hook_call", "batchId": batch_id,
+                "messages": messages.iter().map(inbound_message_json).collect::<Vec<_>>(),
+            }),
             Self::LocalTransmit {
                 carrier,
                 peer,
@@ -133,6 +137,20 @@ impl ClientEvent {
             }
         }
     }
+}
+
+/// `api.md` `InboundMessage`: what the durability hook receives for each message.
+fn inbound_message_json(m: &courier_engine::HookMessage) -> Value {
+    let mut v = json!({
+        "chat": m.key.chat, "sender": m.key.sender, "messageId": m.key.message_id,
+        "content": m.message.content, "contentType": m.message.content_type.as_str(),
+        "timestamp": m.message.timestamp, "metadata": m.message.metadata,
+        "origin": m.origin.as_str(),
+    });
+    if let Some(Value::String(b64)) = &m.message.binary_content {
+        v["binaryContent"] = Value::String(b64.clone());
+    }
+    v
 }
 
 fn engine_event_json(e: &Event) -> Value {

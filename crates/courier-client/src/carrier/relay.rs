@@ -366,6 +366,8 @@ impl<'a> Session<'a> {
             // releases nothing: seqs start at 1) is that first frame, so the backlog and live
             // traffic flow at once.
             session.processed_up_to = Some(0);
+            // Until DrainComplete, what arrives is the backlog (batched for a durability hook).
+            driver.send(Command::DrainStarted);
         }
         diagnostic(
             driver,
