@@ -43,6 +43,11 @@ pub struct DurableInbound {
     pub retry_max_ms: u64,
     /// Buffered rows older than this are removed with a trace (`delivery.md` item 13).
     pub retention_ms: u64,
+    /// Bound of the rows held in memory (10 000 messages / 64 MiB of content, the relay
+    /// mailbox's own limits). Over it a new message is neither buffered nor acknowledged: the
+    /// relay keeps it and redelivers it on the next connection.
+    pub max_buffered_messages: usize,
+    pub max_buffered_bytes: usize,
 }
 
 impl Default for DurableInbound {
@@ -54,6 +59,8 @@ impl Default for DurableInbound {
             retry_initial_ms: 1000,
             retry_max_ms: 60_000,
             retention_ms: 7 * 24 * 3600 * 1000,
+            max_buffered_messages: 10_000,
+            max_buffered_bytes: 64 * 1024 * 1024,
         }
     }
 }

@@ -63,6 +63,18 @@ impl Dedup {
         true
     }
 
+    /// Whether `key` was processed within the retention (hook mode: the hook's commit records it).
+    pub(crate) fn contains(&mut self, key: &DedupKey, now: Millis) -> bool {
+        self.prune(now);
+        self.seen.contains_key(key)
+    }
+
+    /// Records `key` as processed at `now` (the durability hook committed it).
+    pub(crate) fn record(&mut self, key: DedupKey, now: Millis) {
+        self.prune(now);
+        self.insert(key, now);
+    }
+
     fn insert(&mut self, key: DedupKey, at: Millis) {
         if self.max_entries == 0 || self.seen.contains_key(&key) {
             return;

@@ -38,12 +38,13 @@ use serde_json::Value;
 use crate::ack::{self, AfterTimeout};
 use crate::config::Config;
 use crate::dedup::{Dedup, DedupKey};
+use crate::durable::{Commit, Durable, Sink};
 use crate::event::{DiagnosticLevel, Event};
 use crate::inbound;
 use crate::io::{
-    Carrier, EntryState, FailReason, InboundOrigin, Millis, OutboxRecord, PresenceChange,
-    ProcessedKey, RelayAnswer, SendOutcome, SendRequest, Settlement, Stats, StoreOp, Transmit,
-    TransmitKind,
+    Carrier, EntryState, FailReason, HookBatch, HookMessage, InboundKey, InboundOrigin, Millis,
+    OutboxRecord, PendingInbound, PresenceChange, ProcessedKey, RelayAnswer, SendOutcome,
+    SendRequest, Settlement, Stats, StoreOp, Transmit, TransmitKind,
 };
 use crate::neighbors::Neighbors;
 use crate::outbox::{self, Class, Entry, Key, Outbox, Phase};
@@ -79,6 +80,8 @@ pub struct Engine {
     /// Funds sends of parked entries under `edgeDrivenUnreachableDm`.
     resend_budget: ResendBudget,
     dedup: Dedup,
+    /// The at-least-once inbound pipeline, when a durability hook is registered.
+    durable: Option<Durable>,
     carriers: BTreeSet<Carrier>,
     lamport: u64,
     last_send_seq: u64,
@@ -93,6 +96,7 @@ impl Engine {
     /// `local_identity` goes into `Message.sender` of every message this device sends.
     pub fn new(config: Config, local_identity: String) -> Self {
         let dedup = Dedup::new(config.dedup_max_entries, config.dedup_retention_ms());
+        let durable = config.durable_inbound.clone().map(Durable::new);
         Self {
             config,
             local_identity,
@@ -103,6 +107,7 @@ impl Engine {
             neighbors: Neighbors::default(),
             resend_budget: ResendBudget::default(),
             dedup,
+            durable,
             carriers: BTreeSet::new(),
             lamport: 0,
             last_send_seq: 0,
@@ -269,6 +274,9 @@ impl Engine {
     /// (the ACK may still come back by another way or after reconnect).
     pub fn handle_carrier_down(&mut self, carrier: Carrier, now: Millis) {
         self.carriers.remove(&carrier);
+        if let Some(durable) = self.durable.as_mut() {
+            durable.carrier_down(&carrier);
+        }
         match &carrier {
             Carrier::Internet => self.presence.disconnect(),
             Carrier::Local(name) => {
@@ -355,12 +363,22 @@ impl Engine {
     /// peer for a local one). The relay frame's `HopAck` comes last. The runtime commits store
     /// ops, then dispatches events, then executes transmits, so both ACKs follow the processing
     /// (`delivery.md` item 10). Either kind is a reachability edge for the peer that carried it.
+    ///
+    /// With `durable_inbound` a data message that is not processed yet goes to the durability
+    /// pipeline instead (see [`Engine::poll_hook`]): it is buffered (`StoreOp::BufferInbound`,
+    /// written at the end of this call) unless it already is, and neither ACK goes out before
+    /// the hook committed it. A processed one is re-ACKed and released at once, as without a
+    /// hook. `HopAck`s therefore do not come out in seq order across batches: the runtime may
+    /// coalesce them into `AckUpTo` only over seqs that are all released.
     pub fn handle_inbound(&mut self, message: Message, origin: InboundOrigin, now: Millis) {
-        match message.ack_for().map(str::to_owned) {
-            Some(acked) => self.inbound_ack(&acked, &message, &origin, now),
+        let release = match message.ack_for().map(str::to_owned) {
+            Some(acked) => {
+                self.inbound_ack(&acked, &message, &origin, now);
+                true
+            }
             None => self.inbound_data(message, &origin, now),
-        }
-        if let Some(seq) = origin.seq {
+        };
+        if let (true, Some(seq)) = (release, origin.seq) {
             self.transmits.push_back(Transmit {
                 carrier: origin.carrier,
                 peer: None,
@@ -368,6 +386,122 @@ impl Engine {
             });
         }
         self.end_call();
+    }
+
+    /// At start, after `restore`: the buffered rows from the store. With `durable_inbound` they
+    /// are offered to the hook again (origin Redelivery, in the order they were received, in
+    /// batches within the count and byte bounds) as soon as no batch is with the hook; rows past
+    /// retention are expired now (with their trace). A row whose key is already processed is
+    /// cleared (`CommitInbound`). Without `durable_inbound` (the hook was removed since) the rows
+    /// are delivered at most once as without a hook: cleared and marked processed
+    /// (`CommitInbound`), `message_received`, end-to-end ACK.
+    pub fn restore_inbound(&mut self, pending: Vec<PendingInbound>, now: Millis) {
+        let (processed, fresh): (Vec<PendingInbound>, Vec<PendingInbound>) = pending
+            .into_iter()
+            .partition(|row| self.dedup.contains(&dedup_key(&row.key), now));
+        if !processed.is_empty() {
+            let keys = processed.into_iter().map(|row| row.key).collect();
+            self.store
+                .push_back(StoreOp::CommitInbound { keys, at: now });
+        }
+        match self.durable.as_mut() {
+            Some(durable) => {
+                let mut sink = Sink {
+                    store: &mut self.store,
+                    events: &mut self.events,
+                    transmits: &mut self.transmits,
+                };
+                durable.restore(fresh, now, &mut sink);
+            }
+            None => self.deliver_restored(fresh, now),
+        }
+        self.end_call();
+    }
+
+    /// The next batch for the durability hook, if one is ready and none is with the hook (one at
+    /// a time). Its rows were written with `StoreOp::BufferInbound` in the call that received
+    /// them, so they are durable before the hook sees them. `None` without `durable_inbound`.
+    pub fn poll_hook(&mut self) -> Option<HookBatch> {
+        self.durable.as_mut()?.poll()
+    }
+
+    /// The hook's verdict on batch `batch_id`; a stale id (not the batch with the hook) is
+    /// ignored. `Ok`: `StoreOp::CommitInbound` for the batch, then a relay `HopAck` for every seq
+    /// that carried any of its messages (duplicates that arrived while it was buffered included,
+    /// in seq order), then the end-to-end ACKs of those that ask for one (on the carrier they
+    /// came by while it is usable, else the current route to the sender, else none: the sender's
+    /// resend is re-ACKed from the dedup record). Returns the committed messages in batch order:
+    /// the runtime dispatches their `message_received` after it has executed those transmits;
+    /// the engine emits no `Event::MessageReceived` for them. `Err`: nothing is acknowledged
+    /// (a `Warn` diagnostic carries the reason); the batch is offered again (origin Redelivery)
+    /// after `retry_initial_ms` doubling to `retry_max_ms` per refusal, counted while a carrier
+    /// is up, and a relay redelivery of one of its messages re-enters that message at once.
+    pub fn handle_hook_result(
+        &mut self,
+        batch_id: u64,
+        result: Result<(), String>,
+        now: Millis,
+    ) -> Vec<HookMessage> {
+        let mut sink = Sink {
+            store: &mut self.store,
+            events: &mut self.events,
+            transmits: &mut self.transmits,
+        };
+        let commit = match self.durable.as_mut() {
+            Some(durable) => durable.resolve(batch_id, result, now, &mut sink),
+            None => None,
+        };
+        let mut committed = Vec::new();
+        if let Some(Commit { rows }) = commit {
+            committed.reserve(rows.len());
+            for (pending, origin) in rows {
+                self.dedup.record(dedup_key(&pending.key), now);
+                self.ack_committed(&pending, now);
+                committed.push(HookMessage {
+                    transport: pending.carrier.name().to_owned(),
+                    key: pending.key,
+                    message: pending.message,
+                    origin,
+                });
+            }
+        }
+        self.end_call();
+        committed
+    }
+
+    /// The relay connection on `carrier` advertised `mailbox_v1`: until `DrainComplete` its new
+    /// messages are the backlog, batched for the hook (`batch_max_messages`, `batch_max_bytes`,
+    /// `batch_max_age_ms` after the batch's first message). A pending drain batch (of an earlier
+    /// connection) is forced first. Nothing to do without `durable_inbound`.
+    pub fn handle_drain_started(&mut self, carrier: Carrier, _now: Millis) {
+        if let Some(durable) = self.durable.as_mut() {
+            durable.drain_started(carrier);
+        }
+        self.end_call();
+    }
+
+    /// `DrainComplete{count}`: the pending drain batch is forced; `Event::InboundDrainCompleted`
+    /// follows when every message that arrived during the drain has committed (or expired) —
+    /// at once if there is none, and always at once without `durable_inbound`. Batches go to
+    /// the hook in the order they closed, so live messages wait behind the drain's tail batch.
+    pub fn handle_drain_complete(&mut self, carrier: Carrier, count: u64, _now: Millis) {
+        let mut sink = Sink {
+            store: &mut self.store,
+            events: &mut self.events,
+            transmits: &mut self.transmits,
+        };
+        match self.durable.as_mut() {
+            Some(durable) => durable.drain_complete(&carrier, count, &mut sink),
+            None => sink
+                .events
+                .push_back(Event::InboundDrainCompleted { count }),
+        }
+        self.end_call();
+    }
+
+    /// Inbound messages buffered for the durability hook and not committed yet.
+    pub fn inbound_buffered(&self) -> usize {
+        self.durable.as_ref().map_or(0, Durable::len)
     }
 
     /// All work due at `now`: ACK timeouts, lifetime expiries, then up to `flush_batch` sends
@@ -380,6 +514,15 @@ impl Engine {
             self.settle_failed(key, FailReason::OutboxLifetimeExceeded, now);
         }
         self.send_due(now);
+        let carrier_up = !self.carriers.is_empty();
+        let mut sink = Sink {
+            store: &mut self.store,
+            events: &mut self.events,
+            transmits: &mut self.transmits,
+        };
+        if let Some(durable) = self.durable.as_mut() {
+            durable.on_timeout(now, carrier_up, &mut sink);
+        }
         self.end_call();
     }
 
@@ -480,7 +623,9 @@ impl Engine {
     /// route and an in-flight slot (probes of parked entries not before the resend budget can
     /// fund one, under `edgeDrivenUnreachableDm`). A queued entry that cannot go adds no
     /// deadline: the carrier, neighbor or slot-freeing input is what moves it. Resting entries
-    /// add only their expiry.
+    /// add only their expiry. The inbound pipeline adds the open drain batch's age, the retry of
+    /// refused batches (while a carrier is up) and the retention of buffered rows; nothing when
+    /// nothing is buffered.
     pub fn next_deadline(&self) -> Option<Millis> {
         let fixed = self.timers.next_fixed_deadline();
         let sends = if self.has_slot() {
@@ -499,7 +644,11 @@ impl Engine {
         } else {
             None
         };
-        [fixed, sends].into_iter().flatten().min()
+        let inbound = self
+            .durable
+            .as_ref()
+            .and_then(|durable| durable.next_deadline(!self.carriers.is_empty()));
+        [fixed, sends, inbound].into_iter().flatten().min()
     }
 
     pub fn status(&self, id: &str) -> Option<EntryState> {
@@ -965,36 +1114,63 @@ impl Engine {
         self.send_due(now);
     }
 
-    fn inbound_data(&mut self, message: Message, origin: &InboundOrigin, now: Millis) {
+    /// Returns whether the frame's seq is released now (processed or dropped); with the hook a
+    /// buffered message's seq is released when it commits, and one over the buffer bound never.
+    fn inbound_data(&mut self, message: Message, origin: &InboundOrigin, now: Millis) -> bool {
         self.lamport = self.lamport.max(message.lamport_clock.min(MAX_LAMPORT));
         let transport = origin.carrier.name().to_owned();
-        let ack = message
-            .requires_ack
-            .then(|| message.ack(inbound::ack_id(&message.id), now, &transport));
         // Direct messages only for now: the chat of a DM is its sender.
         let key = DedupKey {
             chat: message.sender.clone(),
             sender: message.sender.clone(),
             message_id: message.id.clone(),
         };
-        if self.dedup.first_sighting(&key, now) {
-            let DedupKey {
-                chat,
-                sender,
-                message_id,
-            } = key;
-            self.store.push_back(StoreOp::MarkProcessed(ProcessedKey {
-                chat: chat.clone(),
-                sender: sender.clone(),
-                message_id,
-                at: now,
-            }));
-            self.events.push_back(Event::MessageReceived {
+        let mut release = true;
+        let mut ack = None;
+        if self.durable.is_some() && !self.dedup.contains(&key, now) {
+            let pending = PendingInbound {
+                key: InboundKey {
+                    chat: key.chat,
+                    sender: key.sender,
+                    message_id: key.message_id,
+                },
                 message,
-                chat,
-                sender,
-                transport,
-            });
+                carrier: origin.carrier.clone(),
+                stamped_sender: origin.stamped_sender.clone(),
+                received_at: now,
+            };
+            let mut sink = Sink {
+                store: &mut self.store,
+                events: &mut self.events,
+                transmits: &mut self.transmits,
+            };
+            if let Some(durable) = self.durable.as_mut() {
+                durable.arrive(pending, origin.seq, now, &mut sink);
+            }
+            release = false;
+        } else {
+            ack = message
+                .requires_ack
+                .then(|| message.ack(inbound::ack_id(&message.id), now, &transport));
+            if self.durable.is_none() && self.dedup.first_sighting(&key, now) {
+                let DedupKey {
+                    chat,
+                    sender,
+                    message_id,
+                } = key;
+                self.store.push_back(StoreOp::MarkProcessed(ProcessedKey {
+                    chat: chat.clone(),
+                    sender: sender.clone(),
+                    message_id,
+                    at: now,
+                }));
+                self.events.push_back(Event::MessageReceived {
+                    message,
+                    chat,
+                    sender,
+                    transport,
+                });
+            }
         }
         // The peer that carried it is back: an edge for it (the seed's opt-out paragraph counts
         // on returning peers that send an inbound frame). Over the relay it may be an old frame
@@ -1013,6 +1189,63 @@ impl Engine {
                 carrier: origin.carrier.clone(),
                 peer,
                 kind: TransmitKind::Ack { message },
+            });
+        }
+        release
+    }
+
+    /// The end-to-end ACK of a committed (or restored and delivered) message: on the carrier it
+    /// came by while that is usable (the relay up, or the peer still a neighbor there), else the
+    /// current route to its sender, else none — the sender's resend is re-ACKed from dedup.
+    fn ack_committed(&mut self, pending: &PendingInbound, now: Millis) {
+        if !pending.message.requires_ack {
+            return;
+        }
+        let route = match &pending.carrier {
+            Carrier::Internet if self.carriers.contains(&Carrier::Internet) => {
+                Some((Carrier::Internet, None))
+            }
+            Carrier::Local(name) if self.neighbors.links(name, &pending.stamped_sender) => Some((
+                pending.carrier.clone(),
+                Some(pending.stamped_sender.clone()),
+            )),
+            _ => self.route_for(&pending.message.sender).ok(),
+        };
+        let Some((carrier, peer)) = route else {
+            return;
+        };
+        let message = &pending.message;
+        let ack = message.ack(inbound::ack_id(&message.id), now, pending.carrier.name());
+        self.transmits.push_back(Transmit {
+            carrier,
+            peer,
+            kind: TransmitKind::Ack { message: ack },
+        });
+    }
+
+    /// Buffered rows restored without a hook: delivered at most once, as if they arrived now.
+    fn deliver_restored(&mut self, mut rows: Vec<PendingInbound>, now: Millis) {
+        if rows.is_empty() {
+            return;
+        }
+        rows.sort_by(|a, b| {
+            a.received_at
+                .cmp(&b.received_at)
+                .then_with(|| a.key.cmp(&b.key))
+        });
+        rows.dedup_by(|a, b| a.key == b.key);
+        let keys = rows.iter().map(|row| row.key.clone()).collect();
+        self.store
+            .push_back(StoreOp::CommitInbound { keys, at: now });
+        for row in rows {
+            self.dedup.record(dedup_key(&row.key), now);
+            self.ack_committed(&row, now);
+            let InboundKey { chat, sender, .. } = row.key;
+            self.events.push_back(Event::MessageReceived {
+                message: row.message,
+                chat,
+                sender,
+                transport: row.carrier.name().to_owned(),
             });
         }
     }
@@ -1160,6 +1393,12 @@ impl Engine {
     /// One Put per entry changed during the call, reflecting where it ended up; then the
     /// watchlist follows the parking bookkeeping.
     fn end_call(&mut self) {
+        if let Some(durable) = self.durable.as_mut() {
+            let rows = durable.take_to_buffer();
+            if !rows.is_empty() {
+                self.store.push_back(StoreOp::BufferInbound(rows));
+            }
+        }
         for peer in self.parking.take_touched() {
             let wanted = self.parking.watched(&peer);
             self.presence.set_wanted(&peer, wanted);
@@ -1169,6 +1408,14 @@ impl Engine {
                 self.store.push_back(StoreOp::Put(entry.record()));
             }
         }
+    }
+}
+
+fn dedup_key(key: &InboundKey) -> DedupKey {
+    DedupKey {
+        chat: key.chat.clone(),
+        sender: key.sender.clone(),
+        message_id: key.message_id.clone(),
     }
 }
 
@@ -1195,6 +1442,9 @@ impl Engine {
     pub(crate) fn check_invariants(&self) {
         self.outbox.check();
         self.presence.check();
+        if let Some(durable) = &self.durable {
+            durable.check();
+        }
         let mut expected = Timers::default();
         let mut held = BTreeSet::new();
         let records: BTreeSet<String> = self.parking.recipients().into_iter().collect();
@@ -1259,6 +1509,14 @@ impl Engine {
             "in-flight cap"
         );
         assert!(self.dirty.is_empty());
+    }
+
+    /// The keys of the buffered inbound rows the engine holds.
+    pub(crate) fn inbound_keys(&self) -> BTreeSet<InboundKey> {
+        self.durable
+            .iter()
+            .flat_map(|durable| durable.keys().cloned())
+            .collect()
     }
 
     pub(crate) fn park_counter(&self, recipient: &str) -> u32 {

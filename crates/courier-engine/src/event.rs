@@ -72,7 +72,11 @@ pub enum Event {
     /// durability hook, once the drain's last batch committed.
     InboundDrainCompleted { count: u64 },
     /// Something that deserves the app's attention on security or data-retention grounds.
-    SecurityWarning { peer_id: String, reason_code: &'static str, reason: String },
+    SecurityWarning {
+        peer_id: String,
+        reason_code: &'static str,
+        reason: String,
+    },
     /// Something worth a log line.
     Diagnostic {
         level: DiagnosticLevel,

@@ -83,6 +83,7 @@
 mod ack;
 pub mod config;
 mod dedup;
+mod durable;
 mod engine;
 pub mod event;
 mod inbound;

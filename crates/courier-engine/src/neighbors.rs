@@ -61,6 +61,13 @@ impl Neighbors {
         removed
     }
 
+    /// Whether `peer` is a current neighbor on `carrier`.
+    pub(crate) fn links(&self, carrier: &str, peer: &str) -> bool {
+        self.by_carrier
+            .get(carrier)
+            .is_some_and(|peers| peers.contains(peer))
+    }
+
     /// The carrier of a direct link to `peer`, if it is a neighbor (first by name).
     pub(crate) fn link_to(&self, peer: &str) -> Option<&str> {
         self.by_peer

@@ -4,13 +4,19 @@
 //! carried over it, presence reports, and (on even seeds) `edgeDrivenUnreachableDm` — from fixed
 //! seeds. The simulator checks the invariants after every
 //! call; at the end the world turns honest and everything accepted must settle exactly once.
+//!
+//! The hook mode runs the same world with an inbound durability hook that commits or refuses
+//! at random, relay drains that redeliver the journal, and restarts inside the hook: every inbound
+//! message must end committed exactly once (offered at least once), and nothing is released
+//! before its commit.
 
 use std::collections::BTreeSet;
 
 use courier_proto::{ContentType, Priority};
 
 use super::*;
-use crate::FailReason;
+use crate::config::DurableInbound;
+use crate::{BatchOrigin, FailReason};
 
 /// splitmix64: enough randomness for scheduling, and reproducible from the seed.
 struct Rng(u64);
@@ -63,7 +69,7 @@ const ANSWERS: [Option<RelayAnswer>; 6] = [
 fn random_interleavings_keep_the_invariants() {
     let mut seen = BTreeSet::new();
     for seed in 1..=16 {
-        seen.extend(run(seed));
+        seen.extend(run(seed, false));
     }
     let all = [
         "delivered",
@@ -81,6 +87,35 @@ fn random_interleavings_keep_the_invariants() {
         "capacity",
     ];
     assert_eq!(seen, all.into_iter().collect());
+}
+
+#[test]
+fn random_interleavings_with_the_durability_hook() {
+    let mut seen = BTreeSet::new();
+    for seed in 101..=112 {
+        seen.extend(run(seed, true));
+    }
+    let all = [
+        "hook committed",
+        "hook refused",
+        "redelivery offered",
+        "drain offered",
+        "live offered",
+        "drain completed",
+        "drain batch of many",
+        "delivered",
+        "retrying",
+    ];
+    for path in all {
+        assert!(
+            seen.contains(path),
+            "the hook runs never went through {path}"
+        );
+    }
+    assert!(
+        !seen.contains("received"),
+        "message_received from the engine with a hook"
+    );
 }
 
 fn outcome(event: &Event) -> Option<&'static str> {
@@ -103,12 +138,14 @@ fn outcome(event: &Event) -> Option<&'static str> {
             reason: FailReason::OutboxCapacityExceeded,
             ..
         } => "capacity",
+        Event::InboundDrainCompleted { .. } => "drain completed",
+        Event::SecurityWarning { .. } => "security warning",
         Event::MessageSent { .. } | Event::Diagnostic { .. } => return None,
     })
 }
 
 /// The paths a run went through, so the test notices when the world model stops reaching them.
-fn run(seed: u64) -> BTreeSet<&'static str> {
+fn run(seed: u64, hook: bool) -> BTreeSet<&'static str> {
     let mut rng = Rng(seed);
     let mut config = Config::new("chaos");
     config.max_retries = 3;
@@ -118,13 +155,24 @@ fn run(seed: u64) -> BTreeSet<&'static str> {
     config.outbox_max_media_entries = 4;
     config.outbox_max_lifetime_ms = 15 * MIN;
     config.edge_driven_unreachable_dm = seed.is_multiple_of(2);
+    if hook {
+        config.durable_inbound = Some(DurableInbound {
+            batch_max_messages: 5,
+            batch_max_bytes: 64,
+            retry_initial_ms: 500,
+            retry_max_ms: 8 * SEC,
+            ..DurableInbound::default()
+        });
+    }
     let mut sim = Sim::new(config);
+    let mut draining = false;
     let mut paths = BTreeSet::new();
     let mut accepted = BTreeSet::new();
     let mut relay_seq = 1_000_000;
 
     for _ in 0..1500 {
-        match rng.below(125) {
+        let actions = if hook { 145 } else { 125 };
+        match rng.below(actions) {
             0..=21 => {
                 let content_type = if rng.chance(10) {
                     ContentType::FileChunk
@@ -270,7 +318,64 @@ fn run(seed: u64) -> BTreeSet<&'static str> {
                     sim.inbound(message, origin);
                 }
             }
+            125..=132 => {
+                // The hook: the runtime polls it, or it answers the batch it has.
+                if sim.hook.is_some() {
+                    let ok = rng.chance(65);
+                    sim.hook_result(ok);
+                } else {
+                    sim.poll_hook();
+                }
+            }
+            133..=134 => {
+                // A reconnect with `mailbox_v1`: the relay drains its journal.
+                sim.drain_started();
+                draining = true;
+                if rng.chance(50) {
+                    let count = sim.redeliver_journal();
+                    if rng.chance(70) {
+                        sim.drain_complete(count);
+                        draining = false;
+                    }
+                }
+            }
+            135..=136 => {
+                if draining {
+                    sim.drain_complete(0);
+                    draining = false;
+                }
+            }
+            137..=138 => {
+                // The relay redelivers one frame it still holds.
+                if let Some(seq) = random_seq(&mut rng, &sim) {
+                    let (message, origin) = sim.journal[&seq].clone();
+                    sim.inbound(message, origin);
+                }
+            }
+            139..=140 => {
+                // The process dies inside the hook.
+                if sim.hook.is_some() {
+                    sim.restart();
+                    draining = false;
+                }
+            }
+            141..=144 => {
+                let sender = rng.pick(&RECIPIENTS);
+                let message = sim_message(sender, 8 + rng.below(40));
+                relay_seq += 1;
+                let origin = InboundOrigin {
+                    carrier: Carrier::Internet,
+                    stamped_sender: sender.into(),
+                    sender_account: None,
+                    seq: Some(relay_seq),
+                };
+                sim.inbound(message, origin);
+            }
             _ => sim.advance(rng.below(90 * SEC)),
+        }
+        if !sim.internet_up {
+            // A disconnect ends the drain of that connection.
+            draining = false;
         }
         if sim
             .rows
@@ -290,8 +395,20 @@ fn run(seed: u64) -> BTreeSet<&'static str> {
         sim.write_unwritten(0);
     }
     sim.carrier_up();
+    if hook {
+        // The relay drains what it still holds; the hook now commits everything.
+        if sim.hook.is_some() {
+            sim.hook_result(true);
+        }
+        sim.drain_started();
+        let count = sim.redeliver_journal();
+        sim.drain_complete(count);
+    }
     for _ in 0..1000 {
-        if sim.rows.is_empty() {
+        if hook {
+            sim.hook_commits_all();
+        }
+        if sim.rows.is_empty() && sim.inbound_rows.is_empty() {
             break;
         }
         sim.advance(10 * MIN);
@@ -309,6 +426,9 @@ fn run(seed: u64) -> BTreeSet<&'static str> {
     for id in &accepted {
         assert_eq!(sim.terminal_count(id), 1, "seed {seed}: {id}");
     }
+    if hook {
+        hook_outcome(&sim, seed, &mut paths);
+    }
     if !sim.offers.is_empty() {
         paths.insert("offered");
     }
@@ -323,6 +443,78 @@ fn run(seed: u64) -> BTreeSet<&'static str> {
     }
     paths.extend(sim.events().filter_map(|(_, event)| outcome(event)));
     paths
+}
+
+/// Every data message the world sent ends committed exactly once through the hook, was offered
+/// at least once, and every relay frame that carried one is released.
+fn hook_outcome(sim: &Sim, seed: u64, paths: &mut BTreeSet<&'static str>) {
+    assert!(
+        sim.inbound_rows.is_empty(),
+        "seed {seed}: rows never committed"
+    );
+    assert!(
+        sim.journal.is_empty(),
+        "seed {seed}: relay frames never released: {:?}",
+        sim.journal.keys().collect::<Vec<_>>()
+    );
+    assert!(
+        sim.expired.is_empty(),
+        "seed {seed}: nothing reaches retention here"
+    );
+    let offered: BTreeSet<&InboundKey> = sim
+        .offered
+        .iter()
+        .flat_map(|(_, batch)| batch.messages.iter().map(|m| &m.key))
+        .collect();
+    for (key, (count, _)) in &sim.commits {
+        assert_eq!(*count, 1, "seed {seed}: {key:?}");
+        assert!(
+            offered.contains(key),
+            "seed {seed}: {key:?} committed unseen"
+        );
+    }
+    for key in offered {
+        assert!(
+            sim.commits.contains_key(key),
+            "seed {seed}: {key:?} never committed"
+        );
+    }
+    let dispatched: BTreeSet<&InboundKey> = sim.dispatched.iter().map(|(_, m)| &m.key).collect();
+    assert_eq!(
+        dispatched.len(),
+        sim.dispatched.len(),
+        "seed {seed}: a message dispatched twice"
+    );
+    assert_eq!(dispatched.len(), sim.commits.len());
+    if !sim.commits.is_empty() {
+        paths.insert("hook committed");
+    }
+    for (_, batch) in &sim.offered {
+        for message in &batch.messages {
+            paths.insert(match message.origin {
+                BatchOrigin::Live => "live offered",
+                BatchOrigin::Drain => "drain offered",
+                BatchOrigin::Redelivery => "redelivery offered",
+            });
+        }
+        if batch.messages.len() > 1 {
+            paths.insert("drain batch of many");
+        }
+    }
+    if sim
+        .events()
+        .any(|(_, e)| matches!(e, Event::Diagnostic { message, .. } if message.contains("refused batch")))
+    {
+        paths.insert("hook refused");
+    }
+}
+
+fn random_seq(rng: &mut Rng, sim: &Sim) -> Option<u64> {
+    let len = sim.journal.len();
+    if len == 0 {
+        return None;
+    }
+    sim.journal.keys().nth(rng.index(len)).copied()
 }
 
 fn random_key<'a>(

@@ -6,6 +6,7 @@
 mod chaos;
 mod custody;
 mod inbound;
+mod inbound_durable;
 mod ladder;
 mod lifecycle;
 mod lifetime;
@@ -18,9 +19,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use courier_proto::{ContentType, Message, Priority};
 
 use crate::{
-    Carrier, Config, Engine, EntryState, Event, InboundOrigin, Millis, OutboxRecord,
-    PresenceChange, ProcessedKey, RelayAnswer, SendOutcome, SendRequest, Settlement, StoreOp,
-    Transmit, TransmitKind,
+    Carrier, Config, Engine, EntryState, Event, HookBatch, HookMessage, InboundKey, InboundOrigin,
+    Millis, OutboxRecord, PendingInbound, PresenceChange, ProcessedKey, RelayAnswer, SendOutcome,
+    SendRequest, Settlement, StoreOp, Transmit, TransmitKind,
 };
 
 pub(crate) const ALICE: &str = "alice";
@@ -140,6 +141,25 @@ pub(crate) struct Sim {
     terminal: BTreeMap<String, u32>,
     /// When each inbound (sender, id) last reached the application.
     received: BTreeMap<(String, String), Millis>,
+    /// The store's `pending_inbound` table: rows buffered for the durability hook.
+    pub inbound_rows: BTreeMap<InboundKey, PendingInbound>,
+    /// Keys the store holds as processed (`MarkProcessed`, `CommitInbound`).
+    pub processed_keys: BTreeSet<InboundKey>,
+    /// `CommitInbound`s per key, and when the last one came.
+    pub commits: BTreeMap<InboundKey, (u32, Millis)>,
+    /// Keys removed by retention.
+    pub expired: BTreeSet<InboundKey>,
+    /// The batch with the hook now, and every batch offered (when).
+    pub hook: Option<HookBatch>,
+    pub offered: Vec<(Millis, HookBatch)>,
+    /// What the hook committed, as the runtime dispatches it (`message_received`), in order.
+    pub dispatched: Vec<(Millis, HookMessage)>,
+    /// The relay's journal of data frames for us that are not released yet: seq → frame.
+    pub journal: BTreeMap<u64, (Message, InboundOrigin)>,
+    /// The key each data frame's seq carried.
+    seq_keys: BTreeMap<u64, InboundKey>,
+    /// The outputs being drained are the hook's verdict.
+    committing: bool,
 }
 
 impl Sim {
@@ -172,6 +192,16 @@ impl Sim {
             acked_by_recipient: BTreeSet::new(),
             terminal: BTreeMap::new(),
             received: BTreeMap::new(),
+            inbound_rows: BTreeMap::new(),
+            processed_keys: BTreeSet::new(),
+            commits: BTreeMap::new(),
+            expired: BTreeSet::new(),
+            hook: None,
+            offered: Vec::new(),
+            dispatched: Vec::new(),
+            journal: BTreeMap::new(),
+            seq_keys: BTreeMap::new(),
+            committing: false,
         }
     }
 
@@ -327,8 +357,134 @@ impl Sim {
     }
 
     pub(crate) fn inbound(&mut self, message: Message, origin: InboundOrigin) {
+        if let (None, Some(seq)) = (message.ack_for(), origin.seq) {
+            // The relay journals a data frame until it is released.
+            let key = inbound_key(&message);
+            if let Some(known) = self.seq_keys.insert(seq, key.clone()) {
+                assert_eq!(known, key, "seq {seq} reused for another message");
+            }
+            self.journal.insert(seq, (message.clone(), origin.clone()));
+        }
         self.engine.handle_inbound(message, origin, self.now);
         self.after_call();
+    }
+
+    /// The relay connection comes up with `mailbox_v1`: carrier up, then the drain starts.
+    pub(crate) fn drain_started(&mut self) {
+        if !self.internet_up {
+            self.carrier_up();
+        }
+        self.engine
+            .handle_drain_started(Carrier::Internet, self.now);
+        self.after_call();
+    }
+
+    /// The relay writes every journal frame not released yet (its drain), in seq order.
+    pub(crate) fn redeliver_journal(&mut self) -> u64 {
+        let frames: Vec<(Message, InboundOrigin)> = self.journal.values().cloned().collect();
+        let count = frames.len() as u64;
+        for (message, origin) in frames {
+            self.inbound(message, origin);
+        }
+        count
+    }
+
+    pub(crate) fn drain_complete(&mut self, count: u64) {
+        self.engine
+            .handle_drain_complete(Carrier::Internet, count, self.now);
+        self.after_call();
+    }
+
+    /// The runtime asks for the next hook batch; every row in it must already be in the store.
+    pub(crate) fn poll_hook(&mut self) -> Option<HookBatch> {
+        let batch = self.engine.poll_hook()?;
+        assert!(
+            self.hook.is_none(),
+            "a second batch while one is with the hook"
+        );
+        assert!(!batch.messages.is_empty(), "an empty hook batch");
+        if let Some(durable) = &self.config.durable_inbound {
+            let over_one = batch.messages.len() > 1;
+            assert!(
+                batch.messages.len() <= durable.batch_max_messages.max(1),
+                "a batch of {}",
+                batch.messages.len()
+            );
+            let bytes: usize = batch
+                .messages
+                .iter()
+                .map(|m| crate::durable::content_bytes(&m.message))
+                .sum();
+            assert!(
+                !over_one || bytes <= durable.batch_max_bytes,
+                "a batch of {bytes} bytes"
+            );
+        }
+        for message in &batch.messages {
+            assert!(
+                self.inbound_rows.contains_key(&message.key),
+                "{:?} offered to the hook before it was buffered",
+                message.key
+            );
+        }
+        self.hook = Some(batch.clone());
+        self.offered.push((self.now, batch.clone()));
+        Some(batch)
+    }
+
+    /// The hook resolves (Ok) or rejects the batch it has; returns what the runtime dispatches.
+    pub(crate) fn hook_result(&mut self, ok: bool) -> Vec<HookMessage> {
+        let batch = self.hook.take().expect("no batch with the hook");
+        for message in &batch.messages {
+            assert!(
+                self.inbound_rows.contains_key(&message.key),
+                "{:?} with the hook lost its buffered row",
+                message.key
+            );
+        }
+        let result = if ok {
+            Ok(())
+        } else {
+            Err("disk full".to_owned())
+        };
+        let mark = self.mark();
+        let committed = self.engine.handle_hook_result(batch.id, result, self.now);
+        self.committing = true;
+        self.after_call();
+        self.committing = false;
+        if ok {
+            let keys: Vec<&InboundKey> = committed.iter().map(|m| &m.key).collect();
+            let expected: Vec<&InboundKey> = batch.messages.iter().map(|m| &m.key).collect();
+            assert_eq!(keys, expected, "the committed messages are the batch");
+            let ops: Vec<&StoreOp> = self.log[mark..]
+                .iter()
+                .filter_map(|(_, out)| match out {
+                    Out::Store(op) => Some(op),
+                    _ => None,
+                })
+                .collect();
+            assert!(
+                matches!(ops.first(), Some(StoreOp::CommitInbound { keys: k, .. }) if k.iter().collect::<Vec<_>>() == keys),
+                "the batch commits in its step"
+            );
+        } else {
+            assert!(committed.is_empty());
+        }
+        for message in &committed {
+            self.note_received(&message.key.sender, &message.key.message_id);
+            self.dispatched.push((self.now, message.clone()));
+        }
+        committed
+    }
+
+    /// The runtime with a hook that commits every batch at once.
+    pub(crate) fn hook_commits_all(&mut self) -> usize {
+        let mut batches = 0;
+        while self.poll_hook().is_some() {
+            self.hook_result(true);
+            batches += 1;
+        }
+        batches
     }
 
     /// The process dies and starts again from the store; the carrier comes up separately.
@@ -339,9 +495,14 @@ impl Sim {
         self.links.clear();
         // The runtime starts again from the restored engine's watchlist.
         self.watching.clear();
+        // The hook's batch died with the process.
+        self.hook = None;
         let records = self.rows.values().cloned().collect();
         self.engine
             .restore(records, self.processed.clone(), self.now);
+        // Both loads happen at start, before the runtime drains the first outputs.
+        let pending = self.inbound_rows.values().cloned().collect();
+        self.engine.restore_inbound(pending, self.now);
         self.after_call();
     }
 
@@ -589,7 +750,71 @@ impl Sim {
                         );
                     }
                 }
-                StoreOp::MarkProcessed(key) => self.processed.push(key.clone()),
+                StoreOp::MarkProcessed(key) => {
+                    assert!(
+                        self.config.durable_inbound.is_none(),
+                        "MarkProcessed with a hook"
+                    );
+                    self.processed.push(key.clone());
+                    self.processed_keys.insert(InboundKey {
+                        chat: key.chat.clone(),
+                        sender: key.sender.clone(),
+                        message_id: key.message_id.clone(),
+                    });
+                }
+                StoreOp::BufferInbound(rows) => {
+                    assert!(!rows.is_empty(), "an empty BufferInbound");
+                    for row in rows {
+                        assert!(
+                            !self.processed_keys.contains(&row.key)
+                                || self.now
+                                    >= self.commits.get(&row.key).map_or(0, |c| c.1)
+                                        + self.config.dedup_retention_ms(),
+                            "{:?} buffered after it was processed",
+                            row.key
+                        );
+                        let old = self.inbound_rows.insert(row.key.clone(), row.clone());
+                        assert!(old.is_none(), "{:?} buffered twice", row.key);
+                    }
+                }
+                StoreOp::CommitInbound { keys, at } => {
+                    for key in keys {
+                        let buffered = self.inbound_rows.remove(key).is_some();
+                        // A key already processed: a stale row cleared at restore, never a
+                        // second commit by the hook.
+                        let cleared = self.processed_keys.contains(key);
+                        assert!(
+                            buffered || cleared,
+                            "{key:?} committed without a buffered row"
+                        );
+                        assert!(!(cleared && self.committing), "{key:?} committed twice");
+                        if !cleared {
+                            let retention = self.config.dedup_retention_ms();
+                            let entry = self.commits.entry(key.clone()).or_insert((0, 0));
+                            assert!(
+                                entry.0 == 0 || *at >= entry.1 + retention,
+                                "{key:?} committed twice"
+                            );
+                            *entry = (entry.0 + 1, *at);
+                        }
+                        self.processed_keys.insert(key.clone());
+                        self.processed.push(ProcessedKey {
+                            chat: key.chat.clone(),
+                            sender: key.sender.clone(),
+                            message_id: key.message_id.clone(),
+                            at: *at,
+                        });
+                    }
+                }
+                StoreOp::ExpireInbound { keys } => {
+                    for key in keys {
+                        assert!(
+                            self.inbound_rows.remove(key).is_some(),
+                            "{key:?} expired without a buffered row"
+                        );
+                        self.expired.insert(key.clone());
+                    }
+                }
             }
             self.log.push((self.now, Out::Store(op)));
         }
@@ -606,17 +831,8 @@ impl Sim {
                 Event::MessageReceived {
                     sender, message, ..
                 } => {
-                    let retention = self.config.dedup_retention_ms();
-                    if let Some(before) = self
-                        .received
-                        .insert((sender.clone(), message.id.clone()), self.now)
-                    {
-                        assert!(
-                            self.now >= before + retention,
-                            "{} reached the application twice",
-                            message.id
-                        );
-                    }
+                    let (sender, id) = (sender.clone(), message.id.clone());
+                    self.note_received(&sender, &id);
                 }
                 _ => {}
             }
@@ -628,6 +844,7 @@ impl Sim {
         );
         let mut frames = VecDeque::new();
         while let Some(transmit) = self.engine.poll_transmit() {
+            self.released(&transmit);
             self.route(&transmit, &mut frames);
             self.log.push((self.now, Out::Transmit(transmit)));
         }
@@ -647,6 +864,53 @@ impl Sim {
         }
         self.check();
         frames
+    }
+
+    fn note_received(&mut self, sender: &str, id: &str) {
+        let retention = self.config.dedup_retention_ms();
+        if let Some(before) = self
+            .received
+            .insert((sender.to_owned(), id.to_owned()), self.now)
+        {
+            assert!(
+                self.now >= before + retention,
+                "{id} reached the application twice"
+            );
+        }
+    }
+
+    /// §7.2: a data frame's relay `Ack` and its end-to-end ACK only after it was processed (the
+    /// store holds it as processed: `MarkProcessed` or the hook's `CommitInbound`), or dropped
+    /// (expired). A released seq leaves the relay's journal.
+    fn released(&mut self, transmit: &Transmit) {
+        match &transmit.kind {
+            TransmitKind::HopAck { seq } => {
+                if let Some(key) = self.seq_keys.get(seq) {
+                    assert!(
+                        self.processed_keys.contains(key) || self.expired.contains(key),
+                        "seq {seq} of {key:?} released before it was processed"
+                    );
+                    assert!(
+                        !self.inbound_rows.contains_key(key),
+                        "seq {seq} of {key:?} released while it is buffered"
+                    );
+                }
+                self.journal.remove(seq);
+            }
+            TransmitKind::Ack { message } => {
+                let id = message.ack_for().expect("an ACK names its message");
+                let key = InboundKey {
+                    chat: message.recipient.clone(),
+                    sender: message.recipient.clone(),
+                    message_id: id.to_owned(),
+                };
+                assert!(
+                    self.processed_keys.contains(&key),
+                    "end-to-end ACK of {key:?} before it was processed"
+                );
+            }
+            TransmitKind::Outbox { .. } => {}
+        }
     }
 
     /// What the runtime does with one transmit: outbox attempts go to `execute`, offers to
@@ -689,6 +953,11 @@ impl Sim {
             return;
         }
         self.engine.check_invariants();
+        assert_eq!(
+            self.engine.inbound_keys(),
+            self.inbound_rows.keys().cloned().collect::<BTreeSet<_>>(),
+            "buffered rows in the store and in the engine differ"
+        );
         let records = self.engine.records();
         assert_eq!(
             records.len(),
@@ -790,6 +1059,18 @@ pub(crate) fn event_id(event: &Event) -> Option<&str> {
         | Event::MessageRetrying { message_id, .. }
         | Event::MessageDelivered { message_id, .. }
         | Event::MessageFailed { message_id, .. } => Some(message_id),
-        Event::MessageReceived { .. } | Event::Diagnostic { .. } => None,
+        Event::MessageReceived { .. }
+        | Event::Diagnostic { .. }
+        | Event::InboundDrainCompleted { .. }
+        | Event::SecurityWarning { .. } => None,
+    }
+}
+
+/// The dedup key of a direct message.
+pub(crate) fn inbound_key(message: &Message) -> InboundKey {
+    InboundKey {
+        chat: message.sender.clone(),
+        sender: message.sender.clone(),
+        message_id: message.id.clone(),
     }
 }

@@ -1,0 +1,782 @@
+//! The opt-in at-least-once inbound pipeline (`inbound-durability-hook.md`, `delivery.md` items
+//! 10–14, `relay-protocol.md` §7.2 and §8): buffered rows, hook batches, refusals, redelivery
+//! and retention. The engine owns dedup, routing and the end-to-end ACKs; this module owns
+//! everything between "a new message arrived" and "the hook committed it".
+//!
+//! # Life of a buffered message
+//!
+//! A new message (not in the dedup record, not buffered) becomes a *row*: it is written with
+//! `StoreOp::BufferInbound` in the call that received it (so before anything else of that step
+//! is flushed, and long before the hook sees it) and joins a batch:
+//!
+//! - **open** — the relay drain's batch being filled (`handle_drain_started` until
+//!   `DrainComplete`, on the draining carrier only). It closes at `batch_max_messages`, at
+//!   `batch_max_bytes` of content (a message that would push it over starts the next batch),
+//!   `batch_max_age_ms` after its first message, and is forced by `DrainComplete`, a disconnect
+//!   and a new drain;
+//! - **ready** — a closed batch waiting for the hook, FIFO. Live traffic (no drain on that
+//!   carrier, and every local carrier) is a ready batch of one;
+//! - **with the hook** — exactly one batch at a time (`poll_hook`);
+//! - **waiting** — its batch was refused: the rows wait for a retry at `retry_initial_ms`
+//!   doubling to `retry_max_ms` (per row refusals; the batch waits for its most refused row),
+//!   counted only while some carrier is up. A relay redelivery of one of them takes it out of
+//!   the wait at once and puts it back in the pipeline from the buffered copy.
+//!
+//! A row leaves only by the hook's commit (`StoreOp::CommitInbound`, then the relay `HopAck`s
+//! of every seq that carried it, then the end-to-end ACKs) or by retention
+//! (`StoreOp::ExpireInbound` with a diagnostic and a `security_warning`, then its `HopAck`s —
+//! a drop). A row whose retention runs out while its batch is with the hook stays until the
+//! verdict: committed on `Ok`, expired on `Err`.
+//!
+//! # Ordering
+//!
+//! Batches reach the hook in the order they closed, so the drain's batches (the tail forced by
+//! `DrainComplete`) are all offered before any live message that arrived after them. A refused
+//! batch does not hold later batches back: a hook that keeps refusing one batch (a poison
+//! message) must not stop every other inbound message for the 7-day retention. Messages of a
+//! refused batch can therefore reach the hook after later ones.
+//!
+//! # Bounds
+//!
+//! The rows in memory are bounded by `max_buffered_messages` and `max_buffered_bytes` (content
+//! bytes), the relay's own mailbox limits by default. Over either, a new message is not
+//! buffered and not acknowledged (neither `HopAck` nor end-to-end ACK): the relay keeps it and
+//! redelivers it on the next connection, the sender's ladder resends it over a local carrier.
+//! A diagnostic reports the first refusal after each stretch below the bound. Rows restored
+//! from the store are all taken (the store is already their bound).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use courier_proto::Message;
+use serde_json::Value;
+
+use crate::config::DurableInbound;
+use crate::event::{DiagnosticLevel, Event};
+use crate::io::{
+    BatchOrigin, Carrier, HookBatch, HookMessage, InboundKey, Millis, PendingInbound, StoreOp,
+    Transmit, TransmitKind,
+};
+
+/// `security_warning.reason_code` of a row removed by retention (`delivery.md` item 13).
+pub(crate) const RETENTION_EXPIRED: &str = "INBOUND_RETENTION_EXPIRED";
+const RETENTION_EXPIRED_TEXT: &str =
+    "an inbound message the durability hook never committed was removed after the retention period";
+
+type RowId = u64;
+/// A retry group: (due, group id).
+type Group = (Millis, u64);
+type Member = (RowId, BatchOrigin);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Open,
+    Ready,
+    WithHook,
+    Waiting(Group),
+}
+
+#[derive(Debug)]
+struct Row {
+    pending: PendingInbound,
+    /// Content bytes (the batch and memory bounds).
+    bytes: usize,
+    /// Relay journal seqs that carried this message and are not released yet.
+    seqs: Vec<u64>,
+    refusals: u32,
+    place: Place,
+}
+
+#[derive(Debug)]
+struct Open {
+    members: Vec<Member>,
+    bytes: usize,
+    first_at: Millis,
+}
+
+#[derive(Debug)]
+struct Offered {
+    id: u64,
+    members: Vec<Member>,
+}
+
+#[derive(Debug)]
+struct DrainWait {
+    count: u64,
+    outstanding: Vec<RowId>,
+}
+
+/// What became of a new arrival.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Arrival {
+    /// Buffered now (one more row).
+    Buffered,
+    /// Already buffered: this arrival's seq waits for that row's commit.
+    Known,
+    /// Over the memory bound: neither buffered nor acknowledged.
+    Full,
+}
+
+/// A batch the hook committed: its rows in batch order (their seqs are already released).
+#[derive(Debug)]
+pub(crate) struct Commit {
+    pub rows: Vec<(PendingInbound, BatchOrigin)>,
+}
+
+/// The engine's output queues, lent to the pipeline for one call.
+pub(crate) struct Sink<'a> {
+    pub store: &'a mut VecDeque<StoreOp>,
+    pub events: &'a mut VecDeque<Event>,
+    pub transmits: &'a mut VecDeque<Transmit>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Durable {
+    config: DurableInbound,
+    rows: HashMap<RowId, Row>,
+    index: HashMap<InboundKey, RowId>,
+    next_row: RowId,
+    /// Content bytes of all rows.
+    bytes: usize,
+    open: Option<Open>,
+    ready: VecDeque<Vec<Member>>,
+    with_hook: Option<Offered>,
+    last_batch_id: u64,
+    waiting: BTreeMap<Group, Vec<RowId>>,
+    last_group: u64,
+    /// Retention deadlines of the rows not with the hook: (received_at + retention, row).
+    expiries: BTreeSet<(Millis, RowId)>,
+    /// The carrier whose relay drain is running (until DrainComplete or disconnect).
+    draining: Option<Carrier>,
+    /// Rows that arrived during the running drain.
+    drain_rows: Vec<RowId>,
+    /// Completed drains waiting for their rows to commit, in order.
+    drain_waits: VecDeque<DrainWait>,
+    /// New rows of the current call, written with one `BufferInbound` when it ends.
+    to_buffer: Vec<PendingInbound>,
+    /// A refusal over the memory bound was reported; reset once below it again.
+    full_reported: bool,
+}
+
+impl Durable {
+    pub(crate) fn new(config: DurableInbound) -> Self {
+        Self {
+            config,
+            rows: HashMap::new(),
+            index: HashMap::new(),
+            next_row: 0,
+            bytes: 0,
+            open: None,
+            ready: VecDeque::new(),
+            with_hook: None,
+            last_batch_id: 0,
+            waiting: BTreeMap::new(),
+            last_group: 0,
+            expiries: BTreeSet::new(),
+            draining: None,
+            drain_rows: Vec::new(),
+            drain_waits: VecDeque::new(),
+            to_buffer: Vec::new(),
+            full_reported: false,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// The rows this call buffered, for one `StoreOp::BufferInbound`.
+    pub(crate) fn take_to_buffer(&mut self) -> Vec<PendingInbound> {
+        std::mem::take(&mut self.to_buffer)
+    }
+
+    // ---- inputs ---------------------------------------------------------------------------
+
+    /// A message that is neither processed nor (for `Buffered`) buffered arrived on
+    /// `pending.carrier`, by relay journal frame `seq` if any.
+    pub(crate) fn arrive(
+        &mut self,
+        pending: PendingInbound,
+        seq: Option<u64>,
+        now: Millis,
+        sink: &mut Sink<'_>,
+    ) -> Arrival {
+        let draining = self.draining.as_ref() == Some(&pending.carrier);
+        if let Some(&id) = self.index.get(&pending.key) {
+            let row = self.rows.get_mut(&id).expect("indexed row");
+            if let Some(seq) = seq {
+                if !row.seqs.contains(&seq) {
+                    row.seqs.push(seq);
+                }
+            }
+            if draining {
+                self.drain_rows.push(id);
+            }
+            if let Place::Waiting(group) = row.place {
+                // A redelivery of a refused message: back in the pipeline now, from the copy.
+                self.leave_group(group, id);
+                self.place(id, BatchOrigin::Redelivery, &pending.carrier, now);
+            }
+            return Arrival::Known;
+        }
+        let bytes = content_bytes(&pending.message);
+        if self.rows.len() >= self.config.max_buffered_messages
+            || self.bytes.saturating_add(bytes) > self.config.max_buffered_bytes
+        {
+            if !self.full_reported {
+                self.full_reported = true;
+                let text = format!(
+                    "inbound durability buffer full ({} messages, {} bytes): message {} from {} \
+                     left unacknowledged for redelivery",
+                    self.rows.len(),
+                    self.bytes,
+                    pending.key.message_id,
+                    pending.key.sender
+                );
+                sink.events.push_back(Event::Diagnostic {
+                    level: DiagnosticLevel::Warn,
+                    message: text,
+                });
+            }
+            return Arrival::Full;
+        }
+        let carrier = pending.carrier.clone();
+        self.to_buffer.push(pending.clone());
+        let id = self.insert(pending, bytes);
+        if let Some(seq) = seq {
+            self.rows.get_mut(&id).expect("new row").seqs.push(seq);
+        }
+        if draining {
+            self.drain_rows.push(id);
+        }
+        let origin = if draining {
+            BatchOrigin::Drain
+        } else {
+            BatchOrigin::Live
+        };
+        self.place(id, origin, &carrier, now);
+        Arrival::Buffered
+    }
+
+    /// Rows from the store at start: offered again (origin Redelivery) in the order they were
+    /// received, in batches within the count and byte bounds. Rows past retention are expired
+    /// now. The caller has dropped the ones already processed.
+    pub(crate) fn restore(
+        &mut self,
+        mut rows: Vec<PendingInbound>,
+        now: Millis,
+        sink: &mut Sink<'_>,
+    ) {
+        rows.sort_by(|a, b| {
+            a.received_at
+                .cmp(&b.received_at)
+                .then_with(|| a.key.cmp(&b.key))
+        });
+        let mut batch: Vec<Member> = Vec::new();
+        let mut batch_bytes = 0usize;
+        let mut expired = Vec::new();
+        for pending in rows {
+            if self.index.contains_key(&pending.key) {
+                continue;
+            }
+            if self.expires_at(pending.received_at) <= now {
+                expired.push(pending);
+                continue;
+            }
+            let bytes = content_bytes(&pending.message);
+            let id = self.insert(pending, bytes);
+            if !batch.is_empty() && batch_bytes.saturating_add(bytes) > self.config.batch_max_bytes
+            {
+                self.ready.push_back(std::mem::take(&mut batch));
+                batch_bytes = 0;
+            }
+            self.rows.get_mut(&id).expect("new row").place = Place::Ready;
+            batch.push((id, BatchOrigin::Redelivery));
+            batch_bytes = batch_bytes.saturating_add(bytes);
+            if batch.len() >= self.batch_max_messages() {
+                self.ready.push_back(std::mem::take(&mut batch));
+                batch_bytes = 0;
+            }
+        }
+        if !batch.is_empty() {
+            self.ready.push_back(batch);
+        }
+        if !expired.is_empty() {
+            let keys = expired.iter().map(|p| p.key.clone()).collect();
+            sink.store.push_back(StoreOp::ExpireInbound { keys });
+            for pending in &expired {
+                report_expiry(pending, self.config.retention_ms, sink);
+            }
+        }
+    }
+
+    /// The next batch for the hook, when none is with it.
+    pub(crate) fn poll(&mut self) -> Option<HookBatch> {
+        if self.with_hook.is_some() {
+            return None;
+        }
+        let members = self.ready.pop_front()?;
+        self.last_batch_id += 1;
+        let id = self.last_batch_id;
+        let mut messages = Vec::with_capacity(members.len());
+        for &(row_id, origin) in &members {
+            let row = self.rows.get_mut(&row_id).expect("ready row");
+            row.place = Place::WithHook;
+            let expiry = (
+                row.pending
+                    .received_at
+                    .saturating_add(self.config.retention_ms),
+                row_id,
+            );
+            self.expiries.remove(&expiry);
+            messages.push(HookMessage {
+                key: row.pending.key.clone(),
+                message: row.pending.message.clone(),
+                transport: row.pending.carrier.name().to_owned(),
+                origin,
+            });
+        }
+        self.with_hook = Some(Offered { id, members });
+        Some(HookBatch { id, messages })
+    }
+
+    /// The hook's verdict on batch `id`; `None` for a stale id. On `Ok` the rows are removed and
+    /// `CommitInbound` and the `HopAck`s go out here; the caller records the keys as processed
+    /// and sends the end-to-end ACKs. On `Err` nothing is acknowledged and the rows wait for
+    /// their retry.
+    pub(crate) fn resolve(
+        &mut self,
+        id: u64,
+        result: Result<(), String>,
+        now: Millis,
+        sink: &mut Sink<'_>,
+    ) -> Option<Commit> {
+        if self.with_hook.as_ref().map(|o| o.id) != Some(id) {
+            return None;
+        }
+        let offered = self.with_hook.take().expect("checked");
+        match result {
+            Ok(()) => {
+                let mut keys = Vec::with_capacity(offered.members.len());
+                let mut rows = Vec::with_capacity(offered.members.len());
+                let mut seqs = Vec::new();
+                for (row_id, origin) in offered.members {
+                    let row = self.remove(row_id);
+                    keys.push(row.pending.key.clone());
+                    seqs.extend_from_slice(&row.seqs);
+                    rows.push((row.pending, origin));
+                }
+                seqs.sort_unstable();
+                seqs.dedup();
+                sink.store
+                    .push_back(StoreOp::CommitInbound { keys, at: now });
+                hop_acks(&seqs, sink);
+                self.drain_progress(sink);
+                Some(Commit { rows })
+            }
+            Err(reason) => {
+                let text = format!(
+                    "durability hook refused batch {id} ({} messages): {reason}",
+                    offered.members.len()
+                );
+                sink.events.push_back(Event::Diagnostic {
+                    level: DiagnosticLevel::Warn,
+                    message: text,
+                });
+                let mut kept = Vec::with_capacity(offered.members.len());
+                let mut expired = Vec::new();
+                let mut refusals = 0;
+                for (row_id, _) in offered.members {
+                    let expires_at = self.expires_at(self.rows[&row_id].pending.received_at);
+                    let row = self.rows.get_mut(&row_id).expect("offered row");
+                    row.refusals = row.refusals.saturating_add(1);
+                    if expires_at <= now {
+                        // Its retention ran out while the hook had it.
+                        expired.push(row_id);
+                    } else {
+                        refusals = refusals.max(row.refusals);
+                        kept.push(row_id);
+                    }
+                }
+                if !kept.is_empty() {
+                    self.last_group += 1;
+                    let group = (
+                        now.saturating_add(self.retry_delay(refusals)),
+                        self.last_group,
+                    );
+                    for &row_id in &kept {
+                        let retention = self.config.retention_ms;
+                        let row = self.rows.get_mut(&row_id).expect("offered row");
+                        row.place = Place::Waiting(group);
+                        let expiry = row.pending.received_at.saturating_add(retention);
+                        self.expiries.insert((expiry, row_id));
+                    }
+                    self.waiting.insert(group, kept);
+                }
+                self.expire(expired, sink);
+                None
+            }
+        }
+    }
+
+    /// The relay connection on `carrier` starts its backlog drain: any pending batch is forced
+    /// first (a reconnect), then new messages on it are batched until `drain_complete`.
+    pub(crate) fn drain_started(&mut self, carrier: Carrier) {
+        self.close_open();
+        self.draining = Some(carrier);
+        self.drain_rows.clear();
+    }
+
+    /// `DrainComplete{count}`: the tail batch is forced; `InboundDrainCompleted{count}` follows
+    /// once every row that arrived during the drain has committed (or expired).
+    pub(crate) fn drain_complete(&mut self, carrier: &Carrier, count: u64, sink: &mut Sink<'_>) {
+        let mut outstanding = Vec::new();
+        if self.draining.as_ref() == Some(carrier) {
+            self.close_open();
+            self.draining = None;
+            outstanding = std::mem::take(&mut self.drain_rows);
+            outstanding.sort_unstable();
+            outstanding.dedup();
+        }
+        self.drain_waits.push_back(DrainWait { count, outstanding });
+        self.drain_progress(sink);
+    }
+
+    /// `carrier` went down: its pending drain batch is forced, and its drain will not complete.
+    pub(crate) fn carrier_down(&mut self, carrier: &Carrier) {
+        if self.draining.as_ref() == Some(carrier) {
+            self.close_open();
+            self.draining = None;
+            self.drain_rows.clear();
+        }
+    }
+
+    /// Timers due at `now`: retention, the open batch's age, refused batches' retries (only
+    /// while a carrier is up).
+    pub(crate) fn on_timeout(&mut self, now: Millis, carrier_up: bool, sink: &mut Sink<'_>) {
+        let mut expired = Vec::new();
+        while let Some(&(at, row_id)) = self.expiries.first() {
+            if at > now {
+                break;
+            }
+            self.expiries.pop_first();
+            expired.push(row_id);
+        }
+        self.expire(expired, sink);
+        if self
+            .open
+            .as_ref()
+            .is_some_and(|open| self.age_deadline(open) <= now)
+        {
+            self.close_open();
+        }
+        if carrier_up {
+            self.release_due_retries(now);
+        }
+    }
+
+    /// Refused batches whose backoff is over go back to the ready queue (origin Redelivery),
+    /// without the rows that re-entered the pipeline meanwhile.
+    fn release_due_retries(&mut self, now: Millis) {
+        while let Some(entry) = self.waiting.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let (group, ids) = entry.remove_entry();
+            let members: Vec<Member> = ids
+                .into_iter()
+                .filter(|id| self.rows.get(id).map(|r| r.place) == Some(Place::Waiting(group)))
+                .map(|id| (id, BatchOrigin::Redelivery))
+                .collect();
+            for (id, _) in &members {
+                self.rows.get_mut(id).expect("waiting row").place = Place::Ready;
+            }
+            if !members.is_empty() {
+                self.ready.push_back(members);
+            }
+        }
+    }
+
+    /// The earliest of the pipeline's timers; `None` with nothing buffered.
+    pub(crate) fn next_deadline(&self, carrier_up: bool) -> Option<Millis> {
+        let age = self.open.as_ref().map(|open| self.age_deadline(open));
+        let retry = carrier_up
+            .then(|| self.waiting.keys().next().map(|(due, _)| *due))
+            .flatten();
+        let expiry = self.expiries.first().map(|(at, _)| *at);
+        [age, retry, expiry].into_iter().flatten().min()
+    }
+
+    // ---- internals ------------------------------------------------------------------------
+
+    fn batch_max_messages(&self) -> usize {
+        self.config.batch_max_messages.max(1)
+    }
+
+    fn age_deadline(&self, open: &Open) -> Millis {
+        open.first_at.saturating_add(self.config.batch_max_age_ms)
+    }
+
+    fn expires_at(&self, received_at: Millis) -> Millis {
+        received_at.saturating_add(self.config.retention_ms)
+    }
+
+    /// `retry_initial_ms × 2^(refusals − 1)`, at most `retry_max_ms`.
+    fn retry_delay(&self, refusals: u32) -> Millis {
+        let factor = 1u64
+            .checked_shl(refusals.saturating_sub(1))
+            .unwrap_or(u64::MAX);
+        self.config
+            .retry_initial_ms
+            .saturating_mul(factor)
+            .min(self.config.retry_max_ms)
+    }
+
+    fn insert(&mut self, pending: PendingInbound, bytes: usize) -> RowId {
+        self.next_row += 1;
+        let id = self.next_row;
+        self.index.insert(pending.key.clone(), id);
+        self.expiries
+            .insert((self.expires_at(pending.received_at), id));
+        self.bytes = self.bytes.saturating_add(bytes);
+        self.rows.insert(
+            id,
+            Row {
+                pending,
+                bytes,
+                seqs: Vec::new(),
+                refusals: 0,
+                place: Place::Ready,
+            },
+        );
+        id
+    }
+
+    /// Puts a row that is in no batch into the open drain batch (arrived on the draining
+    /// carrier) or into a ready batch of one.
+    fn place(&mut self, id: RowId, origin: BatchOrigin, carrier: &Carrier, now: Millis) {
+        if self.draining.as_ref() != Some(carrier) {
+            self.rows.get_mut(&id).expect("row").place = Place::Ready;
+            self.ready.push_back(vec![(id, origin)]);
+            return;
+        }
+        let bytes = self.rows[&id].bytes;
+        let max_bytes = self.config.batch_max_bytes;
+        if self
+            .open
+            .as_ref()
+            .is_some_and(|open| open.bytes.saturating_add(bytes) > max_bytes)
+        {
+            self.close_open();
+        }
+        let open = self.open.get_or_insert_with(|| Open {
+            members: Vec::new(),
+            bytes: 0,
+            first_at: now,
+        });
+        open.members.push((id, origin));
+        open.bytes = open.bytes.saturating_add(bytes);
+        let full =
+            open.members.len() >= self.config.batch_max_messages.max(1) || open.bytes >= max_bytes;
+        self.rows.get_mut(&id).expect("row").place = Place::Open;
+        if full {
+            self.close_open();
+        }
+    }
+
+    fn close_open(&mut self) {
+        let Some(open) = self.open.take() else {
+            return;
+        };
+        for (id, _) in &open.members {
+            self.rows.get_mut(id).expect("open row").place = Place::Ready;
+        }
+        self.ready.push_back(open.members);
+    }
+
+    fn leave_group(&mut self, group: Group, id: RowId) {
+        if let Some(ids) = self.waiting.get_mut(&group) {
+            ids.retain(|&other| other != id);
+            if ids.is_empty() {
+                self.waiting.remove(&group);
+            }
+        }
+    }
+
+    /// Takes a row out of the pipeline and every index.
+    fn remove(&mut self, id: RowId) -> Row {
+        let row = self.rows.remove(&id).expect("row to remove");
+        self.index.remove(&row.pending.key);
+        self.bytes = self.bytes.saturating_sub(row.bytes);
+        self.expiries
+            .remove(&(self.expires_at(row.pending.received_at), id));
+        match row.place {
+            Place::Open => {
+                if let Some(open) = self.open.as_mut() {
+                    open.members.retain(|(other, _)| *other != id);
+                    open.bytes = open.bytes.saturating_sub(row.bytes);
+                    if open.members.is_empty() {
+                        self.open = None;
+                    }
+                }
+            }
+            Place::Ready => {
+                for batch in &mut self.ready {
+                    batch.retain(|(other, _)| *other != id);
+                }
+                self.ready.retain(|batch| !batch.is_empty());
+            }
+            Place::Waiting(group) => self.leave_group(group, id),
+            Place::WithHook => {}
+        }
+        let below = self.rows.len() < self.config.max_buffered_messages
+            && self.bytes < self.config.max_buffered_bytes;
+        if below {
+            self.full_reported = false;
+        }
+        row
+    }
+
+    /// Rows past retention: removed with a trace (`delivery.md` item 13), their seqs released
+    /// (a drop). A row with the hook has no retention deadline indexed: the verdict decides it.
+    fn expire(&mut self, ids: Vec<RowId>, sink: &mut Sink<'_>) {
+        let gone: Vec<Row> = ids.into_iter().map(|id| self.remove(id)).collect();
+        if gone.is_empty() {
+            return;
+        }
+        let keys = gone.iter().map(|row| row.pending.key.clone()).collect();
+        sink.store.push_back(StoreOp::ExpireInbound { keys });
+        let mut seqs = Vec::new();
+        for row in &gone {
+            report_expiry(&row.pending, self.config.retention_ms, sink);
+            seqs.extend_from_slice(&row.seqs);
+        }
+        seqs.sort_unstable();
+        seqs.dedup();
+        hop_acks(&seqs, sink);
+        self.drain_progress(sink);
+    }
+
+    fn drain_progress(&mut self, sink: &mut Sink<'_>) {
+        let rows = &self.rows;
+        while let Some(wait) = self.drain_waits.front_mut() {
+            wait.outstanding.retain(|id| rows.contains_key(id));
+            if !wait.outstanding.is_empty() {
+                break;
+            }
+            sink.events
+                .push_back(Event::InboundDrainCompleted { count: wait.count });
+            self.drain_waits.pop_front();
+        }
+    }
+}
+
+fn hop_acks(seqs: &[u64], sink: &mut Sink<'_>) {
+    for &seq in seqs {
+        sink.transmits.push_back(Transmit {
+            carrier: Carrier::Internet,
+            peer: None,
+            kind: TransmitKind::HopAck { seq },
+        });
+    }
+}
+
+fn report_expiry(pending: &PendingInbound, retention_ms: Millis, sink: &mut Sink<'_>) {
+    let InboundKey {
+        chat,
+        sender,
+        message_id,
+    } = &pending.key;
+    let text = format!(
+        "inbound message {message_id} from {sender} in chat {chat} removed from the durability \
+         buffer: not committed by the hook within {} h of its arrival",
+        retention_ms / 3_600_000
+    );
+    sink.events.push_back(Event::Diagnostic {
+        level: DiagnosticLevel::Warn,
+        message: text,
+    });
+    sink.events.push_back(Event::SecurityWarning {
+        peer_id: sender.clone(),
+        reason_code: RETENTION_EXPIRED,
+        reason: RETENTION_EXPIRED_TEXT.to_owned(),
+    });
+}
+
+/// Content bytes of a message: what the batch's 4 MiB and the buffer's bound count, as the
+/// relay's mailbox counts them.
+pub(crate) fn content_bytes(message: &Message) -> usize {
+    let binary = match &message.binary_content {
+        None => 0,
+        Some(Value::String(s)) => s.len(),
+        Some(other) => other.to_string().len(),
+    };
+    message.content.len().saturating_add(binary)
+}
+
+#[cfg(test)]
+impl Durable {
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &InboundKey> + '_ {
+        self.index.keys()
+    }
+
+    /// Every row is in exactly the batch or group its place says; the byte and expiry indexes
+    /// agree with the rows.
+    pub(crate) fn check(&self) {
+        let mut seen: HashMap<RowId, Place> = HashMap::new();
+        let mut note = |id: RowId, place: Place| {
+            assert!(seen.insert(id, place).is_none(), "row {id} in two batches");
+        };
+        if let Some(open) = &self.open {
+            assert!(!open.members.is_empty(), "an empty open batch");
+            let bytes: usize = open.members.iter().map(|(id, _)| self.rows[id].bytes).sum();
+            assert_eq!(bytes, open.bytes, "open batch bytes");
+            assert!(
+                open.members.len() < self.batch_max_messages(),
+                "open batch over the count"
+            );
+            assert!(self.draining.is_some(), "an open batch outside a drain");
+            for (id, _) in &open.members {
+                note(*id, Place::Open);
+            }
+        }
+        for batch in &self.ready {
+            assert!(!batch.is_empty(), "an empty ready batch");
+            for (id, _) in batch {
+                note(*id, Place::Ready);
+            }
+        }
+        if let Some(offered) = &self.with_hook {
+            for (id, _) in &offered.members {
+                note(*id, Place::WithHook);
+            }
+        }
+        for (group, ids) in &self.waiting {
+            assert!(!ids.is_empty(), "an empty retry group");
+            for id in ids {
+                note(*id, Place::Waiting(*group));
+            }
+        }
+        assert_eq!(seen.len(), self.rows.len(), "rows outside the pipeline");
+        let mut bytes = 0;
+        for (id, row) in &self.rows {
+            assert_eq!(seen.get(id), Some(&row.place), "row {id} misplaced");
+            assert_eq!(self.index.get(&row.pending.key), Some(id));
+            bytes += row.bytes;
+            let indexed = self
+                .expiries
+                .contains(&(self.expires_at(row.pending.received_at), *id));
+            assert_eq!(
+                indexed,
+                row.place != Place::WithHook,
+                "expiry index of row {id}"
+            );
+        }
+        assert_eq!(self.index.len(), self.rows.len());
+        assert_eq!(
+            self.expiries.len(),
+            self.rows.len() - self.with_hook.as_ref().map_or(0, |o| o.members.len())
+        );
+        assert_eq!(bytes, self.bytes, "buffer bytes");
+        assert!(self.to_buffer.is_empty(), "buffered rows left unwritten");
+    }
+}
