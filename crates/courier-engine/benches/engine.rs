@@ -3,18 +3,22 @@
 //! engine that holds 10 000 entries; and, for parking, 100 000 parked messages across 1 000
 //! offline recipients: engine memory per parked message (heap bytes counted by this bench's
 //! global allocator, plus the process RSS delta), the wake-ups over one virtual hour against
-//! the number of due probes, and the CPU of one idle `next_deadline` + `handle_timeout`.
+//! the number of due probes, and the CPU of one idle `next_deadline` + `handle_timeout`. For the
+//! inbound durability hook: the engine CPU to push 10 000 inbound messages through the hook
+//! pipeline (buffer, batch, offer, commit, relay Acks, end-to-end ACKs) as a relay drain in
+//! batches of up to 400, against the same messages as live traffic in batches of one.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::{BTreeMap, HashMap};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use courier_engine::config::DurableInbound;
 use courier_engine::{
     Carrier, Config, Engine, InboundOrigin, RelayAnswer, SendRequest, StoreOp, TransmitKind,
 };
-use courier_proto::{ContentType, Priority};
-use criterion::{criterion_group, criterion_main, Criterion};
+use courier_proto::{ContentType, Message, Priority};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 
 const BACKLOG: usize = 10_000;
 
@@ -313,5 +317,120 @@ fn parked_backlog(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, send_written_ack, idle_wakeup, parked_backlog);
+const INBOUND: u64 = 10_000;
+
+/// Bob's message `n` to alice, as the relay delivers it.
+fn inbound_message(n: u64) -> Message {
+    Message {
+        id: format!("bob-{n:06}"),
+        sender: "bob".into(),
+        recipient: "alice".into(),
+        app_id: "bench".into(),
+        priority: Priority::Medium,
+        ttl: 10,
+        hop_count: 0,
+        timestamp: n,
+        lamport_clock: n + 1,
+        content_type: ContentType::Text,
+        content: "hello alice, this is a message of ordinary length".into(),
+        metadata: BTreeMap::new(),
+        requires_ack: true,
+        reply_to_msg: None,
+        binary_content: None,
+        media_metadata: None,
+        forwarded_from: None,
+        reply_context: None,
+    }
+}
+
+fn inbound_engine(hook: bool) -> Engine {
+    let mut config = Config::new("bench");
+    config.durable_inbound = hook.then(DurableInbound::default);
+    let mut engine = Engine::new(config, "alice".into());
+    engine.handle_carrier_up(Carrier::Internet, 0);
+    engine
+}
+
+/// Offers every ready batch to a hook that commits it; returns the messages committed.
+fn run_hook(engine: &mut Engine, now: u64) -> usize {
+    let mut committed = 0;
+    while let Some(batch) = engine.poll_hook() {
+        let done = engine.handle_hook_result(batch.id, Ok(()), now);
+        committed += black_box(done).len();
+        drain(engine);
+    }
+    committed
+}
+
+/// What the runtime does per inbound frame: the engine call, its outputs, then the hook poll.
+/// With `drain`, the frames are the relay's offline backlog (between `DrainStarted` and
+/// `DrainComplete`); otherwise live traffic. Returns the messages committed (without a hook:
+/// dispatched).
+fn push_inbound(engine: &mut Engine, messages: Vec<Message>, drain_mode: bool) -> usize {
+    let now = 1;
+    if drain_mode {
+        engine.handle_drain_started(Carrier::Internet, now);
+    }
+    let mut committed = 0;
+    for (seq, message) in (1..).zip(messages) {
+        let origin = InboundOrigin {
+            carrier: Carrier::Internet,
+            stamped_sender: "bob".into(),
+            sender_account: None,
+            seq: Some(seq),
+        };
+        engine.handle_inbound(message, origin, now);
+        while engine.poll_store().is_some() {}
+        while let Some(event) = engine.poll_event() {
+            // Without a hook the engine dispatches `message_received` itself.
+            committed += usize::from(matches!(
+                event,
+                courier_engine::Event::MessageReceived { .. }
+            ));
+        }
+        while engine.poll_transmit().is_some() {}
+        committed += run_hook(engine, now);
+    }
+    if drain_mode {
+        engine.handle_drain_complete(Carrier::Internet, INBOUND, now);
+        drain(engine);
+        committed += run_hook(engine, now);
+    }
+    assert_eq!(engine.inbound_buffered(), 0);
+    committed
+}
+
+fn durable_inbound(c: &mut Criterion) {
+    let messages: Vec<Message> = (0..INBOUND).map(inbound_message).collect();
+    let mut group = c.benchmark_group("durable_inbound_10k");
+    group.sample_size(20);
+    group.throughput(Throughput::Elements(INBOUND));
+    let modes = [
+        ("hook_drain_batches_of_400", true, true),
+        ("hook_live_batches_of_one", true, false),
+        ("no_hook_at_most_once", false, false),
+    ];
+    for (name, hook, drain_mode) in modes {
+        group.bench_function(name, |b| {
+            b.iter_batched(
+                || (inbound_engine(hook), messages.clone()),
+                |(mut engine, messages)| {
+                    let committed = push_inbound(&mut engine, messages, drain_mode);
+                    assert_eq!(committed as u64, INBOUND);
+                    engine
+                },
+                BatchSize::LargeInput,
+            )
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    send_written_ack,
+    idle_wakeup,
+    parked_backlog,
+    durable_inbound
+);
 criterion_main!(benches);

@@ -271,7 +271,9 @@ impl Engine {
 
     /// A carrier is gone (for a local carrier: unregistered, with all its neighbor links).
     /// Frames handed to it and not written are failed sends; written ones keep their ACK timers
-    /// (the ACK may still come back by another way or after reconnect).
+    /// (the ACK may still come back by another way or after reconnect). With a durability hook,
+    /// a drain batch pending on that carrier goes to the hook now and its drain ends there (no
+    /// `DrainComplete` will come for that connection).
     pub fn handle_carrier_down(&mut self, carrier: Carrier, now: Millis) {
         self.carriers.remove(&carrier);
         if let Some(durable) = self.durable.as_mut() {
@@ -505,7 +507,8 @@ impl Engine {
     }
 
     /// All work due at `now`: ACK timeouts, lifetime expiries, then up to `flush_batch` sends
-    /// from the retry and probe queues.
+    /// from the retry and probe queues; then the inbound pipeline's timers: retention expiries,
+    /// the open drain batch's age, and the retries of refused batches (while a carrier is up).
     pub fn handle_timeout(&mut self, now: Millis) {
         for key in self.timers.due_acks(now) {
             self.ack_timeout(key, now);

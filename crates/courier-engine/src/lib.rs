@@ -4,7 +4,9 @@
 //! (`poll_transmit`, `poll_event`, `poll_store`) and `next_deadline` says when the engine next
 //! needs `handle_timeout`. It never reads a clock, spawns, sleeps or touches storage or sockets.
 //! After each call the runtime commits the drained store ops, then dispatches the events, then
-//! executes the transmits.
+//! executes the transmits; with an inbound durability hook it then asks `poll_hook` for the next
+//! batch and reports the hook's verdict with `handle_hook_result` (see `durable` for the
+//! pipeline: buffering, drain batches, refusals, redelivery, retention, bounds).
 //!
 //! # Life of an outbox entry
 //!
@@ -67,7 +69,9 @@
 //! 7. After every call, the latest `StoreOp::Put` of each live entry equals its current ladder
 //!    state (one Put per changed entry per call).
 //! 8. An inbound message reaches the application at most once per `(chat, sender, id)` within
-//!    the dedup retention; its end-to-end ACK and relay `HopAck` follow its processing.
+//!    the dedup retention; its end-to-end ACK and relay `HopAck` follow its processing. With a
+//!    durability hook "reaches the application" means the hook's commit: a message is offered
+//!    at least once and committed (`StoreOp::CommitInbound`) at most once.
 //! 9. Time is an input: the same inputs give the same outputs.
 //! 10. No parked entry is without a probe timer, except one *resting* under
 //!     `edgeDrivenUnreachableDm` after its bounded timed probes in the current park episode,
@@ -79,6 +83,17 @@
 //!     their last edge; `poll_presence` reports each entry into it and exit from it once (a
 //!     `Watch` never follows a `Watch` for the same peer, nor an `Unwatch` an `Unwatch`).
 //! 13. Every frame on a local carrier goes to a current neighbor of that carrier.
+//! 14. With a durability hook, a new inbound message is written (`StoreOp::BufferInbound`) in
+//!     the call that received it, so before the hook can see it; the engine's buffered rows are
+//!     exactly the store's after every call. At most one batch is with the hook; no batch
+//!     exceeds `batch_max_messages`, nor `batch_max_bytes` unless it is one message. No relay
+//!     `HopAck` of a frame that carried a buffered message, and no end-to-end ACK of it, precedes
+//!     its `CommitInbound` (a `HopAck` may follow an `ExpireInbound`: a drop). A buffered row
+//!     leaves only by the hook's commit or by retention with a diagnostic and a
+//!     `security_warning`; every row has a retention deadline or is with the hook.
+//! 15. The drain's batches reach the hook in arrival order and before any message that arrived
+//!     after `DrainComplete`; `inbound_drain_completed` follows the commit of the last message
+//!     that arrived during the drain.
 
 mod ack;
 pub mod config;
@@ -98,7 +113,7 @@ mod timers;
 #[cfg(test)]
 mod tests;
 
-pub use config::Config;
+pub use config::{Config, DurableInbound};
 pub use engine::Engine;
 pub use event::{DiagnosticLevel, Event};
 pub use io::*;
