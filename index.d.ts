@@ -20,6 +20,10 @@ export declare class NativeProtocol {
    * driver, so nothing keeps the process alive afterwards.
    */
   stop(): Promise<void>
+  /**
+   * Queued synchronously (sends keep their call order); the Promise resolves once the message
+   * is durably in the outbox.
+   */
   sendMessage(input: NativeSendInput): Promise<string>
   getMessageStatus(id: string): Promise<string>
   /** Counts, as JSON text. */

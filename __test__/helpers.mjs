@@ -56,6 +56,15 @@ export function waitFor(recorder, predicate, { timeoutMs = 10_000, what = 'event
   })
 }
 
+/** Resolves once `predicate()` holds, checking every 10 ms; rejects after `timeoutMs`. */
+export async function until(predicate, { timeoutMs = 10_000, what = 'condition' } = {}) {
+  const deadline = Date.now() + timeoutMs
+  while (!predicate()) {
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`)
+    await new Promise((resolve) => setTimeout(resolve, 10))
+  }
+}
+
 /** Records a Protocol's events for later assertions and waits. */
 export function record(protocol) {
   const recorder = { events: [], waiters: new Set() }
@@ -70,11 +79,12 @@ export const ofType = (recorder, type) => recorder.events.filter((e) => e.type =
 
 /** A peer in its own process: it prints each event as a JSON line and takes commands on stdin. */
 export class PeerProcess {
-  constructor(config) {
+  constructor(config, env = {}) {
     this.recorder = { events: [], waiters: new Set() }
     this.replies = { events: [], waiters: new Set() }
+    this.hooks = { events: [], waiters: new Set() }
     this.child = spawn(process.execPath, [PEER], {
-      env: { ...process.env, PEER_CONFIG: JSON.stringify(config) },
+      env: { ...process.env, PEER_CONFIG: JSON.stringify(config), ...env },
       stdio: ['pipe', 'pipe', 'inherit'],
     })
     this.exited = new Promise((resolve) => this.child.once('exit', (code, signal) => resolve({ code, signal })))
@@ -85,8 +95,8 @@ export class PeerProcess {
       } catch {
         return
       }
-      const target = msg.event ? this.recorder : this.replies
-      const item = msg.event ?? msg
+      const target = msg.event ? this.recorder : msg.hook ? this.hooks : this.replies
+      const item = msg.event ?? msg.hook ?? msg
       target.events.push(item)
       for (const waiter of [...target.waiters]) waiter(item)
     })

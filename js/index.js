@@ -126,7 +126,8 @@ class Protocol {
       }
       input.metadata = options.metadata
     }
-    return call(this.#native.sendMessage(input))
+    // Queued synchronously, so concurrent sends keep their call order.
+    return call(callSync(() => this.#native.sendMessage(input)))
   }
 
   /** Where a message stands, answered from storage (survives restarts). */

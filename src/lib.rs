@@ -122,8 +122,14 @@ impl NativeProtocol {
         Ok(())
     }
 
-    #[napi]
-    pub async fn send_message(&self, input: NativeSendInput) -> Result<String> {
+    /// Queued synchronously (sends keep their call order); the Promise resolves once the message
+    /// is durably in the outbox.
+    #[napi(ts_return_type = "Promise<string>")]
+    pub fn send_message<'env>(
+        &self,
+        env: &'env Env,
+        input: NativeSendInput,
+    ) -> Result<PromiseRaw<'env, String>> {
         let client = self.started()?;
         let (binary_content, binary_len) = match &input.binary {
             Some(bytes) => {
@@ -148,7 +154,8 @@ impl NativeProtocol {
                 .map(|m| m.into_iter().collect::<BTreeMap<_, _>>())
                 .unwrap_or_default(),
         };
-        client.send(send).await.map_err(to_napi)
+        let durable = client.enqueue_send(send).map_err(to_napi)?;
+        env.spawn_future(async move { durable.await.map_err(to_napi) })
     }
 
     #[napi]

@@ -155,11 +155,23 @@ impl Client {
     }
 
     /// Resolves once the message is durably in the outbox.
-    pub async fn send(&self, input: SendInput) -> Result<String, ClientError> {
+    /// Validates and queues a send at once, so sends reach the outbox in call order; the
+    /// returned future resolves once the message is durably in the outbox.
+    pub fn enqueue_send(
+        &self,
+        input: SendInput,
+    ) -> Result<
+        impl std::future::Future<Output = Result<String, ClientError>> + Send + 'static,
+        ClientError,
+    > {
         let req = validate_send(input)?;
         let (reply, rx) = oneshot::channel();
         self.driver.send(Command::Send { req, reply });
-        rx.await.map_err(|_| ClientError::NotStarted)?
+        Ok(async move { rx.await.map_err(|_| ClientError::NotStarted)? })
+    }
+
+    pub async fn send(&self, input: SendInput) -> Result<String, ClientError> {
+        self.enqueue_send(input)?.await
     }
 
     pub async fn status(&self, id: String) -> Result<MessageStatus, ClientError> {
