@@ -292,7 +292,9 @@ impl Durable {
             self.rows.get_mut(&id).expect("new row").place = Place::Ready;
             batch.push((id, BatchOrigin::Redelivery));
             batch_bytes = batch_bytes.saturating_add(bytes);
-            if batch.len() >= self.batch_max_messages() {
+            if batch.len() >= self.batch_max_messages()
+                || batch_bytes >= self.config.batch_max_bytes
+            {
                 self.ready.push_back(std::mem::take(&mut batch));
                 batch_bytes = 0;
             }

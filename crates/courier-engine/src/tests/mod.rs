@@ -147,8 +147,9 @@ pub(crate) struct Sim {
     pub processed_keys: BTreeSet<InboundKey>,
     /// `CommitInbound`s per key, and when the last one came.
     pub commits: BTreeMap<InboundKey, (u32, Millis)>,
-    /// Keys removed by retention.
+    /// Keys removed by retention, and how many rows were.
     pub expired: BTreeSet<InboundKey>,
+    pub expired_rows: usize,
     /// The batch with the hook now, and every batch offered (when).
     pub hook: Option<HookBatch>,
     pub offered: Vec<(Millis, HookBatch)>,
@@ -196,6 +197,7 @@ impl Sim {
             processed_keys: BTreeSet::new(),
             commits: BTreeMap::new(),
             expired: BTreeSet::new(),
+            expired_rows: 0,
             hook: None,
             offered: Vec::new(),
             dispatched: Vec::new(),
@@ -813,6 +815,7 @@ impl Sim {
                             "{key:?} expired without a buffered row"
                         );
                         self.expired.insert(key.clone());
+                        self.expired_rows += 1;
                     }
                 }
             }
