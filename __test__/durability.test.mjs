@@ -199,3 +199,25 @@ test('a recipient SIGKILLed inside the hook gets the batch again after restart; 
     assert.equal(ofType(alice.recorder, 'message_delivered').filter((e) => e.messageId === id).length, 1)
   }
 })
+
+test("the README's SQLite hook stores each message once", async (t) => {
+  const { default: Database } = await import('better-sqlite3')
+  const dir = tempDir(t)
+  const relay = await startRelay(t)
+  const db = new Database(join(dir, 'app.db'))
+  t.after(() => db.close())
+  db.exec(`CREATE TABLE IF NOT EXISTS inbox (
+    chat TEXT, sender TEXT, message_id TEXT, content TEXT, received_at INTEGER,
+    PRIMARY KEY (chat, sender, message_id))`)
+  const insert = db.prepare('INSERT OR IGNORE INTO inbox VALUES (?, ?, ?, ?, ?)')
+  const commitBatch = db.transaction((batch) => {
+    for (const m of batch) insert.run(m.chat, m.sender, m.messageId, String(m.content), m.timestamp)
+  })
+  const bob = await started(t, { ...peerConfig('bob', dir, relay.url), inboundDurabilityHook: async (batch) => commitBatch(batch) })
+  const alice = await started(t, peerConfig('alice', dir, relay.url))
+  const ids = await Promise.all(Array.from({ length: 50 }, (_, i) => alice.protocol.sendMessage('bob', `row ${i}`)))
+  await until(() => ofType(alice.recorder, 'message_delivered').length === 50, { what: '50 deliveries' })
+  const rows = db.prepare('SELECT message_id FROM inbox ORDER BY rowid').all().map((r) => r.message_id)
+  assert.deepEqual(rows, ids)
+  assert.equal(ofType(bob.recorder, 'message_received').length, 50)
+})

@@ -67,10 +67,30 @@ export interface ProtocolConfig {
     edgeDrivenUnreachableDm?: boolean
   }
   group?: { relayBroadcastEnabled?: boolean }
+  /**
+   * Opt-in at-least-once inbound delivery: nothing is acknowledged to the relay or the sender
+   * until this hook's Promise resolves for the batch holding the message. A throw, a rejection,
+   * a return value that is not a Promise, or a timeout is a failure: the batch is offered again.
+   * Make it idempotent by `(chat, sender, messageId)`. Needs `storage.path`.
+   */
+  inboundDurabilityHook?: (batch: InboundMessage[]) => Promise<void>
   /** Timeout of the inbound durability hook. Default 30000. */
   inboundDurabilityHookTimeoutMs?: number
   /** Level of diagnostics forwarded as `diagnostic` events. Default `'warn'`. */
   logLevel?: LogLevel
+}
+
+/** One message handed to the inbound durability hook. */
+export interface InboundMessage {
+  chat: string
+  sender: string
+  messageId: string
+  content: string | Uint8Array
+  contentType: ContentType
+  timestamp: number
+  metadata: Record<string, string>
+  /** `'live'` (a batch of one), `'drain'` (the offline backlog), `'redelivery'` (offered again). */
+  origin: 'live' | 'drain' | 'redelivery'
 }
 
 export interface SendOptions {
@@ -120,6 +140,8 @@ export interface MessageUndeliverableEvent { type: 'message_undeliverable'; mess
 export interface PresenceUpdatedEvent { type: 'presence_updated'; peerId: string; online: boolean; lastSeenMs?: number }
 export interface NeighborDiscoveredEvent { type: 'neighbor_discovered'; peerId: string; transport: string }
 export interface NeighborLostEvent { type: 'neighbor_lost'; peerId: string; transport: string }
+/** `reasonCode` e.g. `INBOUND_RETENTION_EXPIRED` (a buffered message the hook never committed within 7 days). */
+export interface SecurityWarningEvent { type: 'security_warning'; peerId: string; reasonCode: string; reason: string }
 export interface InternetStatusChangedEvent { type: 'internet_status_changed'; connected: boolean; authenticated: boolean }
 export interface InternetSessionSupersededEvent { type: 'internet_session_superseded'; reason: string }
 /** A relay frame the engine does not consume, verbatim. */
@@ -140,6 +162,7 @@ export type ProtocolEvent =
   | PresenceUpdatedEvent
   | NeighborDiscoveredEvent
   | NeighborLostEvent
+  | SecurityWarningEvent
   | InternetStatusChangedEvent
   | InternetSessionSupersededEvent
   | InternetServerMessageEvent

@@ -61,3 +61,14 @@ export function carriers(protocol: Protocol): string[] {
   })
   return protocol.internetPresenceWatchlist()
 }
+
+export const durable = new Protocol({
+  appId: 'chat',
+  storage: { path: 'bob.db' },
+  inboundDurabilityHook: async (batch) => {
+    for (const m of batch) {
+      const key: string = `${m.chat}/${m.sender}/${m.messageId}`
+      if (m.origin === 'redelivery') console.log('again', key)
+    }
+  },
+})
