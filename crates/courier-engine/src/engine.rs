@@ -1130,49 +1130,52 @@ impl Engine {
         };
         let mut release = true;
         let mut ack = None;
-        if self.durable.is_some() && !self.dedup.contains(&key, now) {
-            let pending = PendingInbound {
-                key: InboundKey {
-                    chat: key.chat,
-                    sender: key.sender,
-                    message_id: key.message_id,
-                },
-                message,
-                carrier: origin.carrier.clone(),
-                stamped_sender: origin.stamped_sender.clone(),
-                received_at: now,
-            };
-            let mut sink = Sink {
-                store: &mut self.store,
-                events: &mut self.events,
-                transmits: &mut self.transmits,
-            };
-            if let Some(durable) = self.durable.as_mut() {
-                durable.arrive(pending, origin.seq, now, &mut sink);
-            }
-            release = false;
-        } else {
-            ack = message
-                .requires_ack
-                .then(|| message.ack(inbound::ack_id(&message.id), now, &transport));
-            if self.durable.is_none() && self.dedup.first_sighting(&key, now) {
-                let DedupKey {
-                    chat,
-                    sender,
-                    message_id,
-                } = key;
-                self.store.push_back(StoreOp::MarkProcessed(ProcessedKey {
-                    chat: chat.clone(),
-                    sender: sender.clone(),
-                    message_id,
-                    at: now,
-                }));
-                self.events.push_back(Event::MessageReceived {
+        match self.durable.as_mut() {
+            // With the hook, a message not processed yet goes to the pipeline: its seq and its
+            // ACK wait for the commit (or, over the buffer bound, for a redelivery).
+            Some(durable) if !self.dedup.contains(&key, now) => {
+                let pending = PendingInbound {
+                    key: InboundKey {
+                        chat: key.chat,
+                        sender: key.sender,
+                        message_id: key.message_id,
+                    },
                     message,
-                    chat,
-                    sender,
-                    transport,
-                });
+                    carrier: origin.carrier.clone(),
+                    stamped_sender: origin.stamped_sender.clone(),
+                    received_at: now,
+                };
+                let mut sink = Sink {
+                    store: &mut self.store,
+                    events: &mut self.events,
+                    transmits: &mut self.transmits,
+                };
+                durable.arrive(pending, origin.seq, now, &mut sink);
+                release = false;
+            }
+            _ => {
+                ack = message
+                    .requires_ack
+                    .then(|| message.ack(inbound::ack_id(&message.id), now, &transport));
+                if self.durable.is_none() && self.dedup.first_sighting(&key, now) {
+                    let DedupKey {
+                        chat,
+                        sender,
+                        message_id,
+                    } = key;
+                    self.store.push_back(StoreOp::MarkProcessed(ProcessedKey {
+                        chat: chat.clone(),
+                        sender: sender.clone(),
+                        message_id,
+                        at: now,
+                    }));
+                    self.events.push_back(Event::MessageReceived {
+                        message,
+                        chat,
+                        sender,
+                        transport,
+                    });
+                }
             }
         }
         // The peer that carried it is back: an edge for it (the seed's opt-out paragraph counts
@@ -1236,7 +1239,8 @@ impl Engine {
                 .cmp(&b.received_at)
                 .then_with(|| a.key.cmp(&b.key))
         });
-        rows.dedup_by(|a, b| a.key == b.key);
+        let mut seen = std::collections::HashSet::new();
+        rows.retain(|row| seen.insert(row.key.clone()));
         let keys = rows.iter().map(|row| row.key.clone()).collect();
         self.store
             .push_back(StoreOp::CommitInbound { keys, at: now });
