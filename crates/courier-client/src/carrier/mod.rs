@@ -4,4 +4,5 @@
 pub mod bucket;
 pub mod presence;
 pub mod relay;
+pub mod release;
 pub mod tls;

@@ -22,6 +22,7 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
 use crate::carrier::presence::PresenceWatch;
+use crate::carrier::release::Releases;
 use crate::driver::{Command, DriverTx};
 use crate::event::ClientEvent;
 
@@ -327,10 +328,8 @@ struct Session<'a> {
     bucket: super::bucket::TokenBucket,
     /// Funding order (§11): acks first, then sends.
     acks: VecDeque<String>,
-    /// The highest journal seq the driver has processed and not yet released. The driver
-    /// processes frames in arrival order, so every frame up to it is processed: one `AckUpTo`
-    /// releases them all (§8), which keeps acks from eating the rate budget of sends.
-    processed_up_to: Option<u64>,
+    /// Journal frames received and released on this connection (the relay `Ack`s).
+    releases: Releases,
     sends: VecDeque<(String, u64, String, String)>,
     unanswered: HashMap<String, Unanswered>,
     last_heard: Instant,
@@ -354,7 +353,7 @@ impl<'a> Session<'a> {
             presence,
             bucket: super::bucket::TokenBucket::from_advertised(auth.rate_limit, now),
             acks: VecDeque::new(),
-            processed_up_to: None,
+            releases: Releases::default(),
             sends: VecDeque::new(),
             unanswered: HashMap::new(),
             last_heard: now,
@@ -365,7 +364,7 @@ impl<'a> Session<'a> {
             // after a 2 s grace. Until address declaration is sent here, an `AckUpTo{0}` (which
             // releases nothing: seqs start at 1) is that first frame, so the backlog and live
             // traffic flow at once.
-            session.processed_up_to = Some(0);
+            session.releases.announce();
             // Until DrainComplete, what arrives is the backlog (batched for a durability hook).
             driver.send(Command::DrainStarted);
         }
@@ -433,7 +432,7 @@ impl<'a> Session<'a> {
                 Ok(())
             }
             Some(RelayOut::HopAck { seq }) => {
-                self.processed_up_to = Some(self.processed_up_to.map_or(seq, |s| s.max(seq)));
+                self.releases.release(seq);
                 Ok(())
             }
             Some(RelayOut::Watch(peer)) => {
@@ -568,8 +567,10 @@ impl<'a> Session<'a> {
                         reason: "rate limited by the relay".into(),
                     });
                 }
+                // A dropped `Ack`/`AckUpTo` names its seq: released again, it goes out again
+                // (as an `AckUpTo` when it still covers only processed frames).
                 if let Some(seq) = seq {
-                    self.acks.push_back(ClientFrame::Ack { seq }.encode());
+                    self.releases.release(seq);
                 }
                 self.forward(text);
             }
@@ -612,6 +613,9 @@ impl<'a> Session<'a> {
         sender_account: Option<String>,
         content: &str,
     ) {
+        if let Some(seq) = seq {
+            self.releases.received(seq);
+        }
         let dropped = |reason: String| {
             diagnostic(self.driver, DiagnosticLevel::Warn, reason);
         };
@@ -648,7 +652,7 @@ impl<'a> Session<'a> {
     /// A dropped frame is still released at the relay (§7.2 step 5).
     fn release(&mut self, seq: Option<u64>) {
         if let Some(seq) = seq {
-            self.acks.push_back(ClientFrame::Ack { seq }.encode());
+            self.releases.release(seq);
         }
     }
 
@@ -660,7 +664,7 @@ impl<'a> Session<'a> {
     }
 
     fn has_frames(&self) -> bool {
-        self.processed_up_to.is_some() || !self.acks.is_empty() || !self.sends.is_empty()
+        self.releases.has_frame() || !self.acks.is_empty() || !self.sends.is_empty()
     }
 
     /// Writes what the bucket can fund, then enforces the write-ack and keepalive deadlines.
@@ -670,8 +674,8 @@ impl<'a> Session<'a> {
             if !self.bucket.try_take(Instant::now()) {
                 break;
             }
-            if let Some(seq) = self.processed_up_to.take() {
-                self.write(ClientFrame::AckUpTo { seq }.encode()).await?;
+            if let Some(frame) = self.releases.next_frame() {
+                self.write(frame.encode()).await?;
             } else if let Some(frame) = self.acks.pop_front() {
                 self.write(frame).await?;
             } else if let Some((id, send_seq, recipient, frame)) = self.sends.pop_front() {

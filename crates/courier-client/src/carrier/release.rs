@@ -1,0 +1,113 @@
+//! Releasing relay journal frames (`Ack` / `AckUpTo`, `relay-protocol.md` §7.1, §8). A frame is
+//! released only once processed — with a durability hook, once committed, which can be out of
+//! seq order (a refused batch stays unreleased while later frames commit). `AckUpTo{n}` is used
+//! only when every frame up to `n` received on this connection is released; the rest go one by
+//! one, so a coalesced release never covers a frame that was not processed.
+
+use std::collections::BTreeSet;
+
+use courier_proto::ClientFrame;
+
+#[derive(Debug, Default)]
+pub struct Releases {
+    /// Received on this connection, not yet processed.
+    unreleased: BTreeSet<u64>,
+    /// Processed, not yet acknowledged to the relay.
+    released: BTreeSet<u64>,
+    /// Send `AckUpTo{0}` (releases nothing) as the first frame, which starts the relay's drain.
+    announce: bool,
+}
+
+impl Releases {
+    pub fn received(&mut self, seq: u64) {
+        self.unreleased.insert(seq);
+    }
+
+    pub fn release(&mut self, seq: u64) {
+        self.unreleased.remove(&seq);
+        self.released.insert(seq);
+    }
+
+    pub fn announce(&mut self) {
+        self.announce = true;
+    }
+
+    pub fn has_frame(&self) -> bool {
+        self.announce || !self.released.is_empty()
+    }
+
+    /// The next release frame to write, if any.
+    pub fn next_frame(&mut self) -> Option<ClientFrame> {
+        let bound = self
+            .unreleased
+            .first()
+            .map_or(u64::MAX, |lowest| lowest - 1);
+        if let Some(&highest) = self.released.range(..=bound).next_back() {
+            self.released = self.released.split_off(&(highest + 1));
+            self.announce = false;
+            return Some(ClientFrame::AckUpTo { seq: highest });
+        }
+        if let Some(seq) = self.released.pop_first() {
+            return Some(ClientFrame::Ack { seq });
+        }
+        if std::mem::take(&mut self.announce) {
+            return Some(ClientFrame::AckUpTo { seq: 0 });
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(r: &mut Releases) -> Vec<ClientFrame> {
+        std::iter::from_fn(|| r.next_frame()).collect()
+    }
+
+    #[test]
+    fn contiguous_releases_coalesce_into_one_ack_up_to() {
+        let mut r = Releases::default();
+        for seq in 1..=5 {
+            r.received(seq);
+        }
+        for seq in 1..=5 {
+            r.release(seq);
+        }
+        assert_eq!(drain(&mut r), vec![ClientFrame::AckUpTo { seq: 5 }]);
+    }
+
+    #[test]
+    fn a_frame_still_being_processed_is_never_covered() {
+        let mut r = Releases::default();
+        for seq in 1..=6 {
+            r.received(seq);
+        }
+        // 3 is with the hook (or refused); 1, 2, 4 and 6 are done.
+        for seq in [1, 2, 4, 6] {
+            r.release(seq);
+        }
+        assert_eq!(
+            drain(&mut r),
+            vec![
+                ClientFrame::AckUpTo { seq: 2 },
+                ClientFrame::Ack { seq: 4 },
+                ClientFrame::Ack { seq: 6 }
+            ]
+        );
+        r.release(3);
+        r.release(5);
+        assert_eq!(drain(&mut r), vec![ClientFrame::AckUpTo { seq: 5 }]);
+    }
+
+    #[test]
+    fn the_announcement_goes_alone_or_is_subsumed() {
+        let mut r = Releases::default();
+        r.announce();
+        assert_eq!(drain(&mut r), vec![ClientFrame::AckUpTo { seq: 0 }]);
+        r.announce();
+        r.received(7);
+        r.release(7);
+        assert_eq!(drain(&mut r), vec![ClientFrame::AckUpTo { seq: 7 }]);
+    }
+}
