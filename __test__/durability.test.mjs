@@ -122,7 +122,7 @@ test('a refused batch is not acknowledged, then offered again and committed', as
   assert.equal(ofType(bob.recorder, 'message_received').length, 1)
 })
 
-test('a hook that returns no Promise, or never settles, counts as a failure and is retried', async (t) => {
+test('a hook that throws synchronously, returns no Promise, or never settles counts as a failure and is retried', async (t) => {
   const dir = tempDir(t)
   const relay = await startRelay(t)
   let call = 0
@@ -131,15 +131,16 @@ test('a hook that returns no Promise, or never settles, counts as a failure and 
     inboundDurabilityHookTimeoutMs: 300,
     inboundDurabilityHook: (batch) => {
       call += 1
-      if (call === 1) return 'not a promise'
-      if (call === 2) return new Promise(() => {})
+      if (call === 1) throw new Error('synchronous failure')
+      if (call === 2) return 'not a promise'
+      if (call === 3) return new Promise(() => {})
       return Promise.resolve(batch.length)
     },
   })
   const alice = await started(t, peerConfig('alice', dir, relay.url))
   const id = await alice.protocol.sendMessage('bob', 'third time lucky')
   await waitFor(alice.recorder, (e) => e.type === 'message_delivered' && e.messageId === id, { timeoutMs: 20_000 })
-  assert.equal(call, 3)
+  assert.equal(call, 4)
   assert.equal(ofType(bob.recorder, 'message_received').length, 1)
 })
 
