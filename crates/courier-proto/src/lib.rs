@@ -1,14 +1,37 @@
 //! Shared vocabulary of offline-courier: the relay wire frames (`relay-protocol.md` §14.1), the
-//! end-to-end `Message` (§9), identifier rules (§5) and the protocol's fixed limits.
+//! end-to-end `Message` (§9), identifier rules (§5), the protocol's fixed limits, and the identity
+//! layer of `identity.md`: the Ed25519 identity key, `off1` addresses, canonical signing payloads,
+//! control-frame signatures and the relay and gateway address proofs.
 //!
 //! This crate does no I/O. Everything that arrives from the network is decoded here first, so
 //! every bound on untrusted input is checked in one place and decoding never panics.
 
+pub mod address;
+pub mod control;
+mod encoding;
 pub mod frame;
 pub mod ident;
+pub mod identity_key;
 pub mod limits;
 pub mod message;
+pub mod proof;
+pub mod security;
+pub mod signing;
 
+pub use address::{Address, AddressError};
+pub use control::{
+    control_signature_expired, control_signed_at, control_v1_payload, control_v2_payload,
+    is_signature_gated, sign_control, verify_control, ControlError,
+};
 pub use frame::{ClientFrame, DecodeError, Disposition, MailboxInfo, RateLimitInfo, RelayFrame};
 pub use ident::{validate_account_name, validate_identifier, IdentError};
+pub use identity_key::{
+    decode_public_key, decode_signature, verify_strict, IdentityKey, KeyGenError,
+};
 pub use message::{ContentType, Message, MessageError, Priority};
+pub use proof::{
+    declare_address_after_auth, declare_address_frame, decode_challenge, gateway_declaration,
+    gateway_proof_payload, relay_proof_payload, verify_declaration, verify_gateway_declaration,
+    AddressDeclError, DeclareError, GatewayDeclaration,
+};
+pub use signing::{payload, DOMAINS};
