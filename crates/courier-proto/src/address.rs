@@ -65,7 +65,7 @@ impl Address {
         Self(hash)
     }
 
-    pub fn hash(&self) -> &[u8; ADDRESS_HASH_LEN] {
+    pub fn hash_bytes(&self) -> &[u8; ADDRESS_HASH_LEN] {
         &self.0
     }
 
@@ -172,7 +172,7 @@ mod tests {
     fn derivation_vectors() {
         let k1_address = Address::from_public_key(&k1().public_key());
         assert_eq!(
-            k1_address.hash(),
+            k1_address.hash_bytes(),
             &hash("21fe31dfa154a261626bf854046fd2271b7bed4b")
         );
         let mut seq = [0u8; 20];
@@ -270,6 +270,44 @@ mod tests {
             .collect();
         assert_eq!(long.len(), 45);
         assert_eq!(Address::parse(&long), Err(AddressError::NonCanonical));
+    }
+
+    #[test]
+    fn round_trip_and_single_character_edits() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..200 {
+            let hash: [u8; 20] = std::array::from_fn(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1);
+                (state >> 56) as u8
+            });
+            let a = Address::from_hash(hash);
+            let s = a.to_string();
+            assert_eq!(s.len(), ADDRESS_STR_LEN);
+            assert_eq!(Address::parse(&s), Ok(a));
+        }
+        // No one-character substitution, deletion or insertion of a valid address is accepted
+        // (bech32m detects them), and none panics.
+        let good = "off1qysluvwl5922yctzd0u9gpr06gn3k7ldfvgtwgvn";
+        let alphabet: Vec<char> = "qpzry9x8gf2tvdw0s3jn54khce6mua7lQPZ1oOb!é"
+            .chars()
+            .collect();
+        for i in 0..good.len() {
+            let mut deleted = good.to_owned();
+            deleted.remove(i);
+            assert!(Address::parse(&deleted).is_err(), "{deleted}");
+            for &c in &alphabet {
+                let mut edited = good.to_owned();
+                edited.replace_range(i..i + 1, c.encode_utf8(&mut [0; 4]));
+                if edited != good {
+                    assert!(Address::parse(&edited).is_err(), "{edited}");
+                }
+                let mut inserted = good.to_owned();
+                inserted.insert(i, c);
+                assert!(Address::parse(&inserted).is_err(), "{inserted}");
+            }
+        }
     }
 
     #[test]
