@@ -3,19 +3,8 @@ import assert from 'node:assert/strict'
 import { test } from 'node:test'
 
 import { Protocol } from '../js/index.js'
-import { ofType, peerConfig, record, startRelay, tempDir, waitFor } from './helpers.mjs'
+import { connected, ofType, peerConfig, record, startRelay, started, tempDir, waitFor } from './helpers.mjs'
 
-const connected = (e) => e.type === 'internet_status_changed' && e.connected
-
-/** A started Protocol, connected to the relay (so the relay knows its account). */
-async function started(t, config) {
-  const protocol = new Protocol(config)
-  const recorder = record(protocol)
-  await protocol.start()
-  t.after(() => protocol.stop())
-  await waitFor(recorder, connected)
-  return { protocol, recorder }
-}
 
 test('a message is delivered and acknowledged end to end', async (t) => {
   const dir = tempDir(t)

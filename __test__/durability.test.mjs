@@ -5,18 +5,8 @@ import { join } from 'node:path'
 import { test } from 'node:test'
 
 import { Protocol, ProtocolError } from '../js/index.js'
-import { PeerProcess, ofType, peerConfig, record, startRelay, tempDir, until, waitFor } from './helpers.mjs'
+import { PeerProcess, connected, ofType, peerConfig, record, startRelay, started, tempDir, until, waitFor } from './helpers.mjs'
 
-const connected = (e) => e.type === 'internet_status_changed' && e.connected
-
-async function started(t, config) {
-  const protocol = new Protocol(config)
-  const recorder = record(protocol)
-  await protocol.start()
-  t.after(() => protocol.stop())
-  await waitFor(recorder, connected)
-  return { protocol, recorder }
-}
 
 /** Connects once so the relay knows the account, then goes offline. */
 async function knownThenOffline(config) {

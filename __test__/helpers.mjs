@@ -7,7 +7,7 @@ import { join } from 'node:path'
 import { createInterface } from 'node:readline'
 import { fileURLToPath } from 'node:url'
 
-import { Relay, issueToken } from '../js/index.js'
+import { Protocol, Relay, issueToken } from '../js/index.js'
 
 export const SECRET = 'test-secret-0123456789'
 const PEER = fileURLToPath(new URL('./fixtures/peer.mjs', import.meta.url))
@@ -76,6 +76,18 @@ export function record(protocol) {
 }
 
 export const ofType = (recorder, type) => recorder.events.filter((e) => e.type === type)
+
+export const connected = (e) => e.type === 'internet_status_changed' && e.connected
+
+/** A started Protocol with its event recorder, stopped after the test; by default connected to the relay. */
+export async function started(t, config, { connect = true } = {}) {
+  const protocol = new Protocol(config)
+  const recorder = record(protocol)
+  await protocol.start()
+  t.after(() => protocol.stop())
+  if (connect) await waitFor(recorder, connected)
+  return { protocol, recorder }
+}
 
 /** A peer in its own process: it prints each event as a JSON line and takes commands on stdin. */
 export class PeerProcess {

@@ -3,7 +3,7 @@ import assert from 'node:assert/strict'
 import { createServer, connect } from 'node:net'
 import { test } from 'node:test'
 
-import { PeerProcess, peerConfig, startRelay, tempDir, waitFor } from './helpers.mjs'
+import { PeerProcess, connected, peerConfig, startRelay, tempDir, waitFor } from './helpers.mjs'
 
 function spawnPeer(t, config) {
   const peer = new PeerProcess(config)
@@ -11,7 +11,6 @@ function spawnPeer(t, config) {
   return peer
 }
 
-const connected = (e) => e.type === 'internet_status_changed' && e.connected
 
 test('a child process exits by itself within 5 s of stop()', async (t) => {
   const dir = tempDir(t)

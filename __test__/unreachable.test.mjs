@@ -3,20 +3,10 @@
 import assert from 'node:assert/strict'
 import { test } from 'node:test'
 
-import { Protocol, Relay } from '../js/index.js'
-import { SECRET, ofType, peerConfig, record, tempDir, waitFor } from './helpers.mjs'
+import { Relay } from '../js/index.js'
+import { SECRET, ofType, peerConfig, started, tempDir, waitFor } from './helpers.mjs'
 import { PipeCarrier } from './pipe-carrier.mjs'
 
-const connected = (e) => e.type === 'internet_status_changed' && e.connected
-
-async function peer(t, config, { connect = true } = {}) {
-  const protocol = new Protocol(config)
-  const recorder = record(protocol)
-  await protocol.start()
-  t.after(() => protocol.stop())
-  if (connect) await waitFor(recorder, connected)
-  return { protocol, recorder }
-}
 
 async function noMailboxRelay(t, listen = '127.0.0.1:0') {
   const relay = await Relay.start({ listen, storage: { memory: true }, jwtSecret: SECRET, mailbox: false })
@@ -27,10 +17,10 @@ async function noMailboxRelay(t, listen = '127.0.0.1:0') {
 test('an offline recipient parks the message; presence brings it back before any probe is due', async (t) => {
   const dir = tempDir(t)
   const relay = await noMailboxRelay(t)
-  const bobFirst = await peer(t, peerConfig('bob', dir, relay.url))
+  const bobFirst = await started(t, peerConfig('bob', dir, relay.url))
   await bobFirst.protocol.stop() // the relay knows bob; bob is offline now
 
-  const alice = await peer(t, peerConfig('alice', dir, relay.url))
+  const alice = await started(t, peerConfig('alice', dir, relay.url))
   const id = await alice.protocol.sendMessage('bob', 'are you back?')
   const undeliverable = await waitFor(alice.recorder, (e) => e.type === 'message_undeliverable' && e.messageId === id)
   const parkedAt = Date.now()
@@ -40,7 +30,7 @@ test('an offline recipient parks the message; presence brings it back before any
   assert.equal(alice.protocol.stats().parked, 1)
   await waitFor(alice.recorder, (e) => e.type === 'presence_updated' && e.peerId === 'bob' && !e.online)
 
-  const bob = await peer(t, peerConfig('bob', dir, relay.url))
+  const bob = await started(t, peerConfig('bob', dir, relay.url))
   await waitFor(alice.recorder, (e) => e.type === 'presence_updated' && e.peerId === 'bob' && e.online)
   await waitFor(bob.recorder, (e) => e.type === 'message_received' && e.messageId === id)
   await waitFor(alice.recorder, (e) => e.type === 'message_delivered' && e.messageId === id)
@@ -53,8 +43,8 @@ test('an offline recipient parks the message; presence brings it back before any
 test('with the relay down, a neighbor on a local carrier gets the message directly', async (t) => {
   const dir = tempDir(t)
   const pipe = new PipeCarrier()
-  const alice = await peer(t, { appId: 'test', storage: { path: `${dir}/alice.db` } }, { connect: false })
-  const bob = await peer(t, { appId: 'test', storage: { path: `${dir}/bob.db` } }, { connect: false })
+  const alice = await started(t, { appId: 'test', storage: { path: `${dir}/alice.db` } }, { connect: false })
+  const bob = await started(t, { appId: 'test', storage: { path: `${dir}/bob.db` } }, { connect: false })
   pipe.attach('alice', alice.protocol)
   pipe.attach('bob', bob.protocol)
 
@@ -75,8 +65,8 @@ test('a send that fails on a cut local link is retried over the relay once it is
   const relay = await noMailboxRelay(t)
   const port = relay.port
   const pipe = new PipeCarrier()
-  const bob = await peer(t, peerConfig('bob', dir, relay.url))
-  const alice = await peer(t, peerConfig('alice', dir, relay.url))
+  const bob = await started(t, peerConfig('bob', dir, relay.url))
+  const alice = await started(t, peerConfig('alice', dir, relay.url))
   pipe.attach('alice', alice.protocol)
   pipe.attach('bob', bob.protocol)
   pipe.link()
@@ -98,7 +88,7 @@ test('a send that fails on a cut local link is retried over the relay once it is
 
 test('local carrier inputs are checked', async (t) => {
   const dir = tempDir(t)
-  const alice = await peer(t, { appId: 'test', storage: { path: `${dir}/alice.db` } }, { connect: false })
+  const alice = await started(t, { appId: 'test', storage: { path: `${dir}/alice.db` } }, { connect: false })
   assert.throws(() => alice.protocol.registerTransport('pipe', {}), (e) => e.code === 'ERR_INVALID_ARGUMENT')
   assert.throws(() => alice.protocol.neighborDiscovered('bob', 'nope'), (e) => e.code === 'ERR_INVALID_ARGUMENT')
   alice.protocol.registerTransport('pipe', { send: async () => {} })
