@@ -47,10 +47,15 @@ const DEFAULT_EVENT_BUFFER = 10_000
 // hung carrier can never strand a message.
 const LOCAL_SEND_TIMEOUT_MS = 15_000
 
+/** Binary content crosses from Rust as base64 beside the text `content`; apps see bytes. */
+function contentOf(m) {
+  return typeof m.binaryContent === 'string' ? new Uint8Array(Buffer.from(m.binaryContent, 'base64')) : m.content
+}
+
 function eventFromJson(json) {
   const event = JSON.parse(json)
   if (event.type === 'message_received' && typeof event.binaryContent === 'string') {
-    event.content = new Uint8Array(Buffer.from(event.binaryContent, 'base64'))
+    event.content = contentOf(event)
     delete event.binaryContent
   }
   return event
@@ -239,19 +244,16 @@ class Protocol {
         // Stopped meanwhile: the buffered batch is offered again after the next start().
       }
     }
-    const batch = messages.map((m) => {
-      const message = {
-        chat: m.chat,
-        sender: m.sender,
-        messageId: m.messageId,
-        content: typeof m.binaryContent === 'string' ? new Uint8Array(Buffer.from(m.binaryContent, 'base64')) : m.content,
-        contentType: m.contentType,
-        timestamp: m.timestamp,
-        metadata: m.metadata,
-        origin: m.origin,
-      }
-      return message
-    })
+    const batch = messages.map((m) => ({
+      chat: m.chat,
+      sender: m.sender,
+      messageId: m.messageId,
+      content: contentOf(m),
+      contentType: m.contentType,
+      timestamp: m.timestamp,
+      metadata: m.metadata,
+      origin: m.origin,
+    }))
     let result
     try {
       result = this.#hook(batch)
