@@ -3,6 +3,7 @@
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
+use courier_proto::proof::CHALLENGE_LEN;
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
@@ -81,6 +82,11 @@ impl TokenVerifier {
             return Err(AuthFailure::InvalidAccount);
         };
         courier_proto::validate_account_name(&sub).map_err(|_| AuthFailure::InvalidAccount)?;
+        // Another spelling of an address names no one (identity.md §2 rule 1): as an account
+        // it could never be reached, and it would read as an address it does not own.
+        if crate::send::spells_an_address(&sub) {
+            return Err(AuthFailure::InvalidAccount);
+        }
         Ok(sub)
     }
 }
@@ -98,6 +104,11 @@ pub fn issue_token(
     }
     courier_proto::validate_account_name(account)
         .map_err(|e| RelayError::Config(format!("account name {account:?} {e}")))?;
+    if crate::send::spells_an_address(account) {
+        return Err(RelayError::Config(format!(
+            "account name {account:?} spells an off1 address"
+        )));
+    }
     let iat = now_ms() / 1000;
     let claims = IssuedClaims {
         sub: account,
@@ -111,14 +122,19 @@ pub fn issue_token(
     )?)
 }
 
-/// `Authenticated.address_challenge`: base64 of 32 fresh CSPRNG bytes.
-pub fn new_challenge() -> Option<String> {
-    let mut bytes = [0u8; 32];
+/// 32 fresh CSPRNG bytes for `Authenticated.address_challenge`.
+pub fn new_challenge() -> Option<[u8; CHALLENGE_LEN]> {
+    let mut bytes = [0u8; CHALLENGE_LEN];
     rustls::crypto::ring::default_provider()
         .secure_random
         .fill(&mut bytes)
         .ok()?;
-    Some(STANDARD.encode(bytes))
+    Some(bytes)
+}
+
+/// The challenge as `Authenticated.address_challenge` carries it: base64, 44 characters.
+pub fn encode_challenge(challenge: &[u8; CHALLENGE_LEN]) -> String {
+    STANDARD.encode(challenge)
 }
 
 #[cfg(test)]
@@ -137,13 +153,35 @@ mod tests {
             Err(AuthFailure::InvalidToken)
         );
         assert!(issue_token(b"secret", "off1x", 60).is_err());
+        let upper_name = "OFF1QYQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQN8ANTF";
+        assert!(issue_token(b"secret", upper_name, 60).is_err());
+        let upper = jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &IssuedClaims {
+                sub: upper_name,
+                exp: now_ms() / 1000 + 60,
+                iat: 0,
+            },
+            &EncodingKey::from_secret(b"secret").unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            TokenVerifier::new(b"secret").unwrap().verify(&upper),
+            Err(AuthFailure::InvalidAccount),
+            "the uppercase spelling of an address is no account name"
+        );
+        let office = issue_token(b"secret", "Off1ce", 60).unwrap();
+        assert_eq!(
+            TokenVerifier::new(b"secret").unwrap().verify(&office),
+            Ok("Off1ce".to_owned())
+        );
         assert!(issue_token(b"", "alice", 60).is_err());
     }
 
     #[test]
     fn challenges_are_32_bytes_and_fresh() {
-        let a = new_challenge().unwrap();
-        let b = new_challenge().unwrap();
+        let a = encode_challenge(&new_challenge().unwrap());
+        let b = encode_challenge(&new_challenge().unwrap());
         assert_eq!(a.len(), 44);
         assert_eq!(STANDARD.decode(&a).unwrap().len(), 32);
         assert_ne!(a, b);

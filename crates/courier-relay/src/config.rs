@@ -87,6 +87,11 @@ pub struct Timings {
     pub close_linger: Duration,
     /// Bound on the relay's own work for one SendMessage, under the 10 s answer rule (§6).
     pub answer_deadline: Duration,
+    /// Test hook: every connection gets these bytes as its `address_challenge` instead of 32
+    /// fresh CSPRNG bytes, so a test can replay pinned proof vectors (§4.4). Never set it in
+    /// production: a fixed challenge lets a proof seen once be replayed on any connection.
+    #[doc(hidden)]
+    pub fixed_address_challenge: Option<[u8; 32]>,
 }
 
 impl Default for Timings {
@@ -100,6 +105,7 @@ impl Default for Timings {
             supersede_wait: Duration::from_secs(5),
             close_linger: Duration::from_secs(2),
             answer_deadline: Duration::from_secs(8),
+            fixed_address_challenge: None,
         }
     }
 }

@@ -5,7 +5,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use courier_proto::limits::{close, CAP_MAILBOX, CAP_PRESENCE_WATCH, MAX_FRAME_BYTES};
+use courier_proto::limits::{
+    close, CAP_ADDRESS_ROUTING, CAP_MAILBOX, CAP_PRESENCE_WATCH, MAX_FRAME_BYTES,
+};
 use courier_proto::{ClientFrame, DecodeError, MailboxInfo, RateLimitInfo, RelayFrame};
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -19,7 +21,7 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
-use crate::auth::{new_challenge, AuthFailure};
+use crate::auth::{encode_challenge, new_challenge, AuthFailure};
 use crate::dispatch::{Flow, Session};
 use crate::mailbox::DeliveryQueue;
 use crate::rate::TokenBucket;
@@ -93,7 +95,8 @@ where
     };
     let Authed { account, opted_in } = authed;
     // Drawn before anything changes state, so a failing generator displaces nobody.
-    let Some(address_challenge) = new_challenge() else {
+    let challenge = ctx.timings.fixed_address_challenge.or_else(new_challenge);
+    let Some(challenge) = challenge else {
         tracing::error!("the system random generator failed");
         close_and_linger(&mut ws, close::INTERNAL, ctx.timings.close_linger).await;
         return;
@@ -113,7 +116,8 @@ where
             let _ = tokio::time::timeout(ctx.timings.supersede_wait, done).await;
         }
     }
-    let mut capabilities = Vec::with_capacity(2);
+    // What this relay implements (§3); `group_delivery_v3` is not among it.
+    let mut capabilities = vec![CAP_ADDRESS_ROUTING.to_owned()];
     if ctx.mailbox.is_some() {
         capabilities.push(CAP_MAILBOX.to_owned());
     }
@@ -122,7 +126,7 @@ where
         user_id: account.clone(),
         username: account.clone(),
         capabilities,
-        address_challenge: Some(address_challenge),
+        address_challenge: Some(encode_challenge(&challenge)),
         rate_limit: Some(RateLimitInfo {
             burst: ctx.rate_limit.burst,
             per_sec: ctx.rate_limit.per_sec,
@@ -156,6 +160,7 @@ where
     let session = Session::new(
         Arc::clone(&ctx),
         Arc::clone(&peer),
+        challenge,
         TokenBucket::new(ctx.rate_limit, std::time::Instant::now()),
         out.clone(),
     );

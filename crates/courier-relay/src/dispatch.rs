@@ -1,13 +1,13 @@
 //! Frames after authentication: decode, meter (§11), and one handler per frame type. Frame
-//! types whose features this relay does not offer yet (address declaration, groups) are
-//! answered `unknown_type`, matching the capabilities it advertises; their handlers slot into
-//! `dispatch`.
+//! types whose features this relay does not offer yet (groups) are answered `unknown_type`,
+//! matching the capabilities it advertises; their handlers slot into `dispatch`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
 use courier_proto::limits::{close, MAX_IDENTIFIER_BYTES, MAX_MALFORMED_FRAMES};
+use courier_proto::proof::{verify_declaration, AddressDeclError, CHALLENGE_LEN};
 use courier_proto::{ClientFrame, DecodeError, RelayFrame};
 use tokio::sync::mpsc;
 
@@ -15,7 +15,7 @@ use crate::mailbox::Envelope;
 use crate::presence::{Status, MAX_WATCHES, MAX_WATCH_LIST};
 use crate::rate::TokenBucket;
 use crate::router::Peer;
-use crate::send::{resolve_recipient, send_message, Recipient};
+use crate::send::{account_of, resolve_recipient, send_message, Recipient};
 use crate::store::Release;
 use crate::writer::Outbound;
 use crate::Ctx;
@@ -52,8 +52,13 @@ fn watch_list_ok(users: &[String]) -> bool {
 pub struct Session {
     pub ctx: Arc<Ctx>,
     pub peer: Arc<Peer>,
-    /// Stamped as `sender` on every frame relayed from this connection (§5).
+    /// Stamped as `sender` on every frame relayed from this connection (§5): the account name
+    /// until a DeclareAddress succeeds, the bound address from the next frame on.
     pub identity: String,
+    /// This connection's `address_challenge` (§2.1), which its declaration must sign.
+    challenge: [u8; CHALLENGE_LEN],
+    /// A DeclareAddress was handled: the challenge is spent (§4.2 step 4).
+    declaration_handled: bool,
     bucket: TokenBucket,
     malformed: u32,
     drain_requested: bool,
@@ -64,11 +69,14 @@ impl Session {
     pub fn new(
         ctx: Arc<Ctx>,
         peer: Arc<Peer>,
+        challenge: [u8; CHALLENGE_LEN],
         bucket: TokenBucket,
         out: mpsc::Sender<Outbound>,
     ) -> Self {
         Self {
             identity: peer.account.clone(),
+            challenge,
+            declaration_handled: false,
             ctx,
             peer,
             bucket,
@@ -203,15 +211,17 @@ impl Session {
             ClientFrame::Ack { seq } => self.ack(Release::One(seq)).await,
             ClientFrame::AckUpTo { seq } => self.ack(Release::UpTo(seq)).await,
             ClientFrame::CheckPresence { username } => self.check_presence(username).await,
-            ClientFrame::DeclareAddress { .. } => {
-                // `address_routing_v1` is not advertised: the frame is not served yet. Its
-                // answer still counts as drain rule (a).
-                let flow = self
-                    .answer(error_frame("unknown_type", "DeclareAddress", None))
-                    .await;
+            ClientFrame::DeclareAddress {
+                address,
+                public_key,
+                signature,
+            } => {
+                let answer = self.declare(&address, &public_key, &signature).await;
+                let flow = self.answer(answer).await;
                 if flow != Flow::Continue {
                     return flow;
                 }
+                // Drain rule (a) of §8: the drain follows the declaration's answer.
                 self.request_drain().await
             }
             ClientFrame::WatchPresence { users } => self.watch_presence(users).await,
@@ -224,6 +234,52 @@ impl Session {
                 // Not advertised (`group_delivery_v3`).
                 self.answer(error_frame("unknown_type", frame.type_name(), None))
                     .await
+            }
+        }
+    }
+
+    /// DeclareAddress (§4.2), decided completely (verified, and on success bound durably)
+    /// before the reader reads the next frame, so every frame after it on this connection is
+    /// stamped with the address and none before it ever is. A refusal is not fatal: the
+    /// connection stays in account-name space. The challenge is single-use: any second
+    /// DeclareAddress is `already_declared`, whatever the first one's outcome.
+    async fn declare(&mut self, address: &str, public_key: &str, signature: &str) -> RelayFrame {
+        let refuse = |e: AddressDeclError| RelayFrame::AddressError {
+            reason: e.reason().to_owned(),
+        };
+        if self.declaration_handled {
+            return refuse(AddressDeclError::AlreadyDeclared);
+        }
+        self.declaration_handled = true;
+        let account = self.peer.account.clone();
+        let bound =
+            match verify_declaration(&account, &self.challenge, address, public_key, signature) {
+                Ok(bound) => bound.to_string(),
+                Err(e) => {
+                    tracing::debug!(%account, reason = e.reason(), "address declaration refused");
+                    return refuse(e);
+                }
+            };
+        let stored = tokio::time::timeout(
+            self.ctx.timings.answer_deadline,
+            self.ctx
+                .store
+                .bind_address(&bound, &account, crate::now_ms()),
+        )
+        .await;
+        match stored {
+            Ok(Ok(())) => {
+                tracing::debug!(%account, address = %bound, "address bound");
+                self.identity = bound.clone();
+                RelayFrame::AddressDeclared { address: bound }
+            }
+            Ok(Err(e)) => {
+                tracing::error!(%account, error = %e, "address binding not persisted");
+                error_frame("internal", "DeclareAddress", None)
+            }
+            Err(_) => {
+                tracing::error!(%account, "address binding timed out");
+                error_frame("internal", "DeclareAddress", None)
             }
         }
     }
@@ -253,19 +309,26 @@ impl Session {
         Flow::Continue
     }
 
-    /// CheckPresence (§10): `user_id` echoes the identifier as given.
+    /// CheckPresence (§10): `user_id` echoes the identifier as given; an address reports the
+    /// account it is bound to.
     async fn check_presence(&mut self, username: String) -> Flow {
         if !identifier_size_ok(&username) {
             return self
                 .answer(error_frame("invalid_frame", "CheckPresence", None))
                 .await;
         }
-        let status = match resolve_recipient(&username) {
-            Recipient::Account(account) => {
-                let persisted = self.persisted_last_seen([account]).await;
-                self.ctx.router.status(account, &persisted)
+        let status = match account_of(&self.ctx, resolve_recipient(&username)).await {
+            Ok(Some(account)) => {
+                let persisted = self.persisted_last_seen([account.as_str()]).await;
+                self.ctx.router.status(&account, &persisted)
             }
-            Recipient::Unknown => Status::offline(None),
+            Ok(None) => Status::offline(None),
+            Err(e) => {
+                tracing::warn!(error = %e, "presence look-up failed");
+                return self
+                    .answer(error_frame("internal", "CheckPresence", None))
+                    .await;
+            }
         };
         self.answer(status.frame(username)).await
     }
@@ -326,22 +389,55 @@ impl Session {
             listed.insert(identifier.clone());
             fresh.push(identifier);
         }
-        // An address resolves to its account once address declaration lands (§5); until
-        // then `resolve_recipient` calls it unknown: `online:false`, no last_seen, no pushes.
-        let targets: Vec<(String, Option<String>)> = fresh
-            .into_iter()
-            .map(|identifier| {
-                let account = match resolve_recipient(&identifier) {
-                    Recipient::Account(account) => Some(account.to_owned()),
-                    Recipient::Unknown => None,
-                };
-                (identifier, account)
-            })
+        let classified: Vec<(String, Recipient<'_>)> = fresh
+            .iter()
+            .map(|identifier| (identifier.clone(), resolve_recipient(identifier)))
             .collect();
-        let persisted = self
-            .persisted_last_seen(targets.iter().filter_map(|(_, a)| a.as_deref()))
+        if classified
+            .iter()
+            .any(|(_, r)| matches!(r, Recipient::Address(_)))
+        {
+            // Addresses resolve through their bindings on the store thread, which registers
+            // the watches in commit order with declarations: a binding committed after the
+            // resolution moves these watches, one committed before is in it.
+            let targets = classified
+                .into_iter()
+                .map(|(identifier, recipient)| (identifier, recipient.named()))
+                .collect();
+            let watched = tokio::time::timeout(
+                self.ctx.timings.answer_deadline,
+                self.ctx.store.watch(Arc::clone(&watchlist), targets),
+            )
             .await;
-        self.ctx.router.watch(&watchlist, targets, &persisted);
+            let failed = match watched {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => Some("timed out".to_owned()),
+            };
+            if let Some(error) = failed {
+                tracing::warn!(%error, "watching addresses failed");
+                return self
+                    .answer(error_frame("internal", "WatchPresence", None))
+                    .await;
+            }
+        } else {
+            // Account names only: nothing to resolve, so no trip to the store unless a
+            // last_seen is only known there.
+            let targets: Vec<(String, Option<String>)> = classified
+                .into_iter()
+                .map(|(identifier, recipient)| {
+                    let account = match recipient {
+                        Recipient::Account(account) => Some(account.to_owned()),
+                        Recipient::Address(_) | Recipient::Unknown => None,
+                    };
+                    (identifier, account)
+                })
+                .collect();
+            let persisted = self
+                .persisted_last_seen(targets.iter().filter_map(|(_, a)| a.as_deref()))
+                .await;
+            self.ctx.router.watch(&watchlist, targets, &persisted);
+        }
         if over_cap {
             return self
                 .answer(error_frame("limit_exceeded", "WatchPresence", None))

@@ -12,6 +12,12 @@
 //! The writer takes queued statuses ahead of the answers to later frames, so a watch's first
 //! statuses reach the client before the answer to anything it sent after the WatchPresence.
 //!
+//! An identifier that is an `off1` address follows its binding: when a declaration binds it to
+//! another account, the router moves the watch to that account (`rebind`). Each entry remembers
+//! the `online` value of the last status queued for it, so a move queues a status only if the
+//! new account's value differs from what the client was last told, and no identifier is ever
+//! sent the same `online` value twice in a row.
+//!
 //! Memory stays bounded when a client stops reading: at most two statuses wait per identifier.
 //! A third change folds the queue into the latest status alone. Each queued status differs from
 //! the one before it, so folding never loses the edge away from what the client last saw. A
@@ -73,9 +79,11 @@ pub enum Unwatched {
 }
 
 struct Entry {
-    /// The account the identifier resolved to when it was watched; `None` for an identifier
-    /// that names no account (an `off1` address before address declaration, an invalid name).
+    /// The account the identifier resolves to; `None` for an identifier that names no account
+    /// (an `off1` address nobody declared, an invalid name).
     account: Option<String>,
+    /// `online` of the last status queued for the identifier.
+    online: bool,
     /// Statuses not yet taken by the writer, oldest first; at most two.
     queued: Vec<Status>,
     /// Key in `dirty` while `queued` is not empty.
@@ -99,6 +107,7 @@ impl State {
         let Some(entry) = self.entries.get_mut(identifier) else {
             return;
         };
+        entry.online = status.online;
         fold(&mut entry.queued, status);
         if entry.stamp.is_none() {
             let stamp = self.next_stamp;
@@ -107,6 +116,25 @@ impl State {
             self.dirty.insert(stamp, identifier.to_owned());
         }
     }
+}
+
+/// What the connection's watches were when it ended.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Closed {
+    /// Accounts it watched (through any identifier).
+    pub accounts: Vec<String>,
+    /// Identifiers of `off1` form it watched.
+    pub addresses: Vec<String>,
+    /// Identifiers it watched.
+    pub count: usize,
+}
+
+/// What moving an address's watch to another account did (see [`Watchlist::rebind`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Rebound {
+    /// The account the identifier resolved to before, when no other identifier of this
+    /// connection resolves to it any more: the router drops the connection from its watchers.
+    pub left: Option<String>,
 }
 
 /// Appends `status`, keeping at most two queued statuses that each differ from the one before.
@@ -177,6 +205,7 @@ impl Watchlist {
             identifier.clone(),
             Entry {
                 account,
+                online: first.online,
                 queued: Vec::with_capacity(2),
                 stamp: None,
             },
@@ -211,34 +240,96 @@ impl Watchlist {
         Unwatched::Removed
     }
 
-    /// Queues `status` for every identifier that resolves to `account`. Called by the router
-    /// under its presence lock when the account's `online` value changes.
+    /// Queues `status` for every identifier that resolves to `account` and was last told the
+    /// other `online` value. Called by the router under its presence lock when the account's
+    /// `online` value changes.
     pub(crate) fn push(&self, account: &str, status: Status) {
         let mut state = self.state();
         let Some(identifiers) = state.by_account.get(account).cloned() else {
             return;
         };
+        let mut queued = false;
         for identifier in &identifiers {
+            if state
+                .entries
+                .get(identifier)
+                .is_some_and(|e| e.online != status.online)
+            {
+                state.enqueue(identifier, status);
+                queued = true;
+            }
+        }
+        drop(state);
+        if queued {
+            self.ready.notify_one();
+        }
+    }
+
+    /// `identifier` (an address) now resolves to `account`, whose presence is `status`: the
+    /// watch follows, and `status` is queued if its `online` value differs from the last one
+    /// queued for the identifier. `None` if the identifier is not watched or already resolves
+    /// to `account`. Called by the router under its presence lock.
+    pub(crate) fn rebind(
+        &self,
+        identifier: &str,
+        account: &str,
+        status: Status,
+    ) -> Option<Rebound> {
+        let mut state = self.state();
+        let entry = state.entries.get_mut(identifier)?;
+        if entry.account.as_deref() == Some(account) {
+            return None;
+        }
+        let previous = entry.account.replace(account.to_owned());
+        let changed = entry.online != status.online;
+        let mut left = None;
+        if let Some(previous) = previous {
+            if let Some(identifiers) = state.by_account.get_mut(&previous) {
+                identifiers.retain(|i| i != identifier);
+                if identifiers.is_empty() {
+                    state.by_account.remove(&previous);
+                    left = Some(previous);
+                }
+            }
+        }
+        state
+            .by_account
+            .entry(account.to_owned())
+            .or_default()
+            .push(identifier.to_owned());
+        if changed {
             state.enqueue(identifier, status);
         }
         drop(state);
-        self.ready.notify_one();
+        if changed {
+            self.ready.notify_one();
+        }
+        Some(Rebound { left })
     }
 
-    /// The connection ended: forgets every watch and returns the accounts it watched and how
-    /// many identifiers that was. Nothing can be added afterwards.
-    pub(crate) fn close(&self) -> (Vec<String>, usize) {
+    /// The connection ended: forgets every watch and says what they were. Nothing can be added
+    /// afterwards.
+    pub(crate) fn close(&self) -> Closed {
         let mut state = self.state();
         state.closed = true;
-        let watched = state.entries.len();
+        let count = state.entries.len();
         let accounts = state
             .by_account
             .drain()
             .map(|(account, _)| account)
             .collect();
-        state.entries.clear();
+        let addresses = state
+            .entries
+            .drain()
+            .map(|(identifier, _)| identifier)
+            .filter(|identifier| courier_proto::ident::is_address_form(identifier))
+            .collect();
         state.dirty.clear();
-        (accounts, watched)
+        Closed {
+            accounts,
+            addresses,
+            count,
+        }
     }
 
     /// Takes every queued status as frames, in the order identifiers got something to send.
@@ -349,8 +440,8 @@ mod tests {
     fn nothing_is_added_after_close() {
         let w = Watchlist::new(1);
         w.add("bob".into(), Some("bob".into()), off(1));
-        let (accounts, count) = w.close();
-        assert_eq!((accounts, count), (vec!["bob".to_owned()], 1));
+        let closed = w.close();
+        assert_eq!((closed.accounts, closed.count), (vec!["bob".to_owned()], 1));
         assert!(!w.add("carol".into(), Some("carol".into()), off(1)));
         assert!(w.take().is_empty());
     }

@@ -6,11 +6,15 @@
 //! connection's watchlist. Holding `presence` across an account's transition and the
 //! notification of its watchers is what keeps every watcher's statuses in order; the routing
 //! map is never held while watchers are notified.
+//!
+//! Watched `off1` identifiers are also indexed by address, so a new binding (§4.2, applied by
+//! the store thread after its commit) moves their watches to the account it names.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use courier_proto::ident::is_address_form;
 use tokio::sync::oneshot;
 
 use crate::mailbox::{DeliveryQueue, Envelope};
@@ -63,6 +67,9 @@ struct Presence {
     last_seen: HashMap<String, u64>,
     /// Watched account → the watching connections, by connection id.
     watchers: HashMap<String, HashMap<u64, Arc<Watchlist>>>,
+    /// Watched identifier of `off1` form → the watching connections, whatever the identifier
+    /// resolves to (nothing, until some connection declares it).
+    address_watchers: HashMap<String, HashMap<u64, Arc<Watchlist>>>,
 }
 
 impl Presence {
@@ -75,11 +82,19 @@ impl Presence {
     }
 
     fn drop_watcher(&mut self, account: &str, connection: u64) {
-        if let Some(watchers) = self.watchers.get_mut(account) {
-            watchers.remove(&connection);
-            if watchers.is_empty() {
-                self.watchers.remove(account);
-            }
+        drop_from(&mut self.watchers, account, connection);
+    }
+
+    fn drop_address_watcher(&mut self, address: &str, connection: u64) {
+        drop_from(&mut self.address_watchers, address, connection);
+    }
+}
+
+fn drop_from(map: &mut HashMap<String, HashMap<u64, Arc<Watchlist>>>, key: &str, connection: u64) {
+    if let Some(watchers) = map.get_mut(key) {
+        watchers.remove(&connection);
+        if watchers.is_empty() {
+            map.remove(key);
         }
     }
 }
@@ -120,11 +135,15 @@ impl Router {
     /// which the caller persists).
     pub fn unregister(&self, peer: &Peer, now_ms: u64) -> bool {
         let mut presence = lock(&self.presence);
-        let (accounts, count) = peer.watchlist.close();
-        for account in &accounts {
+        let closed = peer.watchlist.close();
+        for account in &closed.accounts {
             presence.drop_watcher(account, peer.id);
         }
-        self.watches.fetch_sub(count as u64, Ordering::Relaxed);
+        for address in &closed.addresses {
+            presence.drop_address_watcher(address, peer.id);
+        }
+        self.watches
+            .fetch_sub(closed.count as u64, Ordering::Relaxed);
         let went_offline = {
             let mut peers = lock(&self.peers);
             let current = peers.get(&peer.account).is_some_and(|p| p.id == peer.id);
@@ -215,10 +234,18 @@ impl Router {
                 Some(account) => self.status_locked(&mut presence, account, persisted),
                 None => Status::offline(None),
             };
-            if !watchlist.add(identifier, account.clone(), status) {
+            let address_form = is_address_form(&identifier);
+            if !watchlist.add(identifier.clone(), account.clone(), status) {
                 continue;
             }
             self.watches.fetch_add(1, Ordering::Relaxed);
+            if address_form {
+                presence
+                    .address_watchers
+                    .entry(identifier)
+                    .or_default()
+                    .insert(watchlist.connection(), Arc::clone(watchlist));
+            }
             if let Some(account) = account {
                 presence
                     .watchers
@@ -240,7 +267,35 @@ impl Router {
                     presence.drop_watcher(&account, watchlist.connection());
                 }
             }
+            if is_address_form(identifier) {
+                presence.drop_address_watcher(identifier, watchlist.connection());
+            }
             self.watches.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// `address` is now bound to `account` (its commit is durable): every watch on the
+    /// address follows it to that account, each hearing the account's status if its `online`
+    /// value differs from what the watch last said. Called by the store thread in commit order.
+    pub fn rebind(&self, address: &str, account: &str) {
+        let mut presence = lock(&self.presence);
+        let Some(watchers) = presence.address_watchers.get(address) else {
+            return;
+        };
+        let watchers: Vec<Arc<Watchlist>> = watchers.values().cloned().collect();
+        let status = self.status_locked(&mut presence, account, &HashMap::new());
+        for watchlist in watchers {
+            let Some(rebound) = watchlist.rebind(address, account, status) else {
+                continue;
+            };
+            if let Some(left) = rebound.left {
+                presence.drop_watcher(&left, watchlist.connection());
+            }
+            presence
+                .watchers
+                .entry(account.to_owned())
+                .or_default()
+                .insert(watchlist.connection(), watchlist);
         }
     }
 
@@ -257,6 +312,12 @@ impl Router {
     #[cfg(test)]
     fn watched_accounts(&self) -> usize {
         lock(&self.presence).watchers.len()
+    }
+
+    /// Addresses with at least one watcher.
+    #[cfg(test)]
+    fn watched_addresses(&self) -> usize {
+        lock(&self.presence).address_watchers.len()
     }
 }
 
@@ -353,6 +414,107 @@ mod tests {
             &HashMap::new(),
         );
         assert_eq!((router.watches(), router.watched_accounts()), (0, 0));
+    }
+
+    #[test]
+    fn a_watched_address_follows_its_binding() {
+        const X: &str = "off1qysluvwl5922yctzd0u9gpr06gn3k7ldfvgtwgvn";
+        let router = Router::default();
+        let none = HashMap::new();
+        let alice = peer(1, "alice");
+        router.register(Arc::clone(&alice));
+        // Watched before anyone declared it: offline, resolving to nothing.
+        router.watch(&alice.watchlist, vec![(X.into(), None)], &none);
+        assert_eq!(online_flags(&alice.watchlist), vec![false]);
+        assert_eq!(
+            (router.watched_accounts(), router.watched_addresses()),
+            (0, 1)
+        );
+        // Bound to bob, online: the watch hears online at once.
+        let bob = peer(2, "bob");
+        router.register(Arc::clone(&bob));
+        router.rebind(X, "bob");
+        assert_eq!(online_flags(&alice.watchlist), vec![true]);
+        router.rebind(X, "bob");
+        assert!(
+            alice.watchlist.take().is_empty(),
+            "same binding, nothing new"
+        );
+        // Re-bound to carol, online too: no change of `online`, so nothing is sent, but the
+        // watch now follows carol and not bob.
+        let carol = peer(3, "carol");
+        router.register(Arc::clone(&carol));
+        router.rebind(X, "carol");
+        assert!(alice.watchlist.take().is_empty());
+        assert_eq!(router.watched_accounts(), 1);
+        router.unregister(&bob, 10);
+        assert!(alice.watchlist.take().is_empty(), "bob is no longer X");
+        router.unregister(&carol, 20);
+        assert_eq!(online_flags(&alice.watchlist), vec![false]);
+        // Re-bound to bob, offline: still offline, nothing to say.
+        router.rebind(X, "bob");
+        assert!(alice.watchlist.take().is_empty());
+        let bob2 = peer(4, "bob");
+        router.register(Arc::clone(&bob2));
+        assert_eq!(online_flags(&alice.watchlist), vec![true]);
+        // Unwatching removes it from both indexes.
+        router.unwatch(&alice.watchlist, &[X.into()]);
+        assert_eq!(
+            (router.watched_accounts(), router.watched_addresses()),
+            (0, 0)
+        );
+        router.watch(
+            &alice.watchlist,
+            vec![(X.into(), Some("bob".into()))],
+            &none,
+        );
+        assert_eq!(
+            (router.watched_accounts(), router.watched_addresses()),
+            (1, 1)
+        );
+        // And the connection ending clears both.
+        router.unregister(&alice, 30);
+        assert_eq!(
+            (router.watched_accounts(), router.watched_addresses()),
+            (0, 0)
+        );
+        assert_eq!(router.watches(), 0);
+    }
+
+    #[test]
+    fn a_watch_on_an_account_and_on_its_address_are_separate_entries() {
+        const X: &str = "off1qysluvwl5922yctzd0u9gpr06gn3k7ldfvgtwgvn";
+        let router = Router::default();
+        let none = HashMap::new();
+        let alice = peer(1, "alice");
+        router.watch(
+            &alice.watchlist,
+            vec![
+                ("bob".into(), Some("bob".into())),
+                (X.into(), Some("bob".into())),
+            ],
+            &none,
+        );
+        assert_eq!(online_flags(&alice.watchlist), vec![false, false]);
+        // X moves to carol: alice still watches bob through his name.
+        router.rebind(X, "carol");
+        assert!(alice.watchlist.take().is_empty());
+        assert_eq!(router.watched_accounts(), 2);
+        let bob = peer(2, "bob");
+        router.register(Arc::clone(&bob));
+        let statuses = alice.watchlist.take();
+        assert_eq!(statuses.len(), 1, "{statuses:?}");
+        assert!(matches!(
+            &statuses[0],
+            courier_proto::RelayFrame::PresenceStatus { user_id, online: true, .. } if user_id == "bob"
+        ));
+        let carol = peer(3, "carol");
+        router.register(Arc::clone(&carol));
+        let statuses = alice.watchlist.take();
+        assert!(matches!(
+            &statuses[..],
+            [courier_proto::RelayFrame::PresenceStatus { user_id, online: true, .. }] if user_id == X
+        ));
     }
 
     #[test]

@@ -3,28 +3,83 @@
 
 use std::sync::Arc;
 
+use courier_proto::ident::is_address_form;
 use courier_proto::limits::{MAX_FRAME_BYTES, RECIPIENT_UNREACHABLE};
-use courier_proto::{Disposition, RelayFrame};
+use courier_proto::{Address, Disposition, RelayFrame};
 
 use crate::dispatch::{error_frame, identifier_size_ok, Session};
-use crate::store::AppendOutcome;
+use crate::store::{AppendOutcome, Named, StoreError};
+use crate::Ctx;
 
-/// Whom a recipient identifier names (§5).
+/// Whom a recipient identifier names (§5), before any binding is consulted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recipient<'a> {
+    /// An account name: stands for itself. Whether the account exists is the journal's answer.
     Account(&'a str),
+    /// A canonical `off1` address: names whichever account declared it last, if any.
+    Address(Address),
+    /// Names nothing: an `off1` string that does not parse canonically (identity.md §2), or
+    /// a string that is no valid account name.
     Unknown,
 }
 
-/// Account names stand for themselves. `off1` addresses resolve only through a declared
-/// binding (§4), and this relay does not accept declarations yet (`address_routing_v1` is not
-/// advertised), so every address is unknown. Whether an account name is known is the
-/// journal's answer, not this function's.
+impl Recipient<'_> {
+    /// What the store resolves; `None` for an identifier that names nothing.
+    pub fn named(self) -> Option<Named> {
+        match self {
+            Recipient::Account(account) => Some(Named::Account(account.to_owned())),
+            Recipient::Address(address) => Some(Named::Address(address.to_string())),
+            Recipient::Unknown => None,
+        }
+    }
+}
+
+/// Whether `identifier` spells a valid address in another case (the all-uppercase form bech32
+/// otherwise allows, or mixed case). identity.md §2 rule 1: such a string names no address,
+/// and the relay treats it as an unknown recipient; it is no account name either (auth.rs), so
+/// two strings never name one identity.
+pub fn spells_an_address(identifier: &str) -> bool {
+    identifier.len() == courier_proto::address::ADDRESS_STR_LEN
+        && !is_address_form(identifier)
+        && identifier
+            .get(..4)
+            .is_some_and(|prefix| prefix.eq_ignore_ascii_case("off1"))
+        && Address::parse(&identifier.to_ascii_lowercase()).is_ok()
+}
+
+/// Classifies an identifier: anything beginning with `off1` is an address and must parse
+/// strictly; anything else is an account name.
 pub fn resolve_recipient(identifier: &str) -> Recipient<'_> {
+    if is_address_form(identifier) {
+        return match Address::parse(identifier) {
+            Ok(address) => Recipient::Address(address),
+            Err(_) => Recipient::Unknown,
+        };
+    }
+    if spells_an_address(identifier) {
+        return Recipient::Unknown;
+    }
     if courier_proto::validate_account_name(identifier).is_ok() {
         Recipient::Account(identifier)
     } else {
         Recipient::Unknown
+    }
+}
+
+/// The account a recipient names now, through the persisted binding for an address; `None`
+/// when it names none (an account name is returned as is, known or not).
+pub async fn account_of(ctx: &Ctx, recipient: Recipient<'_>) -> Result<Option<String>, StoreError> {
+    match recipient {
+        Recipient::Account(account) => Ok(Some(account.to_owned())),
+        Recipient::Address(address) => {
+            let resolved = tokio::time::timeout(
+                ctx.timings.answer_deadline,
+                ctx.store.resolve_address(&address.to_string()),
+            )
+            .await;
+            resolved.unwrap_or_else(|_| Err(StoreError::Sqlite("address look-up timed out".into())))
+        }
+        Recipient::Unknown => Ok(None),
     }
 }
 
@@ -79,15 +134,23 @@ pub async fn send_message(
         return error_frame("invalid_frame", "SendMessage", Some(message_id));
     }
     let accepted_ms = envelope.accepted_ms;
-    let account = match resolve_recipient(&recipient) {
-        Recipient::Account(account) => account.to_owned(),
-        Recipient::Unknown => return unreachable(recipient, message_id, "unknown_recipient"),
+    let resolved = resolve_recipient(&recipient);
+    let Some(named) = resolved.named() else {
+        return unreachable(recipient, message_id, "unknown_recipient");
     };
     let ctx = &session.ctx;
     let deadline = ctx.timings.answer_deadline;
 
     let Some(limits) = ctx.mailbox else {
         // No mailbox: hand the frame straight to the recipient's socket, or refuse.
+        let account = match account_of(ctx, resolved).await {
+            Ok(Some(account)) => account,
+            Ok(None) => return unreachable(recipient, message_id, "unknown_recipient"),
+            Err(e) => {
+                tracing::error!(error = %e, "address look-up failed");
+                return internal(message_id);
+            }
+        };
         if let Some(peer) = ctx.router.get(&account) {
             if peer
                 .queue
@@ -109,7 +172,9 @@ pub async fn send_message(
         };
     };
 
-    match tokio::time::timeout(deadline, ctx.store.append(&account, envelope, limits)).await {
+    // An address is resolved in the append's own transaction: the frame belongs to the
+    // account the address named at acceptance (§5).
+    match tokio::time::timeout(deadline, ctx.store.append(named, envelope, limits)).await {
         Ok(Ok(
             AppendOutcome::Accepted { disposition, .. } | AppendOutcome::Duplicate { disposition },
         )) => sent(recipient, message_id, accepted_ms, disposition),
@@ -133,12 +198,44 @@ mod tests {
     use super::*;
 
     #[test]
-    fn addresses_and_invalid_names_are_unknown() {
+    fn addresses_parse_strictly_and_invalid_names_are_unknown() {
+        const K1: &str = "off1qysluvwl5922yctzd0u9gpr06gn3k7ldfvgtwgvn";
         assert_eq!(resolve_recipient("bob"), Recipient::Account("bob"));
         assert_eq!(
-            resolve_recipient("off1qysluvwl5922yctzd0u9gpr06gn3k7ldfvgtwgvn"),
-            Recipient::Unknown
+            resolve_recipient(K1),
+            Recipient::Address(Address::parse(K1).unwrap())
         );
         assert_eq!(resolve_recipient("a/b"), Recipient::Unknown);
+        // identity.md §2: every must-reject string names nothing, and so does a bare prefix.
+        for bad in [
+            "OFF1QYQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQN8ANTF",
+            "off1qyqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqxmdlwt",
+            "off1qqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqkynkkv",
+            "off1qgqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqquz0u9x",
+            "off1qyqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqxfx3pw",
+            "off1qyqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqkev2nx",
+            "off1qyqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqra5g99k",
+            "off1x",
+            "off1",
+            "Off1qysluvwl5922yctzd0u9gpr06gn3k7ldfvgtwgvn",
+            "OFF1QYSLUVWL5922YCTZD0U9GPR06GN3K7LDFVGTWGVN",
+        ] {
+            assert_eq!(resolve_recipient(bad), Recipient::Unknown, "{bad}");
+        }
+        assert!(spells_an_address(
+            "OFF1QYQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQN8ANTF"
+        ));
+        assert!(!spells_an_address(K1), "the canonical form is the address");
+        assert!(!spells_an_address("Off1ce"));
+        assert_eq!(resolve_recipient("Off1ce"), Recipient::Account("Off1ce"));
+        // Another HRP is not of address form: as an account name it is valid.
+        assert_eq!(
+            resolve_recipient("ofg1qyqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqpxdptr"),
+            Recipient::Account("ofg1qyqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqpxdptr")
+        );
+        assert_eq!(
+            Recipient::Address(Address::parse(K1).unwrap()).named(),
+            Some(Named::Address(K1.to_owned()))
+        );
     }
 }

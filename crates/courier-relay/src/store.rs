@@ -1,5 +1,6 @@
-//! Accounts and the per-account journal in SQLite (`relay-protocol.md` §2.1, §7.1, §8), and
-//! each account's last_seen (§10), so presence survives a relay restart.
+//! Accounts and the per-account journal in SQLite (`relay-protocol.md` §2.1, §7.1, §8), each
+//! account's last_seen (§10), so presence survives a relay restart, and the address bindings
+//! (§4.2, §5): `off1` address → the account that last declared it.
 //!
 //! One thread owns the connection and is the only writer. It takes every request queued since
 //! its last commit and runs them in one transaction (group commit), each inside its own
@@ -10,6 +11,12 @@
 //! Counters per account (`last_seq`, `msg_count`, `byte_count`) live in the `accounts` row and
 //! change in the same transaction as the journal, so `seq` is never reused (it does not depend
 //! on which rows still exist) and the mailbox limits are checked without scanning the journal.
+//!
+//! Everything that depends on an address binding is decided on this thread, in commit order:
+//! a frame named by address is resolved inside its append's transaction (it belongs to the
+//! account the address named at acceptance), and both a new binding's effect on presence
+//! watches and the registration of watches on addresses happen after their commits, in commit
+//! order. A watch therefore either sees a binding in its resolution or is moved by it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::config::{MailboxLimits, Storage};
 use crate::mailbox::Envelope;
+use crate::presence::Watchlist;
 use crate::router::Router;
 use crate::RelayError;
 
@@ -36,8 +44,8 @@ const FETCH_BYTES: usize = 4 * 1024 * 1024;
 const CHECKPOINT_IDLE: u32 = 64;
 const CHECKPOINT_FORCED: u32 = 4096;
 
-/// 1: accounts and journal. 2: `accounts.last_seen_ms`.
-const SCHEMA_VERSION: i64 = 2;
+/// 1: accounts and journal. 2: `accounts.last_seen_ms`. 3: `addresses`.
+const SCHEMA_VERSION: i64 = 3;
 const SCHEMA: &str = "
 CREATE TABLE accounts (
     name TEXT PRIMARY KEY NOT NULL,
@@ -62,9 +70,23 @@ CREATE TABLE journal (
     UNIQUE (account, sender, message_id)
 );
 CREATE INDEX journal_accepted ON journal (accepted_ms);
+CREATE TABLE addresses (
+    address TEXT PRIMARY KEY NOT NULL,
+    account TEXT NOT NULL,
+    bound_ms INTEGER NOT NULL
+);
 ";
-/// Upgrades a version-1 database in place.
+/// Upgrades a version-1 database to version 2 in place.
 const MIGRATE_1_TO_2: &str = "ALTER TABLE accounts ADD COLUMN last_seen_ms INTEGER;";
+/// Upgrades a version-2 database to version 3 in place. Addresses are keyed by their
+/// canonical string, which names exactly one address (identity.md §2 rule 6).
+const MIGRATE_2_TO_3: &str = "
+CREATE TABLE addresses (
+    address TEXT PRIMARY KEY NOT NULL,
+    account TEXT NOT NULL,
+    bound_ms INTEGER NOT NULL
+);
+";
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
@@ -101,6 +123,15 @@ pub enum AppendOutcome {
     MailboxFull,
 }
 
+/// A recipient or watched identifier as the store resolves it (§5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Named {
+    /// An account name: stands for itself (whether it exists is the journal's answer).
+    Account(String),
+    /// A canonical `off1` address: resolves through its binding, unknown without one.
+    Address(String),
+}
+
 enum Op {
     EnsureAccount {
         name: String,
@@ -110,9 +141,21 @@ enum Op {
         name: String,
     },
     Append {
-        recipient: String,
+        recipient: Named,
         envelope: Envelope,
         limits: MailboxLimits,
+    },
+    BindAddress {
+        address: String,
+        account: String,
+        now_ms: u64,
+    },
+    ResolveAddress {
+        address: String,
+    },
+    Watch {
+        watchlist: Arc<Watchlist>,
+        targets: Vec<(String, Option<Named>)>,
     },
     HighestSeq {
         account: String,
@@ -145,6 +188,7 @@ impl Op {
             self,
             Op::EnsureAccount { .. }
                 | Op::Append { .. }
+                | Op::BindAddress { .. }
                 | Op::Release { .. }
                 | Op::Purge { .. }
                 | Op::RecordLastSeen { .. }
@@ -159,6 +203,7 @@ enum Done {
     Frames(Vec<Arc<Envelope>>),
     Append(AppendOutcome),
     LastSeen(HashMap<String, u64>),
+    Account(Option<String>),
 }
 
 struct Job {
@@ -216,7 +261,10 @@ impl Store {
                 "BEGIN; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
             ))?,
             1 => conn.execute_batch(&format!(
-                "BEGIN; {MIGRATE_1_TO_2} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+                "BEGIN; {MIGRATE_1_TO_2} {MIGRATE_2_TO_3} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+            ))?,
+            2 => conn.execute_batch(&format!(
+                "BEGIN; {MIGRATE_2_TO_3} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
             ))?,
             SCHEMA_VERSION => {}
             other => {
@@ -286,16 +334,17 @@ impl Store {
         }
     }
 
-    /// Journals `envelope` for `recipient` (its `seq` is assigned here) and, once durable,
-    /// offers it to the recipient's connection.
+    /// Journals `envelope` for the account `recipient` names (an address is resolved in the
+    /// same transaction; its `seq` is assigned here) and, once durable, offers it to that
+    /// account's connection.
     pub async fn append(
         &self,
-        recipient: &str,
+        recipient: Named,
         envelope: Envelope,
         limits: MailboxLimits,
     ) -> Result<AppendOutcome, StoreError> {
         let op = Op::Append {
-            recipient: recipient.to_owned(),
+            recipient,
             envelope,
             limits,
         };
@@ -377,6 +426,46 @@ impl Store {
         }
     }
 
+    /// Binds `address` (canonical) to `account`, replacing any earlier binding (the latest
+    /// successful declaration wins, §4.2). Once durable, watches on the address follow it.
+    pub async fn bind_address(
+        &self,
+        address: &str,
+        account: &str,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.call(Op::BindAddress {
+            address: address.to_owned(),
+            account: account.to_owned(),
+            now_ms,
+        })
+        .await
+        .map(drop)
+    }
+
+    /// The account `address` (canonical) is bound to, if any connection ever declared it.
+    pub async fn resolve_address(&self, address: &str) -> Result<Option<String>, StoreError> {
+        match self
+            .call(Op::ResolveAddress {
+                address: address.to_owned(),
+            })
+            .await?
+        {
+            Done::Account(account) => Ok(account),
+            _ => Err(mismatch()),
+        }
+    }
+
+    /// Resolves each watched identifier (`None`: names nothing) and, in commit order with
+    /// respect to bindings, registers the watches on `watchlist` with their first statuses.
+    pub async fn watch(
+        &self,
+        watchlist: Arc<Watchlist>,
+        targets: Vec<(String, Option<Named>)>,
+    ) -> Result<(), StoreError> {
+        self.call(Op::Watch { watchlist, targets }).await.map(drop)
+    }
+
     /// Finishes queued requests, checkpoints and closes the database.
     pub async fn shutdown(&self) {
         let (done, finished) = oneshot::channel();
@@ -403,6 +492,17 @@ enum Route {
     Offer(String, Arc<Envelope>),
     /// A duplicate: only say whether the recipient is connected.
     Disposition(String),
+    /// An address now names this account: move the watches on it.
+    Rebind {
+        address: String,
+        account: String,
+    },
+    /// Register resolved watches: (identifier, account) and last_seen values read here.
+    Watch {
+        watchlist: Arc<Watchlist>,
+        targets: Vec<(String, Option<String>)>,
+        persisted: HashMap<String, u64>,
+    },
 }
 
 struct Applied {
@@ -563,6 +663,21 @@ impl Worker {
                     disposition: disposition(self.router.is_connected(&recipient)),
                 })
             }
+            (done, Route::Rebind { address, account }) => {
+                self.router.rebind(&address, &account);
+                done
+            }
+            (
+                done,
+                Route::Watch {
+                    watchlist,
+                    targets,
+                    persisted,
+                },
+            ) => {
+                self.router.watch(&watchlist, targets, &persisted);
+                done
+            }
             (done, _) => done,
         }
     }
@@ -613,7 +728,72 @@ fn apply(conn: &Connection, op: Op) -> rusqlite::Result<Applied> {
             recipient,
             envelope,
             limits,
-        } => append(conn, recipient, envelope, &limits),
+        } => {
+            let account = match recipient {
+                Named::Account(account) => account,
+                Named::Address(address) => match bound_account(conn, &address)? {
+                    Some(account) => account,
+                    None => {
+                        return Ok(Applied::done(Done::Append(AppendOutcome::UnknownRecipient)))
+                    }
+                },
+            };
+            append(conn, account, envelope, &limits)
+        }
+        Op::BindAddress {
+            address,
+            account,
+            now_ms,
+        } => {
+            let previous = bound_account(conn, &address)?;
+            conn.prepare_cached(
+                "INSERT INTO addresses (address, account, bound_ms) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (address) DO UPDATE SET account = excluded.account,
+                                                     bound_ms = excluded.bound_ms",
+            )?
+            .execute(params![address, account, to_sql(now_ms)])?;
+            let route = if previous.as_deref() == Some(account.as_str()) {
+                Route::None
+            } else {
+                Route::Rebind { address, account }
+            };
+            Ok(Applied {
+                done: Done::Unit,
+                delta: Delta::default(),
+                route,
+            })
+        }
+        Op::ResolveAddress { address } => {
+            Ok(Applied::done(Done::Account(bound_account(conn, &address)?)))
+        }
+        Op::Watch { watchlist, targets } => {
+            let mut resolved = Vec::with_capacity(targets.len());
+            let mut persisted = HashMap::new();
+            for (identifier, named) in targets {
+                let account = match named {
+                    Some(Named::Account(account)) => Some(account),
+                    Some(Named::Address(address)) => bound_account(conn, &address)?,
+                    None => None,
+                };
+                if let Some(account) = &account {
+                    if !persisted.contains_key(account) {
+                        if let Some(ms) = last_seen(conn, account)? {
+                            persisted.insert(account.clone(), ms);
+                        }
+                    }
+                }
+                resolved.push((identifier, account));
+            }
+            Ok(Applied {
+                done: Done::Unit,
+                delta: Delta::default(),
+                route: Route::Watch {
+                    watchlist,
+                    targets: resolved,
+                    persisted,
+                },
+            })
+        }
         Op::Fetch {
             account,
             after,
@@ -697,14 +877,10 @@ fn apply(conn: &Connection, op: Op) -> rusqlite::Result<Applied> {
             Ok(Applied::done(Done::Unit))
         }
         Op::LastSeen { accounts } => {
-            let mut stmt = conn.prepare_cached(
-                "SELECT last_seen_ms FROM accounts WHERE name = ?1 AND last_seen_ms IS NOT NULL",
-            )?;
             let mut found = HashMap::new();
             for account in accounts {
-                let ms: Option<i64> = stmt.query_row([&account], |r| r.get(0)).optional()?;
-                if let Some(ms) = ms {
-                    found.insert(account, from_sql(ms));
+                if let Some(ms) = last_seen(conn, &account)? {
+                    found.insert(account, ms);
                 }
             }
             Ok(Applied::done(Done::LastSeen(found)))
@@ -737,6 +913,23 @@ fn apply(conn: &Connection, op: Op) -> rusqlite::Result<Applied> {
             })
         }
     }
+}
+
+/// The account `address` is bound to.
+fn bound_account(conn: &Connection, address: &str) -> rusqlite::Result<Option<String>> {
+    conn.prepare_cached("SELECT account FROM addresses WHERE address = ?1")?
+        .query_row([address], |r| r.get(0))
+        .optional()
+}
+
+fn last_seen(conn: &Connection, account: &str) -> rusqlite::Result<Option<u64>> {
+    let ms: Option<i64> = conn
+        .prepare_cached(
+            "SELECT last_seen_ms FROM accounts WHERE name = ?1 AND last_seen_ms IS NOT NULL",
+        )?
+        .query_row([account], |r| r.get(0))
+        .optional()?;
+    Ok(ms.map(from_sql))
 }
 
 fn uncount(conn: &Connection, account: &str, count: i64, bytes: i64) -> rusqlite::Result<()> {

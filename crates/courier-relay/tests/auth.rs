@@ -203,9 +203,14 @@ async fn a_valid_token_yields_authenticated() {
         };
         assert_eq!(user_id, "alice");
         assert_eq!(username, "alice");
+        // What is implemented, and nothing else: no `group_delivery_v3` yet.
         assert_eq!(
             capabilities,
-            vec!["mailbox_v1".to_owned(), "presence_watch_v1".to_owned()]
+            vec![
+                "address_routing_v1".to_owned(),
+                "mailbox_v1".to_owned(),
+                "presence_watch_v1".to_owned()
+            ]
         );
         let challenge = address_challenge.expect("a challenge");
         assert_eq!(challenge.len(), 44);

@@ -74,7 +74,6 @@ async fn unknown_and_invalid_frames_are_answered_and_the_connection_stays() {
     }
     // Frames of features not advertised yet are unknown to this relay.
     let unsupported = [
-        json!({"type": "DeclareAddress", "address": "off1x", "public_key": "k", "signature": "s"}),
         json!({"type": "CreateGroup", "group_id": "g", "name": "G"}),
         json!({"type": "SendGroupMessage", "group_id": "g", "content": "x", "message_id": "m"}),
     ];
@@ -189,16 +188,18 @@ async fn past_the_burst_frames_are_rate_limited_and_dropped() {
         unreachable!()
     };
     assert_eq!(rate_limit.map(|r| (r.burst, r.per_sec)), Some((3, 1)));
-    // DeclareAddress costs nothing.
-    for _ in 0..2 {
+    // DeclareAddress costs nothing, whether refused or a second one.
+    for reason in ["malformed", "already_declared"] {
         c.send_json(json!({"type": "DeclareAddress", "address": "off1x", "public_key": "k", "signature": "s"}))
             .await;
         let answer = c
-            .next_where(|f| matches!(f, RelayFrame::Error { .. }))
+            .next_where(|f| matches!(f, RelayFrame::AddressError { .. }))
             .await;
         assert_eq!(
             answer,
-            RelayFrame::error("unknown_type", Some("DeclareAddress"))
+            RelayFrame::AddressError {
+                reason: reason.into()
+            }
         );
     }
     for seq in 1..=3 {
@@ -265,8 +266,14 @@ async fn without_a_mailbox_nothing_is_journaled() {
     else {
         unreachable!()
     };
-    // Presence watching does not depend on the mailbox.
-    assert_eq!(capabilities, vec!["presence_watch_v1".to_owned()]);
+    // Address routing and presence watching do not depend on the mailbox.
+    assert_eq!(
+        capabilities,
+        vec![
+            "address_routing_v1".to_owned(),
+            "presence_watch_v1".to_owned()
+        ]
+    );
     assert_eq!(mailbox, None);
 
     let mut alice = relay.client().await;
