@@ -6,6 +6,10 @@
 //! per-account `seq`, and stays until acked or expired; offline recipients get it in their
 //! next connection's drain.
 //!
+//! A connection may prove an identity key (`DeclareAddress`, §4): from the next frame on, its
+//! frames are stamped with the key's `off1` address, and the address (bound in SQLite to the
+//! account that declared it last) names that account as a recipient and in presence queries.
+//!
 //! Task layout, per connection: a reader that handles frames strictly in arrival order and a
 //! writer that owns the socket's sending half (answers, presence pushes, drain, live frames,
 //! pings). The store is one thread with one SQLite connection; the router maps accounts to
