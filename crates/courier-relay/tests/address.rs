@@ -403,13 +403,17 @@ async fn frames_are_stamped_by_the_identity_in_force_when_read() {
     let (mut alice, challenge) = connect(&relay, "alice").await;
     alice.send(&declaration(&k, "alice", &challenge)).await;
     alice.send_message("bob", "after", "x").await;
+    // The answer comes first; the drain it started and the SendMessage's answer follow.
     assert_eq!(alice.next_frame().await, declared(&address));
-    // The answer came first, then the drain it started, then the SendMessage's answer.
-    assert_eq!(
-        alice.next_frame().await,
-        RelayFrame::DrainComplete { count: 0 }
+    assert_sent(
+        &alice
+            .next_where(|f| matches!(f, RelayFrame::MessageSent { .. }))
+            .await,
+        "after",
+        "bob",
+        "stored",
     );
-    assert_sent(&alice.next_frame().await, "after", "bob", "stored");
+    assert_eq!(alice.drain_complete().await, 0);
     alice.close().await;
 
     // SendMessage read before the declaration, then DeclareAddress, then SendMessage.
@@ -847,4 +851,68 @@ async fn a_version_2_database_gains_address_bindings_and_keeps_its_journal() {
         )
         .unwrap();
     assert_eq!(bound, "bob");
+}
+
+/// A watch on an address and a declaration of it, racing on two connections: whichever the
+/// relay commits first, the watch ends up told the truth (the binding is either in the watch's
+/// resolution or moves the watch afterwards).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_racing_a_declaration_ends_with_the_bound_account_s_status() {
+    let relay = TestRelay::start().await;
+    let mut alice = relay.online("alice").await;
+    for i in 0..16u8 {
+        let k = key(100 + i);
+        let address = k.address().to_string();
+        let account = format!("racer{i}");
+        let (mut racer, challenge) = connect(&relay, &account).await;
+        let frame = declaration(&k, &account, &challenge);
+        let watch = ClientFrame::WatchPresence {
+            users: vec![address.clone()],
+        };
+        let ((), ()) = tokio::join!(racer.send(&frame), alice.send(&watch));
+        assert_eq!(declaration_answer(&mut racer).await, declared(&address));
+        let mut seen = vec![next_status(&mut alice, &address).await.0];
+        seen.extend(statuses_for(&alice.until_synced().await, &address));
+        assert!(
+            seen == [true] || seen == [false, true],
+            "round {i}: statuses {seen:?}"
+        );
+        racer.close().await;
+        assert!(!next_status(&mut alice, &address).await.0);
+        alice
+            .send(&ClientFrame::UnwatchPresence {
+                users: vec![address],
+            })
+            .await;
+    }
+}
+
+/// A frame named by address belongs to the account the address resolved to when it was
+/// accepted (§5): re-binding the address later does not move it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_frames_stay_with_the_account_the_address_named_at_acceptance() {
+    let relay = TestRelay::start().await;
+    let k = key(10);
+    let address = k.address().to_string();
+    online_as(&relay, "bob", &k).await.close().await;
+    let mut alice = relay.online("alice").await;
+    assert_sent(
+        &alice.send_and_answer(&address, "for-bob", "x").await,
+        "for-bob",
+        &address,
+        "stored",
+    );
+    let mut carol = online_as(&relay, "carol", &k).await;
+    assert_sent(
+        &alice.send_and_answer(&address, "for-carol", "y").await,
+        "for-carol",
+        &address,
+        "live",
+    );
+    assert_eq!(carol.received().await.message_id, "for-carol");
+    let mut bob = relay.client().await;
+    bob.authenticate("bob", true).await;
+    let (frames, count) = bob.drain().await;
+    assert_eq!(count, 1);
+    assert_eq!(frames[0].message_id, "for-bob");
 }
