@@ -337,8 +337,8 @@ fn the_fixture_is_a_version_1_database() {
 }
 
 #[test]
-fn a_version_1_database_is_migrated_to_version_2_keeping_every_row() {
-    assert_eq!(SCHEMA_VERSION, 2);
+fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
+    assert_eq!(SCHEMA_VERSION, 3);
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("v1.db");
     write_v1_database(&db);
@@ -346,13 +346,13 @@ fn a_version_1_database_is_migrated_to_version_2_keeping_every_row() {
 
     {
         let mut store = Store::open(&db).unwrap();
-        assert_eq!(store.schema_version().unwrap(), 2);
+        assert_eq!(store.schema_version().unwrap(), 3);
         assert_v1_rows_intact(&mut store);
         assert!(store.load_pending_inbound().unwrap().is_empty());
     }
-    assert_eq!(user_version(&db), 2);
+    assert_eq!(user_version(&db), 3);
 
-    // The version-1 objects are unchanged; exactly the new table and its index were added.
+    // The version-1 objects are unchanged; exactly the new tables and their indexes were added.
     let v2_schema = schema_of(&db);
     let added: Vec<_> = v2_schema
         .iter()
@@ -365,6 +365,7 @@ fn a_version_1_database_is_migrated_to_version_2_keeping_every_row() {
         vec![
             ("index", "pending_inbound_by_received_at"),
             ("index", "sqlite_autoindex_pending_inbound_1"),
+            ("table", "identity"),
             ("table", "pending_inbound"),
         ]
     );
@@ -388,55 +389,57 @@ fn a_version_1_database_is_migrated_to_version_2_keeping_every_row() {
             "received_at"
         ]
     );
-    let empty: i64 = conn
-        .query_row("SELECT COUNT(*) FROM pending_inbound", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(empty, 0);
+    for table in ["pending_inbound", "identity"] {
+        let empty: i64 = conn
+            .query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(empty, 0, "{table}");
+    }
     drop(conn);
 
     // And the migrated file keeps working across reopen.
     let mut store = Store::open(&db).unwrap();
-    assert_eq!(store.schema_version().unwrap(), 2);
+    assert_eq!(store.schema_version().unwrap(), 3);
     assert_v1_rows_intact(&mut store);
 }
 
 #[test]
-fn a_version_2_database_is_opened_untouched() {
+fn a_current_version_database_is_opened_untouched() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("v1.db");
     write_v1_database(&db);
-    drop(Store::open(&db).unwrap()); // now version 2, closed cleanly (WAL checkpointed)
+    drop(Store::open(&db).unwrap()); // now the current version, closed cleanly (WAL checkpointed)
     let schema = schema_of(&db);
     let before = fs::read(&db).unwrap();
 
     {
         let store = Store::open(&db).unwrap();
-        assert_eq!(store.schema_version().unwrap(), 2);
+        assert_eq!(store.schema_version().unwrap(), 3);
         assert_eq!(store.load_outbox().unwrap(), expected_outbox());
     }
     // No migration ran: not a byte of the database file changed (its header holds a change
     // counter that any committed write would bump), and the schema is the same.
     assert_eq!(fs::read(&db).unwrap(), before);
     assert_eq!(schema_of(&db), schema);
-    assert_eq!(user_version(&db), 2);
+    assert_eq!(user_version(&db), 3);
 
     let mut store = Store::open(&db).unwrap();
     assert_v1_rows_intact(&mut store);
 }
 
 #[test]
-fn a_database_newer_than_version_2_is_refused_and_left_untouched() {
+fn a_database_newer_than_the_current_version_is_refused_and_left_untouched() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("v3.db");
+    let db = dir.path().join("v4.db");
     write_v1_database(&db);
     drop(Store::open(&db).unwrap());
     {
-        // A version-3 build added something and bumped the version.
+        // A version-4 build added something and bumped the version.
         let conn = Connection::open(&db).unwrap();
         conn.execute_batch(
             "BEGIN;
              CREATE TABLE from_the_future (x INTEGER);
-             PRAGMA user_version = 3;
+             PRAGMA user_version = 4;
              COMMIT;",
         )
         .unwrap();
@@ -444,12 +447,12 @@ fn a_database_newer_than_version_2_is_refused_and_left_untouched() {
     let before = fs::read(&db).unwrap();
     match Store::open(&db).unwrap_err() {
         StoreError::NewerSchema { found, supported } => {
-            assert_eq!((found, supported), (3, 2));
+            assert_eq!((found, supported), (4, 3));
         }
         other => panic!("expected NewerSchema, got {other}"),
     }
     assert_eq!(fs::read(&db).unwrap(), before, "not a byte changed");
-    assert_eq!(user_version(&db), 3);
+    assert_eq!(user_version(&db), 4);
     let outbox: i64 = Connection::open(&db)
         .unwrap()
         .query_row("SELECT COUNT(*) FROM outbox", [], |r| r.get(0))
@@ -483,4 +486,20 @@ fn a_failed_migration_leaves_the_version_1_file_usable_by_version_1() {
         .query_row("SELECT COUNT(*) FROM outbox", [], |r| r.get(0))
         .unwrap();
     assert_eq!(outbox, 4);
+}
+
+#[test]
+fn the_identity_seed_is_created_once_and_never_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("id.db");
+    let first = {
+        let mut store = Store::open(&db).unwrap();
+        store.load_or_create_identity(1, || Ok([7u8; 32])).unwrap()
+    };
+    assert_eq!(first, [7u8; 32]);
+    let mut store = Store::open(&db).unwrap();
+    let again = store
+        .load_or_create_identity(2, || panic!("an existing identity must not be regenerated"))
+        .unwrap();
+    assert_eq!(again, first);
 }

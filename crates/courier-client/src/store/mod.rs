@@ -37,7 +37,7 @@ use std::time::Duration;
 use courier_engine::io::{
     EntryState, Millis, OutboxRecord, PendingInbound, ProcessedKey, Settlement, StoreOp,
 };
-use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
+use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use lock::LockFile;
 pub use schema::SCHEMA_VERSION;
@@ -250,6 +250,36 @@ impl Store {
     /// Every outbox entry, oldest accepted first.
     pub fn load_outbox(&self) -> Result<Vec<OutboxRecord>, StoreError> {
         outbox::load(&self.conn)
+    }
+
+    /// This profile's identity seed: the stored one, or — on the first start only — `generate()`'s,
+    /// committed before it is returned so a key is never used before it is durable. A store that
+    /// cannot be read fails here rather than minting a replacement.
+    pub fn load_or_create_identity(
+        &mut self,
+        now: Millis,
+        generate: impl FnOnce() -> Result<[u8; 32], String>,
+    ) -> Result<[u8; 32], StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let stored: Option<Vec<u8>> = tx
+            .query_row("SELECT seed FROM identity WHERE id = 1", [], |r| r.get(0))
+            .optional()?;
+        let seed = match stored {
+            Some(bytes) => <[u8; 32]>::try_from(bytes.as_slice())
+                .map_err(|_| StoreError::Corrupt("the identity seed is not 32 bytes".into()))?,
+            None => {
+                let seed = generate().map_err(StoreError::Corrupt)?;
+                tx.execute(
+                    "INSERT INTO identity (id, seed, created_at) VALUES (1, ?1, ?2)",
+                    rusqlite::params![seed.as_slice(), to_db(now)],
+                )?;
+                seed
+            }
+        };
+        tx.commit()?;
+        Ok(seed)
     }
 
     /// Every buffered inbound message (`pending_inbound`), oldest received first: the batch the

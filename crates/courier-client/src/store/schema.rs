@@ -17,7 +17,7 @@ use super::StoreError;
 /// One migration step: from version `i` to `i + 1` (its index in `MIGRATIONS`).
 pub(crate) type Migration = fn(&Transaction<'_>) -> rusqlite::Result<()>;
 
-pub(crate) const MIGRATIONS: &[Migration] = &[v1_initial, v2_pending_inbound];
+pub(crate) const MIGRATIONS: &[Migration] = &[v1_initial, v2_pending_inbound, v3_identity];
 
 /// The schema version this build writes and understands.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -78,6 +78,18 @@ fn v2_pending_inbound(tx: &Transaction<'_>) -> rusqlite::Result<()> {
              PRIMARY KEY (chat, sender, message_id)
          );
          CREATE INDEX pending_inbound_by_received_at ON pending_inbound (received_at);",
+    )
+}
+
+/// Version 3: this profile's identity key (identity.md §1). One row; the 32-byte Ed25519 seed is
+/// written before the key is used for anything and never replaced.
+fn v3_identity(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "CREATE TABLE identity (
+             id         INTEGER PRIMARY KEY CHECK (id = 1),
+             seed       BLOB    NOT NULL CHECK (length(seed) = 32),
+             created_at INTEGER NOT NULL
+         );",
     )
 }
 
