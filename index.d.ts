@@ -37,6 +37,8 @@ export declare class NativeProtocol {
   hookDone(batchId: number, ok: boolean, reason?: string | undefined | null): void
   /** The facade's report on a frame an app carrier was handed (`__local_transmit`). */
   localTransmitDone(messageId: string, sendSeq: number, ok: boolean, reason?: string | undefined | null): void
+  /** This device's `off1` address (after `start()`). */
+  localAddress(): string
   internetPresenceWatchlist(): Array<string>
   get isStarted(): boolean
 }

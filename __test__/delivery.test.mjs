@@ -14,7 +14,9 @@ test('a message is delivered and acknowledged end to end', async (t) => {
   const id = await alice.protocol.sendMessage('bob', 'hello bob', { priority: 'high', metadata: { k: 'v' } })
   const received = await waitFor(bob.recorder, (e) => e.type === 'message_received' && e.messageId === id)
   assert.equal(received.content, 'hello bob')
-  assert.equal(received.sender, 'alice')
+  // Senders are named by their identity address, which the relay verified and stamps.
+  assert.equal(received.sender, alice.protocol.localAddress())
+  assert.match(received.sender, /^off1[a-z0-9]{40}$/)
   assert.deepEqual(received.metadata, { k: 'v' })
   const delivered = await waitFor(alice.recorder, (e) => e.type === 'message_delivered' && e.messageId === id)
   assert.equal(delivered.recipient, 'bob')

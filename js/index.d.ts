@@ -142,6 +142,8 @@ export interface NeighborDiscoveredEvent { type: 'neighbor_discovered'; peerId: 
 export interface NeighborLostEvent { type: 'neighbor_lost'; peerId: string; transport: string }
 /** `reasonCode` e.g. `INBOUND_RETENTION_EXPIRED` (a buffered message the hook never committed within 7 days). */
 export interface SecurityWarningEvent { type: 'security_warning'; peerId: string; reasonCode: string; reason: string }
+/** First event of every start: the address this device sends as (its identity key is persisted in storage). */
+export interface IdentityReadyEvent { type: 'identity_ready'; address: string }
 export interface InternetStatusChangedEvent { type: 'internet_status_changed'; connected: boolean; authenticated: boolean }
 export interface InternetSessionSupersededEvent { type: 'internet_session_superseded'; reason: string }
 /** A relay frame the engine does not consume, verbatim. */
@@ -163,6 +165,7 @@ export type ProtocolEvent =
   | NeighborDiscoveredEvent
   | NeighborLostEvent
   | SecurityWarningEvent
+  | IdentityReadyEvent
   | InternetStatusChangedEvent
   | InternetSessionSupersededEvent
   | InternetServerMessageEvent
@@ -209,6 +212,8 @@ export class Protocol {
   neighborLost(peerId: string, transport: string): void
   /** Bytes that arrived from `peerId` on `transport`. Invalid frames are dropped with a `diagnostic`. */
   receiveFrame(transport: string, peerId: string, frame: Uint8Array | string): void
+  /** This device's `off1…` address, derived from its persisted identity key. Throws `ERR_NOT_STARTED` before `start()`. */
+  localAddress(): string
   /** Recipients of pending and parked messages, whose presence the engine watches itself. */
   internetPresenceWatchlist(): string[]
   /** Listeners run on the JS thread in event order. Returns the unsubscribe function. */

@@ -205,6 +205,11 @@ class Protocol {
     callSync(() => this.#native.receiveFrame(transport, peerId, bytes))
   }
 
+  /** This device's `off1…` address, derived from its identity key (after `start()`). */
+  localAddress() {
+    return callSync(() => this.#native.localAddress())
+  }
+
   /** Recipients of pending and parked messages: the peers whose presence the engine watches. */
   internetPresenceWatchlist() {
     return callSync(() => this.#native.internetPresenceWatchlist())

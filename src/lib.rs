@@ -251,6 +251,12 @@ impl NativeProtocol {
         Ok(())
     }
 
+    /// This device's `off1` address (after `start()`).
+    #[napi]
+    pub fn local_address(&self) -> Result<String> {
+        Ok(self.started()?.local_address().to_owned())
+    }
+
     #[napi]
     pub fn internet_presence_watchlist(&self) -> Result<Vec<String>> {
         Ok(self.started()?.presence_watchlist())

@@ -7,7 +7,7 @@ use std::thread;
 use courier_engine::{Carrier, DiagnosticLevel, Engine, InboundOrigin, SendRequest, Stats};
 use courier_proto::limits::{is_reserved_content, MAX_CONTENT_BYTES, MAX_FRAME_BYTES};
 use courier_proto::message::RESERVED_METADATA_KEYS;
-use courier_proto::{validate_identifier, ContentType, Message, Priority};
+use courier_proto::{validate_identifier, ContentType, IdentityKey, Message, Priority};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -35,6 +35,8 @@ pub struct SendInput {
 }
 
 pub struct Client {
+    /// This device's `off1` address, derived from its persisted identity key.
+    address: String,
     driver: DriverTx,
     relay_tx: Option<tokio_mpsc::UnboundedSender<RelayOut>>,
     stats: Arc<Mutex<Stats>>,
@@ -85,7 +87,15 @@ impl Client {
             config.engine.dedup_max_entries,
         )?;
         let pending_inbound = store.load_pending_inbound()?;
-        let mut engine = Engine::new(config.engine.clone(), config.local_identity.clone());
+        // The identity is durable before anything uses it, and never replaced (identity.md §1).
+        let seed = store.load_or_create_identity(now, || {
+            IdentityKey::generate()
+                .map(|key| key.seed())
+                .map_err(|e| format!("cannot generate an identity key: {e}"))
+        })?;
+        let identity = IdentityKey::from_seed(seed);
+        let address = identity.address().to_string();
+        let mut engine = Engine::new(config.engine.clone(), address.clone());
         engine.restore(records, processed, now);
         engine.restore_inbound(pending_inbound, now);
 
@@ -99,6 +109,10 @@ impl Client {
             }
         });
         let (driver_tx, driver_rx) = driver::channel();
+        // The first event of every start: the address this device sends as.
+        driver_tx.send(Command::Emit(ClientEvent::IdentityReady {
+            address: address.clone(),
+        }));
         let relay = config.internet.as_ref().map(|internet| {
             let (tx, rx) = tokio_mpsc::unbounded_channel();
             let settings = RelaySettings {
@@ -106,6 +120,7 @@ impl Client {
                 token: internet.auth_token.clone(),
                 tls: tls.clone(),
                 auto_reconnect: internet.auto_reconnect,
+                identity: identity.clone(),
             };
             let task = runtime.spawn(relay::run(settings, rx, driver_tx.clone()));
             (tx, task)
@@ -124,7 +139,7 @@ impl Client {
             },
             rebuild: Rebuild {
                 config: config.engine.clone(),
-                local_identity: config.local_identity.clone(),
+                local_identity: address.clone(),
                 carriers_up: Default::default(),
             },
             engine,
@@ -142,6 +157,7 @@ impl Client {
             None => (None, None),
         };
         Ok(Self {
+            address,
             driver: driver_tx,
             relay_tx,
             stats,
@@ -183,6 +199,10 @@ impl Client {
     /// The counts as of the driver's last step.
     pub fn stats(&self) -> Stats {
         self.stats.lock().map(|s| *s).unwrap_or_default()
+    }
+
+    pub fn local_address(&self) -> &str {
+        &self.address
     }
 
     /// The recipients whose presence the engine watches: those of pending and parked messages.

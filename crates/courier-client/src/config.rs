@@ -13,8 +13,6 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine as _;
 use courier_engine::Config;
 use serde_json::{Map, Value};
 
@@ -140,8 +138,6 @@ pub struct ProtocolConfig {
     pub has_durability_hook: bool,
     pub inbound_durability_hook_timeout_ms: u64,
     pub log_level: LogLevel,
-    /// This device's sender name; see [`local_identity`].
-    pub local_identity: String,
     /// Valid but questionable settings, for the runtime to surface as `diagnostic` events.
     pub warnings: Vec<String>,
 }
@@ -224,8 +220,6 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
         })?,
     };
 
-    let local_identity = local_identity(app_id, internet.as_ref(), &mut warnings);
-
     Ok(ProtocolConfig {
         app_id: app_id.to_owned(),
         storage,
@@ -235,7 +229,6 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
         has_durability_hook,
         inbound_durability_hook_timeout_ms,
         log_level,
-        local_identity,
         warnings,
     })
 }
@@ -434,54 +427,6 @@ fn parse_reliability(reliability: &Section<'_>, engine: &mut Config) -> Result<(
     Ok(())
 }
 
-/// This device's sender name, until end-to-end identities (`off1…` addresses) land.
-///
-/// The relay authenticates the connection by the JWT's `sub` and stamps every frame it
-/// forwards with that account name; the receiver strict-matches the stamp against
-/// `Message.sender` (`TRANSPORT_IDENTITY_MISMATCH` otherwise). So with a relay, the only
-/// sender name that works is the token's `sub`. The token is read without verifying its
-/// signature: it is our own credential, and the relay — which holds the secret — verifies it
-/// on connect; a forged `sub` here would only get our own frames refused.
-///
-/// Without an internet transport (local carriers only), or when the token has no readable
-/// `sub`, there is no account name to match, and `appId` — the one name the config always
-/// carries — is used so the device still has a stable sender name. The second case is surfaced
-/// as a warning, because the relay would then refuse or mis-attribute our frames.
-fn local_identity(
-    app_id: &str,
-    internet: Option<&InternetConfig>,
-    warnings: &mut Vec<String>,
-) -> String {
-    let Some(internet) = internet else {
-        return app_id.to_owned();
-    };
-    match jwt_subject(&internet.auth_token) {
-        Some(sub) => sub,
-        None => {
-            warnings.push(format!(
-                "transports.internet.authToken has no readable `sub` claim; this device sends as \
-                 {app_id:?} (appId)"
-            ));
-            app_id.to_owned()
-        }
-    }
-}
-
-/// The `sub` claim of a compact JWT, decoded without verification. `None` unless it is a valid
-/// identifier.
-fn jwt_subject(token: &str) -> Option<String> {
-    let mut parts = token.trim().split('.');
-    let (_header, payload, _signature) = (parts.next()?, parts.next()?, parts.next()?);
-    if parts.next().is_some() {
-        return None;
-    }
-    let bytes = URL_SAFE_NO_PAD.decode(payload.trim_end_matches('=')).ok()?;
-    let claims: Value = serde_json::from_slice(&bytes).ok()?;
-    let sub = claims.get("sub")?.as_str()?;
-    courier_proto::validate_identifier(sub).ok()?;
-    Some(sub.to_owned())
-}
-
 /// One JSON object of the config, at `path`, whose keys were checked against the known ones.
 struct Section<'a> {
     path: String,
@@ -642,26 +587,5 @@ mod tests {
         ] {
             assert!(!is_loopback_host(h), "{h}");
         }
-    }
-
-    #[test]
-    fn jwt_subject_decoding() {
-        let token = |payload: &str| {
-            format!(
-                "eyJhbGciOiJIUzI1NiJ9.{}.c2ln",
-                URL_SAFE_NO_PAD.encode(payload)
-            )
-        };
-        assert_eq!(
-            jwt_subject(&token(r#"{"sub":"alice","exp":1}"#)).as_deref(),
-            Some("alice")
-        );
-        assert_eq!(jwt_subject(&token(r#"{"exp":1}"#)), None);
-        assert_eq!(jwt_subject(&token(r#"{"sub":""}"#)), None);
-        assert_eq!(jwt_subject(&token(r#"{"sub":"a/b"}"#)), None);
-        assert_eq!(jwt_subject(&token("not json")), None);
-        assert_eq!(jwt_subject("opaque-token"), None);
-        assert_eq!(jwt_subject("a.b.c.d"), None);
-        assert_eq!(jwt_subject("a.!!!.c"), None);
     }
 }

@@ -25,6 +25,10 @@ pub enum ClientEvent {
         message: String,
         target: &'static str,
     },
+    /// This device's identity is loaded (or was just created): its address.
+    IdentityReady {
+        address: String,
+    },
     PresenceUpdated {
         peer_id: String,
         online: bool,
@@ -96,6 +100,9 @@ impl ClientEvent {
             }
             Self::InternetServerMessage { json } => {
                 json!({"type": "internet_server_message", "json": json})
+            }
+            Self::IdentityReady { address } => {
+                json!({"type": "identity_ready", "address": address})
             }
             Self::PresenceUpdated {
                 peer_id,

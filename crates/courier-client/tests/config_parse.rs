@@ -87,7 +87,6 @@ fn minimal_config_gets_every_default() {
     assert!(!c.has_durability_hook);
     assert_eq!(c.inbound_durability_hook_timeout_ms, 30_000);
     assert_eq!(c.log_level, LogLevel::Warn);
-    assert_eq!(c.local_identity, "chat");
     assert!(c.warnings.is_empty(), "{:?}", c.warnings);
 
     let e = &c.engine;
@@ -116,7 +115,6 @@ fn the_api_example_parses() {
     assert_eq!(i.ca_certificates, None);
     assert_eq!(c.engine.ack_timeout_ms, 5000);
     assert_eq!(c.engine.max_retries, 5);
-    assert_eq!(c.local_identity, "alice");
     // The token never shows in debug output.
     assert!(!format!("{c:?}").contains(&i.auth_token));
 }
@@ -207,7 +205,6 @@ fn every_option_set() {
     let i = c.internet.as_ref().unwrap();
     assert!(i.tls && !i.host_is_loopback && !i.auto_reconnect);
     assert_eq!(i.ca_certificates.as_deref(), Some(pem));
-    assert_eq!(c.local_identity, "medic-7");
     let e = &c.engine;
     assert_eq!(e.app_id, "field-ops");
     assert_eq!((e.ack_timeout_ms, e.max_pending_acks), (1, 1));
@@ -675,36 +672,6 @@ fn ca_certificates_must_be_pem() {
         "{:?}",
         c.warnings
     );
-}
-
-#[test]
-fn local_identity_comes_from_the_token_subject() {
-    let token = |claims: Value| internet_with(json!({ "authToken": jwt(claims) }));
-    assert_eq!(
-        ok(token(json!({ "sub": "bob", "exp": 9 }))).local_identity,
-        "bob"
-    );
-
-    // No readable subject: fall back to appId, and say so.
-    for v in [
-        token(json!({ "exp": 9 })),
-        token(json!({ "sub": 42 })),
-        token(json!({ "sub": "" })),
-        internet_with(json!({ "authToken": "opaque-api-key" })),
-        internet_with(json!({ "authToken": "a.%%%.c" })),
-    ] {
-        let c = ok(v);
-        assert_eq!(c.local_identity, "chat");
-        assert!(
-            c.warnings.iter().any(|w| w.contains("sub")),
-            "{:?}",
-            c.warnings
-        );
-    }
-    // Without an internet transport there is no account name: appId, no warning.
-    let c = ok(base());
-    assert_eq!(c.local_identity, "chat");
-    assert!(c.warnings.is_empty());
 }
 
 // ---- encryption ----

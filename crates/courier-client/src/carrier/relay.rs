@@ -12,7 +12,11 @@ use courier_engine::{Carrier, DiagnosticLevel, InboundOrigin, RelayAnswer};
 use courier_proto::limits::{
     close, CAP_MAILBOX, CAP_PRESENCE_WATCH, MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_FRAME_BYTES,
 };
-use courier_proto::{ClientFrame, DecodeError, Disposition, Message, RelayFrame};
+use courier_proto::security::{RELAY_ADDRESS_BINDING_MISMATCH, RELAY_ADDRESS_DECLARATION_REFUSED};
+use courier_proto::{
+    declare_address_after_auth, ClientFrame, DecodeError, Disposition, IdentityKey, Message,
+    RelayFrame,
+};
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::{sleep_until, timeout};
@@ -81,6 +85,8 @@ pub struct RelaySettings {
     pub token: String,
     pub tls: Option<Arc<rustls::ClientConfig>>,
     pub auto_reconnect: bool,
+    /// Proves this device's address to the relay on every connection (relay-protocol §4).
+    pub identity: IdentityKey,
 }
 
 /// Why a connection ended, which decides what happens next.
@@ -109,7 +115,9 @@ pub async fn run(
         let loss = match connect(&settings, &mut rx, &driver, &mut presence).await {
             Ok(Some(ws)) => {
                 attempt = 0;
-                Session::new(ws, &driver, &mut presence).run(&mut rx).await
+                Session::new(ws, &settings.identity, &driver, &mut presence)
+                    .run(&mut rx)
+                    .await
             }
             Ok(None) => Loss::Stopped,
             Err(loss) => loss,
@@ -259,6 +267,8 @@ async fn connect(
 }
 
 pub struct Authenticated {
+    username: String,
+    address_challenge: Option<String>,
     capabilities: Vec<String>,
     rate_limit: Option<courier_proto::RateLimitInfo>,
 }
@@ -269,11 +279,15 @@ async fn await_authenticated(ws: &mut Ws) -> Result<Authenticated, Loss> {
         match msg {
             WsMessage::Text(text) => match RelayFrame::decode(text.as_str()) {
                 Ok(RelayFrame::Authenticated {
+                    username,
+                    address_challenge,
                     capabilities,
                     rate_limit,
                     ..
                 }) => {
                     return Ok(Authenticated {
+                        username,
+                        address_challenge,
                         capabilities: bounded_capabilities(capabilities),
                         rate_limit,
                     });
@@ -330,6 +344,9 @@ struct Session<'a> {
     acks: VecDeque<String>,
     /// Journal frames received and released on this connection (the relay `Ack`s).
     releases: Releases,
+    /// The `DeclareAddress` frame to write before anything else, and the address it declares.
+    declaration: Option<String>,
+    declared: Option<String>,
     sends: VecDeque<(String, u64, String, String)>,
     unanswered: HashMap<String, Unanswered>,
     last_heard: Instant,
@@ -339,6 +356,7 @@ struct Session<'a> {
 impl<'a> Session<'a> {
     fn new(
         (ws, auth): (Ws, Authenticated),
+        identity: &IdentityKey,
         driver: &'a DriverTx,
         presence: &'a mut PresenceWatch,
     ) -> Self {
@@ -358,13 +376,35 @@ impl<'a> Session<'a> {
             unanswered: HashMap::new(),
             last_heard: now,
             last_ping: now,
+            declaration: None,
+            declared: None,
         };
+        // Order is load-bearing (§4.3): the declaration is the very next frame, before any
+        // queued frame is flushed, or those frames keep the account name for good.
+        match declare_address_after_auth(
+            identity,
+            &auth.capabilities,
+            Some(auth.username.as_str()),
+            auth.address_challenge.as_deref(),
+        ) {
+            Ok(frame) => {
+                session.declaration = Some(frame.encode());
+                session.declared = Some(identity.address().to_string());
+            }
+            Err(e) => diagnostic(
+                driver,
+                DiagnosticLevel::Info,
+                format!("address declaration skipped: {}", e.reason()),
+            ),
+        }
         if auth.capabilities.iter().any(|c| c == CAP_MAILBOX) {
-            // The relay starts the backlog drain at our first frame after Authenticated, or only
-            // after a 2 s grace. Until address declaration is sent here, an `AckUpTo{0}` (which
-            // releases nothing: seqs start at 1) is that first frame, so the backlog and live
-            // traffic flow at once.
-            session.releases.announce();
+            // The relay starts the backlog drain once it answered our declaration, or at our
+            // first other frame, or only after a 2 s grace. Without a declaration, an
+            // `AckUpTo{0}` (which releases nothing: seqs start at 1) is that first frame, so the
+            // backlog and live traffic flow at once.
+            if session.declaration.is_none() {
+                session.releases.announce();
+            }
             // Until DrainComplete, what arrives is the backlog (batched for a durability hook).
             driver.send(Command::DrainStarted);
         }
@@ -575,6 +615,26 @@ impl<'a> Session<'a> {
                 self.forward(text);
             }
             RelayFrame::SessionSuperseded { reason } => return Err(Loss::Superseded(reason)),
+            RelayFrame::AddressDeclared { ref address } => {
+                // Checked and reported, never acted on (§4.3).
+                if self.declared.as_deref().is_some_and(|own| own != address) {
+                    self.security_warning(
+                        address.clone(),
+                        RELAY_ADDRESS_BINDING_MISMATCH,
+                        "the relay bound an address other than the one this device declared",
+                    );
+                }
+                self.forward(text);
+            }
+            RelayFrame::AddressError { .. } => {
+                let own = self.declared.clone().unwrap_or_default();
+                self.security_warning(
+                    own,
+                    RELAY_ADDRESS_DECLARATION_REFUSED,
+                    "the relay refused this device's address declaration: new end-to-end sessions cannot be set up over it",
+                );
+                self.forward(text);
+            }
             RelayFrame::PresenceStatus {
                 user_id,
                 online,
@@ -656,6 +716,17 @@ impl<'a> Session<'a> {
         }
     }
 
+    /// A fixed local reason: the relay's own text never reaches an event.
+    fn security_warning(&self, peer_id: String, reason_code: &'static str, reason: &str) {
+        self.driver.send(Command::Emit(ClientEvent::Engine(Box::new(
+            courier_engine::Event::SecurityWarning {
+                peer_id,
+                reason_code,
+                reason: reason.to_owned(),
+            },
+        ))));
+    }
+
     fn forward(&self, text: &str) {
         self.driver
             .send(Command::Emit(ClientEvent::InternetServerMessage {
@@ -670,6 +741,10 @@ impl<'a> Session<'a> {
     /// Writes what the bucket can fund, then enforces the write-ack and keepalive deadlines.
     async fn flush_and_check(&mut self) -> Result<(), Loss> {
         let now = Instant::now();
+        // Unmetered (§11), and first.
+        if let Some(frame) = self.declaration.take() {
+            self.write(frame).await?;
+        }
         while self.has_frames() {
             if !self.bucket.try_take(Instant::now()) {
                 break;
