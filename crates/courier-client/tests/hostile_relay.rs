@@ -1,0 +1,197 @@
+//! A relay that lies about the address it bound, or refuses the declaration: the client reports
+//! it as a security warning, keeps the connection, and its `DeclareAddress` is provably the first
+//! frame after authentication — before the outbox flush.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use courier_client::client::{Client, SendInput};
+use courier_client::config::parse_protocol_config;
+use courier_client::event::ClientEvent;
+use courier_engine::Event;
+use courier_proto::{verify_declaration, Address, ClientFrame, RelayFrame};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+
+const CHALLENGE: [u8; 32] = [9; 32];
+
+/// How the fake relay answers a valid declaration.
+#[derive(Clone, Copy)]
+enum Answer {
+    BindAnotherAddress,
+    Refuse,
+}
+
+/// Accepts one connection; authenticates anyone as `alice` with `address_routing_v1` once told
+/// to (so the client can queue a message first); answers the declaration as told; returns the
+/// frames read after `Authenticate`, in order, once it has seen a `SendMessage`.
+async fn fake_relay(
+    answer: Answer,
+) -> (
+    String,
+    oneshot::Sender<()>,
+    oneshot::Receiver<Vec<ClientFrame>>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}", listener.local_addr().unwrap());
+    let (go_tx, go_rx) = oneshot::channel::<()>();
+    let (frames_tx, frames_rx) = oneshot::channel();
+    tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.unwrap();
+        let mut ws = tokio_tungstenite::accept_async(tcp).await.unwrap();
+        let _authenticate = ws.next().await.unwrap().unwrap();
+        go_rx.await.unwrap();
+        let authenticated = RelayFrame::Authenticated {
+            user_id: "alice".into(),
+            username: "alice".into(),
+            capabilities: vec!["address_routing_v1".into()],
+            address_challenge: Some(base64::engine::general_purpose::STANDARD.encode(CHALLENGE)),
+            rate_limit: None,
+            mailbox: None,
+        };
+        ws.send(WsMessage::text(authenticated.encode()))
+            .await
+            .unwrap();
+        let mut frames = Vec::new();
+        while let Some(Ok(msg)) = ws.next().await {
+            let WsMessage::Text(text) = msg else { continue };
+            let frame = ClientFrame::decode(text.as_str()).unwrap();
+            if let ClientFrame::DeclareAddress {
+                address,
+                public_key,
+                signature,
+            } = &frame
+            {
+                let bound = verify_declaration("alice", &CHALLENGE, address, public_key, signature)
+                    .expect("the client's proof verifies");
+                let reply = match answer {
+                    Answer::BindAnotherAddress => RelayFrame::AddressDeclared {
+                        address: Address::from_hash([0xab; 20]).to_string(),
+                    },
+                    Answer::Refuse => RelayFrame::AddressError {
+                        reason: "bad_signature".into(),
+                    },
+                };
+                assert_eq!(bound.to_string(), *address);
+                ws.send(WsMessage::text(reply.encode())).await.unwrap();
+            }
+            let is_send = matches!(frame, ClientFrame::SendMessage { .. });
+            frames.push(frame);
+            if is_send {
+                let _ = frames_tx.send(frames);
+                break;
+            }
+        }
+        // Keep the socket open until the client goes away.
+        while ws.next().await.is_some() {}
+    });
+    (url, go_tx, frames_rx)
+}
+
+fn start_client(dir: &std::path::Path, url: &str) -> (Client, mpsc::Receiver<ClientEvent>) {
+    let config = parse_protocol_config(&json!({
+        "appId": "hostile",
+        "storage": { "path": dir.join("alice.db") },
+        "transports": { "internet": { "url": url, "authToken": courier_relay::issue_token(b"s", "alice", 60).unwrap() } },
+    }))
+    .unwrap();
+    let (tx, events) = mpsc::channel();
+    let sink = Box::new(move |e: ClientEvent| {
+        let _ = tx.send(e);
+    });
+    let client = Client::start(&config, sink, &tokio::runtime::Handle::current()).unwrap();
+    (client, events)
+}
+
+async fn wait_for(
+    events: &mpsc::Receiver<ClientEvent>,
+    what: &str,
+    pred: impl Fn(&ClientEvent) -> bool,
+) -> ClientEvent {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match events.try_recv() {
+            Ok(e) if pred(&e) => return e,
+            Ok(_) => {}
+            Err(mpsc::TryRecvError::Empty) => {
+                assert!(Instant::now() < deadline, "timed out waiting for {what}");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(mpsc::TryRecvError::Disconnected) => panic!("events ended before {what}"),
+        }
+    }
+}
+
+fn warning(e: &ClientEvent) -> Option<(String, &'static str)> {
+    match e {
+        ClientEvent::Engine(e) => match &**e {
+            Event::SecurityWarning {
+                peer_id,
+                reason_code,
+                ..
+            } => Some((peer_id.clone(), *reason_code)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+async fn scenario(answer: Answer) -> (Vec<ClientFrame>, (String, &'static str), String) {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, go, frames) = fake_relay(answer).await;
+    let (client, events) = start_client(dir.path(), &url);
+    // Queued before the relay even answers Authenticate: it must still go after the declaration.
+    client
+        .send(SendInput {
+            recipient: "bob".into(),
+            content: "queued".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    go.send(()).unwrap();
+    let frames = tokio::time::timeout(Duration::from_secs(10), frames)
+        .await
+        .unwrap()
+        .unwrap();
+    let found = wait_for(&events, "a security warning", |e| warning(e).is_some()).await;
+    wait_for(
+        &events,
+        "the answer forwarded verbatim",
+        |e| matches!(e, ClientEvent::InternetServerMessage { json } if json.contains("Address")),
+    )
+    .await;
+    let own = client.local_address().to_owned();
+    client.stop().await;
+    (frames, warning(&found).unwrap(), own)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_binding_another_address_is_reported_and_the_connection_keeps_working() {
+    let (frames, (peer, code), own) = scenario(Answer::BindAnotherAddress).await;
+    assert!(
+        matches!(frames[0], ClientFrame::DeclareAddress { ref address, .. } if *address == own)
+    );
+    assert!(matches!(
+        frames.last(),
+        Some(ClientFrame::SendMessage { .. })
+    ));
+    assert_eq!(code, "RELAY_ADDRESS_BINDING_MISMATCH");
+    assert_eq!(peer, Address::from_hash([0xab; 20]).to_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_declaration_is_reported_and_the_connection_keeps_working() {
+    let (frames, (peer, code), own) = scenario(Answer::Refuse).await;
+    assert!(matches!(frames[0], ClientFrame::DeclareAddress { .. }));
+    assert!(matches!(
+        frames.last(),
+        Some(ClientFrame::SendMessage { .. })
+    ));
+    assert_eq!(code, "RELAY_ADDRESS_DECLARATION_REFUSED");
+    assert_eq!(peer, own);
+}
