@@ -97,4 +97,14 @@ test('local carrier inputs are checked', async (t) => {
   // Garbage from a peer is the peer's fault: dropped with a diagnostic, never thrown at the app.
   alice.protocol.receiveFrame('pipe', 'mallory', new Uint8Array([1, 2, 3]))
   await waitFor(alice.recorder, (e) => e.type === 'diagnostic' && /mallory/.test(e.message))
+  // A control frame without a valid signature is dropped and reported, never delivered.
+  const forged = {
+    id: 'forged-1', sender: 'mallory', recipient: alice.protocol.localAddress(), app_id: 'test', priority: 'high',
+    ttl: 5, hop_count: 0, timestamp: Date.now(), lamport_clock: 1, content_type: 'text', content: '__CONN_REQ__{}',
+    metadata: {}, requires_ack: true, reply_to_msg: null,
+  }
+  alice.protocol.receiveFrame('pipe', 'mallory', JSON.stringify(forged))
+  const warning = await waitFor(alice.recorder, (e) => e.type === 'security_warning')
+  assert.equal(warning.reasonCode, 'UNSIGNED_CONTROL_REJECTED')
+  assert.equal(ofType(alice.recorder, 'message_received').length, 0)
 })

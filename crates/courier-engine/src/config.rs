@@ -29,6 +29,9 @@ pub struct Config {
     /// Opt-in at-least-once inbound delivery (an inbound durability hook is registered):
     /// `None` keeps the default at-most-once path.
     pub durable_inbound: Option<DurableInbound>,
+    /// Accept `offline-ctrl-v1` control signatures (no freshness proof); off by default
+    /// (`identity.md` §4.2).
+    pub accept_legacy_control_v1: bool,
 }
 
 /// Batching and retry of the inbound durability pipeline (`inbound-durability-hook.md`).
@@ -83,6 +86,7 @@ impl Config {
             flush_batch: 20,
             dedup_max_entries: 100_000,
             durable_inbound: None,
+            accept_legacy_control_v1: false,
         }
     }
 

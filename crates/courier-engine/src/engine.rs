@@ -37,6 +37,7 @@ use serde_json::Value;
 
 use crate::ack::{self, AfterTimeout};
 use crate::config::Config;
+use crate::control_gate::{ControlGate, Verdict};
 use crate::dedup::{Dedup, DedupKey};
 use crate::durable::{Commit, Durable, Sink};
 use crate::event::{DiagnosticLevel, Event};
@@ -82,6 +83,7 @@ pub struct Engine {
     dedup: Dedup,
     /// The at-least-once inbound pipeline, when a durability hook is registered.
     durable: Option<Durable>,
+    control: ControlGate,
     carriers: BTreeSet<Carrier>,
     lamport: u64,
     last_send_seq: u64,
@@ -97,7 +99,9 @@ impl Engine {
     pub fn new(config: Config, local_identity: String) -> Self {
         let dedup = Dedup::new(config.dedup_max_entries, config.dedup_retention_ms());
         let durable = config.durable_inbound.clone().map(Durable::new);
+        let control = ControlGate::new(config.accept_legacy_control_v1);
         Self {
+            control,
             config,
             local_identity,
             outbox: Outbox::default(),
@@ -373,6 +377,60 @@ impl Engine {
     /// hook. `HopAck`s therefore do not come out in seq order across batches: the runtime may
     /// coalesce them into `AckUpTo` only over seqs that are all released.
     pub fn handle_inbound(&mut self, message: Message, origin: InboundOrigin, now: Millis) {
+        if message.ack_for().is_none() {
+            match self.control.check(&message, &origin, now) {
+                Verdict::NotControl => {}
+                Verdict::Verified => {
+                    // Authentic, but no control verb is consumed yet: processed (so a resend is
+                    // only re-ACKed) and acknowledged so the sender settles it, never handed to
+                    // the application.
+                    let key = DedupKey {
+                        chat: message.sender.clone(),
+                        sender: message.sender.clone(),
+                        message_id: message.id.clone(),
+                    };
+                    if self.dedup.first_sighting(&key, now) {
+                        self.store.push_back(StoreOp::MarkProcessed(ProcessedKey {
+                            chat: key.chat,
+                            sender: key.sender,
+                            message_id: key.message_id,
+                            at: now,
+                        }));
+                        self.events.push_back(Event::Diagnostic {
+                            level: DiagnosticLevel::Info,
+                            message: format!(
+                                "ignored control frame {} from {}",
+                                message.id, message.sender
+                            ),
+                        });
+                    }
+                    if message.requires_ack {
+                        let ack =
+                            message.ack(inbound::ack_id(&message.id), now, origin.carrier.name());
+                        let peer = match origin.carrier {
+                            Carrier::Internet => None,
+                            Carrier::Local(_) => Some(origin.stamped_sender.clone()),
+                        };
+                        self.transmits.push_back(Transmit {
+                            carrier: origin.carrier.clone(),
+                            peer,
+                            kind: TransmitKind::Ack { message: ack },
+                        });
+                    }
+                    self.release_hop(&origin);
+                    self.end_call();
+                    return;
+                }
+                // Dropped before dedup (so a good copy can still enter), never ACKed end to
+                // end; the relay hop is still released (identity.md §4.2).
+                Verdict::Refused(events) => {
+                    self.events.extend(events);
+                    self.release_hop(&origin);
+                    self.end_call();
+                    return;
+                }
+            }
+        }
         let release = match message.ack_for().map(str::to_owned) {
             Some(acked) => {
                 self.inbound_ack(&acked, &message, &origin, now);
@@ -380,14 +438,21 @@ impl Engine {
             }
             None => self.inbound_data(message, &origin, now),
         };
-        if let (true, Some(seq)) = (release, origin.seq) {
+        if release {
+            self.release_hop(&origin);
+        }
+        self.end_call();
+    }
+
+    /// Releases the relay journal frame that carried an inbound message, if it had one.
+    fn release_hop(&mut self, origin: &InboundOrigin) {
+        if let Some(seq) = origin.seq {
             self.transmits.push_back(Transmit {
-                carrier: origin.carrier,
+                carrier: origin.carrier.clone(),
                 peer: None,
                 kind: TransmitKind::HopAck { seq },
             });
         }
-        self.end_call();
     }
 
     /// At start, after `restore`: the buffered rows from the store. With `durable_inbound` they

@@ -97,6 +97,7 @@
 
 mod ack;
 pub mod config;
+mod control_gate;
 mod dedup;
 mod durable;
 mod engine;

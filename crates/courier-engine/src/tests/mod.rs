@@ -4,6 +4,7 @@
 //! when a scenario says so. After every engine call it checks the crate's invariants.
 
 mod chaos;
+mod control_gate;
 mod custody;
 mod inbound;
 mod inbound_durable;
@@ -149,6 +150,9 @@ pub(crate) struct Sim {
     pub commits: BTreeMap<InboundKey, (u32, Millis)>,
     /// Keys removed by retention, and how many rows were.
     pub expired: BTreeSet<InboundKey>,
+    /// Control frames (signature-gated content): the gate may drop them, which releases them
+    /// without processing.
+    pub gated: BTreeSet<InboundKey>,
     pub expired_rows: usize,
     /// The batch with the hook now, and every batch offered (when).
     pub hook: Option<HookBatch>,
@@ -197,6 +201,7 @@ impl Sim {
             processed_keys: BTreeSet::new(),
             commits: BTreeMap::new(),
             expired: BTreeSet::new(),
+            gated: BTreeSet::new(),
             expired_rows: 0,
             hook: None,
             offered: Vec::new(),
@@ -362,6 +367,9 @@ impl Sim {
         if let (None, Some(seq)) = (message.ack_for(), origin.seq) {
             // The relay journals a data frame until it is released.
             let key = inbound_key(&message);
+            if courier_proto::is_signature_gated(&message.content) {
+                self.gated.insert(key.clone());
+            }
             if let Some(known) = self.seq_keys.insert(seq, key.clone()) {
                 assert_eq!(known, key, "seq {seq} reused for another message");
             }
@@ -890,7 +898,9 @@ impl Sim {
             TransmitKind::HopAck { seq } => {
                 if let Some(key) = self.seq_keys.get(seq) {
                     assert!(
-                        self.processed_keys.contains(key) || self.expired.contains(key),
+                        self.processed_keys.contains(key)
+                            || self.expired.contains(key)
+                            || self.gated.contains(key),
                         "seq {seq} of {key:?} released before it was processed"
                     );
                     assert!(
