@@ -3,7 +3,7 @@ import assert from 'node:assert/strict'
 import { test } from 'node:test'
 
 import { Protocol } from '../js/index.js'
-import { connected, ofType, peerConfig, record, startRelay, started, tempDir, waitFor } from './helpers.mjs'
+import { connected, ofType, peerConfig, record, startRelay, started, tempDir, until, waitFor } from './helpers.mjs'
 
 
 test('a message is delivered and acknowledged end to end', async (t) => {
@@ -129,4 +129,27 @@ test('the sender reconnects by itself when the relay comes back, and flushes wha
   await waitFor(bob.recorder, (e) => e.type === 'message_received' && e.messageId === id, { timeoutMs: 15_000 })
   await waitFor(alice.recorder, (e) => e.type === 'message_delivered' && e.messageId === id, { timeoutMs: 15_000 })
   assert.ok(ofType(alice.recorder, 'internet_status_changed').filter((e) => e.connected).length >= 2)
+})
+
+test('a second session for the account supersedes the first, which stays down until told to reconnect', async (t) => {
+  const dir = tempDir(t)
+  const relay = await startRelay(t)
+  const first = await started(t, { ...peerConfig('alice', dir, relay.url), storage: { path: `${dir}/alice-laptop.db` } })
+  const second = await started(t, { ...peerConfig('alice', dir, relay.url), storage: { path: `${dir}/alice-phone.db` } })
+  const superseded = await waitFor(first.recorder, (e) => e.type === 'internet_session_superseded')
+  assert.equal(superseded.reason, 'new_session')
+  await waitFor(first.recorder, (e) => e.type === 'internet_status_changed' && !e.connected)
+
+  // The second session works; the first has not come back by itself meanwhile.
+  const bob = await started(t, peerConfig('bob', dir, relay.url))
+  const id = await second.protocol.sendMessage('bob', 'from the phone')
+  await waitFor(bob.recorder, (e) => e.type === 'message_received' && e.messageId === id)
+  const connects = (r) => ofType(r, 'internet_status_changed').filter((e) => e.connected).length
+  assert.equal(connects(first.recorder), 1)
+  assert.equal(ofType(first.recorder, 'internet_session_superseded').length, 1)
+
+  // An explicit reconnect takes the session back.
+  first.protocol.internetStatusChanged(true)
+  await waitFor(second.recorder, (e) => e.type === 'internet_session_superseded')
+  await until(() => connects(first.recorder) === 2, { what: 'the first session to reconnect' })
 })
