@@ -29,7 +29,8 @@ function describe(e) {
     case 'message_retrying': return `retrying ${e.messageId.slice(0, 8)} (retry ${e.retryCount})`
     case 'message_delivered': return `DELIVERED ${e.messageId.slice(0, 8)} to ${e.recipient} in ${e.latencyMs} ms`
     case 'message_failed': return `FAILED ${e.messageId.slice(0, 8)}: ${e.reason}`
-    case 'message_received': return `received "${e.content}" from ${e.sender}`
+    case 'message_received': return `received "${e.content}" from ${names.get(e.sender) ?? e.sender}`
+    case 'identity_ready': return `identity ${e.address}`
     case 'internet_status_changed': return e.connected ? 'relay connected' : 'relay disconnected'
     case 'message_undeliverable': return `PARKED ${e.messageId.slice(0, 8)}: ${e.recipient} is unreachable (kept, probed, re-driven when it appears)`
     case 'presence_updated': return `${e.peerId} is ${e.online ? 'online' : 'offline'}`
@@ -48,6 +49,7 @@ function peer(name) {
   const events = []
   const waiters = new Set()
   protocol.onEvent((e) => {
+    if (e.type === 'identity_ready') names.set(e.address, name)
     const line = describe(e)
     if (line) log(name, line)
     events.push(e)
@@ -68,6 +70,9 @@ function peer(name) {
     })
   return { name, protocol, waitFor }
 }
+
+// Senders are named by their identity address; the timeline shows who that is.
+const names = new Map()
 
 const connected = (e) => e.type === 'internet_status_changed' && e.connected
 const deliveredId = (id) => (e) => e.type === 'message_delivered' && e.messageId === id
