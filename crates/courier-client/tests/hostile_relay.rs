@@ -195,3 +195,40 @@ async fn a_refused_declaration_is_reported_and_the_connection_keeps_working() {
     assert_eq!(code, "RELAY_ADDRESS_DECLARATION_REFUSED");
     assert_eq!(peer, own);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_declaration_is_written_at_once_with_nothing_else_to_send() {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}", listener.local_addr().unwrap());
+    let (client, _events) = start_client(dir.path(), &url);
+    let (tcp, _) = listener.accept().await.unwrap();
+    let mut ws = tokio_tungstenite::accept_async(tcp).await.unwrap();
+    let _authenticate = ws.next().await.unwrap().unwrap();
+    let authenticated = RelayFrame::Authenticated {
+        user_id: "alice".into(),
+        username: "alice".into(),
+        capabilities: vec!["address_routing_v1".into()],
+        address_challenge: Some(base64::engine::general_purpose::STANDARD.encode(CHALLENGE)),
+        rate_limit: None,
+        mailbox: None,
+    };
+    ws.send(WsMessage::text(authenticated.encode()))
+        .await
+        .unwrap();
+    // Nothing is queued and the relay says nothing more: the declaration must not wait for
+    // some later wake-up (the next keepalive is 10 s away).
+    let first = tokio::time::timeout(Duration::from_secs(5), ws.next())
+        .await
+        .expect("the declaration was not written at once")
+        .unwrap()
+        .unwrap();
+    let WsMessage::Text(text) = first else {
+        panic!("unexpected {first:?}")
+    };
+    assert!(matches!(
+        ClientFrame::decode(text.as_str()).unwrap(),
+        ClientFrame::DeclareAddress { .. }
+    ));
+    client.stop().await;
+}

@@ -422,7 +422,12 @@ impl<'a> Session<'a> {
     }
 
     async fn run(mut self, rx: &mut mpsc::UnboundedReceiver<RelayOut>) -> Loss {
+        // Writes come first: the declaration (or the drain's first frame) is due the moment the
+        // session starts, before anything has woken the loop.
         let loss = loop {
+            if let Err(loss) = self.flush_and_check().await {
+                break loss;
+            }
             let wake = self.next_wake();
             let step = tokio::select! {
                 cmd = rx.recv() => self.on_command(cmd),
@@ -430,9 +435,6 @@ impl<'a> Session<'a> {
                 _ = sleep_until(wake.into()) => Ok(()),
             };
             if let Err(loss) = step {
-                break loss;
-            }
-            if let Err(loss) = self.flush_and_check().await {
                 break loss;
             }
         };
