@@ -3,13 +3,15 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use crate::{MailboxLimits, RelayConfig, Storage, TlsConfig};
+use crate::gateway::DEFAULT_LISTEN as GATEWAY_DEFAULT_LISTEN;
+use crate::{GatewayConfig, MailboxLimits, RelayConfig, Storage, TlsConfig};
 
 pub const HELP: &str = "\
 courier-relay: the offline-courier relay server
 
 USAGE:
     courier-relay --jwt-secret-file FILE (--db PATH | --memory) [OPTIONS]
+    courier-relay gateway [--listen ADDR]     (see courier-relay gateway --help)
 
 OPTIONS:
     --listen ADDR               address to listen on [default: 127.0.0.1:8080]
@@ -29,6 +31,22 @@ OPTIONS:
 Values may also be written --flag=VALUE.
 ";
 
+pub const GATEWAY_HELP: &str = "\
+courier-relay gateway: a minimal offline-courier gateway daemon
+
+Devices attach over TCP with newline-delimited JSON (Identify, Challenge, DeclareAddress,
+AddressDeclared); bound devices then exchange SendMessage / MessageReceived, in memory only.
+
+USAGE:
+    courier-relay gateway [--listen ADDR]
+
+OPTIONS:
+    --listen ADDR               address to listen on [default: 127.0.0.1:4242]
+    --help                      print this help
+
+Values may also be written --flag=VALUE.
+";
+
 /// What the command line asks for.
 // Parsed once at startup, so the size difference between the variants does not matter.
 #[allow(clippy::large_enum_variant)]
@@ -36,6 +54,10 @@ Values may also be written --flag=VALUE.
 pub enum CliCommand {
     Help,
     Run(RelayConfig),
+    /// `courier-relay gateway --help`.
+    GatewayHelp,
+    /// `courier-relay gateway [--listen ADDR]`.
+    Gateway(GatewayConfig),
 }
 
 #[derive(Default)]
@@ -57,6 +79,9 @@ struct Flags {
 /// Parses the arguments that follow the program name. Reads the files the flags name (the
 /// secret, TLS PEMs), so a `Run` config is complete.
 pub fn parse(args: &[String]) -> Result<CliCommand, String> {
+    if args.first().is_some_and(|a| a == "gateway") {
+        return parse_gateway(&args[1..]);
+    }
     let mut flags = Flags::default();
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
@@ -102,6 +127,39 @@ pub fn parse(args: &[String]) -> Result<CliCommand, String> {
         *slot = Some(value);
     }
     flags.into_config().map(CliCommand::Run)
+}
+
+/// The arguments after `gateway`.
+fn parse_gateway(args: &[String]) -> Result<CliCommand, String> {
+    let mut listen: Option<String> = None;
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((name, value)) if name.starts_with("--") => (name, Some(value.to_owned())),
+            _ => (arg.as_str(), None),
+        };
+        match name {
+            "--help" | "-h" => return Ok(CliCommand::GatewayHelp),
+            "--listen" => {
+                if listen.is_some() {
+                    return Err("--listen given twice".into());
+                }
+                let value = match inline {
+                    Some(v) => v,
+                    None => iter.next().cloned().ok_or("--listen needs a value")?,
+                };
+                listen = Some(value);
+            }
+            other => return Err(format!("unknown gateway argument {other:?}")),
+        }
+    }
+    let listen = match listen {
+        Some(addr) => addr
+            .parse()
+            .map_err(|_| format!("--listen expects IP:PORT (like 127.0.0.1:4242), got {addr:?}"))?,
+        None => GATEWAY_DEFAULT_LISTEN,
+    };
+    Ok(CliCommand::Gateway(GatewayConfig::new(listen)))
 }
 
 fn number<T: std::str::FromStr + PartialOrd + From<u8>>(
@@ -259,6 +317,60 @@ mod tests {
         );
         let no_mailbox = run(&["--memory", "--no-mailbox", "--jwt-secret-file", path]);
         assert_eq!(no_mailbox.mailbox, None);
+    }
+
+    fn gateway(list: &[&str]) -> GatewayConfig {
+        match parse(&args(list)) {
+            Ok(CliCommand::Gateway(config)) => config,
+            other => panic!("expected a gateway config, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn gateway_subcommand() {
+        assert_eq!(
+            gateway(&["gateway"]).listen,
+            "127.0.0.1:4242".parse().unwrap()
+        );
+        assert_eq!(
+            gateway(&["gateway", "--listen", "127.0.0.1:0"]).listen,
+            "127.0.0.1:0".parse().unwrap()
+        );
+        assert_eq!(
+            gateway(&["gateway", "--listen=[::1]:5000"]).listen,
+            "[::1]:5000".parse().unwrap()
+        );
+        assert_eq!(
+            gateway(&["gateway"]).timings,
+            crate::GatewayTimings::default()
+        );
+        assert!(matches!(
+            parse(&args(&["gateway", "--listen", "x", "--help"])),
+            Ok(CliCommand::GatewayHelp)
+        ));
+        assert!(GATEWAY_HELP.contains("--listen ADDR"));
+        assert!(HELP.contains("courier-relay gateway"));
+        for (list, expected) in [
+            (&["gateway", "--listen"][..], "--listen needs a value"),
+            (&["gateway", "--listen", "nope"], "--listen expects IP:PORT"),
+            (
+                &["gateway", "--listen", "127.0.0.1:1", "--listen=127.0.0.1:2"],
+                "--listen given twice",
+            ),
+            (
+                &["gateway", "--memory"],
+                "unknown gateway argument \"--memory\"",
+            ),
+        ] {
+            let err = parse(&args(list)).expect_err(expected);
+            assert!(
+                err.contains(expected),
+                "{list:?}: {err:?} lacks {expected:?}"
+            );
+        }
+        // `gateway` only counts as the first argument: the relay's flags are unchanged.
+        let err = parse(&args(&["--memory", "gateway"])).unwrap_err();
+        assert!(err.contains("unknown argument \"gateway\""), "{err}");
     }
 
     #[test]

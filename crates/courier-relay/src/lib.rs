@@ -31,6 +31,7 @@ mod config;
 mod connection;
 mod dispatch;
 mod error;
+pub mod gateway;
 mod mailbox;
 mod presence;
 mod rate;
@@ -43,6 +44,7 @@ mod writer;
 pub use auth::issue_token;
 pub use config::{MailboxLimits, RateLimit, RelayConfig, Storage, Timings, TlsConfig};
 pub use error::RelayError;
+pub use gateway::{start_gateway, GatewayConfig, GatewayHandle, GatewayTimings};
 
 use auth::TokenVerifier;
 use router::Router;

@@ -26,6 +26,11 @@ async fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Ok(CliCommand::Run(config)) => config,
+        Ok(CliCommand::GatewayHelp) => {
+            print!("{}", cli::GATEWAY_HELP);
+            return ExitCode::SUCCESS;
+        }
+        Ok(CliCommand::Gateway(config)) => return run_gateway(config).await,
         Err(message) => {
             eprintln!("courier-relay: {message} (see --help)");
             return ExitCode::from(2);
@@ -45,6 +50,27 @@ async fn main() -> ExitCode {
     wait_for_signal().await;
     tracing::info!("stopping");
     relay.stop().await;
+    ExitCode::SUCCESS
+}
+
+async fn run_gateway(config: courier_relay::GatewayConfig) -> ExitCode {
+    let gateway = match courier_relay::start_gateway(config).await {
+        Ok(gateway) => gateway,
+        Err(e) => {
+            eprintln!("courier-relay gateway: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Scripts and tests wait for this exact line.
+    println!(
+        "courier-relay gateway listening on {}",
+        gateway.local_addr()
+    );
+    let _ = std::io::stdout().flush();
+
+    wait_for_signal().await;
+    tracing::info!("stopping");
+    gateway.stop().await;
     ExitCode::SUCCESS
 }
 

@@ -1,0 +1,308 @@
+//! One gateway connection: the attach, then message exchange while bound.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use courier_proto::limits::RECIPIENT_UNREACHABLE;
+use courier_proto::{Address, Disposition, RelayFrame};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::attach::{check_declaration, identify_device_id, Attach};
+use super::line::{next_line, Line};
+use super::{Outbound, Shared, Undelivered, OUTBOX};
+use crate::{now_ms, stopping};
+
+/// What the connection does after a line.
+enum Step {
+    Continue,
+    /// Close (after a best-effort linger so the last line is read).
+    Close,
+}
+
+struct Conn {
+    shared: Arc<Shared>,
+    id: u64,
+    remote: SocketAddr,
+    write: OwnedWriteHalf,
+    queue: mpsc::Sender<Outbound>,
+    state: Attach,
+    /// When the connection is closed unless the attach moves on.
+    deadline: Option<Instant>,
+}
+
+pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, remote: SocketAddr) {
+    let id = shared.next_connection_id();
+    let (read, write) = tcp.into_split();
+    let mut reader = BufReader::new(read);
+    let (queue, mut inbox) = mpsc::channel(OUTBOX);
+    let mut shutdown = shared.shutdown.clone();
+    let mut conn = Conn {
+        deadline: Some(Instant::now() + shared.timings.identify_deadline),
+        shared,
+        id,
+        remote,
+        write,
+        queue,
+        state: Attach::AwaitIdentify,
+    };
+    tracing::debug!(connection = id, %remote, "gateway connection");
+    let mut partial = Vec::new();
+    let linger = loop {
+        let deadline = conn.deadline;
+        let expired = async move {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = stopping(&mut shutdown) => break true,
+            () = expired => {
+                tracing::info!(connection = id, %remote, state = ?conn.state, "attach deadline passed; closing");
+                break true;
+            }
+            Some(out) = inbox.recv() => match out {
+                Outbound::Line(line) => {
+                    if !conn.write_line(&line).await {
+                        break false;
+                    }
+                }
+                Outbound::Superseded => {
+                    tracing::info!(connection = id, %remote, "binding taken over by a newer connection");
+                    let line = json!({"type": "SessionSuperseded", "reason": "new_session"});
+                    conn.write_line(&line.to_string()).await;
+                    break true;
+                }
+            },
+            read = next_line(&mut reader, &mut partial) => match read {
+                Ok(Line::Complete(bytes)) => match conn.handle(&bytes).await {
+                    Step::Continue => {}
+                    Step::Close => break true,
+                },
+                Ok(Line::TooLong) => {
+                    tracing::info!(connection = id, %remote, "line over 1 MiB; closing");
+                    break true;
+                }
+                Ok(Line::Eof) | Err(_) => break false,
+            },
+        }
+    };
+    if let Attach::Bound(address) = &conn.state {
+        conn.shared.unbind(address, id);
+    }
+    if linger {
+        close_gracefully(
+            conn.write,
+            reader.into_inner(),
+            conn.shared.timings.close_linger,
+        )
+        .await;
+    }
+    tracing::debug!(connection = id, %remote, "gateway connection closed");
+}
+
+/// Sends FIN, then reads and discards until the peer closes too (or the linger passes), so
+/// unread input does not turn the close into a reset that could destroy the last line.
+async fn close_gracefully(
+    mut write: OwnedWriteHalf,
+    mut read: OwnedReadHalf,
+    linger: std::time::Duration,
+) {
+    let _ = write.shutdown().await;
+    let _ = tokio::time::timeout(linger, async {
+        let mut sink = [0u8; 8192];
+        while matches!(read.read(&mut sink).await, Ok(n) if n > 0) {}
+    })
+    .await;
+}
+
+impl Conn {
+    /// Writes one line; false when the peer is gone or does not read in time.
+    async fn write_line(&mut self, line: &str) -> bool {
+        let mut bytes = Vec::with_capacity(line.len() + 1);
+        bytes.extend_from_slice(line.as_bytes());
+        bytes.push(b'\n');
+        let timeout = self.shared.timings.write_timeout;
+        matches!(
+            tokio::time::timeout(timeout, self.write.write_all(&bytes)).await,
+            Ok(Ok(()))
+        )
+    }
+
+    async fn handle(&mut self, bytes: &[u8]) -> Step {
+        // A line that is no JSON object with a string `type` is not a frame: ignored, like an
+        // unknown type (never a reason to close).
+        let Ok(frame) = serde_json::from_slice::<Value>(bytes) else {
+            tracing::debug!(connection = self.id, "ignoring a line that is not JSON");
+            return Step::Continue;
+        };
+        let Some(kind) = frame.get("type").and_then(Value::as_str) else {
+            tracing::debug!(
+                connection = self.id,
+                "ignoring a line without a string type"
+            );
+            return Step::Continue;
+        };
+        match (kind, &self.state) {
+            ("Identify", Attach::AwaitIdentify) => self.identify(&frame).await,
+            ("DeclareAddress", Attach::AwaitDeclare { .. }) => self.declare(&frame).await,
+            ("DeclareAddress", Attach::Bound(_)) => {
+                // A challenge is good for one binding; there is no second one on a connection.
+                self.refuse("already_declared").await
+            }
+            ("SendMessage", Attach::Bound(sender)) => {
+                let sender = *sender;
+                self.send_message(sender, &frame).await
+            }
+            _ => {
+                // Unknown types, and known ones out of turn (a second Identify, anything before
+                // binding): not processed.
+                tracing::debug!(connection = self.id, kind, state = ?self.state, "ignoring frame");
+                Step::Continue
+            }
+        }
+    }
+
+    async fn identify(&mut self, frame: &Value) -> Step {
+        let Some(device_id) = identify_device_id(frame) else {
+            tracing::debug!(
+                connection = self.id,
+                "ignoring an Identify without device_id"
+            );
+            return Step::Continue;
+        };
+        let challenge = self
+            .shared
+            .timings
+            .fixed_challenge
+            .or_else(crate::auth::new_challenge);
+        let Some(challenge) = challenge else {
+            tracing::error!("the system random source failed; closing the connection");
+            return Step::Close;
+        };
+        // Whatever version the device offered, the gateway speaks 1.
+        let line = json!({
+            "type": "Challenge",
+            "challenge": crate::auth::encode_challenge(&challenge),
+            "protocol_version": 1,
+        });
+        if !self.write_line(&line.to_string()).await {
+            return Step::Close;
+        }
+        self.state = Attach::AwaitDeclare {
+            device_id,
+            challenge,
+        };
+        self.deadline = Some(Instant::now() + self.shared.timings.declare_deadline);
+        Step::Continue
+    }
+
+    async fn declare(&mut self, frame: &Value) -> Step {
+        let Attach::AwaitDeclare {
+            device_id,
+            challenge,
+        } = &self.state
+        else {
+            return Step::Continue;
+        };
+        match check_declaration(&self.shared.spent, device_id, challenge, frame) {
+            Ok(address) => {
+                self.shared.bind(address, self.id, self.queue.clone());
+                self.state = Attach::Bound(address);
+                self.deadline = None;
+                tracing::info!(connection = self.id, remote = %self.remote, %address, "device bound");
+                let answer = RelayFrame::AddressDeclared {
+                    address: address.to_string(),
+                };
+                if self.write_line(&answer.encode()).await {
+                    Step::Continue
+                } else {
+                    Step::Close
+                }
+            }
+            Err(reason) => {
+                tracing::info!(connection = self.id, remote = %self.remote, reason, "declaration refused");
+                self.refuse(reason).await
+            }
+        }
+    }
+
+    /// `AddressError`, then close: on a gateway a refusal is fatal.
+    async fn refuse(&mut self, reason: &str) -> Step {
+        let answer = RelayFrame::AddressError {
+            reason: reason.to_owned(),
+        };
+        self.write_line(&answer.encode()).await;
+        Step::Close
+    }
+
+    async fn send_message(&mut self, sender: Address, frame: &Value) -> Step {
+        let field = |name: &str| frame.get(name).and_then(Value::as_str).map(str::to_owned);
+        let reply_to_msg = match frame.get("reply_to_msg") {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(()),
+        };
+        let (Some(recipient), Some(content), Some(message_id), Ok(reply_to_msg)) = (
+            field("recipient"),
+            field("content"),
+            field("message_id"),
+            reply_to_msg,
+        ) else {
+            let mut error = RelayFrame::error("invalid_frame", Some("SendMessage"));
+            if let RelayFrame::Error { message_id, .. } = &mut error {
+                *message_id = field("message_id");
+            }
+            return self.answer(&error).await;
+        };
+        let timestamp = now_ms();
+        let answer = match Address::parse(&recipient) {
+            Ok(address) => {
+                let received = RelayFrame::MessageReceived {
+                    seq: None,
+                    sender: sender.to_string(),
+                    sender_account: None,
+                    content,
+                    message_id: message_id.clone(),
+                    timestamp,
+                    reply_to_msg,
+                };
+                match self.shared.deliver(&address, self.id, received.encode()) {
+                    Ok(()) => RelayFrame::MessageSent {
+                        message_id,
+                        recipient,
+                        timestamp,
+                        disposition: Some(Disposition::Live),
+                    },
+                    Err(Undelivered::Offline) => {
+                        unreachable(message_id, recipient, "offline_no_mailbox")
+                    }
+                }
+            }
+            // Not a canonical address: it names no device (identity.md §2).
+            Err(_) => unreachable(message_id, recipient, "unknown_recipient"),
+        };
+        self.answer(&answer).await
+    }
+
+    async fn answer(&mut self, frame: &RelayFrame) -> Step {
+        if self.write_line(&frame.encode()).await {
+            Step::Continue
+        } else {
+            Step::Close
+        }
+    }
+}
+
+fn unreachable(message_id: String, recipient: String, detail: &str) -> RelayFrame {
+    RelayFrame::DeliveryError {
+        message_id: Some(message_id),
+        recipient,
+        reason: format!("{RECIPIENT_UNREACHABLE}: {detail}"),
+    }
+}
