@@ -14,6 +14,10 @@
 //! writer that owns the socket's sending half (answers, presence pushes, drain, live frames,
 //! pings). The store is one thread with one SQLite connection; the router maps accounts to
 //! live connections, and watched accounts to the connections watching them (`presence.rs`).
+//!
+//! [`gateway`] is a separate, minimal daemon (`courier-relay gateway`): the identity.md §6 attach
+//! over TCP with newline-delimited JSON, then live SendMessage / MessageReceived between bound
+//! devices, in memory.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

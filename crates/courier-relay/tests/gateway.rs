@@ -569,3 +569,45 @@ async fn the_binary_serves_the_attach_and_stops_on_sigterm() {
     assert!(help.status.success());
     assert!(String::from_utf8_lossy(&help.stdout).contains("--listen ADDR"));
 }
+
+#[tokio::test]
+async fn mistyped_fields_never_break_the_gateway() {
+    let gateway = gateway().await;
+    let mut two = Device::attach(&gateway, &k2()).await;
+    let junk = [
+        json!({"type": "SendMessage", "recipient": null, "content": 1, "message_id": {}}),
+        json!({"type": "Identify", "device_id": ["x"], "protocol_version": "one"}),
+        json!({"type": "DeclareAddress", "address": 1, "public_key": null}),
+        json!({"type": "MessageReceived", "sender": "forged"}),
+        json!({"type": "AddressDeclared", "address": K1_ADDRESS}),
+        json!({"type": "", "device_id": K1_ADDRESS}),
+    ];
+    let mut one = Device::connect(&gateway).await;
+    // Before Identify none of these is processed (a DeclareAddress has no challenge to sign).
+    for frame in &junk {
+        one.send(frame.clone()).await;
+    }
+    let challenge = one.identify(K1_ADDRESS).await;
+    // Between Challenge and DeclareAddress, only a DeclareAddress counts.
+    for frame in junk.iter().filter(|f| f["type"] != "DeclareAddress") {
+        one.send(frame.clone()).await;
+    }
+    assert_eq!(
+        one.declare(&k1(), &challenge).await["type"],
+        "AddressDeclared"
+    );
+    // Bound: a mistyped SendMessage is answered with an error and nothing is relayed.
+    one.send(junk[0].clone()).await;
+    assert_eq!(one.recv().await["code"], "invalid_frame");
+    one.send(json!({"type": "SendMessage", "recipient": two_address(), "content": "c", "message_id": "m", "reply_to_msg": 5}))
+        .await;
+    assert_eq!(one.recv().await["code"], "invalid_frame");
+    one.send_message(&two_address(), "fine", "m-ok").await;
+    assert_eq!(one.recv().await["type"], "MessageSent");
+    assert_eq!(two.recv().await["message_id"], "m-ok");
+    gateway.stop().await;
+}
+
+fn two_address() -> String {
+    k2().address().to_string()
+}
