@@ -54,10 +54,31 @@ Values may also be written --flag=VALUE.
 pub enum CliCommand {
     Help,
     Run(RelayConfig),
-    /// `courier-relay gateway --help`.
-    GatewayHelp,
-    /// `courier-relay gateway [--listen ADDR]`.
-    Gateway(GatewayConfig),
+}
+
+/// What `courier-relay gateway …` asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GatewayCommand {
+    Help,
+    Run(GatewayConfig),
+}
+
+/// The whole command line of the binary: the relay (the flags [`parse`] reads), or the
+/// gateway daemon when the first argument is `gateway`.
+// Parsed once at startup, so the size difference between the variants does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+pub enum Command {
+    Relay(CliCommand),
+    Gateway(GatewayCommand),
+}
+
+/// Parses the arguments that follow the program name, `gateway` subcommand included.
+pub fn parse_command(args: &[String]) -> Result<Command, String> {
+    match args.split_first() {
+        Some((first, rest)) if first == "gateway" => parse_gateway(rest).map(Command::Gateway),
+        _ => parse(args).map(Command::Relay),
+    }
 }
 
 #[derive(Default)]
@@ -76,12 +97,10 @@ struct Flags {
     tls_key: Option<String>,
 }
 
-/// Parses the arguments that follow the program name. Reads the files the flags name (the
+/// Parses the relay's arguments (everything but the `gateway` subcommand, which
+/// [`parse_command`] handles). Reads the files the flags name (the
 /// secret, TLS PEMs), so a `Run` config is complete.
 pub fn parse(args: &[String]) -> Result<CliCommand, String> {
-    if args.first().is_some_and(|a| a == "gateway") {
-        return parse_gateway(&args[1..]);
-    }
     let mut flags = Flags::default();
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
@@ -130,7 +149,7 @@ pub fn parse(args: &[String]) -> Result<CliCommand, String> {
 }
 
 /// The arguments after `gateway`.
-fn parse_gateway(args: &[String]) -> Result<CliCommand, String> {
+fn parse_gateway(args: &[String]) -> Result<GatewayCommand, String> {
     let mut listen: Option<String> = None;
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
@@ -139,7 +158,7 @@ fn parse_gateway(args: &[String]) -> Result<CliCommand, String> {
             _ => (arg.as_str(), None),
         };
         match name {
-            "--help" | "-h" => return Ok(CliCommand::GatewayHelp),
+            "--help" | "-h" => return Ok(GatewayCommand::Help),
             "--listen" => {
                 if listen.is_some() {
                     return Err("--listen given twice".into());
@@ -159,7 +178,7 @@ fn parse_gateway(args: &[String]) -> Result<CliCommand, String> {
             .map_err(|_| format!("--listen expects IP:PORT (like 127.0.0.1:4242), got {addr:?}"))?,
         None => GATEWAY_DEFAULT_LISTEN,
     };
-    Ok(CliCommand::Gateway(GatewayConfig::new(listen)))
+    Ok(GatewayCommand::Run(GatewayConfig::new(listen)))
 }
 
 fn number<T: std::str::FromStr + PartialOrd + From<u8>>(
@@ -320,8 +339,8 @@ mod tests {
     }
 
     fn gateway(list: &[&str]) -> GatewayConfig {
-        match parse(&args(list)) {
-            Ok(CliCommand::Gateway(config)) => config,
+        match parse_command(&args(list)) {
+            Ok(Command::Gateway(GatewayCommand::Run(config))) => config,
             other => panic!("expected a gateway config, got {other:?}"),
         }
     }
@@ -345,8 +364,8 @@ mod tests {
             crate::GatewayTimings::default()
         );
         assert!(matches!(
-            parse(&args(&["gateway", "--listen", "x", "--help"])),
-            Ok(CliCommand::GatewayHelp)
+            parse_command(&args(&["gateway", "--listen", "x", "--help"])),
+            Ok(Command::Gateway(GatewayCommand::Help))
         ));
         assert!(GATEWAY_HELP.contains("--listen ADDR"));
         assert!(HELP.contains("courier-relay gateway"));
@@ -362,15 +381,28 @@ mod tests {
                 "unknown gateway argument \"--memory\"",
             ),
         ] {
-            let err = parse(&args(list)).expect_err(expected);
+            let err = parse_command(&args(list)).expect_err(expected);
             assert!(
                 err.contains(expected),
                 "{list:?}: {err:?} lacks {expected:?}"
             );
         }
         // `gateway` only counts as the first argument: the relay's flags are unchanged.
-        let err = parse(&args(&["--memory", "gateway"])).unwrap_err();
+        let err = parse_command(&args(&["--memory", "gateway"])).unwrap_err();
         assert!(err.contains("unknown argument \"gateway\""), "{err}");
+        // The relay-only parser (what embedders start relays from) never starts a gateway.
+        let err = parse(&args(&["gateway"])).unwrap_err();
+        assert!(err.contains("unknown argument \"gateway\""), "{err}");
+        let secret = secret_file("k");
+        let path = secret.path().to_str().unwrap();
+        assert!(matches!(
+            parse_command(&args(&["--memory", "--jwt-secret-file", path])),
+            Ok(Command::Relay(CliCommand::Run(_)))
+        ));
+        assert!(matches!(
+            parse_command(&args(&["--help"])),
+            Ok(Command::Relay(CliCommand::Help))
+        ));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use courier_relay::cli::{self, CliCommand};
+use courier_relay::cli::{self, CliCommand, Command, GatewayCommand};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -20,17 +20,17 @@ async fn main() -> ExitCode {
         eprintln!("courier-relay: arguments must be valid UTF-8");
         return ExitCode::from(2);
     };
-    let config = match cli::parse(&args) {
-        Ok(CliCommand::Help) => {
+    let config = match cli::parse_command(&args) {
+        Ok(Command::Relay(CliCommand::Help)) => {
             print!("{}", cli::HELP);
             return ExitCode::SUCCESS;
         }
-        Ok(CliCommand::Run(config)) => config,
-        Ok(CliCommand::GatewayHelp) => {
+        Ok(Command::Relay(CliCommand::Run(config))) => config,
+        Ok(Command::Gateway(GatewayCommand::Help)) => {
             print!("{}", cli::GATEWAY_HELP);
             return ExitCode::SUCCESS;
         }
-        Ok(CliCommand::Gateway(config)) => return run_gateway(config).await,
+        Ok(Command::Gateway(GatewayCommand::Run(config))) => return run_gateway(config).await,
         Err(message) => {
             eprintln!("courier-relay: {message} (see --help)");
             return ExitCode::from(2);
