@@ -407,15 +407,7 @@ impl Engine {
                     if message.requires_ack {
                         let ack =
                             message.ack(inbound::ack_id(&message.id), now, origin.carrier.name());
-                        let peer = match origin.carrier {
-                            Carrier::Internet => None,
-                            Carrier::Local(_) => Some(origin.stamped_sender.clone()),
-                        };
-                        self.transmits.push_back(Transmit {
-                            carrier: origin.carrier.clone(),
-                            peer,
-                            kind: TransmitKind::Ack { message: ack },
-                        });
+                        self.ack_back(&origin, ack);
                     }
                     self.release_hop(&origin);
                     self.end_call();
@@ -442,6 +434,20 @@ impl Engine {
             self.release_hop(&origin);
         }
         self.end_call();
+    }
+
+    /// An end-to-end ACK back the way the message came: over the relay, or to the peer that
+    /// handed it over on a local carrier.
+    fn ack_back(&mut self, origin: &InboundOrigin, ack: Message) {
+        let peer = match origin.carrier {
+            Carrier::Internet => None,
+            Carrier::Local(_) => Some(origin.stamped_sender.clone()),
+        };
+        self.transmits.push_back(Transmit {
+            carrier: origin.carrier.clone(),
+            peer,
+            kind: TransmitKind::Ack { message: ack },
+        });
     }
 
     /// Releases the relay journal frame that carried an inbound message, if it had one.
@@ -1252,15 +1258,7 @@ impl Engine {
         }
         self.send_due(now);
         if let Some(message) = ack {
-            let peer = match origin.carrier {
-                Carrier::Internet => None,
-                Carrier::Local(_) => Some(origin.stamped_sender.clone()),
-            };
-            self.transmits.push_back(Transmit {
-                carrier: origin.carrier.clone(),
-                peer,
-                kind: TransmitKind::Ack { message },
-            });
+            self.ack_back(origin, message);
         }
         release
     }
