@@ -19,6 +19,18 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 
 const CHALLENGE: [u8; 32] = [9; 32];
 
+/// Anyone is `alice`, on a relay that routes by address, with a known challenge.
+fn authenticated() -> RelayFrame {
+    RelayFrame::Authenticated {
+        user_id: "alice".into(),
+        username: "alice".into(),
+        capabilities: vec!["address_routing_v1".into()],
+        address_challenge: Some(base64::engine::general_purpose::STANDARD.encode(CHALLENGE)),
+        rate_limit: None,
+        mailbox: None,
+    }
+}
+
 /// How the fake relay answers a valid declaration.
 #[derive(Clone, Copy)]
 enum Answer {
@@ -45,15 +57,7 @@ async fn fake_relay(
         let mut ws = tokio_tungstenite::accept_async(tcp).await.unwrap();
         let _authenticate = ws.next().await.unwrap().unwrap();
         go_rx.await.unwrap();
-        let authenticated = RelayFrame::Authenticated {
-            user_id: "alice".into(),
-            username: "alice".into(),
-            capabilities: vec!["address_routing_v1".into()],
-            address_challenge: Some(base64::engine::general_purpose::STANDARD.encode(CHALLENGE)),
-            rate_limit: None,
-            mailbox: None,
-        };
-        ws.send(WsMessage::text(authenticated.encode()))
+        ws.send(WsMessage::text(authenticated().encode()))
             .await
             .unwrap();
         let mut frames = Vec::new();
@@ -205,15 +209,7 @@ async fn the_declaration_is_written_at_once_with_nothing_else_to_send() {
     let (tcp, _) = listener.accept().await.unwrap();
     let mut ws = tokio_tungstenite::accept_async(tcp).await.unwrap();
     let _authenticate = ws.next().await.unwrap().unwrap();
-    let authenticated = RelayFrame::Authenticated {
-        user_id: "alice".into(),
-        username: "alice".into(),
-        capabilities: vec!["address_routing_v1".into()],
-        address_challenge: Some(base64::engine::general_purpose::STANDARD.encode(CHALLENGE)),
-        rate_limit: None,
-        mailbox: None,
-    };
-    ws.send(WsMessage::text(authenticated.encode()))
+    ws.send(WsMessage::text(authenticated().encode()))
         .await
         .unwrap();
     // Nothing is queued and the relay says nothing more: the declaration must not wait for
