@@ -504,21 +504,43 @@ impl RawClient {
 
     /// Writes one final, masked frame.
     pub async fn send_frame(&mut self, opcode: u8, payload: &[u8]) {
-        let mut frame = vec![0x80 | opcode];
-        let len = payload.len();
-        if len < 126 {
-            frame.push(0x80 | len as u8);
-        } else if len <= 0xffff {
-            frame.push(0x80 | 126);
-            frame.extend_from_slice(&(len as u16).to_be_bytes());
-        } else {
-            frame.push(0x80 | 127);
-            frame.extend_from_slice(&(len as u64).to_be_bytes());
-        }
-        let mask = [0x37, 0xfa, 0x21, 0x3d];
-        frame.extend_from_slice(&mask);
-        frame.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        self.send_fragment(true, opcode, payload).await;
+    }
+
+    /// Writes one masked frame; `fin` false leaves the message open for continuation frames
+    /// (opcode 0).
+    pub async fn send_fragment(&mut self, fin: bool, opcode: u8, payload: &[u8]) {
+        let mut frame = Self::header(fin, opcode, payload.len() as u64);
+        frame.extend(
+            payload
+                .iter()
+                .enumerate()
+                .map(|(i, b)| b ^ Self::MASK[i % 4]),
+        );
         self.tcp.write_all(&frame).await.unwrap();
+    }
+
+    /// Writes only the header of a final frame announcing `len` payload bytes, and no payload.
+    pub async fn announce_frame(&mut self, opcode: u8, len: u64) {
+        let header = Self::header(true, opcode, len);
+        self.tcp.write_all(&header).await.unwrap();
+    }
+
+    const MASK: [u8; 4] = [0x37, 0xfa, 0x21, 0x3d];
+
+    fn header(fin: bool, opcode: u8, len: u64) -> Vec<u8> {
+        let mut header = vec![if fin { 0x80 } else { 0 } | opcode];
+        if len < 126 {
+            header.push(0x80 | len as u8);
+        } else if len <= 0xffff {
+            header.push(0x80 | 126);
+            header.extend_from_slice(&(len as u16).to_be_bytes());
+        } else {
+            header.push(0x80 | 127);
+            header.extend_from_slice(&len.to_be_bytes());
+        }
+        header.extend_from_slice(&Self::MASK);
+        header
     }
 
     /// The next frame as (opcode, payload); `None` once the relay closed the TCP connection.

@@ -1,0 +1,603 @@
+//! The relay under hostile clients: oversized and deeply nested input, wrong field types,
+//! unknown frames, forged acks, floods and connections that never authenticate. Every case ends
+//! in the documented answer or close code (relay-protocol.md §1, §2.1, §7.1, §11), the relay
+//! keeps serving honest clients, and a message stored before the attack is delivered after it.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use courier_proto::limits::MAX_FRAME_BYTES;
+use courier_proto::{ClientFrame, RelayFrame};
+use futures_util::SinkExt;
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::Message;
+
+/// Stores a message for the offline account `wendy` before an attack.
+async fn queue_witness(relay: &TestRelay) {
+    relay.register("wendy").await;
+    let mut walter = relay.online("walter").await;
+    assert_sent(
+        &walter.send_and_answer("wendy", "witness", "kept").await,
+        "witness",
+        "wendy",
+        "stored",
+    );
+    walter.close().await;
+}
+
+/// After the attack, `wendy`'s drain holds the witness and nothing else.
+async fn assert_witness_delivered(relay: &TestRelay) {
+    let mut wendy = relay.client().await;
+    wendy.authenticate("wendy", true).await;
+    let (frames, count) = wendy.drain().await;
+    assert_eq!(count, 1, "{frames:?}");
+    let witness = &frames[0];
+    assert_eq!(
+        (
+            witness.message_id.as_str(),
+            witness.content.as_str(),
+            witness.sender.as_str()
+        ),
+        ("witness", "kept", "walter")
+    );
+    wendy.close().await;
+}
+
+fn invalid(frame_type: &str) -> RelayFrame {
+    RelayFrame::error("invalid_frame", Some(frame_type))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_messages_close_with_1009_however_they_arrive() {
+    let relay = TestRelay::start().await;
+    queue_witness(&relay).await;
+    let addr = relay.handle().local_addr();
+    let over = MAX_FRAME_BYTES as u64 + 1;
+
+    // Before authentication, by the frame header alone: one byte over, a multi-MB SendMessage,
+    // and a length no memory could hold. Nothing of the payload has to arrive.
+    for announced in [over, 3 * 1024 * 1024, 1 << 62] {
+        let mut raw = RawClient::connect(addr).await;
+        raw.announce_frame(0x1, announced).await;
+        assert_eq!(raw.close_code().await, Some(1009), "{announced} bytes");
+    }
+
+    // After authentication, fragments each under the limit that add up to more.
+    let mut raw = RawClient::connect(addr).await;
+    raw.authenticate("mallory").await;
+    let piece = vec![b'x'; 512 * 1024];
+    raw.send_fragment(false, 0x1, &piece).await;
+    raw.send_fragment(false, 0x0, &piece).await;
+    raw.send_fragment(true, 0x0, &piece).await;
+    assert_eq!(raw.close_code().await, Some(1009));
+
+    // The same after authentication in one announced frame.
+    let mut raw = RawClient::connect(addr).await;
+    raw.authenticate("mallory").await;
+    raw.announce_frame(0x1, 3 * 1024 * 1024).await;
+    assert_eq!(raw.close_code().await, Some(1009));
+
+    relay
+        .wait_stats("the attacker's connections to end", |s| s.connections == 0)
+        .await;
+    assert_eq!(relay.stored_frames(), 1);
+    assert_witness_delivered(&relay).await;
+}
+
+/// `depth` nested arrays: `[[[…]]]`.
+fn nested_arrays(depth: usize) -> String {
+    format!("{}{}", "[".repeat(depth), "]".repeat(depth))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deeply_nested_and_huge_json_is_answered_and_changes_nothing() {
+    let relay = TestRelay::start().await;
+    queue_witness(&relay).await;
+
+    // As the first frame, 10 000 levels deep: refused like any non-Authenticate frame.
+    let mut c = relay.client().await;
+    c.send_text(nested_arrays(10_000)).await;
+    let (frames, ending) = c.frames_until_end().await;
+    assert_eq!(
+        frames,
+        vec![RelayFrame::AuthError {
+            reason: "not_authenticated".into()
+        }]
+    );
+    assert_eq!(ending, Ending::Close(4001));
+
+    let mut c = relay.online("mallory").await;
+    // 10 000 levels alone, inside an otherwise valid SendMessage, and as nested objects:
+    // beyond what the relay parses, so malformed (15 of them still leave the connection open).
+    let deep_objects = format!(
+        r#"{{"type":"CheckPresence","username":"wendy","n":{}1{}}}"#,
+        r#"{"n":"#.repeat(10_000),
+        "}".repeat(10_000)
+    );
+    let deep_send = format!(
+        r#"{{"type":"SendMessage","recipient":"wendy","content":"x","message_id":"deep","extra":{}}}"#,
+        nested_arrays(10_000)
+    );
+    for text in [nested_arrays(10_000), deep_objects, deep_send] {
+        c.send_text(text).await;
+        assert_eq!(c.next_frame().await, RelayFrame::error("malformed", None));
+    }
+
+    // Just under the frame limit: a huge unknown field is ignored, 50 000 keys too.
+    let pad = "p".repeat(MAX_FRAME_BYTES - 200);
+    c.send_json(json!({"type": "CheckPresence", "username": "wendy", "pad": pad}))
+        .await;
+    assert!(matches!(
+        c.next_frame().await,
+        RelayFrame::PresenceStatus { user_id, online: false, .. } if user_id == "wendy"
+    ));
+    let mut many_keys = serde_json::Map::new();
+    many_keys.insert("type".into(), json!("CheckPresence"));
+    many_keys.insert("username".into(), json!("wendy"));
+    for i in 0..50_000 {
+        many_keys.insert(format!("k{i}"), json!(i));
+    }
+    let many_keys = Value::Object(many_keys).to_string();
+    assert!(many_keys.len() < MAX_FRAME_BYTES);
+    c.send_text(many_keys).await;
+    assert!(matches!(
+        c.next_frame().await,
+        RelayFrame::PresenceStatus { user_id, .. } if user_id == "wendy"
+    ));
+
+    // Huge values in fields with a size rule are invalid, and the answer stays small: an
+    // oversized message_id is not echoed, an unknown type is echoed cut to 128 bytes.
+    let huge = "h".repeat(MAX_FRAME_BYTES - 200);
+    c.send_json(
+        json!({"type": "SendMessage", "recipient": "wendy", "content": "x", "message_id": huge}),
+    )
+    .await;
+    assert_eq!(c.next_frame().await, invalid("SendMessage"));
+    c.send_json(json!({"type": "CheckPresence", "username": huge}))
+        .await;
+    assert_eq!(c.next_frame().await, invalid("CheckPresence"));
+    c.send_json(json!({"type": "WatchPresence", "users": vec!["wendy"; 50_000]}))
+        .await;
+    assert_eq!(c.next_frame().await, invalid("WatchPresence"));
+    c.send_json(json!({"type": huge})).await;
+    assert_eq!(
+        c.next_frame().await,
+        RelayFrame::error("unknown_type", Some(&"h".repeat(128)))
+    );
+    assert_eq!(relay.handle().stats().watches, 0);
+
+    c.sync().await;
+    c.close().await;
+    assert_eq!(relay.stored_frames(), 1);
+    assert_witness_delivered(&relay).await;
+}
+
+/// Values of the wrong type for a field whose right type is `kind`.
+fn wrong_values(kind: &str) -> Vec<Value> {
+    let mut values = match kind {
+        "string" | "optional string" => vec![
+            json!(7),
+            json!(-1.5),
+            json!(true),
+            json!({}),
+            json!(["wendy"]),
+        ],
+        "seq" => vec![
+            json!("1"),
+            json!(-1),
+            json!(1.5),
+            json!(1e300),
+            // 2^64: one past u64.
+            serde_json::from_str("18446744073709551616").unwrap(),
+            json!(true),
+            json!({}),
+            json!([1]),
+        ],
+        "strings" | "optional strings" => vec![
+            json!("wendy"),
+            json!([7]),
+            json!(["wendy", null]),
+            json!([["wendy"]]),
+            json!({"0": "wendy"}),
+        ],
+        other => panic!("no wrong values for {other}"),
+    };
+    // `null` is an absent optional field, and a missing required one.
+    if !kind.starts_with("optional") {
+        values.push(Value::Null);
+    }
+    values
+}
+
+/// A client frame type, a valid body, and each field with the kind of value it takes.
+type Shape = (&'static str, Value, Vec<(&'static str, &'static str)>);
+
+/// Every client frame type.
+fn frame_shapes() -> Vec<Shape> {
+    vec![
+        (
+            "Authenticate",
+            json!({"token": token("mallory"), "client_capabilities": ["mailbox_v1"]}),
+            vec![
+                ("token", "string"),
+                ("client_capabilities", "optional strings"),
+            ],
+        ),
+        (
+            "DeclareAddress",
+            json!({"address": "off1x", "public_key": "k", "signature": "s"}),
+            vec![
+                ("address", "string"),
+                ("public_key", "string"),
+                ("signature", "string"),
+            ],
+        ),
+        (
+            "SendMessage",
+            json!({"recipient": "wendy", "content": "x", "message_id": "m", "reply_to_msg": "r"}),
+            vec![
+                ("recipient", "string"),
+                ("content", "string"),
+                ("message_id", "string"),
+                ("reply_to_msg", "optional string"),
+            ],
+        ),
+        ("Ack", json!({"seq": 1}), vec![("seq", "seq")]),
+        ("AckUpTo", json!({"seq": 1}), vec![("seq", "seq")]),
+        (
+            "CheckPresence",
+            json!({"username": "wendy"}),
+            vec![("username", "string")],
+        ),
+        (
+            "WatchPresence",
+            json!({"users": ["wendy"]}),
+            vec![("users", "strings")],
+        ),
+        (
+            "UnwatchPresence",
+            json!({"users": ["wendy"]}),
+            vec![("users", "strings")],
+        ),
+        (
+            "CreateGroup",
+            json!({"group_id": "g", "name": "G"}),
+            vec![("group_id", "string"), ("name", "string")],
+        ),
+        (
+            "AddGroupMember",
+            json!({"group_id": "g", "username": "wendy"}),
+            vec![("group_id", "string"), ("username", "string")],
+        ),
+        (
+            "RemoveGroupMember",
+            json!({"group_id": "g", "username": "wendy"}),
+            vec![("group_id", "string"), ("username", "string")],
+        ),
+        (
+            "LeaveGroup",
+            json!({"group_id": "g"}),
+            vec![("group_id", "string")],
+        ),
+        (
+            "SendGroupMessage",
+            json!({"group_id": "g", "content": "x", "message_id": "m", "reply_to_msg": "r"}),
+            vec![
+                ("group_id", "string"),
+                ("content", "string"),
+                ("message_id", "string"),
+                ("reply_to_msg", "optional string"),
+            ],
+        ),
+    ]
+}
+
+/// Every way to get one field of `body` wrong: each wrong value, and (when required) absent.
+fn mistyped(body: &Value, field: &str, kind: &str) -> Vec<Value> {
+    let mut bodies: Vec<Value> = wrong_values(kind)
+        .into_iter()
+        .map(|wrong| {
+            let mut b = body.clone();
+            b[field] = wrong;
+            b
+        })
+        .collect();
+    if !kind.starts_with("optional") {
+        let mut b = body.clone();
+        b.as_object_mut().unwrap().remove(field);
+        bodies.push(b);
+    }
+    bodies
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mistyped_or_missing_field_is_invalid_frame_and_changes_nothing() {
+    let relay = TestRelay::start().await;
+    queue_witness(&relay).await;
+    let shapes = frame_shapes();
+
+    // A mistyped Authenticate as the first frame is a refused token.
+    let (_, auth_body, auth_fields) = &shapes[0];
+    for (field, kind) in auth_fields {
+        for body in mistyped(auth_body, field, kind) {
+            let mut frame = body.clone();
+            frame["type"] = json!("Authenticate");
+            let mut c = relay.client().await;
+            c.send_json(frame.clone()).await;
+            let (frames, ending) = c.frames_until_end().await;
+            assert_eq!(
+                frames,
+                vec![RelayFrame::AuthError {
+                    reason: "invalid_token".into()
+                }],
+                "{frame}"
+            );
+            assert_eq!(ending, Ending::Close(4001), "{frame}");
+        }
+    }
+    assert_eq!(relay.handle().stats().accounts, 2, "walter and wendy only");
+
+    // After authentication every one is answered invalid_frame, and the connection stays.
+    let mut c = relay.online("mallory").await;
+    let mut sent = 0;
+    for (frame_type, body, fields) in &shapes {
+        for (field, kind) in fields {
+            for body in mistyped(body, field, kind) {
+                let mut frame = body.clone();
+                frame["type"] = json!(frame_type);
+                c.send_json(frame.clone()).await;
+                assert_eq!(c.next_frame().await, invalid(frame_type), "{frame}");
+                sent += 1;
+            }
+        }
+    }
+    assert!(sent > 100, "{sent} frames");
+    // The valid bodies still work afterwards (this one is answered, not refused).
+    c.send_json(json!({"type": "CheckPresence", "username": "wendy"}))
+        .await;
+    assert!(matches!(
+        c.next_frame().await,
+        RelayFrame::PresenceStatus { .. }
+    ));
+    c.close().await;
+
+    let stats = relay.handle().stats();
+    assert_eq!((stats.stored_frames, stats.watches), (1, 0));
+    assert_witness_delivered(&relay).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_types_are_answered_and_never_close_the_connection() {
+    let relay = TestRelay::start().await;
+    queue_witness(&relay).await;
+    let mut c = relay.online("mallory").await;
+    // Relay-to-client frame names, near-misses of client frames, odd strings: all unknown. Far
+    // more of them than the 16 malformed frames that would close the connection.
+    let mut types: Vec<String> = RelayFrame::TYPES.iter().map(|t| t.to_string()).collect();
+    types.extend(
+        [
+            "",
+            " ",
+            "sendmessage",
+            "SendMessage ",
+            "Ack\u{0}",
+            "Ack\n",
+            "Déclare",
+            "🦀",
+            "\u{202e}kcA",
+        ]
+        .map(str::to_owned),
+    );
+    for i in 0..200 {
+        types.push(format!("Teleport{i}"));
+    }
+    for frame_type in &types {
+        c.send_json(json!({"type": frame_type, "seq": 1, "recipient": "wendy", "message_id": "m", "content": "x"}))
+            .await;
+        assert_eq!(
+            c.next_frame().await,
+            RelayFrame::error("unknown_type", Some(frame_type)),
+            "{frame_type:?}"
+        );
+    }
+    c.sync().await;
+    c.close().await;
+    assert_eq!(relay.stored_frames(), 1);
+    assert_witness_delivered(&relay).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_release_only_what_this_connection_was_written() {
+    let relay = TestRelay::start().await;
+    queue_witness(&relay).await;
+    relay.register("alice").await;
+    relay.register("bob").await;
+    let mut carol = relay.online("carol").await;
+    // alice (offline) holds seqs 1–3 of her journal, bob 1–2 of his.
+    for i in 1..=3 {
+        let id = format!("a{i}");
+        assert_sent(
+            &carol.send_and_answer("alice", &id, "for alice").await,
+            &id,
+            "alice",
+            "stored",
+        );
+    }
+    for i in 1..=2 {
+        let id = format!("b{i}");
+        assert_sent(
+            &carol.send_and_answer("bob", &id, "for bob").await,
+            &id,
+            "bob",
+            "stored",
+        );
+    }
+
+    let mut bob = relay.client().await;
+    bob.authenticate("bob", true).await;
+    let (drained, count) = bob.drain().await;
+    assert_eq!(count, 2);
+    assert_eq!(
+        drained.iter().map(|r| r.seq).collect::<Vec<_>>(),
+        vec![Some(1), Some(2)]
+    );
+    // Seqs bob was never written (alice's 3, nobody's 1000, 0, the largest u64), out of
+    // order and twice over: ignored, never answered. AckUpTo past everything releases bob's
+    // own written frames only.
+    for seq in [3, 1000, 0, u64::MAX] {
+        bob.ack(seq).await;
+    }
+    bob.ack(2).await;
+    bob.ack(2).await;
+    bob.ack_up_to(u64::MAX).await;
+    bob.ack(1).await;
+    assert_eq!(bob.until_synced().await, vec![]);
+    assert_eq!(
+        relay.stored_frames(),
+        1 + 3,
+        "the witness and alice's three"
+    );
+
+    // An ack for a seq bob will only get later does not release it in advance.
+    bob.ack(3).await;
+    bob.ack_up_to(4).await;
+    bob.sync().await;
+    assert_sent(
+        &carol.send_and_answer("bob", "b3", "late").await,
+        "b3",
+        "bob",
+        "live",
+    );
+    let late = bob.received().await;
+    assert_eq!((late.seq, late.message_id.as_str()), (Some(3), "b3"));
+    bob.close().await;
+    let mut bob = relay.client().await;
+    bob.authenticate("bob", true).await;
+    let (redelivered, count) = bob.drain().await;
+    assert_eq!(count, 1);
+    assert_eq!(redelivered[0].message_id, "b3");
+    bob.ack(3).await;
+    bob.close().await;
+
+    // alice gets all of hers, in order.
+    let mut alice = relay.client().await;
+    alice.authenticate("alice", true).await;
+    let (frames, count) = alice.drain().await;
+    assert_eq!(count, 3);
+    assert_eq!(
+        frames
+            .iter()
+            .map(|r| (r.seq, r.message_id.as_str()))
+            .collect::<Vec<_>>(),
+        vec![(Some(1), "a1"), (Some(2), "a2"), (Some(3), "a3")]
+    );
+    alice.close().await;
+    carol.close().await;
+    assert_witness_delivered(&relay).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_past_the_rate_limit_is_dropped_frame_by_frame_and_others_are_served() {
+    const FLOOD: usize = 5_000;
+    let relay = TestRelay::start_with(|c| {
+        c.rate_limit = courier_relay::RateLimit {
+            burst: 20,
+            per_sec: 10,
+        };
+    })
+    .await;
+    queue_witness(&relay).await;
+    relay.register("victim").await;
+    let mut mallory = relay.online("mallory").await;
+    // Written in one go, without reading a single answer.
+    for i in 0..FLOOD {
+        let frame = ClientFrame::SendMessage {
+            recipient: "victim".into(),
+            content: "spam".into(),
+            message_id: format!("s{i}"),
+            reply_to_msg: None,
+        };
+        mallory
+            .ws
+            .feed(Message::text(frame.encode()))
+            .await
+            .unwrap();
+    }
+    mallory.ws.flush().await.unwrap();
+
+    // Meanwhile honest clients authenticate and exchange messages.
+    let mut alice = relay.online("alice").await;
+    let mut bob = relay.online("bob").await;
+    assert_sent(
+        &alice.send_and_answer("bob", "h1", "hello").await,
+        "h1",
+        "bob",
+        "live",
+    );
+    assert_eq!(bob.received().await.content, "hello");
+
+    // Exactly one answer per flood frame, in order: accepted, or dropped with its id.
+    let mut accepted = Vec::new();
+    for i in 0..FLOOD {
+        let id = format!("s{i}");
+        match mallory.next_frame().await {
+            RelayFrame::MessageSent { message_id, .. } => {
+                assert_eq!(message_id, id);
+                accepted.push(id);
+            }
+            RelayFrame::RateLimited {
+                retry_after_ms,
+                frame_type,
+                message_id,
+                seq,
+            } => {
+                assert!(retry_after_ms >= 1);
+                assert_eq!(
+                    (frame_type.as_str(), message_id.as_deref(), seq),
+                    ("SendMessage", Some(id.as_str()), None)
+                );
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(
+        accepted.len() >= 20 && accepted.len() < FLOOD / 2,
+        "{} accepted",
+        accepted.len()
+    );
+    // The connection is still up: after the advertised wait a frame goes through.
+    loop {
+        mallory
+            .send(&ClientFrame::CheckPresence {
+                username: "sync".into(),
+            })
+            .await;
+        match mallory.next_frame().await {
+            RelayFrame::PresenceStatus { .. } => break,
+            RelayFrame::RateLimited { retry_after_ms, .. } => {
+                tokio::time::sleep(Duration::from_millis(retry_after_ms)).await
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    mallory.close().await;
+
+    // Exactly the accepted frames were stored for the victim, in order.
+    let mut victim = relay.client().await;
+    victim.authenticate("victim", true).await;
+    let (frames, count) = victim.drain().await;
+    assert_eq!(count as usize, accepted.len());
+    assert_eq!(
+        frames
+            .iter()
+            .map(|r| r.message_id.clone())
+            .collect::<Vec<_>>(),
+        accepted
+    );
+    victim.close().await;
+    alice.close().await;
+    bob.close().await;
+    assert_witness_delivered(&relay).await;
+}
