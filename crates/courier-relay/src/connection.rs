@@ -347,15 +347,29 @@ where
                 Ok(Some(Ok(message))) => message,
             };
             last_heard = Instant::now();
-            let flow = match message {
-                Message::Text(text) => session.on_text(&text).await,
-                Message::Binary(_) => session.on_malformed().await,
-                Message::Close(_) => {
-                    // tungstenite queued the reply; reading on flushes it and ends the stream.
-                    linger_read(&mut self.stream, timings.close_linger).await;
-                    break End::Gone;
+            let handling = async {
+                match message {
+                    Message::Text(text) => Some(session.on_text(&text).await),
+                    Message::Binary(_) => Some(session.on_malformed().await),
+                    Message::Close(_) => None,
+                    Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => Some(Flow::Continue),
                 }
-                Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => Flow::Continue,
+            };
+            // A peer that sends but never reads stalls the writer, and with it the answer
+            // being queued here: the keepalive rule (§1) must still end the connection, and
+            // shutdown and displacement must still be heard.
+            let handled = tokio::select! {
+                biased;
+                handled = handling => handled,
+                () = stopping(&mut shutdown) => break End::Close(close::GOING_AWAY),
+                ack = &mut superseded => break End::Superseded(ack.ok()),
+                () = tokio::time::sleep_until(last_heard + timings.dead_after) => break End::Dead,
+            };
+            let Some(flow) = handled else {
+                // A Close: tungstenite queued the reply; reading on flushes it and ends the
+                // stream.
+                linger_read(&mut self.stream, timings.close_linger).await;
+                break End::Gone;
             };
             match flow {
                 Flow::Continue => {}

@@ -601,3 +601,67 @@ async fn a_flood_past_the_rate_limit_is_dropped_frame_by_frame_and_others_are_se
     bob.close().await;
     assert_witness_delivered(&relay).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_floods_and_never_reads_is_dropped_and_others_are_served() {
+    let relay = TestRelay::start_with(|c| {
+        c.timings.ping_interval = Duration::from_millis(200);
+        c.timings.dead_after = Duration::from_secs(2);
+    })
+    .await;
+    queue_witness(&relay).await;
+    let addr = relay.handle().local_addr();
+    let mut raw = RawClient::connect_with_receive_window(addr, 4096).await;
+    raw.authenticate("mallory").await;
+    // From here on it never reads: 64 KiB messages to itself fill the way toward it, then
+    // small frames whose answers have nowhere to go follow, until the relay gives up on it.
+    let flood = tokio::spawn(async move {
+        let content = "x".repeat(64 * 1024);
+        for i in 0u64.. {
+            let frame = if i < 100 {
+                ClientFrame::SendMessage {
+                    recipient: "mallory".into(),
+                    content: content.clone(),
+                    message_id: format!("self{i}"),
+                    reply_to_msg: None,
+                }
+            } else {
+                ClientFrame::CheckPresence {
+                    username: "wendy".into(),
+                }
+            };
+            let written = raw
+                .write_fragment(true, 0x1, frame.encode().as_bytes())
+                .await;
+            if written.is_err() {
+                return i;
+            }
+        }
+        unreachable!()
+    });
+
+    // Honest clients are served meanwhile.
+    let mut alice = relay.online("alice").await;
+    let mut bob = relay.online("bob").await;
+    assert_sent(
+        &alice.send_and_answer("bob", "h1", "hello").await,
+        "h1",
+        "bob",
+        "live",
+    );
+    assert_eq!(bob.received().await.content, "hello");
+    alice.close().await;
+    bob.close().await;
+
+    // Filling the buffers toward it takes a few seconds in a debug build; then the keepalive
+    // rule ends the connection.
+    let written = tokio::time::timeout(DEADLINE * 3, flood)
+        .await
+        .expect("the relay drops a connection it cannot write to")
+        .unwrap();
+    assert!(written > 100, "{written} frames written");
+    relay
+        .wait_stats("mallory's connection to end", |s| s.connections == 0)
+        .await;
+    assert_witness_delivered(&relay).await;
+}

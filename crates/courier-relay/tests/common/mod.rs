@@ -466,7 +466,19 @@ pub struct RawClient {
 
 impl RawClient {
     pub async fn connect(addr: std::net::SocketAddr) -> Self {
-        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        Self::upgrade(TcpStream::connect(addr).await.unwrap()).await
+    }
+
+    /// A client whose socket takes in at most `bytes` before the relay's writes must wait: a
+    /// peer that stops reading blocks the relay quickly instead of after megabytes.
+    pub async fn connect_with_receive_window(addr: std::net::SocketAddr, bytes: u32) -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(bytes).unwrap();
+        Self::upgrade(socket.connect(addr).await.unwrap()).await
+    }
+
+    async fn upgrade(mut tcp: TcpStream) -> Self {
+        let addr = tcp.peer_addr().unwrap();
         let request = format!(
             "GET / HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
@@ -510,6 +522,16 @@ impl RawClient {
     /// Writes one masked frame; `fin` false leaves the message open for continuation frames
     /// (opcode 0).
     pub async fn send_fragment(&mut self, fin: bool, opcode: u8, payload: &[u8]) {
+        self.write_fragment(fin, opcode, payload).await.unwrap();
+    }
+
+    /// `send_fragment` that reports a broken connection instead of panicking.
+    pub async fn write_fragment(
+        &mut self,
+        fin: bool,
+        opcode: u8,
+        payload: &[u8],
+    ) -> std::io::Result<()> {
         let mut frame = Self::header(fin, opcode, payload.len() as u64);
         frame.extend(
             payload
@@ -517,7 +539,7 @@ impl RawClient {
                 .enumerate()
                 .map(|(i, b)| b ^ Self::MASK[i % 4]),
         );
-        self.tcp.write_all(&frame).await.unwrap();
+        self.tcp.write_all(&frame).await
     }
 
     /// Writes only the header of a final frame announcing `len` payload bytes, and no payload.
