@@ -12,6 +12,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use crate::carrier::gateway::{self, GatewayOut, GatewaySettings};
 use crate::carrier::relay::{self, RelayOut, RelaySettings};
 use crate::carrier::tls;
 use crate::config::{ProtocolConfig, StorageConfig};
@@ -39,6 +40,7 @@ pub struct Client {
     address: String,
     driver: DriverTx,
     relay_tx: Option<tokio_mpsc::UnboundedSender<RelayOut>>,
+    gateway_tx: Option<tokio_mpsc::UnboundedSender<GatewayOut>>,
     stats: Arc<Mutex<Stats>>,
     watchlist: Arc<Mutex<BTreeSet<String>>>,
     /// Names of the app carriers registered so far (a carrier cannot be unregistered).
@@ -50,6 +52,7 @@ pub struct Client {
 struct Running {
     driver_thread: thread::JoinHandle<()>,
     relay_task: Option<JoinHandle<()>>,
+    gateway_task: Option<JoinHandle<()>>,
 }
 
 impl Client {
@@ -125,6 +128,16 @@ impl Client {
             let task = runtime.spawn(relay::run(settings, rx, driver_tx.clone()));
             (tx, task)
         });
+        let gateway = config.gateway.as_ref().map(|gateway| {
+            let (tx, rx) = tokio_mpsc::unbounded_channel();
+            let settings = GatewaySettings {
+                address: gateway.address.clone(),
+                identity: identity.clone(),
+                timings: gateway.timings,
+            };
+            let task = runtime.spawn(gateway::run(settings, rx, driver_tx.clone()));
+            (tx, task)
+        });
         let stats = Arc::new(Mutex::new(engine.stats()));
         let watchlist = Arc::new(Mutex::new(BTreeSet::new()));
         let driver = Driver {
@@ -147,25 +160,26 @@ impl Client {
             rx: driver_rx,
             sink,
             relay: relay.as_ref().map(|(tx, _)| tx.clone()),
+            gateway: gateway.as_ref().map(|(tx, _)| tx.clone()),
         };
         let driver_thread = thread::Builder::new()
             .name("courier-driver".into())
             .spawn(move || driver.run())
             .map_err(|e| ClientError::Internal(format!("cannot start the driver thread: {e}")))?;
-        let (relay_tx, relay_task) = match relay {
-            Some((tx, task)) => (Some(tx), Some(task)),
-            None => (None, None),
-        };
+        let (relay_tx, relay_task) = relay.unzip();
+        let (gateway_tx, gateway_task) = gateway.unzip();
         Ok(Self {
             address,
             driver: driver_tx,
             relay_tx,
+            gateway_tx,
             stats,
             watchlist,
             transports: Mutex::new(BTreeSet::new()),
             running: Mutex::new(Some(Running {
                 driver_thread,
                 relay_task,
+                gateway_task,
             })),
         })
     }
@@ -218,10 +232,13 @@ impl Client {
         if let Err(e) = validate_identifier(name) {
             return Err(ClientError::InvalidArgument(format!("transport name {e}")));
         }
-        if name == Carrier::Internet.name() {
-            return Err(ClientError::InvalidArgument(
-                "transport name 'internet' is the relay's".into(),
-            ));
+        if [Carrier::Internet, Carrier::Gateway]
+            .iter()
+            .any(|carrier| carrier.name() == name)
+        {
+            return Err(ClientError::InvalidArgument(format!(
+                "transport name {name:?} is a built-in carrier's"
+            )));
         }
         let mut transports = self.lock_transports()?;
         if !transports.insert(name.to_owned()) {
@@ -336,7 +353,13 @@ impl Client {
         if let Some(tx) = &self.relay_tx {
             let _ = tx.send(RelayOut::Stop);
         }
-        if let Some(task) = running.relay_task {
+        if let Some(tx) = &self.gateway_tx {
+            let _ = tx.send(GatewayOut::Stop);
+        }
+        for task in [running.relay_task, running.gateway_task]
+            .into_iter()
+            .flatten()
+        {
             let _ = task.await;
         }
         let (reply, rx) = oneshot::channel();

@@ -16,6 +16,8 @@ use std::path::PathBuf;
 use courier_engine::Config;
 use serde_json::{Map, Value};
 
+use crate::carrier::gateway::GatewayTimings;
+
 /// Largest integer a JavaScript number represents exactly.
 const MAX_SAFE_INTEGER: u64 = 1 << 53;
 
@@ -78,6 +80,19 @@ impl std::fmt::Debug for InternetConfig {
     }
 }
 
+/// `transports.gateway`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayConfig {
+    /// `host:port` of the gateway daemon.
+    pub address: String,
+    /// The `identity.md` §6 clocks in production; tests shorten them.
+    #[doc(hidden)]
+    pub timings: GatewayTimings,
+}
+
+/// Where a gateway daemon listens when `transports.gateway` names no address (`identity.md` §6).
+pub const DEFAULT_GATEWAY_ADDRESS: &str = "localhost:4242";
+
 /// `logLevel`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum LogLevel {
@@ -131,6 +146,7 @@ pub struct ProtocolConfig {
     pub app_id: String,
     pub storage: StorageConfig,
     pub internet: Option<InternetConfig>,
+    pub gateway: Option<GatewayConfig>,
     /// Built from `appId` and `reliability.*`; every other field at `Config::new` defaults.
     pub engine: Config,
     pub group_relay_broadcast: bool,
@@ -165,9 +181,12 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
     courier_proto::validate_identifier(app_id).map_err(|e| root.error("appId", e.to_string()))?;
 
     let storage = parse_storage(&root)?;
-    let internet = match root.section("transports", &["internet"])? {
-        Some(transports) => parse_internet(&transports, &mut warnings)?,
-        None => None,
+    let (internet, gateway) = match root.section("transports", &["internet", "gateway"])? {
+        Some(transports) => (
+            parse_internet(&transports, &mut warnings)?,
+            parse_gateway(&transports, &mut warnings)?,
+        ),
+        None => (None, None),
     };
 
     if let Some(encryption) = root.section("encryption", &["enabled"])? {
@@ -224,6 +243,7 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
         app_id: app_id.to_owned(),
         storage,
         internet,
+        gateway,
         engine,
         group_relay_broadcast,
         has_durability_hook,
@@ -313,6 +333,58 @@ fn parse_internet(
         host_is_loopback,
         tls,
     }))
+}
+
+fn parse_gateway(
+    transports: &Section<'_>,
+    warnings: &mut Vec<String>,
+) -> Result<Option<GatewayConfig>, ConfigError> {
+    let Some(gateway) = transports.section("gateway", &["address"])? else {
+        return Ok(None);
+    };
+    let address = gateway
+        .string("address")?
+        .unwrap_or(DEFAULT_GATEWAY_ADDRESS);
+    let host = check_gateway_address(address).map_err(|m| gateway.error("address", m))?;
+    if !is_loopback_host(host) {
+        warnings.push(
+            "transports.gateway.address: the gateway link is plaintext TCP; a host other than \
+             loopback lets the network read and alter every frame"
+                .to_owned(),
+        );
+    }
+    Ok(Some(GatewayConfig {
+        address: address.to_owned(),
+        timings: GatewayTimings::default(),
+    }))
+}
+
+/// `host:port`: a host name, an IPv4 address or a bracketed IPv6 address, then a port from 1 to
+/// 65535. Returns the host.
+fn check_gateway_address(address: &str) -> Result<&str, String> {
+    const FORM: &str = "must be 'host:port', like 'localhost:4242' or '[::1]:4242'";
+    let (host, port) = address.rsplit_once(':').ok_or(FORM)?;
+    let port_ok = !port.is_empty()
+        && port.bytes().all(|b| b.is_ascii_digit())
+        && port.parse::<u16>().is_ok_and(|p| p != 0);
+    if !port_ok {
+        return Err("must end in a port from 1 to 65535".to_owned());
+    }
+    match host.strip_prefix('[') {
+        Some(bracketed) => {
+            let ip = bracketed.strip_suffix(']').ok_or(FORM)?;
+            if ip.parse::<Ipv6Addr>().is_err() {
+                return Err("must bracket an IPv6 address, like '[::1]:4242'".to_owned());
+            }
+        }
+        None => {
+            let name = |c: char| c.is_ascii_alphanumeric() || c == '.' || c == '-';
+            if host.is_empty() || !host.chars().all(name) {
+                return Err(FORM.to_owned());
+            }
+        }
+    }
+    Ok(host)
 }
 
 /// `ws://` or `wss://` with a host; `ws://` only to a loopback host. Returns `(tls, loopback)`.
@@ -562,6 +634,33 @@ impl<'a> Section<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gateway_addresses() {
+        for (address, host) in [
+            ("localhost:4242", "localhost"),
+            ("127.0.0.1:1", "127.0.0.1"),
+            ("[::1]:65535", "[::1]"),
+            ("gw-1.example.org:4242", "gw-1.example.org"),
+        ] {
+            assert_eq!(check_gateway_address(address), Ok(host), "{address}");
+        }
+        for address in [
+            "localhost",
+            "localhost:",
+            "localhost:0",
+            "localhost:65536",
+            "localhost:+42",
+            ":4242",
+            "::1:4242",
+            "[::1:4242",
+            "[localhost]:4242",
+            "local host:4242",
+            "tcp://localhost:4242",
+        ] {
+            assert!(check_gateway_address(address).is_err(), "{address}");
+        }
+    }
 
     #[test]
     fn loopback_hosts() {

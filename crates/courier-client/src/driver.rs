@@ -22,7 +22,9 @@ use courier_engine::{
 use courier_proto::{ClientFrame, Message};
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 
+use crate::carrier::gateway::GatewayOut;
 use crate::carrier::relay::RelayOut;
+use crate::carrier::Submit;
 use crate::error::ClientError;
 use crate::event::ClientEvent;
 use crate::store::{MessageStatus, SettledRecord, Store};
@@ -120,6 +122,7 @@ pub struct Driver {
     pub rx: mpsc::Receiver<Command>,
     pub sink: EventSink,
     pub relay: Option<tokio_mpsc::UnboundedSender<RelayOut>>,
+    pub gateway: Option<tokio_mpsc::UnboundedSender<GatewayOut>>,
     /// Published after every step, so `stats()` is a synchronous read that never waits on a commit.
     pub stats: Arc<Mutex<Stats>>,
     /// The engine's presence watchlist, mirrored for `internetPresenceWatchlist()`.
@@ -406,24 +409,24 @@ impl Driver {
         }
     }
 
-    /// Hands a transmit to its carrier: the relay task, or the facade for an app carrier.
+    /// Hands a transmit to its carrier: the relay or gateway task, or the facade for an app
+    /// carrier.
     fn route(&mut self, transmit: Transmit) {
         match transmit.carrier {
             Carrier::Internet => {
                 let Some(relay) = &self.relay else { return };
-                let out = match transmit.kind {
-                    TransmitKind::Outbox { message, send_seq } => RelayOut::Outbox {
-                        id: message.id.clone(),
-                        send_seq,
-                        recipient: message.recipient.clone(),
-                        frame: send_frame(&message),
-                    },
-                    TransmitKind::Ack { message } => RelayOut::Ack {
-                        frame: send_frame(&message),
-                    },
-                    TransmitKind::HopAck { seq } => RelayOut::HopAck { seq },
+                let out = match addressed(transmit.kind) {
+                    Addressed::Frame(frame) => RelayOut::Submit(frame),
+                    Addressed::HopAck(seq) => RelayOut::HopAck { seq },
                 };
                 let _ = relay.send(out);
+            }
+            Carrier::Gateway => {
+                let Some(gateway) = &self.gateway else { return };
+                // Only the relay journals frames: the engine releases none of a gateway's.
+                if let Addressed::Frame(frame) = addressed(transmit.kind) {
+                    let _ = gateway.send(GatewayOut::Submit(frame));
+                }
             }
             Carrier::Local(name) => {
                 // App carriers move the end-to-end Message itself; there is no journal to release.
@@ -544,6 +547,28 @@ impl Driver {
     }
 }
 
+/// A transmit for an addressed carrier: an end-to-end frame, or the release of relay journal
+/// frame `seq`.
+enum Addressed {
+    Frame(Submit),
+    HopAck(u64),
+}
+
+fn addressed(kind: TransmitKind) -> Addressed {
+    match kind {
+        TransmitKind::Outbox { message, send_seq } => Addressed::Frame(Submit::Outbox {
+            id: message.id.clone(),
+            send_seq,
+            recipient: message.recipient.clone(),
+            frame: send_frame(&message),
+        }),
+        TransmitKind::Ack { message } => Addressed::Frame(Submit::Ack {
+            frame: send_frame(&message),
+        }),
+        TransmitKind::HopAck { seq } => Addressed::HopAck(seq),
+    }
+}
+
 fn send_frame(message: &Message) -> String {
     ClientFrame::SendMessage {
         recipient: message.recipient.clone(),
@@ -603,6 +628,7 @@ mod tests {
                 let _ = events_tx.send(e);
             }),
             relay: None,
+            gateway: None,
             stats: stats.clone(),
             watchlist: Default::default(),
             hook_timeout_ms: 30_000,

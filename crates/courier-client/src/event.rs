@@ -16,6 +16,12 @@ pub enum ClientEvent {
     InternetSessionSuperseded {
         reason: String,
     },
+    /// The gateway carrier's connection (`connected`) and binding (`attached`: the gateway
+    /// bound this device's own address, so the carrier is available).
+    GatewayStatusChanged {
+        connected: bool,
+        attached: bool,
+    },
     /// A relay frame the engine does not consume, verbatim.
     InternetServerMessage {
         json: String,
@@ -94,6 +100,12 @@ impl ClientEvent {
                 authenticated,
             } => {
                 json!({"type": "internet_status_changed", "connected": connected, "authenticated": authenticated})
+            }
+            Self::GatewayStatusChanged {
+                connected,
+                attached,
+            } => {
+                json!({"type": "gateway_status_changed", "connected": connected, "attached": attached})
             }
             Self::InternetSessionSuperseded { reason } => {
                 json!({"type": "internet_session_superseded", "reason": reason})

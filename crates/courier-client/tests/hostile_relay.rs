@@ -2,14 +2,15 @@
 //! it as a security warning, keeps the connection, and its `DeclareAddress` is provably the first
 //! frame after authentication — before the outbox flush.
 
+mod support;
+
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine as _;
 use courier_client::client::{Client, SendInput};
 use courier_client::config::parse_protocol_config;
 use courier_client::event::ClientEvent;
-use courier_engine::Event;
 use courier_proto::{verify_declaration, Address, ClientFrame, RelayFrame};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
@@ -103,45 +104,7 @@ fn start_client(dir: &std::path::Path, url: &str) -> (Client, mpsc::Receiver<Cli
         "transports": { "internet": { "url": url, "authToken": courier_relay::issue_token(b"s", "alice", 60).unwrap() } },
     }))
     .unwrap();
-    let (tx, events) = mpsc::channel();
-    let sink = Box::new(move |e: ClientEvent| {
-        let _ = tx.send(e);
-    });
-    let client = Client::start(&config, sink, &tokio::runtime::Handle::current()).unwrap();
-    (client, events)
-}
-
-async fn wait_for(
-    events: &mpsc::Receiver<ClientEvent>,
-    what: &str,
-    pred: impl Fn(&ClientEvent) -> bool,
-) -> ClientEvent {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match events.try_recv() {
-            Ok(e) if pred(&e) => return e,
-            Ok(_) => {}
-            Err(mpsc::TryRecvError::Empty) => {
-                assert!(Instant::now() < deadline, "timed out waiting for {what}");
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            Err(mpsc::TryRecvError::Disconnected) => panic!("events ended before {what}"),
-        }
-    }
-}
-
-fn warning(e: &ClientEvent) -> Option<(String, &'static str)> {
-    match e {
-        ClientEvent::Engine(e) => match &**e {
-            Event::SecurityWarning {
-                peer_id,
-                reason_code,
-                ..
-            } => Some((peer_id.clone(), *reason_code)),
-            _ => None,
-        },
-        _ => None,
-    }
+    support::start(&config)
 }
 
 async fn scenario(answer: Answer) -> (Vec<ClientFrame>, (String, &'static str), String) {
@@ -162,8 +125,11 @@ async fn scenario(answer: Answer) -> (Vec<ClientFrame>, (String, &'static str), 
         .await
         .unwrap()
         .unwrap();
-    let found = wait_for(&events, "a security warning", |e| warning(e).is_some()).await;
-    wait_for(
+    let found = support::wait_for(&events, "a security warning", |e| {
+        support::warning(e).is_some()
+    })
+    .await;
+    support::wait_for(
         &events,
         "the answer forwarded verbatim",
         |e| matches!(e, ClientEvent::InternetServerMessage { json } if json.contains("Address")),
@@ -171,7 +137,8 @@ async fn scenario(answer: Answer) -> (Vec<ClientFrame>, (String, &'static str), 
     .await;
     let own = client.local_address().to_owned();
     client.stop().await;
-    (frames, warning(&found).unwrap(), own)
+    let (peer, code, _) = support::warning(&found).unwrap();
+    (frames, (peer, code), own)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,11 +7,20 @@
 //!
 //! One function, [`Engine::route_for`]: a direct link to the recipient (it is a current neighbor
 //! on a registered local carrier) is preferred over the relay; else the relay when the Internet
-//! carrier is up; else the send is deferred (`message_deferred`, `next_retry_at: None`) until a
-//! carrier or neighbor edge. A parked message is also *offered* to every other current neighbor
-//! on every park and every probe (`Transmit.peer` = that neighbor): the neighbor only carries
-//! it, the offer is fire-and-forget (its `send_seq` is never the entry's attempt, so reports for
-//! it are ignored) and only the recipient's ACK settles the message.
+//! carrier is up; else a gateway when the Gateway carrier is up; else the send is deferred
+//! (`message_deferred`, `next_retry_at: None`) until a carrier or neighbor edge. A parked message
+//! is also *offered* to every other current neighbor on every park and every probe
+//! (`Transmit.peer` = that neighbor): the neighbor only carries it, the offer is fire-and-forget
+//! (its `send_seq` is never the entry's attempt, so reports for it are ignored) and only the
+//! recipient's ACK settles the message.
+//!
+//! The relay and a gateway are both *addressed* carriers: they route by the recipient's address
+//! and answer each send live or unreachable, so their answers, reconnect flush and edges are
+//! the same. With both up the relay carries the attempts: it is the one with a mailbox
+//! (custody) and presence, and its answers are what the ladder and the parking rules are tuned
+//! for. The gateway then reaches what the relay cannot the way a neighbor does: a parked
+//! message is offered over it too (peer `None`) on every park and probe, because a gateway
+//! bridges a mesh where a recipient the relay calls unreachable may well be attached.
 //!
 //! # Reachability edges and the ACK budget
 //!
@@ -251,13 +260,13 @@ impl Engine {
     }
 
     /// A carrier became available. `Carrier::Local(name)` registers an app-supplied carrier
-    /// (it reaches only the neighbors reported for it). `Carrier::Internet` is the reconnect
-    /// flush and a reachability edge for everyone: every parked entry gets a fresh budget, every
-    /// queued or resting entry is due now, the first `flush_batch` go in this call and the rest
-    /// on the following `handle_timeout` calls.
+    /// (it reaches only the neighbors reported for it). An addressed carrier (`Internet`,
+    /// `Gateway`) is the reconnect flush and a reachability edge for everyone: every parked entry
+    /// gets a fresh budget, every queued or resting entry is due now, the first `flush_batch` go
+    /// in this call and the rest on the following `handle_timeout` calls.
     pub fn handle_carrier_up(&mut self, carrier: Carrier, now: Millis) {
         match &carrier {
-            Carrier::Internet => {
+            Carrier::Internet | Carrier::Gateway => {
                 self.carriers.insert(carrier);
                 self.edge_all(now);
                 for key in self.timers.queued_later_than(now) {
@@ -285,6 +294,7 @@ impl Engine {
         }
         match &carrier {
             Carrier::Internet => self.presence.disconnect(),
+            Carrier::Gateway => {}
             Carrier::Local(name) => {
                 self.neighbors.unregister(name);
             }
@@ -436,11 +446,11 @@ impl Engine {
         self.end_call();
     }
 
-    /// An end-to-end ACK back the way the message came: over the relay, or to the peer that
-    /// handed it over on a local carrier.
+    /// An end-to-end ACK back the way the message came: over the relay or the gateway, or to
+    /// the peer that handed it over on a local carrier.
     fn ack_back(&mut self, origin: &InboundOrigin, ack: Message) {
         let peer = match origin.carrier {
-            Carrier::Internet => None,
+            Carrier::Internet | Carrier::Gateway => None,
             Carrier::Local(_) => Some(origin.stamped_sender.clone()),
         };
         self.transmits.push_back(Transmit {
@@ -621,7 +631,7 @@ impl Engine {
     pub fn handle_neighbor_discovered(&mut self, peer: &str, carrier: Carrier, now: Millis) {
         let registered = match &carrier {
             Carrier::Local(name) => self.neighbors.is_registered(name),
-            Carrier::Internet => false,
+            Carrier::Internet | Carrier::Gateway => false,
         };
         if !registered {
             let text = format!(
@@ -708,7 +718,7 @@ impl Engine {
             } else {
                 0
             };
-            if self.carriers.contains(&Carrier::Internet) {
+            if self.addressed().is_some() {
                 self.timers.next_send(probes_from)
             } else {
                 self.neighbor_queue()
@@ -751,7 +761,8 @@ impl Engine {
 
     // ---- carrier choice and sending -------------------------------------------------------
 
-    /// Carrier choice: a direct link to the recipient, else the relay, else none.
+    /// Carrier choice: a direct link to the recipient, else the relay, else a gateway, else
+    /// none.
     fn route_for(&self, recipient: &str) -> Result<Route, &'static str> {
         if let Some(carrier) = self.neighbors.link_to(recipient) {
             return Ok((
@@ -759,10 +770,17 @@ impl Engine {
                 Some(recipient.to_owned()),
             ));
         }
-        if self.carriers.contains(&Carrier::Internet) {
-            return Ok((Carrier::Internet, None));
+        match self.addressed() {
+            Some(carrier) => Ok((carrier, None)),
+            None => Err(REASON_NO_CARRIER),
         }
-        Err(REASON_NO_CARRIER)
+    }
+
+    /// The addressed carrier that carries attempts: the relay when it is up, else a gateway.
+    fn addressed(&self) -> Option<Carrier> {
+        [Carrier::Internet, Carrier::Gateway]
+            .into_iter()
+            .find(|carrier| self.carriers.contains(carrier))
     }
 
     fn has_slot(&self) -> bool {
@@ -807,7 +825,7 @@ impl Engine {
         let gate = Gate {
             probes: !self.config.edge_driven_unreachable_dm || self.resend_budget.available(now),
         };
-        if self.carriers.contains(&Carrier::Internet) {
+        if self.addressed().is_some() {
             self.timers.first_due_send(now, gate)
         } else {
             self.neighbor_queue()
@@ -873,26 +891,32 @@ impl Engine {
         }
     }
 
-    /// Offers the entry to every current neighbor but `except`: carry-only copies, reports for
-    /// which are ignored (their `send_seq` is never the entry's attempt).
+    /// Offers the entry to every current neighbor but `except`, and to the gateway when the
+    /// relay carries the attempts: carry-only copies, reports for which are ignored (their
+    /// `send_seq` is never the entry's attempt).
     fn offer(&mut self, key: Key, except: Option<&str>) {
-        if self.neighbors.is_empty() {
+        let via_gateway =
+            self.carriers.contains(&Carrier::Gateway) && self.carriers.contains(&Carrier::Internet);
+        if self.neighbors.is_empty() && !via_gateway {
             return;
         }
         let Some(entry) = self.outbox.get(key) else {
             return;
         };
-        let targets: Vec<(String, String)> = self
+        let mut targets: Vec<(Carrier, Option<String>)> = self
             .neighbors
             .each()
             .filter(|(_, peer)| Some(*peer) != except)
-            .map(|(carrier, peer)| (carrier.to_owned(), peer.to_owned()))
+            .map(|(carrier, peer)| (Carrier::Local(carrier.to_owned()), Some(peer.to_owned())))
             .collect();
+        if via_gateway {
+            targets.push((Carrier::Gateway, None));
+        }
         for (carrier, peer) in targets {
             self.last_send_seq += 1;
             self.transmits.push_back(Transmit {
-                carrier: Carrier::Local(carrier),
-                peer: Some(peer),
+                carrier,
+                peer,
                 kind: TransmitKind::Outbox {
                     message: entry.message.clone(),
                     send_seq: self.last_send_seq,
@@ -1264,15 +1288,16 @@ impl Engine {
     }
 
     /// The end-to-end ACK of a committed (or restored and delivered) message: on the carrier it
-    /// came by while that is usable (the relay up, or the peer still a neighbor there), else the
-    /// current route to its sender, else none — the sender's resend is re-ACKed from dedup.
+    /// came by while that is usable (the relay or gateway up, or the peer still a neighbor
+    /// there), else the current route to its sender, else none — the sender's resend is re-ACKed
+    /// from dedup.
     fn ack_committed(&mut self, pending: &PendingInbound, now: Millis) {
         if !pending.message.requires_ack {
             return;
         }
         let route = match &pending.carrier {
-            Carrier::Internet if self.carriers.contains(&Carrier::Internet) => {
-                Some((Carrier::Internet, None))
+            addressed if addressed.is_addressed() && self.carriers.contains(addressed) => {
+                Some((addressed.clone(), None))
             }
             Carrier::Local(name) if self.neighbors.links(name, &pending.stamped_sender) => Some((
                 pending.carrier.clone(),

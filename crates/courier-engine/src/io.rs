@@ -16,6 +16,9 @@ pub type Millis = u64;
 pub enum Carrier {
     /// The relay connection.
     Internet,
+    /// A gateway daemon (`identity.md` §6). Like the relay it routes by the message's address and
+    /// answers every send live or unreachable; unlike it, it keeps no mailbox and has no presence.
+    Gateway,
     /// An app-supplied local carrier (BLE, Wi-Fi Direct, …), by its registered name.
     Local(String),
 }
@@ -24,8 +27,15 @@ impl Carrier {
     pub fn name(&self) -> &str {
         match self {
             Self::Internet => "internet",
+            Self::Gateway => "gateway",
             Self::Local(name) => name,
         }
+    }
+
+    /// The relay and a gateway route by the message's address; a local carrier reaches only the
+    /// neighbor a frame is handed to.
+    pub fn is_addressed(&self) -> bool {
+        matches!(self, Self::Internet | Self::Gateway)
     }
 }
 
@@ -87,7 +97,8 @@ pub struct Transmit {
     pub carrier: Carrier,
     /// For `Carrier::Local(_)`: the neighbor the frame is handed to — the recipient itself on a
     /// direct link, or a neighbor that only carries it (a parked message offered on park or
-    /// probe). `None` for `Carrier::Internet`, where the relay routes by the message.
+    /// probe). `None` for the addressed carriers (`Internet`, `Gateway`), which route by the
+    /// message.
     pub peer: Option<String>,
     pub kind: TransmitKind,
 }

@@ -13,6 +13,7 @@ pub mod frame;
 pub mod ident;
 pub mod identity_key;
 pub mod limits;
+pub mod lines;
 pub mod message;
 pub mod proof;
 pub mod security;

@@ -2,20 +2,17 @@
 //! with reconnects, metered by the client token bucket. It reports every outcome to the driver
 //! and decides nothing about delivery.
 
-use std::collections::hash_map::RandomState;
-use std::collections::{HashMap, VecDeque};
-use std::hash::BuildHasher;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use courier_engine::{Carrier, DiagnosticLevel, InboundOrigin, RelayAnswer};
+use courier_engine::{Carrier, DiagnosticLevel};
 use courier_proto::limits::{
     close, CAP_MAILBOX, CAP_PRESENCE_WATCH, MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_FRAME_BYTES,
 };
 use courier_proto::security::{RELAY_ADDRESS_BINDING_MISMATCH, RELAY_ADDRESS_DECLARATION_REFUSED};
 use courier_proto::{
-    declare_address_after_auth, ClientFrame, DecodeError, Disposition, IdentityKey, Message,
-    RelayFrame,
+    declare_address_after_auth, ClientFrame, DecodeError, IdentityKey, RelayFrame,
 };
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
@@ -25,8 +22,12 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
+use crate::carrier::answers::Answers;
+use crate::carrier::backoff::Backoff;
+use crate::carrier::inbound::{inbound_command, Stamp};
 use crate::carrier::presence::PresenceWatch;
 use crate::carrier::release::Releases;
+use crate::carrier::{report, Submit};
 use crate::driver::{Command, DriverTx};
 use crate::event::ClientEvent;
 
@@ -34,38 +35,15 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
 const PING_EVERY: Duration = Duration::from_secs(10);
 const DEAD_AFTER: Duration = Duration::from_secs(30);
-const WRITE_ACK_TIMEOUT: Duration = Duration::from_secs(15);
-const RECONNECT_MIN: Duration = Duration::from_secs(1);
-const RECONNECT_MAX: Duration = Duration::from_secs(30);
 /// After close 4001 the same token is presented at most once per this period.
 const AUTH_RETRY_MIN: Duration = Duration::from_secs(30);
-/// Relay answers that must never arrive through the message plane (§7.2 step 1).
-const RELAY_ANSWER_PREFIXES: &[&str] = &[
-    "__GROUP_CREATED__",
-    "__GROUP_MSG__",
-    "__GROUP_MEMBER_ADDED__",
-    "__GROUP_MEMBER_REMOVED__",
-    "__GROUP_INFO__",
-    "__USER_GROUPS__",
-    "__GROUP_ERROR__",
-];
 
 type Ws = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
 
 /// What the driver asks of the relay carrier.
 #[derive(Debug)]
 pub enum RelayOut {
-    /// An outbox entry's send; `Written` / `SendFailed` quote `send_seq`.
-    Outbox {
-        id: String,
-        send_seq: u64,
-        recipient: String,
-        frame: String,
-    },
-    /// An end-to-end ACK (a SendMessage nobody waits for).
-    Ack {
-        frame: String,
-    },
+    Submit(Submit),
     /// Release relay journal frame `seq`.
     HopAck {
         seq: u64,
@@ -149,7 +127,7 @@ pub async fn run(
                     format!("relay connection lost: {reason}"),
                 );
                 if settings.auto_reconnect {
-                    let delay = backoff(attempt);
+                    let delay = Backoff::default().delay(attempt);
                     attempt = attempt.saturating_add(1);
                     Some(delay)
                 } else {
@@ -165,15 +143,6 @@ pub async fn run(
             superseded_reported = false;
         }
     }
-}
-
-/// 1 s doubling to 30 s, with up to 25 % jitter so a fleet does not reconnect in step.
-fn backoff(attempt: u32) -> Duration {
-    let base = RECONNECT_MIN
-        .saturating_mul(1u32 << attempt.min(5))
-        .min(RECONNECT_MAX);
-    let jitter = RandomState::new().hash_one(Instant::now()) % 250;
-    base + base.mul_f64(jitter as f64 / 1000.0)
 }
 
 /// Waits out a pause between connections while answering the driver: sends fail at once (the
@@ -205,14 +174,17 @@ async fn wait_for_reconnect(
 /// While no connection is up, sends fail at once and watchlist changes are remembered.
 fn refuse_while_down(cmd: RelayOut, driver: &DriverTx, presence: &mut PresenceWatch) {
     match cmd {
-        RelayOut::Outbox { id, send_seq, .. } => driver.send(Command::SendFailed {
+        RelayOut::Submit(Submit::Outbox { id, send_seq, .. }) => driver.send(Command::SendFailed {
             id,
             send_seq,
             reason: "relay not connected".into(),
         }),
         RelayOut::Watch(peer) => presence.watch(peer),
         RelayOut::Unwatch(peer) => presence.unwatch(&peer),
-        RelayOut::Ack { .. } | RelayOut::HopAck { .. } | RelayOut::Hint(_) | RelayOut::Stop => {}
+        RelayOut::Submit(Submit::Ack { .. })
+        | RelayOut::HopAck { .. }
+        | RelayOut::Hint(_)
+        | RelayOut::Stop => {}
     }
 }
 
@@ -321,18 +293,7 @@ fn close_loss(frame: Option<&CloseFrame>) -> Loss {
 }
 
 fn diagnostic(driver: &DriverTx, level: DiagnosticLevel, message: String) {
-    driver.send(Command::Emit(ClientEvent::Diagnostic {
-        level,
-        message,
-        target: "courier_client::relay",
-    }));
-}
-
-/// A send written to the relay that has not been answered yet.
-struct Unanswered {
-    send_seq: u64,
-    recipient: String,
-    deadline: Instant,
+    report::diagnostic(driver, "courier_client::relay", level, message);
 }
 
 struct Session<'a> {
@@ -348,7 +309,7 @@ struct Session<'a> {
     declaration: Option<String>,
     declared: Option<String>,
     sends: VecDeque<(String, u64, String, String)>,
-    unanswered: HashMap<String, Unanswered>,
+    answers: Answers,
     last_heard: Instant,
     last_ping: Instant,
 }
@@ -373,7 +334,7 @@ impl<'a> Session<'a> {
             acks: VecDeque::new(),
             releases: Releases::default(),
             sends: VecDeque::new(),
-            unanswered: HashMap::new(),
+            answers: Answers::new("relay"),
             last_heard: now,
             last_ping: now,
             declaration: None,
@@ -445,7 +406,7 @@ impl<'a> Session<'a> {
     fn next_wake(&self) -> Instant {
         let now = Instant::now();
         let mut wake = (self.last_ping + PING_EVERY).min(self.last_heard + DEAD_AFTER);
-        if let Some(first) = self.unanswered.values().map(|u| u.deadline).min() {
+        if let Some(first) = self.answers.next_deadline() {
             wake = wake.min(first);
         }
         if self.has_frames() {
@@ -460,16 +421,16 @@ impl<'a> Session<'a> {
     fn on_command(&mut self, cmd: Option<RelayOut>) -> Result<(), Loss> {
         match cmd {
             None | Some(RelayOut::Stop) => Err(Loss::Stopped),
-            Some(RelayOut::Outbox {
+            Some(RelayOut::Submit(Submit::Outbox {
                 id,
                 send_seq,
                 recipient,
                 frame,
-            }) => {
+            })) => {
                 self.sends.push_back((id, send_seq, recipient, frame));
                 Ok(())
             }
-            Some(RelayOut::Ack { frame }) => {
+            Some(RelayOut::Submit(Submit::Ack { frame })) => {
                 self.acks.push_back(frame);
                 Ok(())
             }
@@ -529,56 +490,14 @@ impl<'a> Session<'a> {
                 message_id,
                 disposition,
                 ..
-            } => {
-                if let Some(u) = self.unanswered.remove(&message_id) {
-                    let answer = match disposition {
-                        Some(Disposition::Stored) => RelayAnswer::Stored,
-                        _ => RelayAnswer::Live,
-                    };
-                    self.driver.send(Command::RelayAnswer {
-                        id: message_id,
-                        send_seq: u.send_seq,
-                        answer,
-                    });
-                }
-            }
+            } => self.answers.sent(self.driver, message_id, disposition),
             RelayFrame::DeliveryError {
                 message_id,
                 recipient,
                 reason,
-            } => {
-                let unreachable = reason.starts_with(courier_proto::limits::RECIPIENT_UNREACHABLE);
-                let ids: Vec<String> = match message_id {
-                    Some(id) => vec![id],
-                    // Published-contract fallback: the verdict covers every unanswered send to
-                    // that recipient.
-                    None => self
-                        .unanswered
-                        .iter()
-                        .filter(|(_, u)| u.recipient == recipient)
-                        .map(|(id, _)| id.clone())
-                        .collect(),
-                };
-                for id in ids {
-                    if let Some(u) = self.unanswered.remove(&id) {
-                        let cmd = if unreachable {
-                            Command::RelayAnswer {
-                                id,
-                                send_seq: u.send_seq,
-                                answer: RelayAnswer::Unreachable,
-                            }
-                        } else {
-                            // The reason text is the relay's and stays out of events.
-                            Command::SendFailed {
-                                id,
-                                send_seq: u.send_seq,
-                                reason: "relay refused the message".into(),
-                            }
-                        };
-                        self.driver.send(cmd);
-                    }
-                }
-            }
+            } => self
+                .answers
+                .delivery_error(self.driver, message_id, &recipient, &reason),
             RelayFrame::MessageReceived {
                 seq,
                 sender,
@@ -599,15 +518,9 @@ impl<'a> Session<'a> {
             } => {
                 self.bucket
                     .back_off(Duration::from_millis(retry_after_ms.max(1)), Instant::now());
-                if let Some(u) = message_id
-                    .as_ref()
-                    .and_then(|id| self.unanswered.remove(id))
-                {
-                    self.driver.send(Command::SendFailed {
-                        id: message_id.unwrap_or_default(),
-                        send_seq: u.send_seq,
-                        reason: "rate limited by the relay".into(),
-                    });
+                if let Some(id) = &message_id {
+                    let reason = "rate limited by the relay".to_owned();
+                    self.answers.fail(self.driver, id, reason);
                 }
                 // A dropped `Ack`/`AckUpTo` names its seq: released again, it goes out again
                 // (as an `AckUpTo` when it still covers only processed frames).
@@ -654,13 +567,8 @@ impl<'a> Session<'a> {
                 message_id: Some(id),
                 ..
             } if code == "internal" => {
-                if let Some(u) = self.unanswered.remove(&id) {
-                    self.driver.send(Command::SendFailed {
-                        id,
-                        send_seq: u.send_seq,
-                        reason: "relay storage failure".into(),
-                    });
-                }
+                let reason = "relay storage failure".to_owned();
+                self.answers.fail(self.driver, &id, reason);
                 self.forward(text);
             }
             _ => self.forward(text),
@@ -678,37 +586,19 @@ impl<'a> Session<'a> {
         if let Some(seq) = seq {
             self.releases.received(seq);
         }
-        let dropped = |reason: String| {
-            diagnostic(self.driver, DiagnosticLevel::Warn, reason);
-        };
-        let message = match Message::decode(content) {
-            Ok(m) => m,
-            Err(e) => {
-                dropped(format!("dropped inbound frame from {sender}: {e}"));
-                self.release(seq);
-                return;
-            }
-        };
-        if RELAY_ANSWER_PREFIXES
-            .iter()
-            .any(|p| message.content.starts_with(p))
-        {
-            dropped(format!(
-                "dropped inbound frame from {sender}: relay answer prefix in the message plane"
-            ));
-            self.release(seq);
-            return;
-        }
-        let origin = InboundOrigin {
+        let stamp = Stamp {
             carrier: Carrier::Internet,
-            stamped_sender: sender,
+            sender,
             sender_account,
             seq,
         };
-        self.driver.send(Command::Inbound {
-            message: Box::new(message),
-            origin,
-        });
+        match inbound_command(stamp, content) {
+            Ok(cmd) => self.driver.send(cmd),
+            Err(reason) => {
+                diagnostic(self.driver, DiagnosticLevel::Warn, reason);
+                self.release(seq);
+            }
+        }
     }
 
     /// A dropped frame is still released at the relay (§7.2 step 5).
@@ -718,15 +608,8 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// A fixed local reason: the relay's own text never reaches an event.
-    fn security_warning(&self, peer_id: String, reason_code: &'static str, reason: &str) {
-        self.driver.send(Command::Emit(ClientEvent::Engine(Box::new(
-            courier_engine::Event::SecurityWarning {
-                peer_id,
-                reason_code,
-                reason: reason.to_owned(),
-            },
-        ))));
+    fn security_warning(&self, peer_id: String, reason_code: &'static str, reason: &'static str) {
+        report::security_warning(self.driver, peer_id, reason_code, reason);
     }
 
     fn forward(&self, text: &str) {
@@ -761,14 +644,7 @@ impl<'a> Session<'a> {
                     id: id.clone(),
                     send_seq,
                 });
-                self.unanswered.insert(
-                    id,
-                    Unanswered {
-                        send_seq,
-                        recipient,
-                        deadline: Instant::now() + WRITE_ACK_TIMEOUT,
-                    },
-                );
+                self.answers.written(id, send_seq, recipient);
             }
         }
         // Presence comes last in the funding order (§11); a poll the bucket cannot fund waits
@@ -781,21 +657,7 @@ impl<'a> Session<'a> {
                 self.write(frame.encode()).await?;
             }
         }
-        let expired: Vec<String> = self
-            .unanswered
-            .iter()
-            .filter(|(_, u)| u.deadline <= now)
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in expired {
-            if let Some(u) = self.unanswered.remove(&id) {
-                self.driver.send(Command::SendFailed {
-                    id,
-                    send_seq: u.send_seq,
-                    reason: "no relay answer within 15 s".into(),
-                });
-            }
-        }
+        self.answers.expire(self.driver, now);
         if now >= self.last_heard + DEAD_AFTER {
             let _ = self
                 .ws
@@ -836,13 +698,7 @@ impl<'a> Session<'a> {
         }
         self.presence.disconnected();
         self.driver.send(Command::CarrierDown(Carrier::Internet));
-        for (id, u) in self.unanswered.drain() {
-            self.driver.send(Command::SendFailed {
-                id,
-                send_seq: u.send_seq,
-                reason: "relay connection lost".into(),
-            });
-        }
+        self.answers.connection_lost(self.driver);
         for (id, send_seq, _, _) in self.sends.drain(..) {
             self.driver.send(Command::SendFailed {
                 id,

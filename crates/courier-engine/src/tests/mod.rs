@@ -6,6 +6,7 @@
 mod chaos;
 mod control_gate;
 mod custody;
+mod gateway;
 mod inbound;
 mod inbound_durable;
 mod ladder;
@@ -129,6 +130,11 @@ pub(crate) struct Sim {
     /// Full invariant checks after every call (O(outbox) each); bulk setups may pause them.
     pub checks: bool,
     pub internet_up: bool,
+    /// How the gateway answers and whether the recipient is attached to it.
+    pub gateway: Net,
+    pub gateway_up: bool,
+    /// Carry-only copies offered over the gateway: (at, message id, send_seq).
+    pub gateway_offers: Vec<(Millis, String, u64)>,
     arrivals: BTreeMap<(Millis, u64), (Message, InboundOrigin)>,
     arrival_seq: u64,
     relay_seq: u64,
@@ -188,6 +194,9 @@ impl Sim {
             presence_log: Vec::new(),
             checks: true,
             internet_up: false,
+            gateway: Net::honest(),
+            gateway_up: false,
+            gateway_offers: Vec::new(),
             arrivals: BTreeMap::new(),
             arrival_seq: 0,
             relay_seq: 0,
@@ -254,6 +263,21 @@ impl Sim {
         // Frames the carrier had not written die with it.
         self.unwritten.retain(|(_, _, c)| *c != Carrier::Internet);
         self.engine.handle_carrier_down(Carrier::Internet, self.now);
+        self.after_call();
+    }
+
+    /// The gateway carrier is bound; returns the outbox frames sent.
+    pub(crate) fn gateway_up(&mut self) -> usize {
+        self.gateway_up = true;
+        let mark = self.mark();
+        self.engine.handle_carrier_up(Carrier::Gateway, self.now);
+        self.after_call_counting(mark)
+    }
+
+    pub(crate) fn gateway_down(&mut self) {
+        self.gateway_up = false;
+        self.unwritten.retain(|(_, _, c)| *c != Carrier::Gateway);
+        self.engine.handle_carrier_down(Carrier::Gateway, self.now);
         self.after_call();
     }
 
@@ -627,10 +651,14 @@ impl Sim {
             .iter()
             .filter_map(|(at, out)| match out {
                 Out::Transmit(Transmit {
-                    kind: TransmitKind::Outbox { message, .. },
+                    kind: TransmitKind::Outbox { message, send_seq },
                     peer,
                     ..
-                }) if peer.as_ref().is_none_or(|p| *p == message.recipient) => Some((*at, message)),
+                }) if peer.as_ref().is_none_or(|p| *p == message.recipient)
+                    && !self.gateway_offers.iter().any(|(_, _, s)| s == send_seq) =>
+                {
+                    Some((*at, message))
+                }
                 _ => None,
             })
             .collect()
@@ -643,47 +671,71 @@ impl Sim {
     // ---- the world's side ------------------------------------------------------------------
 
     fn recipient_ack(&mut self, id: &str) -> (Message, InboundOrigin) {
+        self.addressed_ack(id, Carrier::Internet)
+    }
+
+    /// The recipient's ACK of `id` back over an addressed carrier (only the relay journals it).
+    fn addressed_ack(&mut self, id: &str, carrier: Carrier) -> (Message, InboundOrigin) {
         let frame = self
             .frames
             .get(id)
             .unwrap_or_else(|| panic!("{id} was never transmitted"));
         self.acked_by_recipient.insert(id.to_owned());
-        let ack = frame.ack(format!("peer-ack-{id}"), self.now, "internet");
-        self.relay_seq += 1;
+        let ack = frame.ack(format!("peer-ack-{id}"), self.now, carrier.name());
+        let seq = (carrier == Carrier::Internet).then(|| {
+            self.relay_seq += 1;
+            self.relay_seq
+        });
         let origin = InboundOrigin {
-            carrier: Carrier::Internet,
+            carrier,
             stamped_sender: frame.recipient.clone(),
             sender_account: None,
-            seq: Some(self.relay_seq),
+            seq,
         };
         (ack, origin)
+    }
+
+    /// An inbound frame arriving `after` from now.
+    fn schedule_ack(&mut self, arrival: (Message, InboundOrigin), after: Millis) {
+        self.arrival_seq += 1;
+        self.arrivals
+            .insert((self.now + after, self.arrival_seq), arrival);
+    }
+
+    /// The world's model of the addressed carrier `carrier`.
+    fn net_of(&self, carrier: &Carrier) -> Option<Net> {
+        match carrier {
+            Carrier::Internet => Some(self.net),
+            Carrier::Gateway => Some(self.gateway),
+            Carrier::Local(_) => None,
+        }
     }
 
     fn write(&mut self, (id, send_seq, carrier): (String, u64, Carrier)) -> VecDeque<Handed> {
         self.engine.handle_written(&id, send_seq, self.now);
         let mut more = self.after_call_collect();
-        let (reached_recipient, ack_after) = match &carrier {
-            Carrier::Internet if self.net.refuse => {
+        let (reached_recipient, ack_after) = match self.net_of(&carrier) {
+            Some(net) if net.refuse => {
                 let reason = "relay refused the message";
                 self.engine
                     .handle_send_failed(&id, send_seq, reason, self.now);
                 more.extend(self.after_call_collect());
                 (false, None)
             }
-            Carrier::Internet => match self.net.answer {
+            Some(net) => match net.answer {
                 Some(answer) => {
                     self.engine
                         .handle_relay_answer(&id, send_seq, answer, self.now);
                     more.extend(self.after_call_collect());
-                    (answer == RelayAnswer::Live, self.net.ack_after)
+                    (answer == RelayAnswer::Live, net.ack_after)
                 }
-                None => (true, self.net.ack_after),
+                None => (true, net.ack_after),
             },
-            Carrier::Local(_) => (true, self.local.ack_after),
+            None => (true, self.local.ack_after),
         };
         if let (true, Some(after)) = (reached_recipient, ack_after) {
             let arrival = match &carrier {
-                Carrier::Internet => self.recipient_ack(&id),
+                Carrier::Internet | Carrier::Gateway => self.addressed_ack(&id, carrier.clone()),
                 Carrier::Local(_) => {
                     let frame = &self.frames[&id];
                     self.acked_by_recipient.insert(id.clone());
@@ -697,18 +749,16 @@ impl Sim {
                     (ack, origin)
                 }
             };
-            self.arrival_seq += 1;
-            self.arrivals
-                .insert((self.now + after, self.arrival_seq), arrival);
+            self.schedule_ack(arrival, after);
         }
         more
     }
 
     fn execute(&mut self, mut frames: VecDeque<Handed>) {
         while let Some(frame) = frames.pop_front() {
-            let write = match frame.2 {
-                Carrier::Internet => self.net.write,
-                Carrier::Local(_) => self.local.write,
+            let write = match self.net_of(&frame.2) {
+                Some(net) => net.write,
+                None => self.local.write,
             };
             if write {
                 let more = self.write(frame);
@@ -952,8 +1002,21 @@ impl Sim {
                 self.offers
                     .push((self.now, name.clone(), peer.to_owned(), message.id.clone()));
             }
+            // The relay carries the attempts: a gateway frame is a carry-only copy, which the
+            // gateway hands to the recipient if it is attached there.
+            (Carrier::Gateway, None) if self.internet_up => {
+                self.gateway_offers
+                    .push((self.now, message.id.clone(), *send_seq));
+                let gateway = self.gateway;
+                let reaches =
+                    !gateway.refuse && gateway.answer.is_none_or(|a| a == RelayAnswer::Live);
+                if let (true, Some(after)) = (reaches, gateway.ack_after) {
+                    let arrival = self.addressed_ack(&message.id, Carrier::Gateway);
+                    self.schedule_ack(arrival, after);
+                }
+            }
             (carrier, _) => {
-                if *carrier == Carrier::Internet {
+                if carrier.is_addressed() {
                     self.send_seqs.insert(message.id.clone(), *send_seq);
                 }
                 frames.push_back((message.id.clone(), *send_seq, carrier.clone()));
@@ -1003,8 +1066,9 @@ impl Sim {
                 }
                 (EntryState::Queued | EntryState::Parked, next) => {
                     let next = next.unwrap_or_else(|| panic!("queued {id} without a time"));
-                    let routed =
-                        self.internet_up || self.engine.is_neighbor(&record.message.recipient);
+                    let routed = self.internet_up
+                        || self.gateway_up
+                        || self.engine.is_neighbor(&record.message.recipient);
                     if slot && routed {
                         if edge_driven && record.state == EntryState::Parked {
                             // The resend budget may hold it back a little, never forever.

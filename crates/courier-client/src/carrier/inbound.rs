@@ -1,0 +1,56 @@
+//! A `MessageReceived` from an addressed carrier on its way to the engine: the end-to-end
+//! message decoded, relay answers refused in the message plane (`relay-protocol.md` §7.2 step
+//! 1), and attributed to the identity the carrier stamped.
+
+use courier_engine::{Carrier, InboundOrigin};
+use courier_proto::Message;
+
+use crate::driver::Command;
+
+/// Relay answers that must never arrive through the message plane.
+const RELAY_ANSWER_PREFIXES: &[&str] = &[
+    "__GROUP_CREATED__",
+    "__GROUP_MSG__",
+    "__GROUP_MEMBER_ADDED__",
+    "__GROUP_MEMBER_REMOVED__",
+    "__GROUP_INFO__",
+    "__USER_GROUPS__",
+    "__GROUP_ERROR__",
+];
+
+/// What the carrier stamped on the frame.
+pub struct Stamp {
+    pub carrier: Carrier,
+    pub sender: String,
+    pub sender_account: Option<String>,
+    pub seq: Option<u64>,
+}
+
+/// The driver command for the frame, or why it is dropped (for a diagnostic).
+pub fn inbound_command(stamp: Stamp, content: &str) -> Result<Command, String> {
+    let Stamp {
+        carrier,
+        sender,
+        sender_account,
+        seq,
+    } = stamp;
+    let message = Message::decode(content)
+        .map_err(|e| format!("dropped inbound frame from {sender}: {e}"))?;
+    if RELAY_ANSWER_PREFIXES
+        .iter()
+        .any(|p| message.content.starts_with(p))
+    {
+        return Err(format!(
+            "dropped inbound frame from {sender}: relay answer prefix in the message plane"
+        ));
+    }
+    Ok(Command::Inbound {
+        message: Box::new(message),
+        origin: InboundOrigin {
+            carrier,
+            stamped_sender: sender,
+            sender_account,
+            seq,
+        },
+    })
+}

@@ -1,0 +1,448 @@
+//! The gateway carrier against a gateway that misbehaves (`identity.md` §6), over real TCP on
+//! 127.0.0.1: a refusal or a binding to another address is a security warning and a close, a
+//! challenge that is not 32 bytes or an attach that stalls is a close, and nothing is submitted
+//! or taken as inbound before the gateway bound this device's own address. Every reconnect
+//! attaches again from `Identify`. The attach deadline and the reconnect backoff are shortened
+//! for the tests; every wait is for an event or a line, under a deadline.
+
+mod support;
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use courier_client::carrier::backoff::Backoff;
+use courier_client::carrier::gateway::GatewayTimings;
+use courier_client::client::{Client, SendInput};
+use courier_client::config::{parse_protocol_config, ProtocolConfig};
+use courier_client::event::ClientEvent;
+use courier_client::store::MessageStatus;
+use courier_engine::Event;
+use courier_proto::{verify_gateway_declaration, IdentityKey, Message};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpListener;
+
+const DEADLINE: Duration = Duration::from_secs(5);
+/// What the client is told to wait for a Challenge and for the answer to its declaration.
+const ATTACH_DEADLINE: Duration = Duration::from_millis(400);
+
+fn bob() -> IdentityKey {
+    IdentityKey::from_seed([42; 32])
+}
+
+fn config(address: &str) -> ProtocolConfig {
+    let mut config = parse_protocol_config(&json!({
+        "appId": "hostile",
+        "storage": { "memory": true },
+        "transports": { "gateway": { "address": address } },
+    }))
+    .unwrap();
+    config.gateway.as_mut().unwrap().timings = GatewayTimings {
+        attach_deadline: ATTACH_DEADLINE,
+        backoff: Backoff {
+            min: Duration::from_millis(20),
+            max: Duration::from_millis(100),
+        },
+    };
+    config
+}
+
+struct FakeGateway {
+    listener: TcpListener,
+    address: String,
+}
+
+impl FakeGateway {
+    async fn bind() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        Self { listener, address }
+    }
+
+    /// The client's next connection.
+    async fn accept(&self) -> Peer {
+        let (tcp, _) = tokio::time::timeout(DEADLINE, self.listener.accept())
+            .await
+            .expect("the client connects within the deadline")
+            .unwrap();
+        let (read, write) = tcp.into_split();
+        Peer {
+            reader: BufReader::new(read),
+            write,
+        }
+    }
+}
+
+/// The gateway's end of one connection.
+struct Peer {
+    reader: BufReader<OwnedReadHalf>,
+    write: OwnedWriteHalf,
+}
+
+/// A challenge no earlier connection of the test process got.
+fn fresh_challenge() -> [u8; 32] {
+    static NEXT: AtomicU8 = AtomicU8::new(1);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    std::array::from_fn(|i| n ^ i as u8)
+}
+
+impl Peer {
+    async fn send_raw(&mut self, bytes: &[u8]) {
+        self.write.write_all(bytes).await.unwrap();
+    }
+
+    async fn send(&mut self, frame: Value) {
+        let mut line = frame.to_string().into_bytes();
+        line.push(b'\n');
+        self.send_raw(&line).await;
+    }
+
+    /// The client's next line, which must come within the deadline.
+    async fn recv(&mut self) -> Value {
+        let mut line = String::new();
+        let n = tokio::time::timeout(DEADLINE, self.reader.read_line(&mut line))
+            .await
+            .expect("a line within the deadline")
+            .unwrap();
+        assert!(n > 0, "the client closed the connection");
+        serde_json::from_str(&line).expect("one JSON object per line")
+    }
+
+    /// The client closes within the deadline, having written nothing more.
+    async fn expect_closed(&mut self) {
+        let mut line = String::new();
+        match tokio::time::timeout(DEADLINE, self.reader.read_line(&mut line))
+            .await
+            .expect("closed within the deadline")
+        {
+            Ok(0) | Err(_) => {}
+            Ok(_) => panic!("expected the connection to close, got {line:?}"),
+        }
+    }
+
+    /// Reads `Identify` (the first line of every attach) and answers with a fresh challenge.
+    async fn challenge(&mut self, own: &str) -> [u8; 32] {
+        assert_eq!(
+            self.recv().await,
+            json!({"type": "Identify", "device_id": own, "protocol_version": 1})
+        );
+        let challenge = fresh_challenge();
+        self.send(json!({"type": "Challenge", "challenge": STANDARD.encode(challenge), "protocol_version": 1}))
+            .await;
+        challenge
+    }
+
+    /// Reads `DeclareAddress`, whose proof must verify over this connection's challenge.
+    async fn declaration(&mut self, own: &str, challenge: &[u8; 32]) {
+        let frame = self.recv().await;
+        assert_eq!(frame["type"], "DeclareAddress", "{frame}");
+        let field = |name: &str| frame[name].as_str().unwrap().to_owned();
+        let bound = verify_gateway_declaration(
+            own,
+            challenge,
+            &field("address"),
+            &field("public_key"),
+            &field("signature"),
+        )
+        .expect("the proof verifies over this connection's challenge");
+        assert_eq!(bound.to_string(), own);
+    }
+
+    async fn attach(&mut self, own: &str) {
+        let challenge = self.challenge(own).await;
+        self.declaration(own, &challenge).await;
+        self.send(json!({"type": "AddressDeclared", "address": own}))
+            .await;
+    }
+}
+
+fn to_bob(content: &str) -> SendInput {
+    SendInput {
+        recipient: bob().address().to_string(),
+        content: content.into(),
+        ..Default::default()
+    }
+}
+
+/// Everything the client emitted until it stopped (stopping dispatches every pending event).
+async fn stop(client: Client, events: mpsc::Receiver<ClientEvent>) -> Vec<ClientEvent> {
+    client.stop().await;
+    events.try_iter().collect()
+}
+
+fn attached(e: &ClientEvent) -> bool {
+    matches!(e, ClientEvent::GatewayStatusChanged { attached: true, .. })
+}
+
+fn warnings(events: &[ClientEvent]) -> Vec<(String, &'static str, String)> {
+    events.iter().filter_map(support::warning).collect()
+}
+
+fn sent_anything(events: &[ClientEvent]) -> bool {
+    events
+        .iter()
+        .any(|e| matches!(e, ClientEvent::Engine(e) if matches!(&**e, Event::MessageSent { .. })))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_declaration_is_reported_once_and_the_carrier_never_comes_up() {
+    let gateway = FakeGateway::bind().await;
+    let (client, events) = support::start(&config(&gateway.address));
+    let own = client.local_address().to_owned();
+    let queued = client.send(to_bob("waiting")).await.unwrap();
+    // Refused twice: each connection closes after the answer, and each reconnect attaches anew.
+    for _ in 0..2 {
+        let mut peer = gateway.accept().await;
+        let challenge = peer.challenge(&own).await;
+        peer.declaration(&own, &challenge).await;
+        peer.send(json!({"type": "AddressError", "reason": "\u{1b}[31mcall +1-555-0100 now"}))
+            .await;
+        // Nothing but Identify and DeclareAddress was written: no SendMessage, ever.
+        peer.expect_closed().await;
+    }
+    let third = gateway.accept().await;
+    assert_eq!(client.stats().carriers_up, 0);
+    assert_eq!(client.status(queued).await.unwrap(), MessageStatus::Queued);
+    drop(third);
+    let events = stop(client, events).await;
+    let warned = warnings(&events);
+    assert_eq!(warned.len(), 1, "reported once, not on every reconnect");
+    let (peer, code, reason) = &warned[0];
+    assert_eq!(
+        (peer.as_str(), *code),
+        (own.as_str(), "GATEWAY_ADDRESS_DECLARATION_REFUSED")
+    );
+    assert!(
+        !reason.contains("555"),
+        "the gateway's text reached the event: {reason}"
+    );
+    assert!(!events.iter().any(attached));
+    assert!(!sent_anything(&events));
+    assert!(events.iter().any(|e| matches!(
+        e,
+        ClientEvent::GatewayStatusChanged {
+            connected: true,
+            attached: false
+        }
+    )));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_to_another_address_is_reported_and_closed() {
+    let gateway = FakeGateway::bind().await;
+    let (client, events) = support::start(&config(&gateway.address));
+    let own = client.local_address().to_owned();
+    client.send(to_bob("waiting")).await.unwrap();
+    let other = bob().address().to_string();
+    let mut peer = gateway.accept().await;
+    let challenge = peer.challenge(&own).await;
+    peer.declaration(&own, &challenge).await;
+    peer.send(json!({"type": "AddressDeclared", "address": other}))
+        .await;
+    peer.expect_closed().await;
+    // The next attach starts from Identify again.
+    let mut again = gateway.accept().await;
+    let _ = again.challenge(&own).await;
+    assert_eq!(client.stats().carriers_up, 0);
+    let events = stop(client, events).await;
+    let warned = warnings(&events);
+    assert_eq!(warned.len(), 1);
+    assert_eq!(
+        (warned[0].0.as_str(), warned[0].1),
+        (other.as_str(), "GATEWAY_ADDRESS_BINDING_MISMATCH")
+    );
+    assert!(!events.iter().any(attached));
+    assert!(!sent_anything(&events));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_challenge_that_is_not_32_bytes_closes_before_any_declaration() {
+    let gateway = FakeGateway::bind().await;
+    let (client, events) = support::start(&config(&gateway.address));
+    let own = client.local_address().to_owned();
+    for challenge in [
+        json!(STANDARD.encode([7u8; 31])),
+        json!(STANDARD.encode([7u8; 33])),
+        json!("not base64 at all"),
+        json!(32),
+        Value::Null,
+    ] {
+        let mut peer = gateway.accept().await;
+        assert_eq!(peer.recv().await["device_id"], json!(own));
+        peer.send(json!({"type": "Challenge", "challenge": challenge, "protocol_version": 1}))
+            .await;
+        peer.expect_closed().await;
+    }
+    let events = stop(client, events).await;
+    assert!(!events.iter().any(attached));
+    assert!(warnings(&events).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attach_that_stalls_is_closed_at_the_deadline() {
+    let gateway = FakeGateway::bind().await;
+    let (client, events) = support::start(&config(&gateway.address));
+    let own = client.local_address().to_owned();
+
+    // No Challenge: lines that are not one do not count, nor keep the attach alive.
+    let mut silent = gateway.accept().await;
+    assert_eq!(silent.recv().await["type"], "Identify");
+    silent.send(json!({"type": "Ping"})).await;
+    silent.expect_closed().await;
+    support::wait_for(&events, "the reason", |e| {
+        matches!(e, ClientEvent::Diagnostic { message, .. } if message.contains("no Challenge within"))
+    })
+    .await;
+
+    // A Challenge, then no answer to the declaration.
+    let mut mute = gateway.accept().await;
+    let challenge = mute.challenge(&own).await;
+    mute.declaration(&own, &challenge).await;
+    mute.expect_closed().await;
+    support::wait_for(&events, "the reason", |e| {
+        matches!(e, ClientEvent::Diagnostic { message, .. } if message.contains("no answer to DeclareAddress"))
+    })
+    .await;
+
+    let events = stop(client, events).await;
+    assert!(!events.iter().any(attached));
+}
+
+/// A message from bob to the client, as the gateway would deliver it.
+fn from_bob(own: &str, id: &str) -> Value {
+    let message = Message {
+        id: id.to_owned(),
+        sender: bob().address().to_string(),
+        recipient: own.to_owned(),
+        app_id: "hostile".to_owned(),
+        priority: courier_proto::Priority::Medium,
+        ttl: 10,
+        hop_count: 0,
+        timestamp: 1,
+        lamport_clock: 1,
+        content_type: courier_proto::ContentType::Text,
+        content: format!("hello {id}"),
+        metadata: Default::default(),
+        requires_ack: true,
+        reply_to_msg: None,
+        binary_content: None,
+        media_metadata: None,
+        forwarded_from: None,
+        reply_context: None,
+    };
+    received(&message)
+}
+
+fn received(message: &Message) -> Value {
+    json!({
+        "type": "MessageReceived",
+        "sender": message.sender,
+        "content": message.encode(),
+        "message_id": message.id,
+        "timestamp": 1,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_submitted_or_received_before_the_gateway_binds_our_address() {
+    let gateway = FakeGateway::bind().await;
+    let (client, events) = support::start(&config(&gateway.address));
+    let own = client.local_address().to_owned();
+    let bob_address = bob().address().to_string();
+    let queued = client
+        .send(to_bob("queued before the attach"))
+        .await
+        .unwrap();
+
+    let mut peer = gateway.accept().await;
+    assert_eq!(peer.recv().await["type"], "Identify");
+    // Before the binding: junk, an unknown type, and a message for us, none of which counts.
+    peer.send_raw(b"not json\n\n").await;
+    peer.send(json!({"type": "Hello"})).await;
+    peer.send(from_bob(&own, "too-early")).await;
+    let challenge = fresh_challenge();
+    peer.send(json!({"type": "Challenge", "challenge": STANDARD.encode(challenge), "protocol_version": 7}))
+        .await;
+    // The very next line is the declaration: the queued message did not go before it.
+    peer.declaration(&own, &challenge).await;
+    peer.send(from_bob(&own, "still-too-early")).await;
+    assert_eq!(client.stats().carriers_up, 0);
+    assert_eq!(
+        client.status(queued.clone()).await.unwrap(),
+        MessageStatus::Queued
+    );
+
+    peer.send(json!({"type": "AddressDeclared", "address": own}))
+        .await;
+    let send = peer.recv().await;
+    assert_eq!(send["type"], "SendMessage", "{send}");
+    assert_eq!(send["message_id"], json!(queued));
+    assert_eq!(send["recipient"], json!(bob_address));
+    peer.send(json!({"type": "MessageSent", "message_id": queued, "recipient": bob_address, "timestamp": 2, "disposition": "live"}))
+        .await;
+
+    // Bound: a message for us is taken in and acknowledged end to end over the gateway.
+    peer.send(from_bob(&own, "in-time")).await;
+    let ack = peer.recv().await;
+    assert_eq!(ack["type"], "SendMessage", "{ack}");
+    assert_eq!(ack["recipient"], json!(bob_address));
+    let ack = Message::decode(ack["content"].as_str().unwrap()).unwrap();
+    assert_eq!(ack.ack_for(), Some("in-time"));
+    support::wait_for(&events, "the message", |e| {
+        matches!(e, ClientEvent::Engine(e) if matches!(&**e, Event::MessageReceived { message, transport, .. } if message.id == "in-time" && transport == "gateway"))
+    })
+    .await;
+
+    // Bob's ACK of the queued message settles it.
+    let frame = Message::decode(send["content"].as_str().unwrap()).unwrap();
+    let bobs_ack = frame.ack("ack-queued".into(), 3, "gateway");
+    peer.send(received(&bobs_ack)).await;
+    support::wait_for(&events, "the delivery", |e| {
+        matches!(e, ClientEvent::Engine(e) if matches!(&**e, Event::MessageDelivered { message_id, transport, .. } if *message_id == queued && transport == "gateway"))
+    })
+    .await;
+
+    let events = stop(client, events).await;
+    let early = events.iter().any(|e| {
+        matches!(e, ClientEvent::Engine(e) if matches!(&**e, Event::MessageReceived { message, .. } if message.id.contains("early")))
+    });
+    assert!(
+        !early,
+        "a message arrived over an unbound session was taken in"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_reconnect_attaches_again_from_identify() {
+    let gateway = FakeGateway::bind().await;
+    let (client, events) = support::start(&config(&gateway.address));
+    let own = client.local_address().to_owned();
+    let mut first = gateway.accept().await;
+    first.attach(&own).await;
+    support::wait_for(&events, "the first attach", attached).await;
+    drop(first);
+    support::wait_for(&events, "the loss", |e| {
+        matches!(
+            e,
+            ClientEvent::GatewayStatusChanged {
+                connected: false,
+                attached: false
+            }
+        )
+    })
+    .await;
+
+    let mut second = gateway.accept().await;
+    // Identify again, a new challenge, a new proof.
+    second.attach(&own).await;
+    support::wait_for(&events, "the second attach", attached).await;
+    let id = client.send(to_bob("after the reconnect")).await.unwrap();
+    let send = second.recv().await;
+    assert_eq!(send["type"], "SendMessage");
+    assert_eq!(send["message_id"], json!(id));
+    stop(client, events).await;
+}
