@@ -386,7 +386,26 @@ impl Engine {
     /// the hook committed it. A processed one is re-ACKed and released at once, as without a
     /// hook. `HopAck`s therefore do not come out in seq order across batches: the runtime may
     /// coalesce them into `AckUpTo` only over seqs that are all released.
+    ///
+    /// Over a local carrier a data message addressed to another device is a copy that neighbor
+    /// only carries (a parked message offered on park or probe): it is neither processed nor
+    /// acknowledged (a `Debug` diagnostic), and is still an edge for the neighbor.
     pub fn handle_inbound(&mut self, message: Message, origin: InboundOrigin, now: Millis) {
+        if message.ack_for().is_none()
+            && matches!(origin.carrier, Carrier::Local(_))
+            && message.recipient != self.local_identity
+        {
+            // Nothing routed it here, so it is not ours to deliver, record or acknowledge.
+            let text = format!(
+                "carried copy of {} for {} from {} not delivered: not addressed to this device",
+                message.id, message.recipient, origin.stamped_sender
+            );
+            self.diagnostic(DiagnosticLevel::Debug, text);
+            self.edge(&origin.stamped_sender, now);
+            self.send_due(now);
+            self.end_call();
+            return;
+        }
         if message.ack_for().is_none() {
             match self.control.check(&message, &origin, now) {
                 Verdict::NotControl => {}

@@ -237,3 +237,61 @@ fn a_write_on_a_direct_link_takes_a_parked_message_onto_the_ladder() {
     ));
     assert!(transports(&sim, &id)[1..].iter().all(|t| t == BLE));
 }
+
+#[test]
+fn a_copy_carried_for_another_recipient_is_neither_delivered_nor_acknowledged() {
+    for hook in [false, true] {
+        let mut config = Config::new("chat");
+        if hook {
+            config.durable_inbound = Some(crate::DurableInbound::default());
+        }
+        let mut sim = Sim::new(config);
+        sim.local_up(BLE);
+        sim.discover(BOB, BLE);
+        let over_ble = InboundOrigin {
+            carrier: Carrier::Local(BLE.into()),
+            stamped_sender: BOB.into(),
+            sender_account: None,
+            seq: None,
+        };
+        let mut carried = message_from(BOB, "for-carol");
+        carried.recipient = CAROL.to_owned();
+        let mark = sim.mark();
+        sim.inbound(carried, over_ble.clone());
+        let delivered_or_acked = sim.log[mark..].iter().any(|(_, out)| {
+            matches!(
+                out,
+                Out::Event(Event::MessageReceived { .. })
+                    | Out::Store(StoreOp::MarkProcessed(_) | StoreOp::BufferInbound(_))
+                    | Out::Transmit(Transmit {
+                        kind: TransmitKind::Ack { .. },
+                        ..
+                    })
+            )
+        });
+        assert!(
+            !delivered_or_acked,
+            "a copy bob only carries for carol reached alice's application (hook: {hook})"
+        );
+        assert_eq!(sim.poll_hook(), None);
+
+        let mark = sim.mark();
+        sim.inbound(message_from(BOB, "for-alice"), over_ble);
+        if hook {
+            sim.hook_commits_all();
+        }
+        let acked = sim.log[mark..].iter().any(|(_, out)| {
+            matches!(
+                out,
+                Out::Transmit(Transmit {
+                    kind: TransmitKind::Ack { .. },
+                    ..
+                })
+            )
+        });
+        assert!(
+            acked,
+            "bob's own message to alice is still delivered and ACKed"
+        );
+    }
+}
