@@ -9,6 +9,17 @@
  */
 export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-wasip1'
 
+export declare class NativeGateway {
+  /** Binds `listen` (`127.0.0.1:0` picks a free port) and serves until `stop()`. */
+  static start(listen: string): Promise<NativeGateway>
+  /** `host:port`, as `transports.gateway.address` takes it. */
+  get address(): string
+  get port(): number
+  /** Devices bound right now (one per attached address). */
+  boundAddresses(): number
+  stop(): Promise<void>
+}
+
 export declare class NativeProtocol {
   /** Validates the whole configuration (JSON text); throws `[ERR_CONFIG] path message`. */
   constructor(configJson: string)

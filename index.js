@@ -835,6 +835,7 @@ function __napiStampBindingTarget(exportsObject, target) {
 // linked import resolves to `undefined`.
 module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __napiLoadedBindingTarget)
 module.exports = nativeBinding
+module.exports.NativeGateway = nativeBinding.NativeGateway
 module.exports.NativeProtocol = nativeBinding.NativeProtocol
 module.exports.NativeRelay = nativeBinding.NativeRelay
 module.exports.issueToken = nativeBinding.issueToken

@@ -40,6 +40,17 @@ export interface ProtocolConfig {
       /** Reconnect with backoff 1 s doubling to 30 s, with jitter. Default `true`. */
       autoReconnect?: boolean
     }
+    /**
+     * A gateway daemon (for example a bridge to a Reticulum mesh) over plaintext TCP. Every
+     * connection proves this device's address first; the carrier is available only once the
+     * gateway bound that address (`gateway_status_changed` with `attached: true`). With the relay
+     * up too, the relay carries each attempt and a message it parks is also offered through the
+     * gateway. Reconnects with backoff 1 s doubling to 30 s, with jitter.
+     */
+    gateway?: {
+      /** `host:port` of the daemon. Default `'localhost:4242'`. A host other than loopback is accepted with a warning. */
+      address?: string
+    }
   }
   encryption?: { /** End-to-end encryption is not in this build: only `false` is accepted. */ enabled?: boolean }
   reliability?: {
@@ -145,6 +156,13 @@ export interface SecurityWarningEvent { type: 'security_warning'; peerId: string
 /** First event of every start: the address this device sends as (its identity key is persisted in storage). */
 export interface IdentityReadyEvent { type: 'identity_ready'; address: string }
 export interface InternetStatusChangedEvent { type: 'internet_status_changed'; connected: boolean; authenticated: boolean }
+/**
+ * The gateway carrier: `connected` once the TCP connection is up, `attached` once the gateway
+ * bound this device's own address (only then does anything go over it). A refused or mismatched
+ * binding is a `security_warning` (`GATEWAY_ADDRESS_DECLARATION_REFUSED`,
+ * `GATEWAY_ADDRESS_BINDING_MISMATCH`) and the connection closes.
+ */
+export interface GatewayStatusChangedEvent { type: 'gateway_status_changed'; connected: boolean; attached: boolean }
 export interface InternetSessionSupersededEvent { type: 'internet_session_superseded'; reason: string }
 /** A relay frame the engine does not consume, verbatim. */
 export interface InternetServerMessageEvent { type: 'internet_server_message'; json: string }
@@ -167,6 +185,7 @@ export type ProtocolEvent =
   | SecurityWarningEvent
   | IdentityReadyEvent
   | InternetStatusChangedEvent
+  | GatewayStatusChangedEvent
   | InternetSessionSupersededEvent
   | InternetServerMessageEvent
   | InboundDrainCompletedEvent
@@ -179,6 +198,7 @@ export interface ProtocolStats {
   retryQueue: number
   parked: number
   preSessionQueue: number
+  /** Carriers available now: the relay, the gateway once attached, and each registered local transport. */
   carriersUp: number
 }
 
@@ -205,7 +225,7 @@ export class Protocol {
   stats(): ProtocolStats
   /** OS hint: `true` reconnects now and flushes; `false` marks the relay carrier down. */
   internetStatusChanged(online: boolean): void
-  /** Registers a local carrier under `name` (not `'internet'`); it reaches the peers reported as neighbors. */
+  /** Registers a local carrier under `name` (not `'internet'` or `'gateway'`); it reaches the peers reported as neighbors. */
   registerTransport(name: string, transport: LocalTransport): void
   /** A reachability edge: `peerId` is in reach on `transport`; its queued and parked messages go now. */
   neighborDiscovered(peerId: string, transport: string): void
@@ -255,6 +275,25 @@ export interface RelayHandle {
 export const Relay: {
   /** Starts a relay in this process: the same code as the `courier-relay` command. */
   start(options: RelayOptions): Promise<RelayHandle>
+}
+
+export interface GatewayOptions {
+  /** Address to listen on. Default `'127.0.0.1:0'` (an ephemeral port). */
+  listen?: string
+}
+
+export interface GatewayHandle {
+  /** `host:port`, as `transports.gateway.address` takes it. */
+  readonly address: string
+  readonly port: number
+  /** Devices bound right now (one per attached address). */
+  boundAddresses(): number
+  stop(): Promise<void>
+}
+
+export const Gateway: {
+  /** Starts a gateway daemon in this process: the same code as `courier-relay gateway`. */
+  start(options?: GatewayOptions): Promise<GatewayHandle>
 }
 
 /** An HS256 JWT naming `account` (`sub`), valid for `expiresInSec` (default one day). */

@@ -412,6 +412,27 @@ const Relay = {
   },
 }
 
+function wrapGateway(handle) {
+  return {
+    address: handle.address,
+    port: handle.port,
+    stop: () => call(handle.stop()),
+    boundAddresses: () => callSync(() => handle.boundAddresses()),
+  }
+}
+
+const Gateway = {
+  /** Starts a gateway daemon in this process (the same code as `courier-relay gateway`). */
+  async start(options = {}) {
+    const bad = (m) => new ProtocolError('ERR_CONFIG', m)
+    if (!isPlainObject(options)) throw bad('options must be an object')
+    for (const key of Object.keys(options)) if (key !== 'listen') throw bad(`${key} is not a known option`)
+    const { listen = '127.0.0.1:0' } = options
+    if (typeof listen !== 'string') throw bad('listen must be a string like 127.0.0.1:0')
+    return wrapGateway(await call(native.NativeGateway.start(listen)))
+  },
+}
+
 /** An HS256 JWT naming `account`, signed with the relay's secret. */
 function issueToken(secret, account, { expiresInSec } = {}) {
   const key = Buffer.isBuffer(secret) ? secret.toString('utf8') : secret
@@ -423,4 +444,4 @@ function issueToken(secret, account, { expiresInSec } = {}) {
   return callSync(() => native.issueToken(key, account, expiresInSec))
 }
 
-module.exports = { Protocol, ProtocolError, Relay, issueToken }
+module.exports = { Protocol, ProtocolError, Relay, Gateway, issueToken }

@@ -1,4 +1,4 @@
 import courier from './index.js'
 
-export const { Protocol, ProtocolError, Relay, issueToken } = courier
+export const { Protocol, ProtocolError, Relay, Gateway, issueToken } = courier
 export default courier

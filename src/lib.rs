@@ -12,6 +12,7 @@ use napi::bindgen_prelude::*;
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi_derive::napi;
 
+pub mod gateway;
 pub mod relay;
 
 fn to_napi(e: ClientError) -> Error {

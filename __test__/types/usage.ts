@@ -1,5 +1,5 @@
 // Compiled by `tsc --noEmit` in `npm test`: the typings must accept real usage and narrow events.
-import { Protocol, ProtocolError, Relay, issueToken, type ProtocolEvent } from '../../js/index.js'
+import { Gateway, Protocol, ProtocolError, Relay, issueToken, type ProtocolEvent } from '../../js/index.js'
 
 async function main(): Promise<void> {
   const relay = await Relay.start({ listen: '127.0.0.1:0', storage: { memory: true }, jwtSecret: 's3cret' })
@@ -72,3 +72,23 @@ export const durable = new Protocol({
     }
   },
 })
+
+export async function overGateway(): Promise<number> {
+  const gateway = await Gateway.start({ listen: '127.0.0.1:0' })
+  const protocol = new Protocol({
+    appId: 'chat',
+    storage: { memory: true },
+    transports: { gateway: { address: gateway.address } },
+  })
+  protocol.onEvent((ev) => {
+    if (ev.type === 'gateway_status_changed' && ev.attached) console.log('attached', ev.connected)
+    if (ev.type === 'security_warning' && ev.reasonCode === 'GATEWAY_ADDRESS_DECLARATION_REFUSED') console.log(ev.peerId)
+  })
+  await protocol.start()
+  const onDefaultPort = new Protocol({ appId: 'chat', storage: { memory: true }, transports: { gateway: {} } })
+  void onDefaultPort
+  const bound: number = gateway.boundAddresses()
+  await protocol.stop()
+  await gateway.stop()
+  return bound + gateway.port
+}

@@ -663,6 +663,34 @@ mod tests {
     }
 
     #[test]
+    fn gateway_section() {
+        let parse = |gateway: Value| {
+            parse_protocol_config(&serde_json::json!({
+                "appId": "chat",
+                "storage": { "memory": true },
+                "transports": { "gateway": gateway },
+            }))
+        };
+        let config = parse(serde_json::json!({})).unwrap();
+        let gateway = config.gateway.unwrap();
+        assert_eq!(gateway.address, DEFAULT_GATEWAY_ADDRESS);
+        assert_eq!(gateway.timings, GatewayTimings::default());
+        assert!(config.warnings.is_empty());
+        assert!(config.internet.is_none());
+
+        let remote = parse(serde_json::json!({ "address": "gw.example.org:4242" })).unwrap();
+        assert_eq!(remote.gateway.unwrap().address, "gw.example.org:4242");
+        assert!(remote.warnings[0].starts_with("transports.gateway.address: "));
+
+        let err = parse(serde_json::json!({ "address": "localhost:99999" })).unwrap_err();
+        assert_eq!(err.path, "transports.gateway.address");
+        let err = parse(serde_json::json!({ "url": "ws://localhost:1" })).unwrap_err();
+        assert_eq!(err.to_string(), "transports.gateway.url is not a known option");
+        let err = parse(serde_json::json!(true)).unwrap_err();
+        assert_eq!(err.to_string(), "transports.gateway must be an object");
+    }
+
+    #[test]
     fn loopback_hosts() {
         for h in [
             "localhost",

@@ -1,0 +1,75 @@
+//! `Gateway.start`: the gateway daemon of `courier-relay gateway`, in this process.
+
+use std::sync::Mutex;
+
+use courier_relay::{start_gateway, GatewayConfig, GatewayHandle};
+use napi::bindgen_prelude::*;
+use napi_derive::napi;
+
+use crate::coded;
+
+#[napi]
+pub struct NativeGateway {
+    handle: Mutex<Option<GatewayHandle>>,
+    address: String,
+    port: u16,
+}
+
+#[napi]
+impl NativeGateway {
+    /// Binds `listen` (`127.0.0.1:0` picks a free port) and serves until `stop()`.
+    #[napi(factory)]
+    pub async fn start(listen: String) -> Result<NativeGateway> {
+        let listen = listen.parse().map_err(|_| {
+            coded(
+                "ERR_CONFIG",
+                format!("listen must be an address like 127.0.0.1:0, got {listen:?}"),
+            )
+        })?;
+        let handle = start_gateway(GatewayConfig::new(listen))
+            .await
+            .map_err(|e| coded("ERR_RELAY", e))?;
+        Ok(NativeGateway {
+            address: handle.local_addr().to_string(),
+            port: handle.port(),
+            handle: Mutex::new(Some(handle)),
+        })
+    }
+
+    /// `host:port`, as `transports.gateway.address` takes it.
+    #[napi(getter)]
+    pub fn address(&self) -> String {
+        self.address.clone()
+    }
+
+    #[napi(getter)]
+    pub fn port(&self) -> u32 {
+        u32::from(self.port)
+    }
+
+    /// Devices bound right now (one per attached address).
+    #[napi]
+    pub fn bound_addresses(&self) -> Result<u32> {
+        let guard = self
+            .handle
+            .lock()
+            .map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?;
+        match guard.as_ref() {
+            Some(h) => Ok(u32::try_from(h.bound_addresses()).unwrap_or(u32::MAX)),
+            None => Err(coded("ERR_NOT_STARTED", "the gateway is stopped")),
+        }
+    }
+
+    #[napi]
+    pub async fn stop(&self) -> Result<()> {
+        let handle = self
+            .handle
+            .lock()
+            .map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?
+            .take();
+        if let Some(handle) = handle {
+            handle.stop().await;
+        }
+        Ok(())
+    }
+}
