@@ -1,0 +1,148 @@
+//! One simulated device: its durable store and application state, and — while its process
+//! runs — the engine with the client driver's volatile state (command queue, the batch with the
+//! hook, the relay session, the neighbors reported to the engine).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use courier_engine::{
+    Carrier, Engine, InboundKey, InboundOrigin, Millis, RelayAnswer, SendRequest,
+};
+use courier_proto::Message;
+
+use crate::relay::ConnId;
+use crate::scenario::PeerSpec;
+use crate::store::Store;
+
+/// An input for the driver, queued until its next step (the client's `driver::Command`).
+#[derive(Debug, Clone)]
+pub enum Cmd {
+    Send(SendRequest),
+    CarrierUp(Carrier),
+    CarrierDown(Carrier),
+    Written {
+        id: String,
+        send_seq: u64,
+    },
+    SendFailed {
+        id: String,
+        send_seq: u64,
+        reason: &'static str,
+    },
+    RelayAnswer {
+        id: String,
+        send_seq: u64,
+        answer: RelayAnswer,
+    },
+    Inbound {
+        message: Box<Message>,
+        origin: InboundOrigin,
+    },
+    DrainStarted,
+    DrainComplete {
+        count: u64,
+    },
+    HookResult {
+        batch_id: u64,
+        result: Result<(), String>,
+    },
+    Presence {
+        peer: String,
+        online: bool,
+    },
+    NeighborDiscovered(String),
+    NeighborLost(String),
+}
+
+/// Where inside a driver step a crash hits (the step order of `courier-client`'s driver).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum CrashPoint {
+    /// Inputs applied, nothing committed.
+    BeforeCommit,
+    /// Committed; no send resolved.
+    AfterCommit,
+    /// Sends resolved; no event dispatched.
+    AfterResolve,
+    /// Events dispatched; no transmit executed.
+    AfterEvents,
+    /// Some of the transmits executed.
+    MidTransmits,
+    /// Transmits executed; the events that follow a hook verdict not dispatched.
+    AfterTransmits,
+}
+
+impl CrashPoint {
+    pub const ALL: [CrashPoint; 6] = [
+        Self::BeforeCommit,
+        Self::AfterCommit,
+        Self::AfterResolve,
+        Self::AfterEvents,
+        Self::MidTransmits,
+        Self::AfterTransmits,
+    ];
+}
+
+/// The client's relay connection.
+#[derive(Debug)]
+pub struct Session {
+    pub conn: ConnId,
+    /// `Authenticated` arrived: the relay carrier is up.
+    pub authenticated: bool,
+    /// Outbox frames written and not answered: (id, send_seq).
+    pub unanswered: BTreeSet<(String, u64)>,
+}
+
+/// The running process: engine and driver.
+pub struct Running {
+    pub engine: Engine,
+    pub inbox: Vec<Cmd>,
+    /// When the driver takes its next step for queued commands.
+    pub step_at: Option<Millis>,
+    /// The batch with the durability hook and the driver's deadline for it.
+    pub hook: Option<(u64, Millis)>,
+    pub session: Option<Session>,
+    /// A reconnect attempt is scheduled.
+    pub connecting: bool,
+    pub backoff_ms: Millis,
+    /// The app registered the local carrier.
+    pub ble: bool,
+    /// Neighbors reported to the engine as in range.
+    pub neighbors: BTreeSet<usize>,
+    /// The next step crashes here.
+    pub crash_at: Option<CrashPoint>,
+    /// Steps taken at the current instant (a spinning engine never lets time move).
+    pub steps_at: (Millis, u32),
+}
+
+/// The application: its own durable store (what its durability hook committed) and the sends it
+/// still owes an answer for.
+#[derive(Debug, Default)]
+pub struct App {
+    pub hook_store: BTreeSet<InboundKey>,
+    /// Sends under an app-chosen id whose promise has not resolved; after a crash the app
+    /// sends them again under the same id.
+    pub owed: BTreeMap<String, SendRequest>,
+}
+
+pub struct Peer {
+    pub spec: PeerSpec,
+    pub store: Store,
+    pub app: App,
+    pub run: Option<Running>,
+    /// Bumped by every crash: timers and answers of an earlier process are void.
+    pub incarnation: u64,
+    /// The local carrier can reach some neighbor of this device.
+    pub has_ble: bool,
+}
+
+impl Peer {
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    pub fn push(&mut self, cmd: Cmd, at: Millis) {
+        if let Some(run) = self.run.as_mut() {
+            run.inbox.push(cmd);
+            run.step_at.get_or_insert(at);
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! Everything a seed decides before the run starts: the peers and their configurations, which
+//! of them run a durability hook and how it behaves, the local-carrier topology, the relay's
+//! mailbox, and how hostile the network and the scheduler are.
+
+use courier_engine::{Config, DurableInbound, Millis};
+
+use crate::relay::MailboxLimits;
+use crate::rng::Rng;
+
+pub const SEC: Millis = 1000;
+pub const MIN: Millis = 60 * SEC;
+pub const HOUR: Millis = 60 * MIN;
+pub const DAY: Millis = 24 * HOUR;
+
+/// The local carrier the simulated apps register.
+pub const BLE: &str = "ble";
+/// A recipient the relay has never heard of: its messages can only fail by lifetime.
+pub const GHOST: &str = "ghost";
+
+/// Content that every durability hook refuses until the world turns honest: a message the
+/// application cannot store, which only the buffer's retention removes.
+pub const POISON: &str = "poison";
+
+/// How an application's durability hook treats a batch, in per mille.
+#[derive(Debug, Clone, Copy)]
+pub struct HookProfile {
+    pub commit: u32,
+    pub refuse: u32,
+    /// Never answers: the driver's hook timeout refuses the batch.
+    pub hang: u32,
+    /// The process dies inside the hook before the app committed anything.
+    pub crash_before_commit: u32,
+    /// The process dies inside the hook after the app committed, before the hook returned.
+    pub crash_after_commit: u32,
+    pub max_delay: Millis,
+}
+
+#[derive(Debug, Clone)]
+pub struct PeerSpec {
+    pub name: String,
+    pub config: Config,
+    pub hook: Option<HookProfile>,
+    pub hook_timeout_ms: u64,
+}
+
+/// Per-frame faults, in per mille.
+#[derive(Debug, Clone, Copy)]
+pub struct LinkFaults {
+    pub loss: u32,
+    pub duplicate: u32,
+    /// A delay spike of up to `spike_ms` (on an ordered link it holds the frames behind it too).
+    pub spike: u32,
+    pub spike_ms: Millis,
+    /// Base latency range.
+    pub latency: (Millis, Millis),
+}
+
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub peers: Vec<PeerSpec>,
+    pub mailbox: Option<MailboxLimits>,
+    /// Pairs of peers a local carrier can link (in range or not, as the scheduler decides).
+    pub ble_pairs: Vec<(usize, usize)>,
+    pub relay_link: LinkFaults,
+    pub local_link: LinkFaults,
+    /// Scheduled fault actions before the world turns honest.
+    pub chaos_actions: u32,
+    /// Mean gap between two scheduled actions.
+    pub chaos_gap_ms: Millis,
+    /// Weights of the scheduler's actions (see `world::Action`).
+    pub weights: Vec<u32>,
+}
+
+impl Scenario {
+    pub fn generate(rng: &mut Rng, actions: Option<u32>) -> Self {
+        let count = rng.range(3, 5) as usize;
+        let peers = (0..count).map(|i| peer_spec(rng, i)).collect();
+        let mailbox = (!rng.chance(300)).then(|| MailboxLimits {
+            max_messages: rng.range(6, 60) as usize,
+            max_bytes: 64 * 1024 * 1024,
+            ttl_ms: if rng.chance(200) { 20 * MIN } else { 7 * DAY },
+        });
+        let mut ble_pairs = Vec::new();
+        for a in 0..count {
+            for b in a + 1..count {
+                if rng.chance(450) {
+                    ble_pairs.push((a, b));
+                }
+            }
+        }
+        let calm = rng.chance(200);
+        let relay_link = LinkFaults {
+            loss: if calm { 0 } else { rng.range(0, 20) as u32 },
+            duplicate: if calm { 0 } else { rng.range(0, 20) as u32 },
+            spike: rng.range(0, 40) as u32,
+            spike_ms: rng.range(100, 20 * SEC),
+            latency: (rng.range(1, 20), rng.range(20, 150)),
+        };
+        let local_link = LinkFaults {
+            loss: rng.range(0, 150) as u32,
+            duplicate: rng.range(0, 80) as u32,
+            spike: rng.range(0, 80) as u32,
+            spike_ms: rng.range(100, 10 * SEC),
+            latency: (rng.range(1, 10), rng.range(10, 400)),
+        };
+        Self {
+            peers,
+            mailbox,
+            ble_pairs,
+            relay_link,
+            local_link,
+            chaos_actions: actions.unwrap_or_else(|| rng.range(150, 300) as u32),
+            chaos_gap_ms: rng.range(200, 3 * SEC),
+            weights: crate::world::Action::weights(rng),
+        }
+    }
+
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.peers.iter().position(|p| p.name == name)
+    }
+}
+
+fn peer_spec(rng: &mut Rng, i: usize) -> PeerSpec {
+    let mut config = Config::new("sim");
+    config.ack_timeout_ms = rng.range(2 * SEC, 10 * SEC);
+    config.max_pending_acks = rng.range(2, 12) as usize;
+    config.max_retries = rng.range(1, 5) as u32;
+    config.initial_delay_ms = rng.range(200, SEC);
+    config.max_delay_ms = rng.range(10 * SEC, 60 * SEC);
+    config.outbox_max_lifetime_ms = rng.range(5 * MIN, 30 * MIN);
+    config.edge_driven_unreachable_dm = rng.chance(300);
+    config.outbox_max_entries = rng.range(6, 30) as usize;
+    config.outbox_max_media_entries = rng.range(2, 6) as usize;
+    config.flush_batch = rng.range(1, 6) as usize;
+    let hook = rng.chance(500).then(|| {
+        config.durable_inbound = Some(DurableInbound {
+            batch_max_messages: rng.range(1, 6) as usize,
+            batch_max_bytes: rng.range(16, 512) as usize,
+            batch_max_age_ms: rng.range(200, 3 * SEC),
+            retry_initial_ms: rng.range(100, SEC),
+            retry_max_ms: rng.range(2 * SEC, 20 * SEC),
+            retention_ms: if rng.chance(300) {
+                rng.range(30 * SEC, 5 * MIN)
+            } else {
+                7 * DAY
+            },
+            max_buffered_messages: rng.range(4, 40) as usize,
+            max_buffered_bytes: 64 * 1024 * 1024,
+        });
+        HookProfile {
+            commit: rng.range(400, 800) as u32,
+            refuse: rng.range(0, 250) as u32,
+            hang: rng.range(0, 60) as u32,
+            crash_before_commit: rng.range(0, 80) as u32,
+            crash_after_commit: rng.range(0, 80) as u32,
+            max_delay: rng.range(1, 2 * SEC),
+        }
+    });
+    PeerSpec {
+        name: format!("p{i}"),
+        config,
+        hook,
+        hook_timeout_ms: rng.range(2 * SEC, 30 * SEC),
+    }
+}
