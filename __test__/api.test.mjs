@@ -139,3 +139,31 @@ test('the identity is created once, persisted, and announced at every start', as
   assert.notEqual(other.localAddress(), address, 'each storage file is its own identity')
   await other.stop()
 })
+
+test('storage.identitySealKey seals the identity: the same key opens it, a missing or wrong one fails start', async (t) => {
+  const dir = tempDir(t)
+  const key = new Uint8Array(32).fill(3)
+  const sealed = (identitySealKey) => new Protocol({ appId: 'test', storage: { path: `${dir}/s.db`, identitySealKey } })
+  throwsCode(() => sealed(new Uint8Array(31)), 'ERR_CONFIG', /storage\.identitySealKey must be exactly 32 bytes/)
+  throwsCode(() => sealed('not bytes'), 'ERR_CONFIG', /storage\.identitySealKey must be a Uint8Array/)
+
+  const p = sealed(key)
+  await p.start()
+  const address = p.localAddress()
+  await p.stop()
+  // A Buffer view over a larger allocation carries just its own 32 bytes.
+  const view = Buffer.concat([Buffer.alloc(5, 9), Buffer.from(key)]).subarray(5)
+  const again = sealed(view)
+  await again.start()
+  assert.equal(again.localAddress(), address)
+  await again.stop()
+
+  const missing = new Protocol({ appId: 'test', storage: { path: `${dir}/s.db` } })
+  await rejectsCode(missing.start(), 'ERR_STORAGE', /identitySealKey/)
+  await rejectsCode(sealed(new Uint8Array(32).fill(4)).start(), 'ERR_STORAGE', /does not open/)
+  // Nothing was replaced: the right key still opens the same identity.
+  const last = sealed(key)
+  await last.start()
+  assert.equal(last.localAddress(), address)
+  await last.stop()
+})

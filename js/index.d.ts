@@ -29,7 +29,21 @@ export interface ProtocolConfig {
   /** Namespace of this app's messages. */
   appId: string
   /** Exactly one of `path` (SQLite file, WAL) or `memory: true` (nothing survives `stop()`). */
-  storage: { path: string } | { memory: true }
+  storage: ({ path: string } | { memory: true }) & {
+    /**
+     * 32 bytes, kept by your app outside the database (Electron `safeStorage`, the OS keychain),
+     * that seal this device's identity key at rest. Without it a file store seals the key under
+     * `<path>.identity-key` (mode 0600) beside the database. Once given, it must be given at
+     * every start: a missing or different key fails `start()` with `ERR_STORAGE` and the
+     * identity is kept, never replaced.
+     */
+    identitySealKey?: Uint8Array
+  }
+  /**
+   * Accept control frames signed with the legacy `offline-ctrl-v1` scheme, which proves no
+   * freshness (identity.md §4.2). Default `false`: they are refused with `CONTROL_SIGNATURE_STALE`.
+   */
+  acceptLegacyControlV1?: boolean
   transports?: {
     internet?: {
       /** Relay WebSocket URL. `ws://` is accepted only for loopback hosts. */

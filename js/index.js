@@ -85,6 +85,15 @@ class Protocol {
   constructor(config) {
     if (!isPlainObject(config)) throw new ProtocolError('ERR_CONFIG', 'config must be an object')
     const forNative = { ...config }
+    if (isPlainObject(config.storage) && config.storage.identitySealKey !== undefined) {
+      const key = config.storage.identitySealKey
+      if (!(key instanceof Uint8Array)) {
+        throw new ProtocolError('ERR_CONFIG', 'storage.identitySealKey must be a Uint8Array of 32 bytes')
+      }
+      // JSON has no bytes; the native side decodes base64 and checks the length.
+      const bytes = Buffer.from(key.buffer, key.byteOffset, key.byteLength)
+      forNative.storage = { ...config.storage, identitySealKey: bytes.toString('base64') }
+    }
     if (config.inboundDurabilityHook !== undefined) {
       if (typeof config.inboundDurabilityHook !== 'function') {
         throw new ProtocolError('ERR_CONFIG', 'inboundDurabilityHook must be a function')

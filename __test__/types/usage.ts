@@ -73,6 +73,12 @@ export const durable = new Protocol({
   },
 })
 
+export const sealed = new Protocol({
+  appId: 'chat',
+  storage: { path: 'carol.db', identitySealKey: new Uint8Array(32) },
+  acceptLegacyControlV1: false,
+})
+
 export async function overGateway(): Promise<number> {
   const gateway = await Gateway.start({ listen: '127.0.0.1:0' })
   const protocol = new Protocol({

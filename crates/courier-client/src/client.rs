@@ -91,7 +91,8 @@ impl Client {
         )?;
         let pending_inbound = store.load_pending_inbound()?;
         // The identity is durable before anything uses it, and never replaced (identity.md §1).
-        let seed = store.load_or_create_identity(now, || {
+        let app_key = config.identity_seal_key.as_ref().map(|k| k.bytes());
+        let seed = store.load_or_create_identity(now, app_key, || {
             IdentityKey::generate()
                 .map(|key| key.seed())
                 .map_err(|e| format!("cannot generate an identity key: {e}"))

@@ -10,11 +10,16 @@
 //! Numbers: integers are JSON numbers that are whole and at most 2^53 (the largest integer a
 //! JavaScript number holds exactly); `5000` and `5000.0` are the same value.
 
+use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
+
 use courier_engine::Config;
 use serde_json::{Map, Value};
+use zeroize::Zeroizing;
 
 use crate::carrier::gateway::GatewayTimings;
 
@@ -46,6 +51,23 @@ impl ConfigError {
 pub enum StorageConfig {
     Path(PathBuf),
     Memory,
+}
+
+/// `storage.identitySealKey`: 32 bytes the app keeps outside the database (Electron
+/// `safeStorage`, the OS keychain) that seal the identity seed at rest.
+#[derive(Clone, PartialEq, Eq)]
+pub struct IdentitySealKey(Zeroizing<[u8; 32]>);
+
+impl IdentitySealKey {
+    pub fn bytes(&self) -> Zeroizing<[u8; 32]> {
+        self.0.clone()
+    }
+}
+
+impl fmt::Debug for IdentitySealKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("IdentitySealKey(..)")
+    }
 }
 
 /// `transports.internet`.
@@ -145,6 +167,8 @@ impl LogLevel {
 pub struct ProtocolConfig {
     pub app_id: String,
     pub storage: StorageConfig,
+    /// `storage.identitySealKey`; without it a file store seals under a key file beside it.
+    pub identity_seal_key: Option<IdentitySealKey>,
     pub internet: Option<InternetConfig>,
     pub gateway: Option<GatewayConfig>,
     /// Built from `appId` and `reliability.*`; every other field at `Config::new` defaults.
@@ -168,6 +192,7 @@ const ROOT_KEYS: &[&str] = &[
     "inboundDurabilityHook",
     "inboundDurabilityHookTimeoutMs",
     "logLevel",
+    "acceptLegacyControlV1",
 ];
 
 /// Validates `value` (the config object as JSON) and builds the runtime config.
@@ -180,7 +205,7 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
         .ok_or_else(|| root.error("appId", "is required"))?;
     courier_proto::validate_identifier(app_id).map_err(|e| root.error("appId", e.to_string()))?;
 
-    let storage = parse_storage(&root)?;
+    let (storage, identity_seal_key) = parse_storage(&root)?;
     let (internet, gateway) = match root.section("transports", &["internet", "gateway"])? {
         Some(transports) => (
             parse_internet(&transports, &mut warnings)?,
@@ -212,6 +237,10 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
         );
     }
 
+    // identity.md §4.2: v1 control signatures prove no freshness, so they are refused unless
+    // the app opts in.
+    engine.accept_legacy_control_v1 = root.bool("acceptLegacyControlV1")?.unwrap_or(false);
+
     let group_relay_broadcast = match root.section("group", &["relayBroadcastEnabled"])? {
         Some(group) => group.bool("relayBroadcastEnabled")?.unwrap_or(true),
         None => true,
@@ -242,6 +271,7 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
     Ok(ProtocolConfig {
         app_id: app_id.to_owned(),
         storage,
+        identity_seal_key,
         internet,
         gateway,
         engine,
@@ -253,9 +283,11 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
     })
 }
 
-fn parse_storage(root: &Section<'_>) -> Result<StorageConfig, ConfigError> {
+fn parse_storage(
+    root: &Section<'_>,
+) -> Result<(StorageConfig, Option<IdentitySealKey>), ConfigError> {
     let storage = root
-        .section("storage", &["path", "memory"])?
+        .section("storage", &["path", "memory", "identitySealKey"])?
         .ok_or_else(|| {
             root.error(
                 "storage",
@@ -273,7 +305,7 @@ fn parse_storage(root: &Section<'_>) -> Result<StorageConfig, ConfigError> {
             ))
         }
     };
-    match (path, memory) {
+    let kind = match (path, memory) {
         (Some(_), true) => Err(root.error(
             "storage",
             "must set exactly one of path or memory, not both",
@@ -282,7 +314,20 @@ fn parse_storage(root: &Section<'_>) -> Result<StorageConfig, ConfigError> {
         (Some(""), false) => Err(storage.error("path", "must be a non-empty string")),
         (Some(p), false) => Ok(StorageConfig::Path(PathBuf::from(p))),
         (None, true) => Ok(StorageConfig::Memory),
-    }
+    }?;
+    // The JS facade passes the key's bytes as base64.
+    let seal_key = match storage.string("identitySealKey")? {
+        None => None,
+        Some(b64) => {
+            let bytes = BASE64
+                .decode(b64)
+                .ok()
+                .and_then(|b| <[u8; 32]>::try_from(b.as_slice()).ok())
+                .ok_or_else(|| storage.error("identitySealKey", "must be exactly 32 bytes"))?;
+            Some(IdentitySealKey(Zeroizing::new(bytes)))
+        }
+    };
+    Ok((kind, seal_key))
 }
 
 fn parse_internet(

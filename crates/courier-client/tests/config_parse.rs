@@ -880,3 +880,39 @@ fn config_error_is_a_std_error() {
     let e: Box<dyn std::error::Error + Send + Sync> = Box::new(err(json!({})));
     assert!(e.to_string().ends_with("is required"), "{e}");
 }
+
+#[test]
+fn identity_seal_key_is_32_bytes_of_base64() {
+    assert!(ok(base()).identity_seal_key.is_none());
+    let key = base64::engine::general_purpose::STANDARD.encode([5u8; 32]);
+    let c = ok(with(json!({ "storage": { "identitySealKey": key } })));
+    assert_eq!(*c.identity_seal_key.unwrap().bytes(), [5u8; 32]);
+    assert!(
+        !format!(
+            "{:?}",
+            ok(with(json!({ "storage": { "identitySealKey": key } })))
+        )
+        .contains(&key),
+        "the key never reaches a log through Debug"
+    );
+    let short = base64::engine::general_purpose::STANDARD.encode([5u8; 31]);
+    for bad in [json!(short), json!("not base64!"), json!(7)] {
+        let e = err(with(json!({ "storage": { "identitySealKey": bad } })));
+        assert_eq!(e.path, "storage.identitySealKey", "{e}");
+    }
+}
+
+#[test]
+fn legacy_control_v1_is_refused_unless_the_app_opts_in() {
+    assert!(!ok(base()).engine.accept_legacy_control_v1);
+    assert!(
+        ok(with(json!({ "acceptLegacyControlV1": true })))
+            .engine
+            .accept_legacy_control_v1
+    );
+    refused(
+        with(json!({ "acceptLegacyControlV1": "yes" })),
+        "acceptLegacyControlV1",
+        "boolean",
+    );
+}

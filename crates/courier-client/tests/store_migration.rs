@@ -338,7 +338,7 @@ fn the_fixture_is_a_version_1_database() {
 
 #[test]
 fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
-    assert_eq!(SCHEMA_VERSION, 3);
+    assert_eq!(SCHEMA_VERSION, 4);
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("v1.db");
     write_v1_database(&db);
@@ -346,11 +346,11 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
 
     {
         let mut store = Store::open(&db).unwrap();
-        assert_eq!(store.schema_version().unwrap(), 3);
+        assert_eq!(store.schema_version().unwrap(), 4);
         assert_v1_rows_intact(&mut store);
         assert!(store.load_pending_inbound().unwrap().is_empty());
     }
-    assert_eq!(user_version(&db), 3);
+    assert_eq!(user_version(&db), 4);
 
     // The version-1 objects are unchanged; exactly the new tables and their indexes were added.
     let v2_schema = schema_of(&db);
@@ -399,7 +399,7 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
 
     // And the migrated file keeps working across reopen.
     let mut store = Store::open(&db).unwrap();
-    assert_eq!(store.schema_version().unwrap(), 3);
+    assert_eq!(store.schema_version().unwrap(), 4);
     assert_v1_rows_intact(&mut store);
 }
 
@@ -414,14 +414,14 @@ fn a_current_version_database_is_opened_untouched() {
 
     {
         let store = Store::open(&db).unwrap();
-        assert_eq!(store.schema_version().unwrap(), 3);
+        assert_eq!(store.schema_version().unwrap(), 4);
         assert_eq!(store.load_outbox().unwrap(), expected_outbox());
     }
     // No migration ran: not a byte of the database file changed (its header holds a change
     // counter that any committed write would bump), and the schema is the same.
     assert_eq!(fs::read(&db).unwrap(), before);
     assert_eq!(schema_of(&db), schema);
-    assert_eq!(user_version(&db), 3);
+    assert_eq!(user_version(&db), 4);
 
     let mut store = Store::open(&db).unwrap();
     assert_v1_rows_intact(&mut store);
@@ -430,16 +430,16 @@ fn a_current_version_database_is_opened_untouched() {
 #[test]
 fn a_database_newer_than_the_current_version_is_refused_and_left_untouched() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("v4.db");
+    let db = dir.path().join("v5.db");
     write_v1_database(&db);
     drop(Store::open(&db).unwrap());
     {
-        // A version-4 build added something and bumped the version.
+        // A version-5 build added something and bumped the version.
         let conn = Connection::open(&db).unwrap();
         conn.execute_batch(
             "BEGIN;
              CREATE TABLE from_the_future (x INTEGER);
-             PRAGMA user_version = 4;
+             PRAGMA user_version = 5;
              COMMIT;",
         )
         .unwrap();
@@ -447,12 +447,12 @@ fn a_database_newer_than_the_current_version_is_refused_and_left_untouched() {
     let before = fs::read(&db).unwrap();
     match Store::open(&db).unwrap_err() {
         StoreError::NewerSchema { found, supported } => {
-            assert_eq!((found, supported), (4, 3));
+            assert_eq!((found, supported), (5, 4));
         }
         other => panic!("expected NewerSchema, got {other}"),
     }
     assert_eq!(fs::read(&db).unwrap(), before, "not a byte changed");
-    assert_eq!(user_version(&db), 4);
+    assert_eq!(user_version(&db), 5);
     let outbox: i64 = Connection::open(&db)
         .unwrap()
         .query_row("SELECT COUNT(*) FROM outbox", [], |r| r.get(0))
@@ -486,20 +486,4 @@ fn a_failed_migration_leaves_the_version_1_file_usable_by_version_1() {
         .query_row("SELECT COUNT(*) FROM outbox", [], |r| r.get(0))
         .unwrap();
     assert_eq!(outbox, 4);
-}
-
-#[test]
-fn the_identity_seed_is_created_once_and_never_replaced() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("id.db");
-    let first = {
-        let mut store = Store::open(&db).unwrap();
-        store.load_or_create_identity(1, || Ok([7u8; 32])).unwrap()
-    };
-    assert_eq!(first, [7u8; 32]);
-    let mut store = Store::open(&db).unwrap();
-    let again = store
-        .load_or_create_identity(2, || panic!("an existing identity must not be regenerated"))
-        .unwrap();
-    assert_eq!(again, first);
 }

@@ -23,6 +23,7 @@
 //! [`StoreError::Locked`].
 
 mod dedup;
+mod identity;
 mod inbound;
 mod lock;
 mod outbox;
@@ -37,10 +38,12 @@ use std::time::Duration;
 use courier_engine::io::{
     EntryState, Millis, OutboxRecord, PendingInbound, ProcessedKey, Settlement, StoreOp,
 };
-use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
+use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
 
+use identity::SealKeys;
 use lock::LockFile;
 pub use schema::SCHEMA_VERSION;
+use zeroize::Zeroizing;
 
 /// WAL size, in pages, above which `maybe_checkpoint` checkpoints (SQLite's own default).
 pub const WAL_CHECKPOINT_PAGES: u32 = 1000;
@@ -69,6 +72,10 @@ pub enum StoreError {
     Corrupt(String),
     #[error("storage I/O error: {0}")]
     Io(#[from] std::io::Error),
+    /// The identity seed cannot be opened (a missing or different seal key). The stored identity
+    /// is left untouched and never replaced (identity.md §1).
+    #[error("{0}")]
+    Identity(String),
     /// The database was written by a newer build; it is left untouched.
     #[error(
         "storage schema version {found} is newer than this build supports ({supported}); \
@@ -254,30 +261,23 @@ impl Store {
 
     /// This profile's identity seed: the stored one, or — on the first start only — `generate()`'s,
     /// committed before it is returned so a key is never used before it is durable. A store that
-    /// cannot be read fails here rather than minting a replacement.
+    /// cannot be read, or a seal that does not open, fails here rather than minting a
+    /// replacement. At rest the seed is sealed under `app_key` (`storage.identitySealKey`) when
+    /// the app supplies one, else under the key file beside the database (see `identity.rs`).
     pub fn load_or_create_identity(
         &mut self,
         now: Millis,
+        app_key: Option<Zeroizing<[u8; 32]>>,
         generate: impl FnOnce() -> Result<[u8; 32], String>,
     ) -> Result<[u8; 32], StoreError> {
+        let keys = SealKeys {
+            app: app_key,
+            key_file: self.path.as_deref().map(SealKeys::key_file_for),
+        };
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let stored: Option<Vec<u8>> = tx
-            .query_row("SELECT seed FROM identity WHERE id = 1", [], |r| r.get(0))
-            .optional()?;
-        let seed = match stored {
-            Some(bytes) => <[u8; 32]>::try_from(bytes.as_slice())
-                .map_err(|_| StoreError::Corrupt("the identity seed is not 32 bytes".into()))?,
-            None => {
-                let seed = generate().map_err(StoreError::Corrupt)?;
-                tx.execute(
-                    "INSERT INTO identity (id, seed, created_at) VALUES (1, ?1, ?2)",
-                    rusqlite::params![seed.as_slice(), to_db(now)],
-                )?;
-                seed
-            }
-        };
+        let seed = identity::load_or_create(&tx, &keys, to_db(now), generate)?;
         tx.commit()?;
         Ok(seed)
     }

@@ -17,7 +17,12 @@ use super::StoreError;
 /// One migration step: from version `i` to `i + 1` (its index in `MIGRATIONS`).
 pub(crate) type Migration = fn(&Transaction<'_>) -> rusqlite::Result<()>;
 
-pub(crate) const MIGRATIONS: &[Migration] = &[v1_initial, v2_pending_inbound, v3_identity];
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    v1_initial,
+    v2_pending_inbound,
+    v3_identity,
+    v4_sealed_identity,
+];
 
 /// The schema version this build writes and understands.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -90,6 +95,26 @@ fn v3_identity(tx: &Transaction<'_>) -> rusqlite::Result<()> {
              seed       BLOB    NOT NULL CHECK (length(seed) = 32),
              created_at INTEGER NOT NULL
          );",
+    )
+}
+
+/// Version 4: the identity seed sealed at rest (identity.md §1). `sealed_by` names the key that
+/// opens `seed`: `app_key` (the app's `storage.identitySealKey`), `key_file` (the key file beside
+/// the database), or `none` — a seed written by version 3, which the next start seals in place.
+fn v4_sealed_identity(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "CREATE TABLE identity_sealed (
+             id         INTEGER PRIMARY KEY CHECK (id = 1),
+             sealed_by  TEXT    NOT NULL CHECK (sealed_by IN ('none', 'app_key', 'key_file')),
+             nonce      BLOB    NULL,
+             seed       BLOB    NOT NULL,
+             created_at INTEGER NOT NULL,
+             CHECK ((sealed_by = 'none') = (nonce IS NULL))
+         );
+         INSERT INTO identity_sealed (id, sealed_by, nonce, seed, created_at)
+             SELECT id, 'none', NULL, seed, created_at FROM identity;
+         DROP TABLE identity;
+         ALTER TABLE identity_sealed RENAME TO identity;",
     )
 }
 
