@@ -730,7 +730,10 @@ mod tests {
         let err = parse(serde_json::json!({ "address": "localhost:99999" })).unwrap_err();
         assert_eq!(err.path, "transports.gateway.address");
         let err = parse(serde_json::json!({ "url": "ws://localhost:1" })).unwrap_err();
-        assert_eq!(err.to_string(), "transports.gateway.url is not a known option");
+        assert_eq!(
+            err.to_string(),
+            "transports.gateway.url is not a known option"
+        );
         let err = parse(serde_json::json!(true)).unwrap_err();
         assert_eq!(err.to_string(), "transports.gateway must be an object");
     }
