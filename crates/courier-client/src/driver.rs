@@ -168,6 +168,9 @@ struct Step {
     /// then what the engine reported with it (the end of a drain) — goes after the step's relay
     /// Acks and end-to-end ACKs (api.md, "Inbound durability").
     after_transmits: Vec<ClientEvent>,
+    /// A relay frame was processed in this step: if the commit fails, it was neither stored nor
+    /// acked, and only a new session makes the relay write it again.
+    relay_inbound: bool,
     stop: Option<oneshot::Sender<()>>,
 }
 
@@ -258,6 +261,7 @@ impl Driver {
                 answer,
             } => self.engine.handle_relay_answer(&id, send_seq, answer, now),
             Command::Inbound { message, origin } => {
+                step.relay_inbound |= origin.carrier == Carrier::Internet;
                 self.engine.handle_inbound(*message, origin, now)
             }
             Command::Presence {
@@ -479,6 +483,7 @@ impl Driver {
             accepted,
             events,
             after_transmits,
+            relay_inbound,
             ..
         } = step;
         let ops: Vec<StoreOp> = std::iter::from_fn(|| self.engine.poll_store()).collect();
@@ -498,6 +503,11 @@ impl Driver {
                     message: format!("storage commit failed: {message}"),
                     target: "courier_client::store",
                 });
+                if relay_inbound {
+                    if let Some(relay) = &self.relay {
+                        let _ = relay.send(RelayOut::Redeliver);
+                    }
+                }
                 return;
             }
         }

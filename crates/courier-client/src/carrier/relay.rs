@@ -50,6 +50,9 @@ pub enum RelayOut {
     },
     /// The OS says the network is up (`true`: reconnect now) or down.
     Hint(bool),
+    /// Inbound frames were processed but could not be stored (a failed commit), so they were not
+    /// acked: start a new session, whose drain writes every unacked frame again.
+    Redeliver,
     /// Start or stop hearing about a peer's presence (the engine's watchlist changed).
     Watch(String),
     Unwatch(String),
@@ -77,6 +80,9 @@ enum Loss {
     Superseded(String),
     /// The app said the network is down: wait for a hint or the backoff.
     Offline,
+    /// Inbound frames could not be stored: reconnect for a redelivery, backing off while the
+    /// storage keeps failing.
+    Redeliver,
     /// The channel from the driver closed: the client is stopping.
     Stopped,
 }
@@ -87,6 +93,8 @@ pub async fn run(
     driver: DriverTx,
 ) {
     let mut attempt: u32 = 0;
+    // Consecutive sessions ended for a redelivery: while storage keeps failing they back off.
+    let mut redeliveries: u32 = 0;
     let mut superseded_reported = false;
     let mut presence = PresenceWatch::default();
     loop {
@@ -100,8 +108,25 @@ pub async fn run(
             Ok(None) => Loss::Stopped,
             Err(loss) => loss,
         };
+        if !matches!(loss, Loss::Redeliver) {
+            redeliveries = 0;
+        }
         let wait = match loss {
             Loss::Stopped => return,
+            Loss::Redeliver => {
+                let delay = Backoff::default().delay(redeliveries);
+                redeliveries = redeliveries.saturating_add(1);
+                diagnostic(
+                    &driver,
+                    DiagnosticLevel::Warn,
+                    format!(
+                        "reconnecting in {} ms so the relay redelivers inbound frames that could \
+                         not be stored",
+                        delay.as_millis()
+                    ),
+                );
+                Some(delay)
+            }
             Loss::Superseded(reason) => {
                 if !superseded_reported {
                     superseded_reported = true;
@@ -184,6 +209,8 @@ fn refuse_while_down(cmd: RelayOut, driver: &DriverTx, presence: &mut PresenceWa
         RelayOut::Submit(Submit::Ack { .. })
         | RelayOut::HopAck { .. }
         | RelayOut::Hint(_)
+        // The next session's drain writes every unacked frame anyway.
+        | RelayOut::Redeliver
         | RelayOut::Stop => {}
     }
 }
@@ -448,6 +475,7 @@ impl<'a> Session<'a> {
             }
             Some(RelayOut::Hint(false)) => Err(Loss::Offline),
             Some(RelayOut::Hint(true)) => Ok(()),
+            Some(RelayOut::Redeliver) => Err(Loss::Redeliver),
         }
     }
 

@@ -1,5 +1,7 @@
 //! What the client's integration tests share: a started client with its events, and waiting
 //! for an event under a deadline (never a fixed sleep).
+// Each test binary compiles this module and uses only part of it.
+#![allow(dead_code)]
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
