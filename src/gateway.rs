@@ -1,16 +1,15 @@
 //! `Gateway.start`: the gateway daemon of `courier-relay gateway`, in this process.
 
-use std::sync::Mutex;
-
 use courier_relay::{start_gateway, GatewayConfig, GatewayHandle};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
 use crate::coded;
+use crate::running::Running;
 
 #[napi]
 pub struct NativeGateway {
-    handle: Mutex<Option<GatewayHandle>>,
+    handle: Running<GatewayHandle>,
     address: String,
     port: u16,
 }
@@ -32,7 +31,7 @@ impl NativeGateway {
         Ok(NativeGateway {
             address: handle.local_addr().to_string(),
             port: handle.port(),
-            handle: Mutex::new(Some(handle)),
+            handle: Running::new(handle),
         })
     }
 
@@ -50,24 +49,14 @@ impl NativeGateway {
     /// Devices bound right now (one per attached address).
     #[napi]
     pub fn bound_addresses(&self) -> Result<u32> {
-        let guard = self
-            .handle
-            .lock()
-            .map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?;
-        match guard.as_ref() {
-            Some(h) => Ok(u32::try_from(h.bound_addresses()).unwrap_or(u32::MAX)),
-            None => Err(coded("ERR_NOT_STARTED", "the gateway is stopped")),
-        }
+        self.handle.with("the gateway is stopped", |h| {
+            u32::try_from(h.bound_addresses()).unwrap_or(u32::MAX)
+        })
     }
 
     #[napi]
     pub async fn stop(&self) -> Result<()> {
-        let handle = self
-            .handle
-            .lock()
-            .map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?
-            .take();
-        if let Some(handle) = handle {
+        if let Some(handle) = self.handle.take()? {
             handle.stop().await;
         }
         Ok(())

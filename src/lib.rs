@@ -14,6 +14,7 @@ use napi_derive::napi;
 
 pub mod gateway;
 pub mod relay;
+mod running;
 
 fn to_napi(e: ClientError) -> Error {
     Error::new(Status::GenericFailure, format!("[{}] {}", e.code(), e))

@@ -1,13 +1,13 @@
 //! `Relay.start`, `issueToken` and the `courier-relay` command line, over `courier-relay`.
 
 use std::path::PathBuf;
-use std::sync::Mutex;
 
 use courier_relay::{cli, MailboxLimits, RateLimit, RelayConfig, RelayHandle, Storage, TlsConfig};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
 use crate::coded;
+use crate::running::Running;
 
 #[napi(object)]
 pub struct NativeRelayMailbox {
@@ -32,7 +32,7 @@ pub struct NativeRelayOptions {
 
 #[napi]
 pub struct NativeRelay {
-    handle: Mutex<Option<RelayHandle>>,
+    handle: Running<RelayHandle>,
     url: String,
     port: u16,
 }
@@ -101,7 +101,7 @@ async fn start_relay(config: RelayConfig) -> Result<NativeRelay> {
     Ok(NativeRelay {
         url: handle.url(),
         port: handle.port(),
-        handle: Mutex::new(Some(handle)),
+        handle: Running::new(handle),
     })
 }
 
@@ -133,33 +133,21 @@ impl NativeRelay {
 
     #[napi]
     pub fn stats(&self) -> Result<String> {
-        let guard = self
+        let s = self
             .handle
-            .lock()
-            .map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?;
-        match guard.as_ref() {
-            Some(h) => {
-                let s = h.stats();
-                Ok(serde_json::json!({
-                    "connections": s.connections,
-                    "accounts": s.accounts,
-                    "storedFrames": s.stored_frames,
-                    "watches": s.watches,
-                })
-                .to_string())
-            }
-            None => Err(coded("ERR_NOT_STARTED", "the relay is stopped")),
-        }
+            .with("the relay is stopped", RelayHandle::stats)?;
+        Ok(serde_json::json!({
+            "connections": s.connections,
+            "accounts": s.accounts,
+            "storedFrames": s.stored_frames,
+            "watches": s.watches,
+        })
+        .to_string())
     }
 
     #[napi]
     pub async fn stop(&self) -> Result<()> {
-        let handle = self
-            .handle
-            .lock()
-            .map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))?
-            .take();
-        if let Some(handle) = handle {
+        if let Some(handle) = self.handle.take()? {
             handle.stop().await;
         }
         Ok(())

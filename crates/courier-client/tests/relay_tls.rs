@@ -1,8 +1,9 @@
 //! Two clients over `wss://` to a real relay whose certificate comes from a CA made in the test:
 //! trusted through `transports.internet.tls.caCertificates`, refused without it.
 
+mod support;
+
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
 use courier_client::client::{Client, SendInput};
 use courier_client::config::parse_protocol_config;
@@ -57,28 +58,13 @@ impl Peer {
             "transports": { "internet": internet },
         }))
         .unwrap();
-        let (tx, events) = mpsc::channel();
-        let sink = Box::new(move |e: ClientEvent| {
-            let _ = tx.send(e);
-        });
-        let client = Client::start(&config, sink, &tokio::runtime::Handle::current()).unwrap();
+        let (client, events) = support::start(&config);
         Self { client, events }
     }
 
     /// Waits (with a deadline) for an event matching `pred`.
     async fn wait_for(&self, what: &str, pred: impl Fn(&ClientEvent) -> bool) -> ClientEvent {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match self.events.try_recv() {
-                Ok(e) if pred(&e) => return e,
-                Ok(_) => {}
-                Err(mpsc::TryRecvError::Empty) => {
-                    assert!(Instant::now() < deadline, "timed out waiting for {what}");
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                Err(mpsc::TryRecvError::Disconnected) => panic!("events ended before {what}"),
-            }
-        }
+        support::wait_for(&self.events, what, pred).await
     }
 }
 

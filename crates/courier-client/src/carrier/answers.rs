@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use courier_engine::RelayAnswer;
 use courier_proto::limits::RECIPIENT_UNREACHABLE;
-use courier_proto::Disposition;
+use courier_proto::{Disposition, RelayFrame};
 
 use crate::driver::{Command, DriverTx};
 
@@ -52,8 +52,27 @@ impl Answers {
         self.unanswered.values().map(|u| u.deadline).min()
     }
 
+    /// Takes the carrier's answer to a send (`MessageSent`, `DeliveryError`); any other frame
+    /// is handed back.
+    pub fn take_answer(&mut self, driver: &DriverTx, frame: RelayFrame) -> Option<RelayFrame> {
+        match frame {
+            RelayFrame::MessageSent {
+                message_id,
+                disposition,
+                ..
+            } => self.sent(driver, message_id, disposition),
+            RelayFrame::DeliveryError {
+                message_id,
+                recipient,
+                reason,
+            } => self.delivery_error(driver, message_id, &recipient, &reason),
+            other => return Some(other),
+        }
+        None
+    }
+
     /// `MessageSent`: the carrier took the frame, live or into its mailbox.
-    pub fn sent(&mut self, driver: &DriverTx, id: String, disposition: Option<Disposition>) {
+    fn sent(&mut self, driver: &DriverTx, id: String, disposition: Option<Disposition>) {
         if let Some(u) = self.unanswered.remove(&id) {
             let answer = match disposition {
                 Some(Disposition::Stored) => RelayAnswer::Stored,
@@ -69,7 +88,7 @@ impl Answers {
 
     /// `DeliveryError`: the unreachable verdict, or a refusal. Without a `message_id` (the
     /// published contract) it covers every open send to `recipient`.
-    pub fn delivery_error(
+    fn delivery_error(
         &mut self,
         driver: &DriverTx,
         message_id: Option<String>,

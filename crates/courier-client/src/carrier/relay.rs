@@ -513,19 +513,10 @@ impl<'a> Session<'a> {
                 return Ok(());
             }
         };
+        let Some(frame) = self.answers.take_answer(self.driver, frame) else {
+            return Ok(());
+        };
         match frame {
-            RelayFrame::MessageSent {
-                message_id,
-                disposition,
-                ..
-            } => self.answers.sent(self.driver, message_id, disposition),
-            RelayFrame::DeliveryError {
-                message_id,
-                recipient,
-                reason,
-            } => self
-                .answers
-                .delivery_error(self.driver, message_id, &recipient, &reason),
             RelayFrame::MessageReceived {
                 seq,
                 sender,

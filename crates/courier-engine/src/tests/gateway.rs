@@ -4,21 +4,6 @@
 
 use super::*;
 
-/// The carrier and neighbor of every outbox frame of `id` since `mark`, offers included.
-fn frames_of(sim: &Sim, mark: usize, id: &str) -> Vec<(Carrier, Option<String>)> {
-    sim.log[mark..]
-        .iter()
-        .filter_map(|(_, out)| match out {
-            Out::Transmit(Transmit {
-                carrier,
-                peer,
-                kind: TransmitKind::Outbox { message, .. },
-            }) if message.id == id => Some((carrier.clone(), peer.clone())),
-            _ => None,
-        })
-        .collect()
-}
-
 fn delivered_over(sim: &Sim, id: &str) -> Option<String> {
     match sim.terminal(id) {
         Some((_, Event::MessageDelivered { transport, .. })) => Some(transport),
@@ -41,7 +26,7 @@ fn a_gateway_alone_carries_the_attempt_and_the_ack_comes_back_over_it() {
     sim.gateway_up();
     let mark = sim.mark();
     let id = sim.send(BOB);
-    assert_eq!(frames_of(&sim, mark, &id), [(Carrier::Gateway, None)]);
+    assert_eq!(sim.frames_of(mark, &id), [(Carrier::Gateway, None)]);
     sim.advance(SEC);
     assert_eq!(sent_over(&sim, &id), ["gateway"]);
     assert_eq!(delivered_over(&sim, &id).as_deref(), Some("gateway"));
@@ -56,7 +41,7 @@ fn the_relay_carries_the_attempts_when_both_are_up() {
     let mark = sim.mark();
     let id = sim.send(BOB);
     assert_eq!(
-        frames_of(&sim, mark, &id),
+        sim.frames_of(mark, &id),
         [(Carrier::Internet, None)],
         "a message that is not parked is not offered over the gateway"
     );
@@ -111,7 +96,7 @@ fn the_gateway_takes_over_when_the_relay_drops() {
     );
     let mark = sim.mark();
     sim.advance(2 * SEC);
-    assert_eq!(frames_of(&sim, mark, &id), [(Carrier::Gateway, None)]);
+    assert_eq!(sim.frames_of(mark, &id), [(Carrier::Gateway, None)]);
     assert_eq!(delivered_over(&sim, &id).as_deref(), Some("gateway"));
 }
 
@@ -147,7 +132,7 @@ fn a_message_the_relay_parks_is_offered_over_the_gateway_and_settled_from_there(
     let id = sim.send(BOB);
     assert_eq!(sim.status(&id), Some(EntryState::Parked));
     assert_eq!(
-        frames_of(&sim, mark, &id),
+        sim.frames_of(mark, &id),
         [(Carrier::Internet, None), (Carrier::Gateway, None)],
         "the attempt over the relay, then the offer over the gateway"
     );
@@ -237,6 +222,6 @@ fn a_frame_handed_to_a_gateway_that_drops_is_retried_over_the_relay() {
     assert_eq!(sim.status(&id), Some(EntryState::Queued));
     let mark = sim.mark();
     sim.advance(2 * SEC);
-    assert_eq!(frames_of(&sim, mark, &id), [(Carrier::Internet, None)]);
+    assert_eq!(sim.frames_of(mark, &id), [(Carrier::Internet, None)]);
     assert_eq!(delivered_over(&sim, &id).as_deref(), Some("internet"));
 }

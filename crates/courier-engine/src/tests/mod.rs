@@ -645,6 +645,21 @@ impl Sim {
         self.engine.status(id)
     }
 
+    /// The carrier and neighbor of every outbox frame of `id` since `mark`, offers included.
+    pub(crate) fn frames_of(&self, mark: usize, id: &str) -> Vec<(Carrier, Option<String>)> {
+        self.log[mark..]
+            .iter()
+            .filter_map(|(_, out)| match out {
+                Out::Transmit(Transmit {
+                    carrier,
+                    peer,
+                    kind: TransmitKind::Outbox { message, .. },
+                }) if message.id == id => Some((carrier.clone(), peer.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Outbox attempts (not carry-only offers) since `mark`.
     pub(crate) fn outbox_frames_since(&self, mark: usize) -> Vec<(Millis, &Message)> {
         self.log[mark..]

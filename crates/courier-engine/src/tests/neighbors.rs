@@ -11,20 +11,6 @@ fn transports(sim: &Sim, id: &str) -> Vec<String> {
         .collect()
 }
 
-fn attempt_carriers(sim: &Sim, mark: usize, id: &str) -> Vec<(Carrier, Option<String>)> {
-    sim.log[mark..]
-        .iter()
-        .filter_map(|(_, out)| match out {
-            Out::Transmit(Transmit {
-                carrier,
-                peer,
-                kind: TransmitKind::Outbox { message, .. },
-            }) if message.id == id => Some((carrier.clone(), peer.clone())),
-            _ => None,
-        })
-        .collect()
-}
-
 #[test]
 fn carrier_choice_prefers_a_direct_link_to_the_recipient() {
     let mut sim = Sim::with_defaults();
@@ -35,11 +21,11 @@ fn carrier_choice_prefers_a_direct_link_to_the_recipient() {
     let to_bob = sim.send(BOB);
     let to_carol = sim.send(CAROL);
     assert_eq!(
-        attempt_carriers(&sim, mark, &to_bob),
+        sim.frames_of(mark, &to_bob),
         [(Carrier::Local(BLE.into()), Some(BOB.to_owned()))]
     );
     assert_eq!(
-        attempt_carriers(&sim, mark, &to_carol),
+        sim.frames_of(mark, &to_carol),
         [(Carrier::Internet, None)],
         "a local carrier reaches only its neighbors"
     );
