@@ -35,19 +35,36 @@ const OUTBOUND_QUEUE: usize = 64;
 pub async fn serve(ctx: Arc<Ctx>, tcp: TcpStream, tls: Option<TlsAcceptor>, remote: SocketAddr) {
     let handshake_deadline = Instant::now() + ctx.timings.auth_timeout;
     match tls {
-        Some(acceptor) => {
-            match tokio::time::timeout_at(handshake_deadline, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => run(ctx, stream, handshake_deadline, remote).await,
-                Ok(Err(e)) => tracing::debug!(%remote, error = %e, "TLS handshake failed"),
-                Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),
-            }
-        }
+        // Boxed: a TLS session's state is most of this task's size (about 15 KiB), which a
+        // plain connection must not carry, and a TLS one only once it got this far.
+        Some(acceptor) => Box::pin(serve_tls(ctx, tcp, acceptor, handshake_deadline, remote)).await,
         None => run(ctx, tcp, handshake_deadline, remote).await,
     }
 }
 
+async fn serve_tls(
+    ctx: Arc<Ctx>,
+    tcp: TcpStream,
+    acceptor: TlsAcceptor,
+    handshake_deadline: Instant,
+    remote: SocketAddr,
+) {
+    match tokio::time::timeout_at(handshake_deadline, acceptor.accept(tcp)).await {
+        Ok(Ok(stream)) => run(ctx, stream, handshake_deadline, remote).await,
+        Ok(Err(e)) => tracing::debug!(%remote, error = %e, "TLS handshake failed"),
+        Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),
+    }
+}
+
+/// Bytes a connection reads from its socket at once. tungstenite zero-fills this much of its
+/// read buffer before every read, so it is resident for every connection, authenticated or
+/// not: at its default of 128 KiB, 10 000 connections that never authenticate held over 1 GiB.
+/// Frames are mostly small; a large one is read in more calls, not refused.
+const READ_CHUNK: usize = 8 * 1024;
+
 fn ws_config() -> WebSocketConfig {
     WebSocketConfig::default()
+        .read_buffer_size(READ_CHUNK)
         .max_message_size(Some(MAX_FRAME_BYTES))
         .max_frame_size(Some(MAX_FRAME_BYTES))
 }
@@ -93,6 +110,16 @@ where
     let Some(authed) = authenticate(&ctx, &mut ws).await else {
         return;
     };
+    // Boxed: the session's state is most of what is left of this task's size, and a
+    // connection that never authenticates should not hold room for it.
+    Box::pin(session(ctx, ws, authed, remote)).await;
+}
+
+/// An authenticated connection, from `Authenticated` to its end.
+async fn session<S>(ctx: Arc<Ctx>, mut ws: WebSocketStream<S>, authed: Authed, remote: SocketAddr)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let Authed { account, opted_in } = authed;
     // Drawn before anything changes state, so a failing generator displaces nobody.
     let challenge = ctx.timings.fixed_address_challenge.or_else(new_challenge);

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
@@ -164,12 +164,10 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
     let store = tokio::task::spawn_blocking(move || Store::open(&storage, store_router))
         .await
         .map_err(|e| RelayError::Config(format!("opening the database was interrupted: {e}")))??;
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| RelayError::Bind {
-            addr: config.listen,
-            source,
-        })?;
+    let listener = listen(config.listen).map_err(|source| RelayError::Bind {
+        addr: config.listen,
+        source,
+    })?;
     let local_addr = listener.local_addr().map_err(|source| RelayError::Bind {
         addr: config.listen,
         source,
@@ -202,6 +200,24 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
         shutdown,
         tasks,
     })
+}
+
+/// Connections the kernel completes while the accept loop catches up (capped by
+/// `net.core.somaxconn`). The platform default of 128 overflowed when a few hundred clients
+/// connected at once: their SYNs were dropped and retried after 1 s and more, and a silent
+/// client could end up with a connection the relay never saw.
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds like `TcpListener::bind` (address reuse included), with room for connection bursts.
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 async fn accept_loop(listener: TcpListener, tls: Option<TlsAcceptor>, ctx: Arc<Ctx>) {

@@ -2,73 +2,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use common::*;
-
-/// The relay binary as a child process; killed (SIGKILL) when dropped.
-struct RelayProcess {
-    child: Child,
-    url: String,
-}
-
-impl RelayProcess {
-    fn spawn(db: &Path, secret_file: &Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_courier-relay"))
-            .args(["--listen", "127.0.0.1:0", "--db"])
-            .arg(db)
-            .arg("--jwt-secret-file")
-            .arg(secret_file)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn courier-relay");
-        let stdout = child.stdout.take().expect("stdout");
-        // Blocking read of one line on a helper thread, bounded by the deadline.
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx.recv_timeout(DEADLINE).expect("the relay prints its URL");
-        let url = line
-            .trim()
-            .strip_prefix("courier-relay listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_owned();
-        assert!(url.starts_with("ws://127.0.0.1:"), "{url}");
-        Self { child, url }
-    }
-
-    fn wait_exit(&mut self) -> std::process::ExitStatus {
-        let deadline = std::time::Instant::now() + DEADLINE;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the relay did not exit"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-    }
-
-    fn kill9(&mut self) {
-        self.child.kill().expect("SIGKILL");
-        self.child.wait().expect("reaped");
-    }
-}
-
-impl Drop for RelayProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_frame_survives_sigkill() {

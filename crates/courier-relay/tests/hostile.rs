@@ -665,3 +665,270 @@ async fn a_client_that_floods_and_never_reads_is_dropped_and_others_are_served()
         .await;
     assert_witness_delivered(&relay).await;
 }
+
+/// What a connection that never authenticates does until the relay ends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Loiterer {
+    /// TCP only, not a byte sent.
+    Tcp,
+    /// Half an HTTP upgrade request.
+    PartialUpgrade,
+    /// Upgraded, then silent.
+    WebSocket,
+    /// Upgraded, pinging as if that kept it alive.
+    Pinging,
+    /// Upgraded, in the middle of a frame that never ends.
+    PartialFrame,
+}
+
+impl Loiterer {
+    const ALL: [Loiterer; 5] = [
+        Loiterer::Tcp,
+        Loiterer::PartialUpgrade,
+        Loiterer::WebSocket,
+        Loiterer::Pinging,
+        Loiterer::PartialFrame,
+    ];
+
+    fn upgrades(self) -> bool {
+        !matches!(self, Loiterer::Tcp | Loiterer::PartialUpgrade)
+    }
+}
+
+/// A connection in the state `kind` describes, once the relay has accepted it.
+enum Loitering {
+    Tcp(tokio::net::TcpStream),
+    Ws(RawClient),
+}
+
+async fn loiter(addr: std::net::SocketAddr, kind: Loiterer) -> Loitering {
+    use tokio::io::AsyncWriteExt;
+    if !kind.upgrades() {
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        if kind == Loiterer::PartialUpgrade {
+            tcp.write_all(b"GET / HTTP/1.1\r\nHost: relay\r\nUpgrade: websocket\r\n")
+                .await
+                .unwrap();
+        }
+        return Loitering::Tcp(tcp);
+    }
+    let mut raw = RawClient::connect(addr).await;
+    match kind {
+        Loiterer::Pinging => {
+            raw.send_frame(0x9, b"still here").await;
+            assert_eq!(raw.read_frame().await, Some((0xA, b"still here".to_vec())));
+        }
+        Loiterer::PartialFrame => {
+            raw.announce_frame(0x1, 100).await;
+        }
+        _ => {}
+    }
+    Loitering::Ws(raw)
+}
+
+/// Waits for the relay to end the connection and checks how: a socket that never completed
+/// the upgrade is just closed; an upgraded one gets `AuthError{auth_timeout}` and close 4001.
+async fn ended_by_the_relay(loitering: Loitering, limit: Duration) {
+    use tokio::io::AsyncReadExt;
+    match loitering {
+        Loitering::Tcp(mut tcp) => {
+            let mut rest = Vec::new();
+            let read = tokio::time::timeout(limit, tcp.read_to_end(&mut rest))
+                .await
+                .expect("the relay closes a socket that never upgrades");
+            assert!(read.is_ok() && rest.is_empty(), "{read:?}: {rest:?}");
+        }
+        Loitering::Ws(mut raw) => {
+            let frames = raw.frames_until_closed(limit).await;
+            assert_eq!(frames.len(), 2, "{frames:?}");
+            let (opcode, text) = &frames[0];
+            assert_eq!(*opcode, 0x1);
+            assert_eq!(
+                RelayFrame::decode(std::str::from_utf8(text).unwrap()).unwrap(),
+                RelayFrame::AuthError {
+                    reason: "auth_timeout".into()
+                }
+            );
+            let (opcode, close) = &frames[1];
+            assert_eq!(*opcode, 0x8);
+            assert_eq!(u16::from_be_bytes([close[0], close[1]]), 4001);
+        }
+    }
+}
+
+/// Sockets this process holds open whose local or remote port is `port` (the listener
+/// included): both ends of every connection to an in-process relay, and nothing of the tests
+/// running beside this one.
+fn open_sockets_on(port: u16) -> usize {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy().into_owned();
+            Some(
+                target
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_owned(),
+            )
+        })
+        .collect();
+    let port = format!(":{port:04X}");
+    std::fs::read_to_string("/proc/self/net/tcp")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let columns: Vec<&str> = line.split_whitespace().collect();
+            (columns[1].ends_with(&port) || columns[2].ends_with(&port))
+                && inodes.contains(columns[9])
+        })
+        .count()
+}
+
+/// Honest traffic while the relay holds the loiterers: both authenticate and a message is
+/// delivered live.
+async fn honest_exchange(url: &str) {
+    let mut alice = Client::connect(url).await;
+    alice.authenticate("alice", true).await;
+    alice.drain_complete().await;
+    let mut bob = Client::connect(url).await;
+    bob.authenticate("bob", true).await;
+    bob.drain_complete().await;
+    assert_sent(
+        &alice.send_and_answer("bob", "h1", "hello").await,
+        "h1",
+        "bob",
+        "live",
+    );
+    assert_eq!(bob.received().await.content, "hello");
+    alice.close().await;
+    bob.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_authenticate_end_at_the_auth_deadline() {
+    const EACH: usize = 400;
+    let relay =
+        TestRelay::start_with(|c| c.timings.auth_timeout = Duration::from_millis(1000)).await;
+    queue_witness(&relay).await;
+    let addr = relay.handle().local_addr();
+    let baseline = open_sockets_on(addr.port());
+    assert_eq!(baseline, 1, "the listener");
+
+    let mut held = tokio::task::JoinSet::new();
+    for kind in Loiterer::ALL {
+        for _ in 0..EACH {
+            held.spawn(async move {
+                let loitering = loiter(addr, kind).await;
+                ended_by_the_relay(loitering, DEADLINE).await;
+            });
+        }
+    }
+    // Only authenticated connections count as connections.
+    honest_exchange(&relay.url).await;
+    let mut ended = 0;
+    while let Some(result) = within(held.join_next())
+        .await
+        .expect("every loiterer ends in time")
+    {
+        result.unwrap();
+        ended += 1;
+    }
+    assert_eq!(ended, EACH * Loiterer::ALL.len());
+    relay
+        .wait_stats("the honest clients to leave", |s| s.connections == 0)
+        .await;
+    // Both ends of every socket are closed again.
+    let released = within(async {
+        while open_sockets_on(addr.port()) > baseline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(
+        released.is_some(),
+        "{} sockets open, {baseline} before",
+        open_sockets_on(addr.port())
+    );
+    assert_eq!(
+        relay.handle().stats().accounts,
+        4,
+        "walter, wendy, alice, bob"
+    );
+    assert_witness_delivered(&relay).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_connections_that_never_authenticate_are_all_released() {
+    const CONNECTIONS: usize = 10_000;
+    const BATCH: usize = 500;
+    // The relay binary with its real 10 s auth deadline, in its own process: the 10 000 sockets
+    // on each side would not fit one process's descriptor limit together.
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret.txt");
+    std::fs::write(&secret, SECRET).unwrap();
+    let relay = RelayProcess::spawn(&dir.path().join("relay.db"), &secret);
+    let addr: std::net::SocketAddr = relay.url.trim_start_matches("ws://").parse().unwrap();
+    honest_exchange(&relay.url).await;
+    let baseline_fds = relay.open_fds();
+    let baseline_kib = relay.resident_kib();
+
+    // Half of them raw TCP, half upgraded, opened in batches so the listen backlog keeps up.
+    let mut held = Vec::with_capacity(CONNECTIONS);
+    for batch in 0..CONNECTIONS / BATCH {
+        let kind = if batch % 2 == 0 {
+            Loiterer::Tcp
+        } else {
+            Loiterer::WebSocket
+        };
+        let mut opening = tokio::task::JoinSet::new();
+        for _ in 0..BATCH {
+            opening.spawn(loiter(addr, kind));
+        }
+        while let Some(loitering) = within(opening.join_next())
+            .await
+            .expect("the relay accepts in time")
+        {
+            held.push(loitering.unwrap());
+        }
+    }
+    let held_fds = relay.open_fds();
+    let held_kib = relay.resident_kib();
+    // The relay keeps serving while it holds them.
+    honest_exchange(&relay.url).await;
+
+    // Every one of them is ended by the relay, by its deadline (plus the close linger).
+    let limit = Duration::from_secs(10) + DEADLINE * 2;
+    let mut ending = tokio::task::JoinSet::new();
+    for loitering in held {
+        ending.spawn(ended_by_the_relay(loitering, limit));
+    }
+    while let Some(result) = ending.join_next().await {
+        result.unwrap();
+    }
+    let released = within(async {
+        while relay.open_fds() > baseline_fds {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let after_kib = relay.resident_kib();
+    eprintln!(
+        "relay fds: {baseline_fds} before, {held_fds} holding {CONNECTIONS}, {} after; \
+         resident KiB: {baseline_kib} before, {held_kib} holding, {after_kib} after",
+        relay.open_fds()
+    );
+    assert!(
+        released.is_some(),
+        "the relay's descriptors return to baseline"
+    );
+    // About 11 KiB each in a debug build; 128 KiB read buffers or a TLS-sized task per
+    // connection would be several times that.
+    assert!(
+        held_kib - baseline_kib < CONNECTIONS as u64 * 24,
+        "{} KiB per connection that never authenticates",
+        (held_kib - baseline_kib) / CONNECTIONS as u64
+    );
+    honest_exchange(&relay.url).await;
+}

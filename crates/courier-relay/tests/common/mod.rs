@@ -4,7 +4,9 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::path::PathBuf;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use courier_proto::{ClientFrame, RelayFrame};
@@ -568,31 +570,40 @@ impl RawClient {
     /// The next frame as (opcode, payload); `None` once the relay closed the TCP connection.
     pub async fn read_frame(&mut self) -> Option<(u8, Vec<u8>)> {
         loop {
-            if self.buf.len() >= 2 {
-                let opcode = self.buf[0] & 0x0f;
-                let (len, header) = match self.buf[1] & 0x7f {
-                    126 if self.buf.len() >= 4 => (
-                        usize::from(u16::from_be_bytes([self.buf[2], self.buf[3]])),
-                        4,
-                    ),
-                    127 if self.buf.len() >= 10 => {
-                        let mut b = [0u8; 8];
-                        b.copy_from_slice(&self.buf[2..10]);
-                        (u64::from_be_bytes(b) as usize, 10)
-                    }
-                    n @ 0..=125 => (usize::from(n), 2),
-                    _ => (usize::MAX, 0),
-                };
-                if len != usize::MAX && self.buf.len() >= header + len {
-                    let payload = self.buf[header..header + len].to_vec();
-                    self.buf.drain(..header + len);
-                    return Some((opcode, payload));
-                }
+            if let Some(frame) = self.parse_frame() {
+                return Some(frame);
             }
             if !self.fill().await {
                 return None;
             }
         }
+    }
+
+    /// Takes one whole frame from the bytes read so far.
+    fn parse_frame(&mut self) -> Option<(u8, Vec<u8>)> {
+        if self.buf.len() < 2 {
+            return None;
+        }
+        let opcode = self.buf[0] & 0x0f;
+        let (len, header) = match self.buf[1] & 0x7f {
+            126 if self.buf.len() >= 4 => (
+                usize::from(u16::from_be_bytes([self.buf[2], self.buf[3]])),
+                4,
+            ),
+            127 if self.buf.len() >= 10 => {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&self.buf[2..10]);
+                (u64::from_be_bytes(b) as usize, 10)
+            }
+            n @ 0..=125 => (usize::from(n), 2),
+            _ => return None,
+        };
+        if self.buf.len() < header + len {
+            return None;
+        }
+        let payload = self.buf[header..header + len].to_vec();
+        self.buf.drain(..header + len);
+        Some((opcode, payload))
     }
 
     pub async fn authenticate(&mut self, account: &str) {
@@ -607,6 +618,16 @@ impl RawClient {
         );
     }
 
+    /// Every frame the relay sends until it closes the TCP connection, which it must do within
+    /// `limit` (for deadlines longer than `DEADLINE`).
+    pub async fn frames_until_closed(&mut self, limit: Duration) -> Vec<(u8, Vec<u8>)> {
+        // A reset after the relay's last bytes still leaves them in `buf`.
+        let _ = tokio::time::timeout(limit, self.tcp.read_to_end(&mut self.buf))
+            .await
+            .expect("the relay closes the connection in time");
+        std::iter::from_fn(|| self.parse_frame()).collect()
+    }
+
     /// Reads until the relay's Close frame and returns its code (skipping Pings and text).
     pub async fn close_code(&mut self) -> Option<u16> {
         while let Some((opcode, payload)) = self.read_frame().await {
@@ -615,5 +636,85 @@ impl RawClient {
             }
         }
         None
+    }
+}
+
+/// The relay binary as a child process; killed (SIGKILL) when dropped.
+pub struct RelayProcess {
+    pub child: Child,
+    pub url: String,
+}
+
+impl RelayProcess {
+    pub fn spawn(db: &Path, secret_file: &Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_courier-relay"))
+            .args(["--listen", "127.0.0.1:0", "--db"])
+            .arg(db)
+            .arg("--jwt-secret-file")
+            .arg(secret_file)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn courier-relay");
+        let stdout = child.stdout.take().expect("stdout");
+        // Blocking read of one line on a helper thread, bounded by the deadline.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(DEADLINE).expect("the relay prints its URL");
+        let url = line
+            .trim()
+            .strip_prefix("courier-relay listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        assert!(url.starts_with("ws://127.0.0.1:"), "{url}");
+        Self { child, url }
+    }
+
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the relay did not exit"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reaped");
+    }
+
+    /// File descriptors the relay process holds open (sockets, database, pipes).
+    pub fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+            .expect("the relay's fd table")
+            .count()
+    }
+
+    /// The relay process's resident memory, in KiB.
+    pub fn resident_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("the relay's status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS")
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
