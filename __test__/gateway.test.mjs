@@ -70,6 +70,9 @@ test('a gateway that goes away: sends wait, and the carrier attaches again when 
   const reattached = (r) => r.events.filter(attached).length === 2
   await startGateway(t, address)
   await until(() => reattached(alice.recorder) && reattached(bob.recorder), { timeoutMs: 15_000, what: 'both attached again' })
+  // Alice's flush may reach the gateway before bob is back: the gateway keeps no mailbox, so
+  // the message is then parked. Bob's own message is a reachability edge that re-drives it.
+  await exchange(bob, alice, 'back again')
   await waitFor(bob.recorder, (e) => e.type === 'message_received' && e.messageId === id)
   const delivered = await waitFor(alice.recorder, (e) => e.type === 'message_delivered' && e.messageId === id)
   assert.equal(delivered.transport, 'gateway')
