@@ -37,9 +37,10 @@ const WRITE_ACK_TIMEOUT: Millis = 15 * SEC;
 const MAX_BACKOFF: Millis = 30 * SEC;
 /// Steps of one device at one instant beyond which its engine is taken to spin.
 const SPIN_LIMIT: u32 = 5000;
-/// Rounds of reconnects the honest phase may spend on frames the relay still holds (a message
-/// refused over a full durability buffer waits for the next connection by design).
-const FLUSH_ROUNDS: u32 = 8;
+/// Reconnect rounds the honest phase may spend on frames the relay still holds. A message
+/// refused over a full durability buffer is redelivered only on the next connection (by
+/// design), so a backlog larger than the buffer takes several; each round must release some.
+const FLUSH_ROUNDS: u32 = 500;
 
 /// What the scheduler can do between two ordinary moments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -303,12 +304,17 @@ impl World {
         let gap = self.chaos_gap();
         self.schedule(gap, Ev::Chaos);
         let mut flush_rounds = 0;
+        let mut held_before = usize::MAX;
         loop {
             let Some(next) = self.next_time() else {
-                if self.honest && flush_rounds < FLUSH_ROUNDS && self.relay_holds_frames() {
+                let held = self.relay.held_frames().len();
+                if self.honest && held > 0 && held < held_before && flush_rounds < FLUSH_ROUNDS {
+                    held_before = held;
                     flush_rounds += 1;
                     self.counts.flush_rounds += 1;
-                    self.trace(|_| "quiet, but the relay holds frames: reconnecting".into());
+                    self.trace(|_| {
+                        format!("quiet, but the relay holds {held} frames: reconnecting")
+                    });
                     self.reconnect_all();
                     continue;
                 }
@@ -1732,10 +1738,6 @@ impl World {
     }
 
     // ---- the end ------------------------------------------------------------------------
-
-    fn relay_holds_frames(&self) -> bool {
-        !self.relay.held_frames().is_empty()
-    }
 
     fn pending_work(&self) -> String {
         let mut parts = Vec::new();
