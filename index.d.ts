@@ -12,6 +12,8 @@ export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-was
 export declare class NativeGateway {
   /** Binds `listen` (`127.0.0.1:0` picks a free port) and serves until `stop()`. */
   static start(listen: string): Promise<NativeGateway>
+  /** Starts a gateway from the arguments that follow `courier-relay gateway`. */
+  static startFromArgs(args: Array<string>): Promise<NativeGateway>
   /** `host:port`, as `transports.gateway.address` takes it. */
   get address(): string
   get port(): number
@@ -63,6 +65,8 @@ export declare class NativeRelay {
   stats(): string
   stop(): Promise<void>
 }
+
+export declare function gatewayCliHelp(): string
 
 /** An HS256 JWT for `account`, valid for `expiresInSec` (default one day). */
 export declare function issueToken(secret: string, account: string, expiresInSec?: number | undefined | null): string

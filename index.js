@@ -838,5 +838,6 @@ module.exports = nativeBinding
 module.exports.NativeGateway = nativeBinding.NativeGateway
 module.exports.NativeProtocol = nativeBinding.NativeProtocol
 module.exports.NativeRelay = nativeBinding.NativeRelay
+module.exports.gatewayCliHelp = nativeBinding.gatewayCliHelp
 module.exports.issueToken = nativeBinding.issueToken
 module.exports.relayCliHelp = nativeBinding.relayCliHelp

@@ -1,7 +1,10 @@
 // The gateway carrier end to end: Protocols configured with nothing but `transports.gateway`,
 // attached to a gateway daemon started in this process on loopback.
 import assert from 'node:assert/strict'
+import { execFileSync, spawn } from 'node:child_process'
+import { createInterface } from 'node:readline'
 import { test } from 'node:test'
+import { fileURLToPath } from 'node:url'
 
 import { Gateway, Protocol } from '../js/index.js'
 import { ofType, started, tempDir, until, waitFor } from './helpers.mjs'
@@ -96,4 +99,27 @@ test('transports.gateway is validated, naming the path', () => {
   // Without an address the daemon's default, localhost:4242, is used.
   assert.doesNotThrow(() => new Protocol(config({})))
   assert.doesNotThrow(() => new Protocol(config({ address: '[::1]:4242' })))
+})
+
+test('npx courier-relay gateway serves devices and stops on SIGTERM', async (t) => {
+  const bin = fileURLToPath(new URL('../js/relay-cli.js', import.meta.url))
+  assert.match(execFileSync(process.execPath, [bin, 'gateway', '--help'], { encoding: 'utf8' }), /--listen ADDR/)
+  assert.throws(
+    () => execFileSync(process.execPath, [bin, 'gateway', '--listen', 'nowhere'], { encoding: 'utf8', stdio: 'pipe' }),
+    (e) => e.status === 2 && /^courier-relay gateway: /.test(e.stderr),
+  )
+  const child = spawn(process.execPath, [bin, 'gateway', '--listen', '127.0.0.1:0'], { stdio: ['ignore', 'pipe', 'inherit'] })
+  const exited = new Promise((resolve) => child.once('exit', (code, signal) => resolve({ code, signal })))
+  t.after(() => child.kill('SIGKILL'))
+  const line = await new Promise((resolve) => createInterface({ input: child.stdout }).once('line', resolve))
+  const address = /^courier-relay gateway listening on (127\.0\.0\.1:\d+)$/.exec(line)?.[1]
+  assert.ok(address, `unexpected first line: ${line}`)
+
+  const dir = tempDir(t)
+  const alice = await attachedPeer(t, 'alice', dir, address)
+  const bob = await attachedPeer(t, 'bob', dir, address)
+  await exchange(alice, bob, 'through the command line gateway')
+  child.kill('SIGTERM')
+  assert.deepEqual(await exited, { code: 0, signal: null })
+  await waitFor(alice.recorder, lost, { what: 'the gateway gone' })
 })

@@ -1,5 +1,7 @@
-//! `Gateway.start`: the gateway daemon of `courier-relay gateway`, in this process.
+//! `Gateway.start` and `npx courier-relay gateway`: the gateway daemon of
+//! `courier-relay gateway`, in this process.
 
+use courier_relay::cli::{self, Command, GatewayCommand};
 use courier_relay::{start_gateway, GatewayConfig, GatewayHandle};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
@@ -25,14 +27,20 @@ impl NativeGateway {
                 format!("listen must be an address like 127.0.0.1:0, got {listen:?}"),
             )
         })?;
-        let handle = start_gateway(GatewayConfig::new(listen))
-            .await
-            .map_err(|e| coded("ERR_RELAY", e))?;
-        Ok(NativeGateway {
-            address: handle.local_addr().to_string(),
-            port: handle.port(),
-            handle: Running::new(handle),
-        })
+        serve(GatewayConfig::new(listen)).await
+    }
+
+    /// Starts a gateway from the arguments that follow `courier-relay gateway`.
+    #[napi(factory)]
+    pub async fn start_from_args(args: Vec<String>) -> Result<NativeGateway> {
+        let args: Vec<String> = std::iter::once("gateway".to_owned()).chain(args).collect();
+        match cli::parse_command(&args).map_err(|e| coded("ERR_CONFIG", e))? {
+            Command::Gateway(GatewayCommand::Run(config)) => serve(config).await,
+            Command::Gateway(GatewayCommand::Help) => {
+                Err(coded("ERR_CONFIG", "--help has no gateway to start"))
+            }
+            Command::Relay(_) => Err(coded("ERR_INTERNAL", "not a gateway command line")),
+        }
     }
 
     /// `host:port`, as `transports.gateway.address` takes it.
@@ -61,4 +69,20 @@ impl NativeGateway {
         }
         Ok(())
     }
+}
+
+async fn serve(config: GatewayConfig) -> Result<NativeGateway> {
+    let handle = start_gateway(config)
+        .await
+        .map_err(|e| coded("ERR_RELAY", e))?;
+    Ok(NativeGateway {
+        address: handle.local_addr().to_string(),
+        port: handle.port(),
+        handle: Running::new(handle),
+    })
+}
+
+#[napi]
+pub fn gateway_cli_help() -> String {
+    cli::GATEWAY_HELP.to_owned()
 }
