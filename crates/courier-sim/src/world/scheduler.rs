@@ -1,0 +1,324 @@
+//! The scheduler: the actions it takes between ordinary moments (app traffic, disconnects,
+//! relay and device crashes, local-carrier range), process starts and crashes, and the turn to
+//! the honest phase.
+
+use super::*;
+
+/// What the scheduler can do between two ordinary moments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Send,
+    /// Send again under an app-chosen id already used.
+    Resend,
+    Disconnect,
+    RelayRestart,
+    Crash,
+    CrashInStep,
+    BleRange,
+    BleToggle,
+    Idle,
+}
+
+impl Action {
+    pub const ALL: [Action; 9] = [
+        Self::Send,
+        Self::Resend,
+        Self::Disconnect,
+        Self::RelayRestart,
+        Self::Crash,
+        Self::CrashInStep,
+        Self::BleRange,
+        Self::BleToggle,
+        Self::Idle,
+    ];
+
+    /// A seed's mix of actions, in the order of `ALL`.
+    pub fn weights(rng: &mut Rng) -> Vec<u32> {
+        let mut draw = |lo: u64, hi: u64| rng.range(lo, hi) as u32;
+        vec![
+            draw(30, 60),
+            draw(0, 6),
+            draw(2, 10),
+            draw(0, 4),
+            draw(0, 6),
+            draw(0, 10),
+            draw(3, 12),
+            draw(0, 2),
+            draw(5, 30),
+        ]
+    }
+}
+
+impl World {
+    pub(super) fn chaos(&mut self) {
+        if self.honest {
+            return;
+        }
+        if self.chaos_left == 0 {
+            self.turn_honest();
+            return;
+        }
+        self.chaos_left -= 1;
+        let action = Action::ALL[self.rng.weighted(&self.scn.weights)];
+        let running: Vec<usize> = (0..self.peers.len())
+            .filter(|&p| self.peers[p].run.is_some())
+            .collect();
+        let some = (!running.is_empty()).then(|| *self.rng.pick(&running));
+        match (action, some) {
+            (Action::Send, Some(p)) => self.app_send(p),
+            (Action::Resend, Some(p)) => self.app_resend(p),
+            (Action::Disconnect, Some(p))
+                if self.peers[p]
+                    .run
+                    .as_ref()
+                    .is_some_and(|r| r.session.is_some()) =>
+            {
+                self.counts.disconnects += 1;
+                self.trace(|w| format!("{} disconnected", w.peers[p].name()));
+                self.drop_session(p, true);
+            }
+            (Action::RelayRestart, _) if self.relay.up => {
+                self.counts.relay_restarts += 1;
+                self.trace(|_| "relay crashes".into());
+                for conn in self.relay.crash() {
+                    if let Some(owner) = self.conn_owner.get(&conn).copied() {
+                        self.drop_session(owner, false);
+                    }
+                }
+                let down = self.rng.range(100, 20 * SEC);
+                self.schedule(down, Ev::RelayUp);
+            }
+            (Action::Crash, Some(p)) => self.crash(p),
+            (Action::CrashInStep, Some(p)) => {
+                let point = *self.rng.pick(&CrashPoint::ALL);
+                if let Some(run) = self.peers[p].run.as_mut() {
+                    run.crash_at = Some(point);
+                }
+            }
+            (Action::BleRange, _) if !self.scn.ble_pairs.is_empty() => {
+                let pair = *self.rng.pick(&self.scn.ble_pairs);
+                if !self.in_range.remove(&pair) {
+                    self.in_range.insert(pair);
+                }
+                self.trace(|w| format!("ble {pair:?} in range: {}", w.in_range.contains(&pair)));
+                self.sync_links();
+            }
+            (Action::BleToggle, Some(p)) if self.peers[p].has_ble => {
+                let now = self.now;
+                let peer = &mut self.peers[p];
+                let run = peer.run.as_mut().expect("running");
+                let carrier = Carrier::Local(BLE.to_owned());
+                if run.ble {
+                    run.ble = false;
+                    run.neighbors.clear();
+                    peer.push(Cmd::CarrierDown(carrier), now);
+                } else {
+                    run.ble = true;
+                    peer.push(Cmd::CarrierUp(carrier), now);
+                }
+                self.sync_links();
+            }
+            _ => {}
+        }
+        let gap = self.chaos_gap();
+        self.schedule(gap, Ev::Chaos);
+    }
+
+    pub(super) fn app_send(&mut self, p: usize) {
+        let others: Vec<usize> = (0..self.peers.len()).filter(|&q| q != p).collect();
+        let recipient = if self.rng.chance(30) {
+            GHOST.to_owned()
+        } else {
+            self.peers[*self.rng.pick(&others)].name().to_owned()
+        };
+        let content_type = if self.rng.chance(100) {
+            ContentType::FileChunk
+        } else {
+            ContentType::Text
+        };
+        let priority = *self.rng.pick(&[
+            Priority::Low,
+            Priority::Medium,
+            Priority::High,
+            Priority::Critical,
+        ]);
+        let id = self.rng.chance(500).then(|| {
+            self.next_id += 1;
+            format!("{}-c{}", self.peers[p].name(), self.next_id)
+        });
+        let len = self.rng.range(1, 120) as usize;
+        let content = if self.rng.chance(20) {
+            POISON.to_owned()
+        } else {
+            "x".repeat(len)
+        };
+        let req = SendRequest {
+            id: id.clone(),
+            recipient,
+            content,
+            content_type,
+            priority,
+            metadata: BTreeMap::new(),
+            binary_content: None,
+        };
+        self.counts.sends += 1;
+        self.trace(|w| {
+            format!(
+                "{} app sends {:?} to {}",
+                w.peers[p].name(),
+                id,
+                req.recipient
+            )
+        });
+        let now = self.now;
+        let peer = &mut self.peers[p];
+        if let Some(id) = id {
+            peer.app.owed.insert(id, req.clone());
+        }
+        peer.push(Cmd::Send(req), now);
+    }
+
+    /// The app sends again under one of its own ids: a no-op while the message is in the
+    /// outbox or once it was delivered, a new message after it failed.
+    pub(super) fn app_resend(&mut self, p: usize) {
+        let name = self.peers[p].name().to_owned();
+        let mine: Vec<(String, String)> = self
+            .ledger
+            .outbound
+            .iter()
+            .filter(|((sender, id), rec)| *sender == name && id.contains("-c") && rec.resolved)
+            .map(|((_, id), rec)| (id.clone(), rec.recipient.clone()))
+            .collect();
+        if mine.is_empty() {
+            return;
+        }
+        let (id, recipient) = self.rng.pick(&mine).clone();
+        let req = SendRequest {
+            id: Some(id.clone()),
+            recipient,
+            content: "again".to_owned(),
+            content_type: ContentType::Text,
+            priority: Priority::Medium,
+            metadata: BTreeMap::new(),
+            binary_content: None,
+        };
+        self.trace(|_| format!("{name} app sends {id} again"));
+        let now = self.now;
+        let peer = &mut self.peers[p];
+        peer.app.owed.insert(id, req.clone());
+        peer.push(Cmd::Send(req), now);
+    }
+
+    /// Starts the device's process from its store (also the first start, from an empty one).
+    pub(super) fn restart(&mut self, p: usize) {
+        if self.peers[p].run.is_some() {
+            return;
+        }
+        let now = self.now;
+        let peer = &mut self.peers[p];
+        let config = peer.spec.config.clone();
+        let mut engine = Engine::new(config.clone(), peer.spec.name.clone());
+        let processed =
+            peer.store
+                .load_processed(now, config.dedup_retention_ms(), config.dedup_max_entries);
+        engine.restore(peer.store.load_outbox(), processed, now);
+        engine.restore_inbound(peer.store.load_pending(), now);
+        let mut run = Running {
+            engine,
+            inbox: Vec::new(),
+            step_at: Some(now),
+            hook: None,
+            session: None,
+            connecting: false,
+            backoff_ms: SEC,
+            ble: false,
+            neighbors: BTreeSet::new(),
+            crash_at: None,
+            steps_at: (now, 0),
+        };
+        if peer.has_ble {
+            run.ble = true;
+            run.inbox
+                .push(Cmd::CarrierUp(Carrier::Local(BLE.to_owned())));
+        }
+        peer.run = Some(run);
+        let owed: Vec<SendRequest> = peer.app.owed.values().cloned().collect();
+        for req in owed {
+            if self.honest || self.rng.chance(700) {
+                self.peers[p].push(Cmd::Send(req), now);
+            } else if let Some(id) = &req.id {
+                self.peers[p].app.owed.remove(id);
+            }
+        }
+        self.trace(|w| format!("{} starts", w.peers[p].name()));
+        self.sync_links();
+        let delay = self.rng.range(0, 300);
+        self.schedule_connect(p, delay);
+    }
+
+    pub(super) fn crash(&mut self, p: usize) {
+        let Some(run) = self.peers[p].run.take() else {
+            return;
+        };
+        self.peers[p].incarnation += 1;
+        self.counts.crashes += 1;
+        self.trace(|w| format!("{} crashes", w.peers[p].name()));
+        if let Some(session) = run.session {
+            self.conn_owner.remove(&session.conn);
+            if self.relay.is_open(session.conn) {
+                let writes = self.relay.disconnect(session.conn);
+                self.relay_writes(writes);
+            }
+        }
+        self.sync_links();
+        if self.honest {
+            self.restart(p);
+        } else {
+            let down = self.rng.range(50, 60 * SEC);
+            self.schedule(down, Ev::Restart { peer: p });
+        }
+    }
+
+    pub(super) fn turn_honest(&mut self) {
+        self.honest = true;
+        self.trace(|_| "the world turns honest".into());
+        self.relay.up = true;
+        for p in 0..self.peers.len() {
+            self.restart(p);
+            let now = self.now;
+            let peer = &mut self.peers[p];
+            let run = peer.run.as_mut().expect("restarted");
+            run.crash_at = None;
+            if peer.has_ble && !run.ble {
+                run.ble = true;
+                peer.push(Cmd::CarrierUp(Carrier::Local(BLE.to_owned())), now);
+            }
+        }
+        self.sync_links();
+        self.reconnect_all();
+        let longest = self
+            .peers
+            .iter()
+            .map(|p| {
+                let c = &p.spec.config;
+                let retention = c.durable_inbound.as_ref().map_or(0, |d| d.retention_ms);
+                c.absolute_lifetime_ms().max(retention.min(HOUR))
+            })
+            .max()
+            .unwrap_or(0);
+        self.deadline = self.now + longest + 2 * HOUR;
+    }
+
+    /// Every connection is cut and made again: what a frame lost on a connection left
+    /// behind is redelivered on the next one.
+    pub(super) fn reconnect_all(&mut self) {
+        for p in 0..self.peers.len() {
+            if let Some(run) = self.peers[p].run.as_mut() {
+                run.backoff_ms = SEC;
+                if run.session.is_some() {
+                    self.drop_session(p, true);
+                }
+            }
+        }
+    }
+}
