@@ -244,16 +244,29 @@ async fn a_binding_to_another_address_is_reported_and_closed() {
     peer.send(json!({"type": "AddressDeclared", "address": other}))
         .await;
     peer.expect_closed().await;
-    // The next attach starts from Identify again.
+    // The next attach starts from Identify again; this time the "address" is free text.
     let mut again = gateway.accept().await;
-    let _ = again.challenge(&own).await;
+    let challenge = again.challenge(&own).await;
+    again.declaration(&own, &challenge).await;
+    again
+        .send(json!({"type": "AddressDeclared", "address": "call +1-555-0100"}))
+        .await;
+    again.expect_closed().await;
+    let mut third = gateway.accept().await;
+    let _ = third.challenge(&own).await;
     assert_eq!(client.stats().carriers_up, 0);
     let events = stop(client, events).await;
-    let warned = warnings(&events);
-    assert_eq!(warned.len(), 1);
+    let warned: Vec<(String, &str)> = warnings(&events)
+        .into_iter()
+        .map(|(peer, code, _)| (peer, code))
+        .collect();
     assert_eq!(
-        (warned[0].0.as_str(), warned[0].1),
-        (other.as_str(), "GATEWAY_ADDRESS_BINDING_MISMATCH")
+        warned,
+        [
+            (other, "GATEWAY_ADDRESS_BINDING_MISMATCH"),
+            (String::new(), "GATEWAY_ADDRESS_BINDING_MISMATCH")
+        ],
+        "the bound address as the peer, and no peer where it is not an address"
     );
     assert!(!events.iter().any(attached));
     assert!(!sent_anything(&events));

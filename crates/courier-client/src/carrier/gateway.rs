@@ -18,7 +18,9 @@ use courier_proto::lines::LineBuffer;
 use courier_proto::security::{
     GATEWAY_ADDRESS_BINDING_MISMATCH, GATEWAY_ADDRESS_DECLARATION_REFUSED,
 };
-use courier_proto::{decode_challenge, gateway_declaration, DecodeError, IdentityKey, RelayFrame};
+use courier_proto::{
+    decode_challenge, gateway_declaration, Address, DecodeError, IdentityKey, RelayFrame,
+};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -295,8 +297,12 @@ async fn attach(link: &mut Link, identity: &IdentityKey, deadline: Duration) -> 
     })??;
     match answer {
         RelayFrame::AddressDeclared { address } if address == own => Ok(()),
+        // The bound address as the peer, when it is one: a gateway's free text never reaches an
+        // event (identity.md §4.2 reports an unparseable claim as an empty peer).
         RelayFrame::AddressDeclared { address } => Err(Loss::Refused(Refusal {
-            peer_id: address,
+            peer_id: Address::parse(&address)
+                .map(|a| a.to_string())
+                .unwrap_or_default(),
             code: GATEWAY_ADDRESS_BINDING_MISMATCH,
         })),
         _ => Err(Loss::Refused(Refusal {
