@@ -11,15 +11,6 @@ fn delivered_over(sim: &Sim, id: &str) -> Option<String> {
     }
 }
 
-fn sent_over(sim: &Sim, id: &str) -> Vec<String> {
-    sim.events_of(id)
-        .filter_map(|(_, e)| match e {
-            Event::MessageSent { transport, .. } => Some(transport.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
 #[test]
 fn a_gateway_alone_carries_the_attempt_and_the_ack_comes_back_over_it() {
     let mut sim = Sim::with_defaults();
@@ -28,7 +19,7 @@ fn a_gateway_alone_carries_the_attempt_and_the_ack_comes_back_over_it() {
     let id = sim.send(BOB);
     assert_eq!(sim.frames_of(mark, &id), [(Carrier::Gateway, None)]);
     sim.advance(SEC);
-    assert_eq!(sent_over(&sim, &id), ["gateway"]);
+    assert_eq!(sim.sent_over(&id), ["gateway"]);
     assert_eq!(delivered_over(&sim, &id).as_deref(), Some("gateway"));
     assert_eq!(sim.engine.stats().carriers_up, 1);
 }
@@ -138,7 +129,7 @@ fn a_message_the_relay_parks_is_offered_over_the_gateway_and_settled_from_there(
     );
     assert_eq!(sim.gateway_offers.len(), 1);
     sim.advance(SEC);
-    assert_eq!(sent_over(&sim, &id), ["internet"], "an offer is no attempt");
+    assert_eq!(sim.sent_over(&id), ["internet"], "an offer is no attempt");
     assert_eq!(delivered_over(&sim, &id).as_deref(), Some("gateway"));
 }
 

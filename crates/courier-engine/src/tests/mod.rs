@@ -645,6 +645,16 @@ impl Sim {
         self.engine.status(id)
     }
 
+    /// The carrier of each `message_sent` of `id`, in order.
+    pub(crate) fn sent_over(&self, id: &str) -> Vec<String> {
+        self.events_of(id)
+            .filter_map(|(_, e)| match e {
+                Event::MessageSent { transport, .. } => Some(transport.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The carrier and neighbor of every outbox frame of `id` since `mark`, offers included.
     pub(crate) fn frames_of(&self, mark: usize, id: &str) -> Vec<(Carrier, Option<String>)> {
         self.log[mark..]

@@ -2,15 +2,6 @@
 
 use super::*;
 
-fn transports(sim: &Sim, id: &str) -> Vec<String> {
-    sim.events_of(id)
-        .filter_map(|(_, e)| match e {
-            Event::MessageSent { transport, .. } => Some(transport.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
 #[test]
 fn carrier_choice_prefers_a_direct_link_to_the_recipient() {
     let mut sim = Sim::with_defaults();
@@ -64,7 +55,7 @@ fn without_relay_or_link_the_send_is_deferred_until_a_neighbor_appears() {
     sim.advance(MIN);
     assert_eq!(sim.discover(BOB, BLE), 1, "the peer discovery flush");
     sim.advance(SEC);
-    assert_eq!(transports(&sim, &id), [BLE]);
+    assert_eq!(sim.sent_over(&id), [BLE]);
     assert!(matches!(
         sim.terminal(&id),
         Some((_, Event::MessageDelivered { .. }))
@@ -98,7 +89,7 @@ fn the_discovery_flush_sends_a_batch_and_leaves_the_rest_due() {
     );
     sim.advance(SEC);
     for id in &ids {
-        assert_eq!(transports(&sim, id).last().map(String::as_str), Some(BLE));
+        assert_eq!(sim.sent_over(id).last().map(String::as_str), Some(BLE));
         assert!(matches!(
             sim.terminal(id),
             Some((_, Event::MessageDelivered { .. }))
@@ -158,7 +149,7 @@ fn a_neighbor_lost_mid_send_goes_over_the_relay() {
             if reason == "neighbor lost" && *at == SEC
     ));
     sim.advance(2 * SEC);
-    assert_eq!(transports(&sim, &id), ["internet"]);
+    assert_eq!(sim.sent_over(&id), ["internet"]);
     assert!(matches!(
         sim.terminal(&id),
         Some((_, Event::MessageDelivered { ref transport, .. })) if transport == "internet"
@@ -221,7 +212,7 @@ fn a_write_on_a_direct_link_takes_a_parked_message_onto_the_ladder() {
             }
         ))
     ));
-    assert!(transports(&sim, &id)[1..].iter().all(|t| t == BLE));
+    assert!(sim.sent_over(&id)[1..].iter().all(|t| t == BLE));
 }
 
 #[test]
