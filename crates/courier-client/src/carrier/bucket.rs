@@ -5,6 +5,10 @@ use std::time::{Duration, Instant};
 
 use courier_proto::RateLimitInfo;
 
+/// The longest pause a `RateLimited` imposes. An honest relay's `retry_after_ms` is the time to
+/// its next token, under a second at any refill rate of at least 1/s.
+pub const MAX_PAUSE: Duration = Duration::from_secs(60);
+
 #[derive(Debug)]
 pub struct TokenBucket {
     capacity: f64,
@@ -62,11 +66,13 @@ impl TokenBucket {
         base + Duration::from_secs_f64(missing / self.per_sec)
     }
 
-    /// The relay said `RateLimited`: empty the bucket and write nothing metered for a while.
+    /// The relay said `RateLimited`: empty the bucket and write nothing metered for a while —
+    /// at most [`MAX_PAUSE`], so a relay asking for ages cannot mute the connection for good.
     pub fn back_off(&mut self, retry_after: Duration, now: Instant) {
+        let until = now + retry_after.min(MAX_PAUSE);
         self.tokens = 0.0;
-        self.refilled_at = now + retry_after;
-        self.paused_until = Some(now + retry_after);
+        self.refilled_at = until;
+        self.paused_until = Some(until);
     }
 }
 
@@ -98,5 +104,18 @@ mod tests {
         b.back_off(Duration::from_secs(1), later);
         assert!(!b.try_take(later + Duration::from_millis(900)));
         assert!(b.try_take(later + Duration::from_millis(1200)));
+    }
+
+    #[test]
+    fn a_pause_of_ages_ends_after_the_cap() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::from_advertised(None, t0);
+        b.back_off(Duration::from_millis(u64::MAX), t0);
+        assert!(!b.try_take(t0 + MAX_PAUSE - Duration::from_millis(1)));
+        assert_eq!(
+            b.next_token_at(t0),
+            t0 + MAX_PAUSE + Duration::from_secs_f64(1.0 / 9.0)
+        );
+        assert!(b.try_take(t0 + MAX_PAUSE + Duration::from_secs(1)));
     }
 }

@@ -17,6 +17,7 @@ use courier_proto::{
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::{sleep_until, timeout};
+use tokio_tungstenite::tungstenite::error::Error as WsError;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
@@ -274,7 +275,15 @@ pub struct Authenticated {
 
 async fn await_authenticated(ws: &mut Ws) -> Result<Authenticated, Loss> {
     while let Some(msg) = ws.next().await {
-        let msg = msg.map_err(|e| Loss::Dropped(format!("read failed: {e}")))?;
+        let msg = match msg {
+            Ok(msg) => msg,
+            Err(e) => {
+                if let Some(code) = close_code_for(&e) {
+                    let _ = ws.send(close_message(code, "")).await;
+                }
+                return Err(Loss::Dropped(format!("read failed: {e}")));
+            }
+        };
         match msg {
             WsMessage::Text(text) => match RelayFrame::decode(text.as_str()) {
                 Ok(RelayFrame::Authenticated {
@@ -310,6 +319,23 @@ fn bounded_capabilities(tokens: Vec<String>) -> Vec<String> {
         .collect()
 }
 
+/// The close code a read error calls for (§1, §14.2): a message over 1 MiB, or invalid UTF-8.
+/// Other errors leave nobody to tell.
+fn close_code_for(error: &WsError) -> Option<u16> {
+    match error {
+        WsError::Capacity(_) => Some(close::TOO_BIG),
+        WsError::Utf8(_) => Some(close::INVALID_UTF8),
+        _ => None,
+    }
+}
+
+fn close_message(code: u16, reason: &str) -> WsMessage {
+    WsMessage::Close(Some(CloseFrame {
+        code: CloseCode::from(code),
+        reason: reason.into(),
+    }))
+}
+
 fn close_loss(frame: Option<&CloseFrame>) -> Loss {
     match frame.map(|f| u16::from(f.code)) {
         Some(close::SUPERSEDED) => Loss::Superseded("close_4000".into()),
@@ -339,6 +365,8 @@ struct Session<'a> {
     answers: Answers,
     last_heard: Instant,
     last_ping: Instant,
+    /// The relay broke the transport rules (§1): the close code to end the connection with.
+    violation: Option<u16>,
 }
 
 impl<'a> Session<'a> {
@@ -366,6 +394,7 @@ impl<'a> Session<'a> {
             last_ping: now,
             declaration: None,
             declared: None,
+            violation: None,
         };
         // Order is load-bearing (§4.3): the declaration is the very next frame, before any
         // queued frame is flushed, or those frames keep the account name for good.
@@ -485,7 +514,10 @@ impl<'a> Session<'a> {
     ) -> Result<(), Loss> {
         let msg = match msg {
             None => return Err(Loss::Dropped("connection closed".into())),
-            Some(Err(e)) => return Err(Loss::Dropped(format!("read failed: {e}"))),
+            Some(Err(e)) => {
+                self.violation = close_code_for(&e);
+                return Err(Loss::Dropped(format!("read failed: {e}")));
+            }
             Some(Ok(msg)) => msg,
         };
         self.last_heard = Instant::now();
@@ -680,10 +712,7 @@ impl<'a> Session<'a> {
         if now >= self.last_heard + DEAD_AFTER {
             let _ = self
                 .ws
-                .send(WsMessage::Close(Some(CloseFrame {
-                    code: CloseCode::from(close::KEEPALIVE_TIMEOUT),
-                    reason: "keepalive".into(),
-                })))
+                .send(close_message(close::KEEPALIVE_TIMEOUT, "keepalive"))
                 .await;
             return Err(Loss::Dropped("keepalive timeout".into()));
         }
@@ -706,14 +735,12 @@ impl<'a> Session<'a> {
 
     /// Every send not yet answered is a transmission failure; the engine re-queues it.
     async fn teardown(&mut self, loss: &Loss) {
-        if matches!(loss, Loss::Stopped | Loss::Offline) {
-            let _ = self
-                .ws
-                .send(WsMessage::Close(Some(CloseFrame {
-                    code: CloseCode::Normal,
-                    reason: "".into(),
-                })))
-                .await;
+        let close = match loss {
+            Loss::Stopped | Loss::Offline => Some(close::NORMAL),
+            _ => self.violation,
+        };
+        if let Some(code) = close {
+            let _ = self.ws.send(close_message(code, "")).await;
         }
         self.presence.disconnected();
         self.driver.send(Command::CarrierDown(Carrier::Internet));

@@ -38,12 +38,17 @@ impl Releases {
 
     /// The next release frame to write, if any.
     pub fn next_frame(&mut self) -> Option<ClientFrame> {
-        let bound = self
-            .unreleased
-            .first()
-            .map_or(u64::MAX, |lowest| lowest - 1);
-        if let Some(&highest) = self.released.range(..=bound).next_back() {
-            self.released = self.released.split_off(&(highest + 1));
+        // Seqs come from the relay: 0 and u64::MAX must not wrap (a relay never sends 0, and
+        // nothing can be covered below it).
+        let bound = match self.unreleased.first() {
+            None => Some(u64::MAX),
+            Some(&lowest) => lowest.checked_sub(1),
+        };
+        if let Some(&highest) = bound.and_then(|b| self.released.range(..=b).next_back()) {
+            self.released = match highest.checked_add(1) {
+                Some(above) => self.released.split_off(&above),
+                None => BTreeSet::new(),
+            };
             self.announce = false;
             return Some(ClientFrame::AckUpTo { seq: highest });
         }
@@ -98,6 +103,31 @@ mod tests {
         r.release(3);
         r.release(5);
         assert_eq!(drain(&mut r), vec![ClientFrame::AckUpTo { seq: 5 }]);
+    }
+
+    #[test]
+    fn seqs_at_both_ends_of_the_range_neither_wrap_nor_are_covered_early() {
+        let mut r = Releases::default();
+        for seq in [0, 1, u64::MAX] {
+            r.received(seq);
+        }
+        // 0 is still being processed: nothing is below it to coalesce.
+        r.release(1);
+        r.release(u64::MAX);
+        assert_eq!(
+            drain(&mut r),
+            vec![
+                ClientFrame::Ack { seq: 1 },
+                ClientFrame::Ack { seq: u64::MAX }
+            ]
+        );
+        r.release(0);
+        r.received(5);
+        r.release(5);
+        r.received(u64::MAX);
+        r.release(u64::MAX);
+        assert_eq!(drain(&mut r), vec![ClientFrame::AckUpTo { seq: u64::MAX }]);
+        assert_eq!(drain(&mut r), vec![]);
     }
 
     #[test]
