@@ -155,6 +155,7 @@ impl Client {
                 config: config.engine.clone(),
                 local_identity: address.clone(),
                 carriers_up: Default::default(),
+                account: None,
             },
             engine,
             store,

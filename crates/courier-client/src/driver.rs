@@ -45,6 +45,8 @@ pub enum Command {
     },
     CarrierUp(Carrier),
     CarrierDown(Carrier),
+    /// The relay authenticated this device as this account.
+    AccountName(String),
     Written {
         id: String,
         send_seq: u64,
@@ -146,6 +148,8 @@ pub struct Rebuild {
     pub config: courier_engine::Config,
     pub local_identity: String,
     pub carriers_up: BTreeSet<Carrier>,
+    /// The relay account, once a relay named it.
+    pub account: Option<String>,
 }
 
 /// How long settled outcomes and inbound dedup records are kept, and how many at most.
@@ -244,6 +248,10 @@ impl Driver {
             Command::CarrierUp(carrier) => {
                 self.rebuild.carriers_up.insert(carrier.clone());
                 self.engine.handle_carrier_up(carrier, now);
+            }
+            Command::AccountName(account) => {
+                self.rebuild.account = Some(account.clone());
+                self.engine.handle_account_name(account);
             }
             Command::CarrierDown(carrier) => {
                 self.rebuild.carriers_up.remove(&carrier);
@@ -400,6 +408,9 @@ impl Driver {
                 engine.restore_inbound(pending, now);
                 // The batch with the hook belonged to the old engine; its verdict is stale now.
                 self.hook = None;
+                if let Some(account) = &self.rebuild.account {
+                    engine.handle_account_name(account.clone());
+                }
                 for carrier in &self.rebuild.carriers_up {
                     engine.handle_carrier_up(carrier.clone(), now);
                 }
@@ -652,6 +663,7 @@ mod tests {
                 config,
                 local_identity: "alice".into(),
                 carriers_up: Default::default(),
+                account: None,
             },
         };
         driver.store.cap_size_for_faults(4).unwrap();

@@ -41,7 +41,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
-use courier_proto::{ContentType, Message};
+use courier_proto::{Address, ContentType, Message};
 use serde_json::Value;
 
 use crate::ack::{self, AfterTimeout};
@@ -82,6 +82,8 @@ type Route = (Carrier, Option<String>);
 pub struct Engine {
     config: Config,
     local_identity: String,
+    /// The relay account this device authenticated as, once a relay said so.
+    account: Option<String>,
     outbox: Outbox,
     timers: Timers,
     parking: Parking,
@@ -113,6 +115,7 @@ impl Engine {
             control,
             config,
             local_identity,
+            account: None,
             outbox: Outbox::default(),
             timers: Timers::default(),
             parking: Parking::default(),
@@ -129,6 +132,24 @@ impl Engine {
             events: VecDeque::new(),
             store: VecDeque::new(),
         }
+    }
+
+    /// The relay authenticated this device as `account`: a message named to that account is for
+    /// this device too.
+    pub fn handle_account_name(&mut self, account: String) {
+        self.account = Some(account);
+    }
+
+    /// Whether `recipient` names this device: its address, or its relay account. An account name
+    /// cannot be judged before a relay has said which account is ours, so it counts as ours.
+    fn names_this_device(&self, recipient: &str) -> bool {
+        if recipient == self.local_identity {
+            return true;
+        }
+        if Address::parse(recipient).is_ok() {
+            return false;
+        }
+        self.account.as_deref().is_none_or(|a| a == recipient)
     }
 
     /// Loads the persisted outbox and inbound dedup keys at start. Entries past the absolute
@@ -393,7 +414,7 @@ impl Engine {
     pub fn handle_inbound(&mut self, message: Message, origin: InboundOrigin, now: Millis) {
         if message.ack_for().is_none()
             && matches!(origin.carrier, Carrier::Local(_))
-            && message.recipient != self.local_identity
+            && !self.names_this_device(&message.recipient)
         {
             // Nothing routed it here, so it is not ours to deliver, record or acknowledge.
             let text = format!(

@@ -434,6 +434,7 @@ impl<'a> Session<'a> {
             connected: true,
             authenticated: true,
         }));
+        driver.send(Command::AccountName(auth.username.clone()));
         driver.send(Command::CarrierUp(Carrier::Internet));
         session
     }

@@ -231,9 +231,15 @@ fn a_copy_carried_for_another_recipient_is_neither_delivered_nor_acknowledged() 
             sender_account: None,
             seq: None,
         };
+        // Named by address, a copy for someone else is recognised at once; named by account,
+        // once a relay has said which account is ours.
+        let mut carried = message_from(BOB, "for-k1");
+        carried.recipient = "off1qysluvwl5922yctzd0u9gpr06gn3k7ldfvgtwgvn".to_owned();
+        let mark = sim.mark();
+        sim.inbound(carried, over_ble.clone());
+        sim.engine.handle_account_name(ALICE.to_owned());
         let mut carried = message_from(BOB, "for-carol");
         carried.recipient = CAROL.to_owned();
-        let mark = sim.mark();
         sim.inbound(carried, over_ble.clone());
         let delivered_or_acked = sim.log[mark..].iter().any(|(_, out)| {
             matches!(
@@ -248,7 +254,7 @@ fn a_copy_carried_for_another_recipient_is_neither_delivered_nor_acknowledged() 
         });
         assert!(
             !delivered_or_acked,
-            "a copy bob only carries for carol reached alice's application (hook: {hook})"
+            "a copy bob only carries for someone else reached alice's application (hook: {hook})"
         );
         assert_eq!(sim.poll_hook(), None);
 
@@ -271,4 +277,34 @@ fn a_copy_carried_for_another_recipient_is_neither_delivered_nor_acknowledged() 
             "bob's own message to alice is still delivered and ACKed"
         );
     }
+}
+
+#[test]
+fn a_message_named_to_an_account_is_ours_until_a_relay_names_our_account() {
+    let over_ble = InboundOrigin {
+        carrier: Carrier::Local(BLE.into()),
+        stamped_sender: BOB.into(),
+        sender_account: None,
+        seq: None,
+    };
+    let received = |sim: &Sim, mark: usize| {
+        sim.log[mark..]
+            .iter()
+            .any(|(_, out)| matches!(out, Out::Event(Event::MessageReceived { .. })))
+    };
+    let mut sim = Sim::new(Config::new("chat"));
+    sim.local_up(BLE);
+    sim.discover(BOB, BLE);
+    // An app names its local peers as it likes: before any relay session, "alice-phone" may be us.
+    let mut named = message_from(BOB, "m1");
+    named.recipient = "alice-phone".to_owned();
+    let mark = sim.mark();
+    sim.inbound(named.clone(), over_ble.clone());
+    assert!(received(&sim, mark));
+
+    sim.engine.handle_account_name("alice-phone".to_owned());
+    named.id = "m2".into();
+    let mark = sim.mark();
+    sim.inbound(named, over_ble);
+    assert!(received(&sim, mark), "our own account name");
 }
