@@ -68,6 +68,8 @@ pub fn run_seed(seed: u64, options: Options) -> Result<Summary, Failure> {
             .cloned()
             .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
             .unwrap_or_else(|| "a panic without a message".to_owned());
+        // Addresses read better as the devices' short names.
+        let message = world::World::new(seed, options.actions, false).shorten(&message);
         Failure { seed, message }
     })
 }

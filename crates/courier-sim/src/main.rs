@@ -85,7 +85,7 @@ fn main() -> ExitCode {
                         continue;
                     }
                 }
-                add(&mut totals, &summary.counts);
+                totals.add(&summary.counts);
                 if args.count == 1 {
                     println!(
                         "ok: {} s of virtual time, {:?}",
@@ -140,29 +140,4 @@ fn main() -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
-}
-
-fn add(totals: &mut courier_sim::Counts, c: &courier_sim::Counts) {
-    totals.sends += c.sends;
-    totals.accepted += c.accepted;
-    totals.delivered += c.delivered;
-    totals.failed_max_retries += c.failed_max_retries;
-    totals.failed_lifetime += c.failed_lifetime;
-    totals.failed_capacity += c.failed_capacity;
-    totals.received += c.received;
-    totals.hook_batches += c.hook_batches;
-    totals.hook_refusals += c.hook_refusals;
-    totals.hook_hangs += c.hook_hangs;
-    totals.hook_crashes += c.hook_crashes;
-    totals.hook_redeliveries += c.hook_redeliveries;
-    totals.crashes += c.crashes;
-    for (t, s) in totals.step_crashes.iter_mut().zip(c.step_crashes) {
-        *t += s;
-    }
-    totals.relay_restarts += c.relay_restarts;
-    totals.disconnects += c.disconnects;
-    totals.frames_lost += c.frames_lost;
-    totals.frames_duplicated += c.frames_duplicated;
-    totals.terminal_lost += c.terminal_lost;
-    totals.at_most_once_losses += c.at_most_once_losses;
 }

@@ -259,6 +259,11 @@ impl Relay {
             return;
         }
         let live = self.online.get(&recipient).copied();
+        let sent = ToClient::Sent {
+            message_id: message_id.clone(),
+            tag,
+            stored: live.is_none(),
+        };
         let Some(limits) = self.mailbox else {
             match live {
                 Some(to) => {
@@ -270,14 +275,7 @@ impl Relay {
                             message: Box::new(message),
                         },
                     ));
-                    out.push((
-                        conn,
-                        ToClient::Sent {
-                            message_id,
-                            tag,
-                            stored: false,
-                        },
-                    ));
+                    out.push((conn, sent));
                 }
                 None => {
                     self.counts.offline_no_mailbox += 1;
@@ -292,14 +290,7 @@ impl Relay {
             .any(|f| f.sender == sender && f.message.id == message_id);
         if duplicate {
             self.counts.dedup_hits += 1;
-            out.push((
-                conn,
-                ToClient::Sent {
-                    message_id,
-                    tag,
-                    stored: live.is_none(),
-                },
-            ));
+            out.push((conn, sent));
             return;
         }
         let bytes = message.content.len() + message.id.len();
@@ -333,14 +324,7 @@ impl Relay {
         );
         self.counts.journaled += 1;
         self.counts.max_journal = self.counts.max_journal.max(journal.len());
-        out.push((
-            conn,
-            ToClient::Sent {
-                message_id,
-                tag,
-                stored: live.is_none(),
-            },
-        ));
+        out.push((conn, sent));
     }
 
     fn notify(&self, account: &str, online: bool, out: &mut Writes) {

@@ -3,6 +3,8 @@
 //! mailbox, and how hostile the network and the scheduler are.
 
 use courier_engine::{Config, DurableInbound, Millis};
+use courier_proto::address::ADDRESS_HASH_LEN;
+use courier_proto::Address;
 
 use crate::relay::MailboxLimits;
 use crate::rng::Rng;
@@ -14,8 +16,6 @@ pub const DAY: Millis = 24 * HOUR;
 
 /// The local carrier the simulated apps register.
 pub const BLE: &str = "ble";
-/// A recipient the relay has never heard of: its messages can only fail by lifetime.
-pub const GHOST: &str = "ghost";
 
 /// Content that every durability hook refuses until the world turns honest: a message the
 /// application cannot store, which only the buffer's retention removes.
@@ -37,7 +37,10 @@ pub struct HookProfile {
 
 #[derive(Debug, Clone)]
 pub struct PeerSpec {
+    /// The device's identity: an `off1` address, as the client's engine has it.
     pub name: String,
+    /// A short name for traces and reports.
+    pub alias: String,
     pub config: Config,
     pub hook: Option<HookProfile>,
     pub hook_timeout_ms: u64,
@@ -58,6 +61,8 @@ pub struct LinkFaults {
 #[derive(Debug, Clone)]
 pub struct Scenario {
     pub peers: Vec<PeerSpec>,
+    /// An address no relay has heard of: messages to it can only fail by lifetime.
+    pub ghost: String,
     pub mailbox: Option<MailboxLimits>,
     /// Pairs of peers a local carrier can link (in range or not, as the scheduler decides).
     pub ble_pairs: Vec<(usize, usize)>,
@@ -105,6 +110,7 @@ impl Scenario {
         };
         Self {
             peers,
+            ghost: address(0xee),
             mailbox,
             ble_pairs,
             relay_link,
@@ -118,6 +124,20 @@ impl Scenario {
     pub fn index_of(&self, name: &str) -> Option<usize> {
         self.peers.iter().position(|p| p.name == name)
     }
+
+    /// Replaces every address in `text` by its short name.
+    pub fn shorten(&self, text: &str) -> String {
+        let mut text = text.replace(&self.ghost, "ghost");
+        for p in &self.peers {
+            text = text.replace(&p.name, &p.alias);
+        }
+        text
+    }
+}
+
+/// A well-formed `off1` address, a different one per `tag`.
+fn address(tag: u8) -> String {
+    Address::from_hash([tag; ADDRESS_HASH_LEN]).to_string()
 }
 
 fn peer_spec(rng: &mut Rng, i: usize) -> PeerSpec {
@@ -157,7 +177,8 @@ fn peer_spec(rng: &mut Rng, i: usize) -> PeerSpec {
         }
     });
     PeerSpec {
-        name: format!("p{i}"),
+        name: address(i as u8 + 1),
+        alias: format!("p{i}"),
         config,
         hook,
         hook_timeout_ms: rng.range(2 * SEC, 30 * SEC),

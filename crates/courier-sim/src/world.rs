@@ -32,7 +32,7 @@ use crate::ledger::{violated, Ledger};
 use crate::peer::{App, Cmd, CrashPoint, Peer, Running, Session};
 use crate::relay::{ConnId, Relay, ToClient, ToRelay, Writes};
 use crate::rng::Rng;
-use crate::scenario::{LinkFaults, Scenario, BLE, GHOST, HOUR, POISON, SEC};
+use crate::scenario::{LinkFaults, Scenario, BLE, HOUR, POISON, SEC};
 use crate::store::{key_of, Store};
 
 pub use scheduler::Action;
@@ -93,6 +93,64 @@ pub struct Counts {
     pub max_transmits_per_step: usize,
     pub max_relay_journal: usize,
     pub steps: u64,
+}
+
+impl Counts {
+    /// Adds another run's counts (maxima are kept as maxima).
+    pub fn add(&mut self, other: &Counts) {
+        let sums = [
+            (&mut self.sends, other.sends),
+            (&mut self.accepted, other.accepted),
+            (&mut self.delivered, other.delivered),
+            (&mut self.failed_max_retries, other.failed_max_retries),
+            (&mut self.failed_lifetime, other.failed_lifetime),
+            (&mut self.failed_capacity, other.failed_capacity),
+            (&mut self.stored, other.stored),
+            (&mut self.undeliverable, other.undeliverable),
+            (&mut self.retrying, other.retrying),
+            (&mut self.deferred, other.deferred),
+            (&mut self.received, other.received),
+            (&mut self.drains_completed, other.drains_completed),
+            (&mut self.hook_batches, other.hook_batches),
+            (&mut self.hook_commits, other.hook_commits),
+            (&mut self.hook_refusals, other.hook_refusals),
+            (&mut self.hook_hangs, other.hook_hangs),
+            (&mut self.hook_crashes, other.hook_crashes),
+            (&mut self.hook_redeliveries, other.hook_redeliveries),
+            (&mut self.expired_rows, other.expired_rows),
+            (&mut self.crashes, other.crashes),
+            (&mut self.relay_restarts, other.relay_restarts),
+            (&mut self.disconnects, other.disconnects),
+            (&mut self.frames_lost, other.frames_lost),
+            (&mut self.frames_duplicated, other.frames_duplicated),
+            (&mut self.local_frames, other.local_frames),
+            (&mut self.terminal_lost, other.terminal_lost),
+            (&mut self.at_most_once_losses, other.at_most_once_losses),
+            (&mut self.flush_rounds, other.flush_rounds),
+            (&mut self.steps, other.steps),
+        ];
+        for (total, value) in sums {
+            *total += value;
+        }
+        for (total, value) in self.step_crashes.iter_mut().zip(other.step_crashes) {
+            *total += value;
+        }
+        let maxima = [
+            (&mut self.max_outbox, other.max_outbox),
+            (&mut self.max_pending_acks, other.max_pending_acks),
+            (&mut self.max_buffered, other.max_buffered),
+            (&mut self.max_watchlist, other.max_watchlist),
+            (&mut self.max_in_flight, other.max_in_flight),
+            (
+                &mut self.max_transmits_per_step,
+                other.max_transmits_per_step,
+            ),
+            (&mut self.max_relay_journal, other.max_relay_journal),
+        ];
+        for (max, value) in maxima {
+            *max = (*max).max(value);
+        }
+    }
 }
 
 /// The outcome of a run that held every invariant.
@@ -238,7 +296,7 @@ impl World {
                 let c = &p.spec.config;
                 format!(
                     "{}(hook:{} edge:{} ack:{}ms retries:{} inflight:{} outbox:{}/{} life:{}s)",
-                    p.name(),
+                    p.spec.alias,
                     p.spec.hook.is_some(),
                     c.edge_driven_unreachable_dm,
                     c.ack_timeout_ms,
@@ -257,6 +315,11 @@ impl World {
             self.scn.ble_pairs,
             self.scn.chaos_actions
         )
+    }
+
+    /// `text` with every address replaced by its device's short name.
+    pub fn shorten(&self, text: &str) -> String {
+        self.scn.shorten(text)
     }
 
     pub fn run(mut self) -> Summary {
@@ -363,7 +426,8 @@ impl World {
 
     fn trace(&self, line: impl FnOnce(&Self) -> String) {
         if self.verbose {
-            println!("{:>9.3} {}", (self.now - EPOCH) as f64 / 1000.0, line(self));
+            let line = self.scn.shorten(&line(self));
+            println!("{:>9.3} {line}", (self.now - EPOCH) as f64 / 1000.0);
         }
     }
 
@@ -424,9 +488,7 @@ impl World {
                 if self.peers[peer].incarnation != inc {
                     return;
                 }
-                let now = self.now;
-                let p = &mut self.peers[peer];
-                let answered = p
+                let answered = self.peers[peer]
                     .run
                     .as_mut()
                     .and_then(|run| run.session.as_mut())
@@ -434,15 +496,7 @@ impl World {
                         s.conn != conn || !s.unanswered.remove(&(id.clone(), send_seq))
                     });
                 if !answered {
-                    let reason = "no relay answer within 15 s";
-                    p.push(
-                        Cmd::SendFailed {
-                            id,
-                            send_seq,
-                            reason,
-                        },
-                        now,
-                    );
+                    self.send_failed(peer, id, send_seq, "no relay answer within 15 s");
                 }
             }
             Ev::RelayUp => {

@@ -11,7 +11,7 @@ fn every_seed_keeps_the_invariants() {
     let mut totals = Counts::default();
     for seed in SEEDS {
         match run_seed(seed, Options::default()) {
-            Ok(summary) => accumulate(&mut totals, &summary.counts),
+            Ok(summary) => totals.add(&summary.counts),
             Err(failure) => failures.push(format!(
                 "seed {}: {}\n  replay: {}",
                 failure.seed,
@@ -64,34 +64,5 @@ fn a_seed_replays_identically() {
         let second = run_seed(seed, Options::default()).expect("the seed passes");
         assert_eq!(first.digest, second.digest, "seed {seed} diverged");
         assert_eq!(first.virtual_ms, second.virtual_ms, "seed {seed} diverged");
-    }
-}
-
-fn accumulate(totals: &mut Counts, c: &Counts) {
-    totals.delivered += c.delivered;
-    totals.failed_max_retries += c.failed_max_retries;
-    totals.failed_lifetime += c.failed_lifetime;
-    totals.failed_capacity += c.failed_capacity;
-    totals.stored += c.stored;
-    totals.undeliverable += c.undeliverable;
-    totals.retrying += c.retrying;
-    totals.deferred += c.deferred;
-    totals.received += c.received;
-    totals.drains_completed += c.drains_completed;
-    totals.hook_commits += c.hook_commits;
-    totals.hook_refusals += c.hook_refusals;
-    totals.hook_hangs += c.hook_hangs;
-    totals.hook_crashes += c.hook_crashes;
-    totals.hook_redeliveries += c.hook_redeliveries;
-    totals.expired_rows += c.expired_rows;
-    totals.crashes += c.crashes;
-    totals.relay_restarts += c.relay_restarts;
-    totals.disconnects += c.disconnects;
-    totals.frames_lost += c.frames_lost;
-    totals.frames_duplicated += c.frames_duplicated;
-    totals.local_frames += c.local_frames;
-    totals.terminal_lost += c.terminal_lost;
-    for (t, s) in totals.step_crashes.iter_mut().zip(c.step_crashes) {
-        *t += s;
     }
 }

@@ -142,7 +142,7 @@ impl World {
     pub(super) fn apply(&mut self, p: usize, cmd: Cmd, out: &mut StepOut) {
         let now = self.now;
         self.next_id += 1;
-        let minted = format!("{}-m{}", self.peers[p].name(), self.next_id);
+        let minted = format!("{}-m{}", self.peers[p].spec.alias, self.next_id);
         if self.verbose {
             let line = format!("{} <- {}", self.peers[p].name(), describe_cmd(&cmd));
             self.trace(|_| line);
@@ -378,16 +378,7 @@ impl World {
                         );
                     }
                     (TransmitKind::Outbox { message, send_seq }, None) => {
-                        let reason = "relay not connected";
-                        let id = message.id;
-                        self.peers[p].push(
-                            Cmd::SendFailed {
-                                id,
-                                send_seq,
-                                reason,
-                            },
-                            now,
-                        );
+                        self.send_failed(p, message.id, send_seq, "relay not connected");
                     }
                     (TransmitKind::Ack { message }, Some(conn)) => self.send_to_relay(
                         conn,
@@ -414,16 +405,7 @@ impl World {
                         self.send_local(p, q, message);
                     }
                     (TransmitKind::Outbox { message, send_seq }, None) => {
-                        let reason = "neighbor out of range";
-                        let id = message.id;
-                        self.peers[p].push(
-                            Cmd::SendFailed {
-                                id,
-                                send_seq,
-                                reason,
-                            },
-                            now,
-                        );
+                        self.send_failed(p, message.id, send_seq, "neighbor out of range");
                     }
                     (TransmitKind::Ack { message }, Some(q)) => self.send_local(p, q, message),
                     _ => {}
@@ -431,16 +413,7 @@ impl World {
             }
             _ => {
                 if let TransmitKind::Outbox { message, send_seq } = kind {
-                    let reason = "carrier not simulated";
-                    let id = message.id;
-                    self.peers[p].push(
-                        Cmd::SendFailed {
-                            id,
-                            send_seq,
-                            reason,
-                        },
-                        now,
-                    );
+                    self.send_failed(p, message.id, send_seq, "carrier not simulated");
                 }
             }
         }
@@ -519,43 +492,42 @@ impl World {
             )
         });
         let batch_id = batch.id;
-        match choice {
-            0 | 4 => {
-                let app = &mut self.peers[p].app;
-                for key in keys {
-                    if !app.hook_store.insert(key) {
-                        self.counts.hook_redeliveries += 1;
-                    }
-                }
-                if choice == 0 {
-                    self.counts.hook_commits += 1;
-                    let ev = Ev::HookDone {
-                        peer: p,
-                        inc,
-                        batch_id,
-                        ok: true,
-                    };
-                    self.schedule(delay, ev);
-                } else {
-                    self.counts.hook_crashes += 1;
-                    self.schedule(delay, Ev::Crash { peer: p, inc });
+        // The choices, in the order of the profile's weights: commit, refuse, hang (the
+        // driver's timeout refuses), crash before the app's commit, crash after it.
+        if matches!(choice, 0 | 4) {
+            let app = &mut self.peers[p].app;
+            for key in keys {
+                if !app.hook_store.insert(key) {
+                    self.counts.hook_redeliveries += 1;
                 }
             }
-            1 => {
-                self.counts.hook_refusals += 1;
-                let ev = Ev::HookDone {
+        }
+        let answer = match choice {
+            0 | 1 => {
+                let ok = choice == 0;
+                if ok {
+                    self.counts.hook_commits += 1;
+                } else {
+                    self.counts.hook_refusals += 1;
+                }
+                Some(Ev::HookDone {
                     peer: p,
                     inc,
                     batch_id,
-                    ok: false,
-                };
-                self.schedule(delay, ev);
+                    ok,
+                })
             }
-            2 => self.counts.hook_hangs += 1,
+            2 => {
+                self.counts.hook_hangs += 1;
+                None
+            }
             _ => {
                 self.counts.hook_crashes += 1;
-                self.schedule(delay, Ev::Crash { peer: p, inc });
+                Some(Ev::Crash { peer: p, inc })
             }
+        };
+        if let Some(ev) = answer {
+            self.schedule(delay, ev);
         }
     }
 
@@ -578,6 +550,25 @@ impl World {
                 self.send_to_relay(conn, frame);
             }
         }
+    }
+
+    /// The carrier could not take an outbox frame: the driver hears of it in its next step.
+    pub(super) fn send_failed(
+        &mut self,
+        p: usize,
+        id: String,
+        send_seq: u64,
+        reason: &'static str,
+    ) {
+        let now = self.now;
+        self.peers[p].push(
+            Cmd::SendFailed {
+                id,
+                send_seq,
+                reason,
+            },
+            now,
+        );
     }
 }
 

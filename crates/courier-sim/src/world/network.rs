@@ -67,20 +67,11 @@ impl World {
         let backoff = run.backoff_ms;
         run.backoff_ms = (backoff * 2).min(MAX_BACKOFF);
         self.conn_owner.remove(&session.conn);
-        let peer = &mut self.peers[p];
         if session.authenticated {
-            peer.push(Cmd::CarrierDown(Carrier::Internet), now);
+            self.peers[p].push(Cmd::CarrierDown(Carrier::Internet), now);
         }
         for (id, send_seq) in session.unanswered {
-            let reason = "connection lost";
-            peer.push(
-                Cmd::SendFailed {
-                    id,
-                    send_seq,
-                    reason,
-                },
-                now,
-            );
+            self.send_failed(p, id, send_seq, "connection lost");
         }
         if tell_relay && self.relay.is_open(session.conn) {
             let writes = self.relay.disconnect(session.conn);

@@ -127,7 +127,7 @@ impl World {
     pub(super) fn app_send(&mut self, p: usize) {
         let others: Vec<usize> = (0..self.peers.len()).filter(|&q| q != p).collect();
         let recipient = if self.rng.chance(30) {
-            GHOST.to_owned()
+            self.scn.ghost.clone()
         } else {
             self.peers[*self.rng.pick(&others)].name().to_owned()
         };
@@ -144,7 +144,7 @@ impl World {
         ]);
         let id = self.rng.chance(500).then(|| {
             self.next_id += 1;
-            format!("{}-c{}", self.peers[p].name(), self.next_id)
+            format!("{}-c{}", self.peers[p].spec.alias, self.next_id)
         });
         let len = self.rng.range(1, 120) as usize;
         let content = if self.rng.chance(20) {
