@@ -90,6 +90,9 @@ pub enum Command {
         transport: String,
     },
     Emit(ClientEvent),
+    /// Answered once every command queued before it has been applied: how a carrier keeps
+    /// what it has read and not yet handed over bounded (`carrier::intake`).
+    Barrier(oneshot::Sender<()>),
     Stop {
         reply: oneshot::Sender<()>,
     },
@@ -318,6 +321,9 @@ impl Driver {
                 // Keep runtime events in order with the engine's.
                 self.collect_events(step);
                 step.events.push(event);
+            }
+            Command::Barrier(reply) => {
+                let _ = reply.send(());
             }
             Command::Stop { reply } => step.stop = Some(reply),
         }

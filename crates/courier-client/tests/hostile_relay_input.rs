@@ -6,7 +6,8 @@
 
 mod support;
 
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use courier_client::client::{Client, SendInput};
@@ -505,10 +506,7 @@ fn wrong_values(current: &Value) -> Vec<Value> {
         std::mem::discriminant(v) == std::mem::discriminant(current)
             && !(v.is_number() && current.is_number() && v.is_u64() != current.is_u64())
     };
-    candidates
-        .into_iter()
-        .filter(|v| !same_kind(v))
-        .collect()
+    candidates.into_iter().filter(|v| !same_kind(v)).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -786,5 +784,188 @@ async fn answers_for_ids_never_sent_and_a_hostile_retry_after_change_nothing() {
     assert_eq!(resent, id);
     link.deliver(&id, &message, 1).await;
     alice.assert_delivered(&id).await;
+    alice.client.stop().await;
+}
+
+/// How far the client has read, as the relay sees it: a Ping follows every frame, with the
+/// frame's number, and the client answers a Ping only once it has read past that frame.
+fn read_position(pong: &[u8]) -> u64 {
+    u64::from_be_bytes(pong.try_into().expect("an 8-byte Ping payload comes back"))
+}
+
+/// Writes `count` frames made by `frame`, each followed by a Ping carrying its number + 1.
+async fn flood(
+    sink: &mut futures_util::stream::SplitSink<WebSocketStream<TcpStream>, WsMessage>,
+    count: u64,
+    frame: impl Fn(u64) -> String,
+) {
+    for i in 0..count {
+        sink.feed(WsMessage::text(frame(i))).await.unwrap();
+        sink.feed(WsMessage::Ping((i + 1).to_be_bytes().to_vec().into()))
+            .await
+            .unwrap();
+        if i % 256 == 255 {
+            sink.flush().await.unwrap();
+        }
+    }
+    sink.flush().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_100_000_frames_is_read_no_faster_than_the_app_takes_it() {
+    const FLOOD: u64 = 100_000;
+    let relay = FakeRelay::bind().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = parse_protocol_config(&json!({
+        "appId": "hostile",
+        "storage": { "path": dir.path().join("alice.db") },
+        "transports": { "internet": { "url": relay.url, "authToken": "token" } },
+    }))
+    .unwrap();
+    // Frames the client has read (from the relay's side), and flood events the app has
+    // taken; the app is slow, as apps are. The gap between the two is what the client holds.
+    let read = Arc::new(AtomicU64::new(0));
+    let taken = Arc::new(AtomicU64::new(0));
+    let widest_gap = Arc::new(AtomicU64::new(0));
+    let (tx, rx) = mpsc::channel();
+    let sink = {
+        let (read, taken, widest_gap) = (read.clone(), taken.clone(), widest_gap.clone());
+        Box::new(move |e: ClientEvent| {
+            if server_message(&e).is_some_and(|j| j.contains("\"Flood\"")) {
+                let taken = taken.fetch_add(1, Ordering::SeqCst) + 1;
+                let gap = read.load(Ordering::SeqCst).saturating_sub(taken);
+                widest_gap.fetch_max(gap, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_micros(20));
+            } else {
+                let _ = tx.send(e);
+            }
+        })
+    };
+    let client = Client::start(&config, sink, &tokio::runtime::Handle::current()).unwrap();
+    let mut events = Events {
+        rx,
+        seen: Vec::new(),
+    };
+    let link = relay.accept().await;
+    let (mut sink, mut stream) = link.ws.split();
+    let reader = {
+        let read = read.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(message)) = stream.next().await {
+                if let WsMessage::Pong(payload) = message {
+                    read.fetch_max(read_position(&payload), Ordering::SeqCst);
+                    if read_position(&payload) == FLOOD {
+                        return stream;
+                    }
+                }
+            }
+            panic!("the connection ended during the flood");
+        })
+    };
+    let pad = "p".repeat(200);
+    flood(&mut sink, FLOOD, |i| {
+        json!({"type": "Flood", "i": i, "pad": pad}).to_string()
+    })
+    .await;
+    let stream = tokio::time::timeout(Duration::from_secs(120), reader)
+        .await
+        .expect("the client reads the whole flood")
+        .unwrap();
+    let all_taken = tokio::time::timeout(DEADLINE, async {
+        while taken.load(Ordering::SeqCst) < FLOOD {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(all_taken.is_ok(), "every flood frame reaches the app");
+    // Two windows of frames on their way to the driver, and one driver step of them taken but
+    // not yet dispatched: the client never held more than about a thousand frames, whatever
+    // the flood.
+    let widest_gap = widest_gap.load(Ordering::SeqCst);
+    assert!(
+        widest_gap <= 1100,
+        "the client held {widest_gap} frames it had read but the app had not taken"
+    );
+
+    // Still the same connection, and it works.
+    let mut link = Link {
+        ws: sink.reunite(stream).unwrap(),
+    };
+    let id = client
+        .send(SendInput {
+            recipient: "bob".into(),
+            content: "after the flood".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let (sent, message) = link.next_send().await;
+    assert_eq!(sent, id);
+    link.deliver(&id, &message, 1).await;
+    events
+        .wait("message_delivered", |e| delivered(e, &id))
+        .await;
+    client.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_flood_is_read_no_faster_than_its_acks_can_be_written() {
+    const FLOOD: u64 = 5_000;
+    let relay = FakeRelay::bind().await;
+    let mut alice = Alice::start(&relay);
+    // 930 frames a second for the client: its ACKs trail the flood.
+    let link = relay
+        .accept_with(RateLimitInfo {
+            burst: 100,
+            per_sec: 1000,
+        })
+        .await;
+    let (mut sink, mut stream) = link.ws.split();
+    let reader = tokio::spawn(async move {
+        let (mut read, mut acked, mut widest_gap) = (0, 0, 0);
+        while acked < FLOOD {
+            match stream.next().await {
+                Some(Ok(WsMessage::Pong(payload))) => read = read.max(read_position(&payload)),
+                Some(Ok(WsMessage::Text(text))) => {
+                    if let ClientFrame::SendMessage { content, .. } =
+                        ClientFrame::decode(text.as_str()).unwrap()
+                    {
+                        assert!(Message::decode(&content).unwrap().ack_for().is_some());
+                        acked += 1;
+                    }
+                }
+                Some(Ok(_)) => {}
+                other => panic!("the connection ended during the flood: {other:?}"),
+            }
+            widest_gap = u64::max(widest_gap, read.saturating_sub(acked));
+        }
+        widest_gap
+    });
+    flood(&mut sink, FLOOD, |i| {
+        let content = message_from("bob", &format!("f{i}"), "flood", true);
+        received(i + 1, "bob", &content).encode()
+    })
+    .await;
+    let widest_gap = tokio::time::timeout(Duration::from_secs(120), reader)
+        .await
+        .expect("every message is acknowledged")
+        .unwrap();
+    // ACKs owed stop the reading at 256, plus what is on its way through the driver (two
+    // windows of frames, and one driver step of ACKs).
+    assert!(
+        widest_gap <= 1600,
+        "the client read {widest_gap} messages ahead of the ACKs it owed"
+    );
+    let last = format!("f{}", FLOOD - 1);
+    alice
+        .events
+        .wait("the last message", |e| {
+            received_message(e).is_some_and(|m| m.id == last)
+        })
+        .await;
+    assert_eq!(
+        alice.events.count(|e| received_message(e).is_some()),
+        FLOOD as usize
+    );
     alice.client.stop().await;
 }

@@ -6,6 +6,7 @@ pub mod backoff;
 pub mod bucket;
 pub mod gateway;
 pub mod inbound;
+pub mod intake;
 pub mod presence;
 pub mod relay;
 pub mod release;

@@ -26,6 +26,7 @@ use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 use crate::carrier::answers::Answers;
 use crate::carrier::backoff::Backoff;
 use crate::carrier::inbound::{inbound_command, Stamp};
+use crate::carrier::intake::Intake;
 use crate::carrier::presence::PresenceWatch;
 use crate::carrier::release::Releases;
 use crate::carrier::{report, Submit};
@@ -38,6 +39,10 @@ const PING_EVERY: Duration = Duration::from_secs(10);
 const DEAD_AFTER: Duration = Duration::from_secs(30);
 /// After close 4001 the same token is presented at most once per this period.
 const AUTH_RETRY_MIN: Duration = Duration::from_secs(30);
+/// Frames owed to the relay (end-to-end ACKs, releases) past which reading waits: an inbound
+/// flood is then read no faster than the rate limit lets its ACKs out, instead of piling
+/// them up here.
+const MAX_OWED_FRAMES: usize = 256;
 
 type Ws = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
 
@@ -367,6 +372,7 @@ struct Session<'a> {
     last_ping: Instant,
     /// The relay broke the transport rules (§1): the close code to end the connection with.
     violation: Option<u16>,
+    intake: Intake,
 }
 
 impl<'a> Session<'a> {
@@ -395,6 +401,7 @@ impl<'a> Session<'a> {
             declaration: None,
             declared: None,
             violation: None,
+            intake: Intake::default(),
         };
         // Order is load-bearing (§4.3): the declaration is the very next frame, before any
         // queued frame is flushed, or those frames keep the account name for good.
@@ -447,9 +454,11 @@ impl<'a> Session<'a> {
                 break loss;
             }
             let wake = self.next_wake();
+            let reading = self.may_read();
             let step = tokio::select! {
                 cmd = rx.recv() => self.on_command(cmd),
-                msg = self.ws.next() => self.on_socket(msg),
+                msg = self.ws.next(), if reading => self.on_socket(msg),
+                () = self.intake.caught_up(self.driver), if self.intake.waiting() => Ok(()),
                 _ = sleep_until(wake.into()) => Ok(()),
             };
             if let Err(loss) = step {
@@ -458,6 +467,12 @@ impl<'a> Session<'a> {
         };
         self.teardown(&loss).await;
         loss
+    }
+
+    /// Reading waits while the driver is behind on this connection's frames, or while too
+    /// many frames are owed to the relay: what a flood leaves is bounded (`intake.rs`).
+    fn may_read(&self) -> bool {
+        self.intake.open() && self.acks.len() + self.releases.backlog() < MAX_OWED_FRAMES
     }
 
     fn next_wake(&self) -> Instant {
@@ -523,7 +538,10 @@ impl<'a> Session<'a> {
         };
         self.last_heard = Instant::now();
         match msg {
-            WsMessage::Text(text) => self.on_frame(text.as_str()),
+            WsMessage::Text(text) => {
+                self.intake.took(text.len(), self.driver);
+                self.on_frame(text.as_str())
+            }
             WsMessage::Close(frame) => Err(close_loss(frame.as_ref())),
             // Pings are answered by tungstenite on the next write or flush.
             _ => Ok(()),

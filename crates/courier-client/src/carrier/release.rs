@@ -36,6 +36,11 @@ impl Releases {
         self.announce || !self.released.is_empty()
     }
 
+    /// Seqs processed and not yet acknowledged: at most this many frames still to write.
+    pub fn backlog(&self) -> usize {
+        self.released.len()
+    }
+
     /// The next release frame to write, if any.
     pub fn next_frame(&mut self) -> Option<ClientFrame> {
         // Seqs come from the relay: 0 and u64::MAX must not wrap (a relay never sends 0, and
