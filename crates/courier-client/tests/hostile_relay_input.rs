@@ -11,7 +11,7 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use courier_client::client::{Client, SendInput};
-use courier_client::config::parse_protocol_config;
+use courier_client::config::{parse_protocol_config, ProtocolConfig};
 use courier_client::event::ClientEvent;
 use courier_client::store::MessageStatus;
 use courier_engine::{DiagnosticLevel, Event};
@@ -239,6 +239,14 @@ impl Events {
         }
     }
 
+    /// The inbound message `id` reached the app.
+    async fn wait_received(&mut self, id: &str) {
+        self.wait("a message_received", |e| {
+            received_message(e).is_some_and(|m| m.id == id)
+        })
+        .await;
+    }
+
     fn count(&self, pred: impl Fn(&ClientEvent) -> bool) -> usize {
         self.seen.iter().filter(|e| pred(e)).count()
     }
@@ -291,16 +299,20 @@ struct Alice {
     _dir: tempfile::TempDir,
 }
 
+/// A client of `relay` storing in `dir`.
+fn config(relay: &FakeRelay, dir: &tempfile::TempDir) -> ProtocolConfig {
+    parse_protocol_config(&json!({
+        "appId": "hostile",
+        "storage": { "path": dir.path().join("alice.db") },
+        "transports": { "internet": { "url": relay.url, "authToken": "token" } },
+    }))
+    .unwrap()
+}
+
 impl Alice {
     fn start(relay: &FakeRelay) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let config = parse_protocol_config(&json!({
-            "appId": "hostile",
-            "storage": { "path": dir.path().join("alice.db") },
-            "transports": { "internet": { "url": relay.url, "authToken": "token" } },
-        }))
-        .unwrap();
-        let (client, rx) = support::start(&config);
+        let (client, rx) = support::start(&config(relay, &dir));
         Self {
             client,
             events: Events {
@@ -344,14 +356,33 @@ impl Alice {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn oversized_or_invalid_utf8_messages_close_1009_and_1007_and_the_outbox_survives() {
+/// A client connected to a relay played by the test, with one message to `bob` written: the
+/// relay, the client, the connection, and the message's id and content.
+async fn scene() -> (FakeRelay, Alice, Link, String, Message) {
     let relay = FakeRelay::bind().await;
-    let mut alice = Alice::start(&relay);
+    let alice = Alice::start(&relay);
     let mut link = relay.accept().await;
     let id = alice.send_to_bob("precious").await;
-    let (sent, _) = link.next_send().await;
+    let (sent, message) = link.next_send().await;
     assert_eq!(sent, id);
+    (relay, alice, link, id, message)
+}
+
+/// Sends a message the client is sure to deliver, and waits for it: every frame written
+/// before it has been read by then.
+async fn synced(link: &mut Link, alice: &mut Alice, seq: u64, id: &str) {
+    link.send(&received(
+        seq,
+        "bob",
+        &message_from("bob", id, "sync", false),
+    ))
+    .await;
+    alice.events.wait_received(id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_or_invalid_utf8_messages_close_1009_and_1007_and_the_outbox_survives() {
+    let (relay, mut alice, mut link, id, _) = scene().await;
 
     // One byte over the limit: the client closes with 1009 and reconnects.
     link.send_text("x".repeat(MAX_FRAME_BYTES + 1)).await;
@@ -388,11 +419,7 @@ fn nested_arrays(depth: usize) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deeply_nested_and_huge_json_is_dropped_with_a_diagnostic() {
-    let relay = FakeRelay::bind().await;
-    let mut alice = Alice::start(&relay);
-    let mut link = relay.accept().await;
-    let id = alice.send_to_bob("precious").await;
-    let (_, message) = link.next_send().await;
+    let (_relay, mut alice, mut link, id, message) = scene().await;
 
     // 10 000 levels deep: alone, inside a known frame, and as the content of a MessageReceived.
     link.send_text(nested_arrays(10_000)).await;
@@ -511,11 +538,7 @@ fn wrong_values(current: &Value) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mistyped_relay_frames_are_dropped_and_settle_nothing() {
-    let relay = FakeRelay::bind().await;
-    let mut alice = Alice::start(&relay);
-    let mut link = relay.accept().await;
-    let id = alice.send_to_bob("precious").await;
-    let (_, message) = link.next_send().await;
+    let (_relay, mut alice, mut link, id, message) = scene().await;
 
     let mut sent = 0;
     for (body, fields) in consumed_frames(&id) {
@@ -532,18 +555,7 @@ async fn mistyped_relay_frames_are_dropped_and_settle_nothing() {
     assert!(sent > 100, "{sent} mistyped frames");
     // A frame the client is sure to act on, after all of them: when its answer comes, every
     // mistyped frame before it was read.
-    link.send(&received(
-        1,
-        "bob",
-        &message_from("bob", "in-sync", "sync", false),
-    ))
-    .await;
-    alice
-        .events
-        .wait("the frame after them", |e| {
-            received_message(e).is_some_and(|m| m.id == "in-sync")
-        })
-        .await;
+    synced(&mut link, &mut alice, 1, "in-sync").await;
     assert_eq!(
         alice
             .events
@@ -572,11 +584,7 @@ async fn mistyped_relay_frames_are_dropped_and_settle_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_frames_are_forwarded_verbatim_and_never_answered() {
-    let relay = FakeRelay::bind().await;
-    let mut alice = Alice::start(&relay);
-    let mut link = relay.accept().await;
-    let id = alice.send_to_bob("precious").await;
-    let (_, message) = link.next_send().await;
+    let (_relay, mut alice, mut link, id, message) = scene().await;
 
     let unknown = vec![
         json!({"type": "Teleport", "to": "mars"}).to_string(),
@@ -618,11 +626,7 @@ async fn unknown_frames_are_forwarded_verbatim_and_never_answered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_duplicate_and_out_of_order_seqs_are_processed_once_and_all_released() {
-    let relay = FakeRelay::bind().await;
-    let mut alice = Alice::start(&relay);
-    let mut link = relay.accept().await;
-    let id = alice.send_to_bob("precious").await;
-    let (_, message) = link.next_send().await;
+    let (_relay, mut alice, mut link, id, message) = scene().await;
 
     // Out of order, repeated, and at both ends of the seq range.
     let seqs = [5, 3, 5, 4, 0, u64::MAX, u64::MAX, 2];
@@ -631,13 +635,7 @@ async fn forged_duplicate_and_out_of_order_seqs_are_processed_once_and_all_relea
         link.send(&received(seq, "bob", &content)).await;
     }
     for seq in [5, 3, 4, 0, u64::MAX, 2] {
-        let expected = format!("m{seq}");
-        alice
-            .events
-            .wait("each message", |e| {
-                received_message(e).is_some_and(|m| m.id == expected)
-            })
-            .await;
+        alice.events.wait_received(&format!("m{seq}")).await;
     }
     // Every seq is released, and the client keeps working.
     let mut released = std::collections::BTreeSet::new();
@@ -660,11 +658,7 @@ async fn forged_duplicate_and_out_of_order_seqs_are_processed_once_and_all_relea
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_ack_for_a_message_to_someone_else_settles_nothing() {
-    let relay = FakeRelay::bind().await;
-    let mut alice = Alice::start(&relay);
-    let mut link = relay.accept().await;
-    let id = alice.send_to_bob("precious").await;
-    let (_, message) = link.next_send().await;
+    let (_relay, mut alice, mut link, id, message) = scene().await;
     link.send(&RelayFrame::MessageSent {
         message_id: id.clone(),
         recipient: "bob".into(),
@@ -714,11 +708,7 @@ async fn a_forged_ack_for_a_message_to_someone_else_settles_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_for_ids_never_sent_and_a_hostile_retry_after_change_nothing() {
-    let relay = FakeRelay::bind().await;
-    let mut alice = Alice::start(&relay);
-    let mut link = relay.accept().await;
-    let id = alice.send_to_bob("precious").await;
-    let (_, message) = link.next_send().await;
+    let (relay, mut alice, mut link, id, message) = scene().await;
 
     for frame in [
         RelayFrame::MessageSent {
@@ -747,18 +737,7 @@ async fn answers_for_ids_never_sent_and_a_hostile_retry_after_change_nothing() {
     ] {
         link.send(&frame).await;
     }
-    link.send(&received(
-        1,
-        "bob",
-        &message_from("bob", "in1", "hi", false),
-    ))
-    .await;
-    alice
-        .events
-        .wait("the frame after them", |e| {
-            received_message(e).is_some_and(|m| m.id == "in1")
-        })
-        .await;
+    synced(&mut link, &mut alice, 1, "in1").await;
     alice.assert_pending(&id).await;
 
     // A RateLimited for the send, asking for a pause longer than any clock: the send counts
@@ -816,12 +795,6 @@ async fn a_flood_of_100_000_frames_is_read_no_faster_than_the_app_takes_it() {
     const FLOOD: u64 = 100_000;
     let relay = FakeRelay::bind().await;
     let dir = tempfile::tempdir().unwrap();
-    let config = parse_protocol_config(&json!({
-        "appId": "hostile",
-        "storage": { "path": dir.path().join("alice.db") },
-        "transports": { "internet": { "url": relay.url, "authToken": "token" } },
-    }))
-    .unwrap();
     // Frames the client has read (from the relay's side), and flood events the app has
     // taken; the app is slow, as apps are. The gap between the two is what the client holds.
     let read = Arc::new(AtomicU64::new(0));
@@ -841,7 +814,12 @@ async fn a_flood_of_100_000_frames_is_read_no_faster_than_the_app_takes_it() {
             }
         })
     };
-    let client = Client::start(&config, sink, &tokio::runtime::Handle::current()).unwrap();
+    let client = Client::start(
+        &config(&relay, &dir),
+        sink,
+        &tokio::runtime::Handle::current(),
+    )
+    .unwrap();
     let mut events = Events {
         rx,
         seen: Vec::new(),
@@ -956,13 +934,7 @@ async fn a_message_flood_is_read_no_faster_than_its_acks_can_be_written() {
         widest_gap <= 1600,
         "the client read {widest_gap} messages ahead of the ACKs it owed"
     );
-    let last = format!("f{}", FLOOD - 1);
-    alice
-        .events
-        .wait("the last message", |e| {
-            received_message(e).is_some_and(|m| m.id == last)
-        })
-        .await;
+    alice.events.wait_received(&format!("f{}", FLOOD - 1)).await;
     assert_eq!(
         alice.events.count(|e| received_message(e).is_some()),
         FLOOD as usize

@@ -28,17 +28,6 @@ fn sign(alg: Algorithm, secret: &[u8], claims: serde_json::Value) -> String {
     .unwrap()
 }
 
-/// Opens a connection, sends `first`, and returns the AuthError reason and the close code.
-async fn refused(relay: &TestRelay, first: &str) -> (String, Ending) {
-    let mut c = relay.client().await;
-    c.send_text(first).await;
-    let (frames, ending) = c.frames_until_end().await;
-    match frames.as_slice() {
-        [RelayFrame::AuthError { reason }] => (reason.clone(), ending),
-        other => panic!("expected exactly one AuthError for {first}, got {other:?}"),
-    }
-}
-
 fn authenticate(token: &str) -> String {
     json!({"type": "Authenticate", "token": token}).to_string()
 }
@@ -112,7 +101,7 @@ async fn bad_tokens_are_refused_with_4001() {
         ("garbage", "not.a.jwt".to_owned(), "invalid_token"),
     ];
     for (what, token, reason) in cases {
-        let (got, ending) = refused(&relay, &authenticate(&token)).await;
+        let (got, ending) = relay.refused(&authenticate(&token)).await;
         assert_eq!(got, reason, "{what}");
         assert_eq!(ending, Ending::Close(4001), "{what}");
     }
@@ -137,7 +126,7 @@ async fn a_first_frame_other_than_authenticate_is_refused_and_has_no_effect() {
         r#"{"type":"Nope"}"#,
         r#"{"type":"Authenticate"}"#,
     ] {
-        let (reason, ending) = refused(&relay, first).await;
+        let (reason, ending) = relay.refused(first).await;
         let expected = if first == r#"{"type":"Authenticate"}"# {
             "invalid_token"
         } else {

@@ -97,16 +97,10 @@ async fn deeply_nested_and_huge_json_is_answered_and_changes_nothing() {
     queue_witness(&relay).await;
 
     // As the first frame, 10 000 levels deep: refused like any non-Authenticate frame.
-    let mut c = relay.client().await;
-    c.send_text(nested_arrays(10_000)).await;
-    let (frames, ending) = c.frames_until_end().await;
     assert_eq!(
-        frames,
-        vec![RelayFrame::AuthError {
-            reason: "not_authenticated".into()
-        }]
+        relay.refused(&nested_arrays(10_000)).await,
+        ("not_authenticated".into(), Ending::Close(4001))
     );
-    assert_eq!(ending, Ending::Close(4001));
 
     let mut c = relay.online("mallory").await;
     // 10 000 levels alone, inside an otherwise valid SendMessage, and as nested objects:
@@ -324,17 +318,11 @@ async fn every_mistyped_or_missing_field_is_invalid_frame_and_changes_nothing() 
         for body in mistyped(auth_body, field, kind) {
             let mut frame = body.clone();
             frame["type"] = json!("Authenticate");
-            let mut c = relay.client().await;
-            c.send_json(frame.clone()).await;
-            let (frames, ending) = c.frames_until_end().await;
             assert_eq!(
-                frames,
-                vec![RelayFrame::AuthError {
-                    reason: "invalid_token".into()
-                }],
+                relay.refused(&frame.to_string()).await,
+                ("invalid_token".into(), Ending::Close(4001)),
                 "{frame}"
             );
-            assert_eq!(ending, Ending::Close(4001), "{frame}");
         }
     }
     assert_eq!(relay.handle().stats().accounts, 2, "walter and wendy only");
@@ -528,15 +516,7 @@ async fn a_flood_past_the_rate_limit_is_dropped_frame_by_frame_and_others_are_se
     mallory.ws.flush().await.unwrap();
 
     // Meanwhile honest clients authenticate and exchange messages.
-    let mut alice = relay.online("alice").await;
-    let mut bob = relay.online("bob").await;
-    assert_sent(
-        &alice.send_and_answer("bob", "h1", "hello").await,
-        "h1",
-        "bob",
-        "live",
-    );
-    assert_eq!(bob.received().await.content, "hello");
+    honest_exchange(&relay.url).await;
 
     // Exactly one answer per flood frame, in order: accepted, or dropped with its id.
     let mut accepted = Vec::new();
@@ -597,8 +577,6 @@ async fn a_flood_past_the_rate_limit_is_dropped_frame_by_frame_and_others_are_se
         accepted
     );
     victim.close().await;
-    alice.close().await;
-    bob.close().await;
     assert_witness_delivered(&relay).await;
 }
 
@@ -641,17 +619,7 @@ async fn a_client_that_floods_and_never_reads_is_dropped_and_others_are_served()
     });
 
     // Honest clients are served meanwhile.
-    let mut alice = relay.online("alice").await;
-    let mut bob = relay.online("bob").await;
-    assert_sent(
-        &alice.send_and_answer("bob", "h1", "hello").await,
-        "h1",
-        "bob",
-        "live",
-    );
-    assert_eq!(bob.received().await.content, "hello");
-    alice.close().await;
-    bob.close().await;
+    honest_exchange(&relay.url).await;
 
     // Filling the buffers toward it takes a few seconds in a debug build; then the keepalive
     // rule ends the connection.

@@ -118,6 +118,18 @@ impl TestRelay {
         c.close().await;
     }
 
+    /// Opens a connection, sends `first`, and returns the AuthError reason and how the
+    /// connection ended.
+    pub async fn refused(&self, first: &str) -> (String, Ending) {
+        let mut c = self.client().await;
+        c.send_text(first).await;
+        let (frames, ending) = c.frames_until_end().await;
+        match frames.as_slice() {
+            [RelayFrame::AuthError { reason }] => (reason.clone(), ending),
+            other => panic!("expected exactly one AuthError for {first}, got {other:?}"),
+        }
+    }
+
     pub fn stored_frames(&self) -> u64 {
         self.handle().stats().stored_frames
     }
