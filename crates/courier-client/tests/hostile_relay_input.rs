@@ -271,6 +271,13 @@ fn warn_diagnostic(e: &ClientEvent, containing: &str) -> bool {
     message.contains(containing)
 }
 
+fn diagnostic_len(e: &ClientEvent) -> usize {
+    match e {
+        ClientEvent::Diagnostic { message, .. } => message.len(),
+        _ => 0,
+    }
+}
+
 fn delivered(e: &ClientEvent, id: &str) -> bool {
     matches!(e, ClientEvent::Engine(e) if matches!(&**e, Event::MessageDelivered { message_id, .. } if message_id == id))
 }
@@ -459,6 +466,71 @@ async fn deeply_nested_and_huge_json_is_dropped_with_a_diagnostic() {
     alice.client.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stamped_identities_that_break_the_identifier_rules_are_dropped_unquoted() {
+    let (_relay, mut alice, mut link, id, message) = scene().await;
+    let huge = "b".repeat(100_000);
+    let valid = message_from("bob", "in1", "hi", true);
+    let stamps = [
+        (
+            huge.as_str(),
+            "bob",
+            "stamped sender is longer than 256 bytes",
+        ),
+        (
+            "bob",
+            "bo\u{1}b",
+            "stamped sender_account contains a control character",
+        ),
+        ("", "bob", "stamped sender is empty"),
+    ];
+    for (seq, (sender, account, _)) in (1..).zip(stamps) {
+        link.send(&RelayFrame::MessageReceived {
+            seq: Some(seq),
+            sender: sender.into(),
+            sender_account: Some(account.into()),
+            content: valid.clone(),
+            message_id: "in1".into(),
+            timestamp: 1,
+            reply_to_msg: None,
+        })
+        .await;
+    }
+    link.send_json(json!({"type": "PresenceStatus", "user_id": huge, "online": true}))
+        .await;
+    // Dropped frames are released all the same, and nothing else is written: no ACK for a
+    // message nobody can be sure came from bob.
+    assert_eq!(
+        link.releases_until(3).await.last(),
+        Some(&ClientFrame::AckUpTo { seq: 3 })
+    );
+    for (_, _, why) in stamps {
+        alice
+            .events
+            .wait(why, |e| {
+                warn_diagnostic(e, &format!("dropped inbound frame: {why}"))
+            })
+            .await;
+    }
+    alice
+        .events
+        .wait("the presence dropped", |e| {
+            warn_diagnostic(e, "dropped relay frame: PresenceStatus user_id is longer")
+        })
+        .await;
+    assert_eq!(alice.events.count(|e| received_message(e).is_some()), 0);
+    assert_eq!(
+        alice
+            .events
+            .count(|e| matches!(e, ClientEvent::PresenceUpdated { .. })),
+        0
+    );
+    assert_eq!(alice.events.count(|e| diagnostic_len(e) > 1024), 0);
+    link.deliver(&id, &message, 4).await;
+    alice.assert_delivered(&id).await;
+    alice.client.stop().await;
+}
+
 /// The frames the client acts on, each with a valid body naming the send `id`, and the fields
 /// to get wrong.
 fn consumed_frames(id: &str) -> Vec<(Value, Vec<&'static str>)> {
@@ -552,6 +624,13 @@ async fn mistyped_relay_frames_are_dropped_and_settle_nothing() {
             }
         }
     }
+    // A wrong value the size of a frame: the diagnostic does not quote it whole.
+    link.send_json(
+        json!({"type": "MessageSent", "message_id": id, "recipient": "bob",
+                          "timestamp": "t".repeat(MAX_FRAME_BYTES - 200)}),
+    )
+    .await;
+    sent += 1;
     assert!(sent > 100, "{sent} mistyped frames");
     // A frame the client is sure to act on, after all of them: when its answer comes, every
     // mistyped frame before it was read.
@@ -562,6 +641,12 @@ async fn mistyped_relay_frames_are_dropped_and_settle_nothing() {
             .count(|e| warn_diagnostic(e, "dropped relay frame: invalid")),
         sent,
         "one diagnostic per mistyped frame"
+    );
+    assert_eq!(
+        alice
+            .events
+            .count(|e| warn_diagnostic(e, "dropped relay frame") && diagnostic_len(e) > 1024),
+        0
     );
     // Nothing was taken from any of them: no answer, verdict, failure, latch or message.
     assert_eq!(alice.events.count(|e| received_message(e).is_some()), 1);

@@ -348,11 +348,13 @@ fn decode_tagged<T: serde::de::DeserializeOwned>(
     let frame_type = frame_type.to_owned();
     serde_json::from_value(value).map_err(|e| DecodeError::Invalid {
         frame_type,
-        detail: e.to_string(),
+        // serde quotes the offending value, which may be most of a 1 MiB frame.
+        detail: truncate(&e.to_string()),
     })
 }
 
-/// Echoed type names are cut so an answer never grows with a hostile input.
+/// Echoed type names and error details are cut so an answer or a log line never grows with
+/// a hostile input.
 fn truncate(s: &str) -> String {
     const MAX: usize = 128;
     if s.len() <= MAX {
@@ -388,6 +390,25 @@ mod tests {
             ClientFrame::decode("{\"type\":\"Ack\",\"seq\":\"x\"}"),
             Err(DecodeError::Invalid { .. })
         ));
+    }
+
+    #[test]
+    fn what_a_decode_error_quotes_of_the_input_is_bounded() {
+        let huge = "x".repeat(100_000);
+        let text = serde_json::json!({"type": "Ack", "seq": huge}).to_string();
+        match ClientFrame::decode(&text) {
+            Err(DecodeError::Invalid { frame_type, detail }) => {
+                assert_eq!(frame_type, "Ack");
+                assert!(detail.starts_with("invalid type: string"), "{detail}");
+                assert!(detail.len() <= 128, "{} bytes", detail.len());
+            }
+            other => panic!("{other:?}"),
+        }
+        let text = serde_json::json!({"type": huge}).to_string();
+        assert_eq!(
+            RelayFrame::decode(&text),
+            Err(DecodeError::UnknownType("x".repeat(128)))
+        );
     }
 
     #[test]

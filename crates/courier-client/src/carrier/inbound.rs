@@ -3,7 +3,7 @@
 //! 1), and attributed to the identity the carrier stamped.
 
 use courier_engine::{Carrier, InboundOrigin};
-use courier_proto::Message;
+use courier_proto::{validate_identifier, Message};
 
 use crate::driver::Command;
 
@@ -34,6 +34,16 @@ pub fn inbound_command(stamp: Stamp, content: &str) -> Result<Command, String> {
         sender_account,
         seq,
     } = stamp;
+    // The stamp names the peer in events and storage: it follows the identifier rules (§5),
+    // or the frame is dropped without quoting it.
+    for (field, value) in [
+        ("sender", Some(&sender)),
+        ("sender_account", sender_account.as_ref()),
+    ] {
+        if let Some(Err(e)) = value.map(|v| validate_identifier(v)) {
+            return Err(format!("dropped inbound frame: stamped {field} {e}"));
+        }
+    }
     let message = Message::decode(content)
         .map_err(|e| format!("dropped inbound frame from {sender}: {e}"))?;
     if RELAY_ANSWER_PREFIXES

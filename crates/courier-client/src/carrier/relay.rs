@@ -12,7 +12,8 @@ use courier_proto::limits::{
 };
 use courier_proto::security::{RELAY_ADDRESS_BINDING_MISMATCH, RELAY_ADDRESS_DECLARATION_REFUSED};
 use courier_proto::{
-    declare_address_after_auth, ClientFrame, DecodeError, IdentityKey, RelayFrame,
+    declare_address_after_auth, validate_identifier, ClientFrame, DecodeError, IdentityKey,
+    RelayFrame,
 };
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
@@ -625,6 +626,15 @@ impl<'a> Session<'a> {
                 online,
                 last_seen,
             } => {
+                // It names a peer in an event: an identifier (§5), or dropped unquoted.
+                if let Err(e) = validate_identifier(&user_id) {
+                    diagnostic(
+                        self.driver,
+                        DiagnosticLevel::Warn,
+                        format!("dropped relay frame: PresenceStatus user_id {e}"),
+                    );
+                    return Ok(());
+                }
                 self.driver.send(Command::Presence {
                     peer: user_id,
                     online,
