@@ -827,10 +827,41 @@ async fn connections_that_never_authenticate_end_at_the_auth_deadline() {
     assert_witness_delivered(&relay).await;
 }
 
+/// Raises this process's open-file limit to at least `needed` (the relay child inherits it),
+/// within the hard limit, through util-linux `prlimit`.
+fn ensure_open_file_limit(needed: u64) {
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("the open-file limit");
+    let numbers: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let (soft, hard) = (numbers[0], numbers[1]);
+    if soft >= needed {
+        return;
+    }
+    assert!(
+        hard >= needed,
+        "{needed} open files are needed; the hard limit is {hard}"
+    );
+    let raised = std::process::Command::new("prlimit")
+        .arg(format!("--pid={}", std::process::id()))
+        .arg(format!("--nofile={hard}:{hard}"))
+        .status()
+        .expect("prlimit runs");
+    assert!(raised.success(), "prlimit failed: {raised:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_connections_that_never_authenticate_are_all_released() {
     const CONNECTIONS: usize = 10_000;
     const BATCH: usize = 500;
+    // Our ends of the sockets, the relay's in its own process, and room for the other tests
+    // of this binary running beside this one.
+    ensure_open_file_limit(CONNECTIONS as u64 + 5_000);
     // The relay binary with its real 10 s auth deadline, in its own process: the 10 000 sockets
     // on each side would not fit one process's descriptor limit together.
     let dir = tempfile::tempdir().unwrap();
