@@ -208,14 +208,18 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
 /// client could end up with a connection the relay never saw.
 const LISTEN_BACKLOG: u32 = 4096;
 
-/// Binds like `TcpListener::bind` (address reuse included), with room for connection bursts.
+/// Binds like `TcpListener::bind`, with room for connection bursts.
 fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
     } else {
         TcpSocket::new_v6()?
     };
-    socket.set_reuseaddr(true)?;
+    // As std does: a restart may rebind while old connections linger in TIME_WAIT. Not on
+    // Windows, where the option would let another process take the port.
+    if cfg!(unix) {
+        socket.set_reuseaddr(true)?;
+    }
     socket.bind(addr)?;
     socket.listen(LISTEN_BACKLOG)
 }
