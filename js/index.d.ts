@@ -135,7 +135,11 @@ export interface MessageDeferredEvent { type: 'message_deferred'; messageId: str
 export interface MessageStoredEvent { type: 'message_stored'; messageId: string; recipient: string }
 export interface MessageRetryingEvent { type: 'message_retrying'; messageId: string; recipient: string; retryCount: number; nextRetryAt: number }
 /** Terminal: the recipient acknowledged the message. */
-export interface MessageDeliveredEvent { type: 'message_delivered'; messageId: string; recipient: string; latencyMs: number; hopCount: number; transport: string }
+/**
+ * `replayed: true` marks a terminal event emitted again at `start()` because the process ended
+ * between committing it and recording that it was dispatched: key your handling by `messageId`.
+ */
+export interface MessageDeliveredEvent { type: 'message_delivered'; messageId: string; recipient: string; latencyMs: number; hopCount: number; transport: string; replayed?: true }
 export type MessageFailedReason =
   | 'Max retries exceeded'
   | 'Outbox lifetime exceeded'
@@ -143,7 +147,8 @@ export type MessageFailedReason =
   | 'Pending session lifetime exceeded'
   | 'Pending session queue capacity exceeded'
 /** Terminal failure. */
-export interface MessageFailedEvent { type: 'message_failed'; messageId: string; recipient: string; reason: MessageFailedReason; retryCount: number }
+/** `replayed: true`: see {@link MessageDeliveredEvent}. */
+export interface MessageFailedEvent { type: 'message_failed'; messageId: string; recipient: string; reason: MessageFailedReason; retryCount: number; replayed?: true }
 export interface MessageReceivedEvent {
   type: 'message_received'
   messageId: string

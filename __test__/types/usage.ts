@@ -13,7 +13,9 @@ async function main(): Promise<void> {
     switch (ev.type) {
       case 'message_delivered': {
         const latency: number = ev.latencyMs
+        const again: boolean = ev.replayed === true
         void latency
+        void again
         break
       }
       case 'message_failed': {

@@ -90,6 +90,7 @@ impl Client {
             config.engine.dedup_max_entries,
         )?;
         let pending_inbound = store.load_pending_inbound()?;
+        let unreported = store.unreported()?;
         // The identity is durable before anything uses it, and never replaced (identity.md §1).
         let app_key = config.identity_seal_key.as_ref().map(|k| k.bytes());
         let seed = store.load_or_create_identity(now, app_key, || {
@@ -117,6 +118,19 @@ impl Client {
         driver_tx.send(Command::Emit(ClientEvent::IdentityReady {
             address: address.clone(),
         }));
+        // Terminal events a crash cut off between their commit and their dispatch.
+        for (message_id, json) in unreported {
+            match serde_json::from_str(&json) {
+                Ok(json) => {
+                    driver_tx.send(Command::Emit(ClientEvent::Replayed { message_id, json }))
+                }
+                Err(e) => driver_tx.send(Command::Emit(ClientEvent::Diagnostic {
+                    level: DiagnosticLevel::Error,
+                    message: format!("cannot replay the terminal event of {message_id}: {e}"),
+                    target: "courier_client::store",
+                })),
+            }
+        }
         let relay = config.internet.as_ref().map(|internet| {
             let (tx, rx) = tokio_mpsc::unbounded_channel();
             let settings = RelaySettings {
@@ -146,6 +160,7 @@ impl Client {
             watchlist: watchlist.clone(),
             hook_timeout_ms: config.inbound_durability_hook_timeout_ms,
             hook: None,
+            reported: Vec::new(),
             retention: Retention {
                 age_ms: config.engine.dedup_retention_ms(),
                 max_settled: MAX_SETTLED,

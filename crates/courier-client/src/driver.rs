@@ -27,7 +27,7 @@ use crate::carrier::relay::RelayOut;
 use crate::carrier::Submit;
 use crate::error::ClientError;
 use crate::event::ClientEvent;
-use crate::store::{MessageStatus, SettledRecord, Store};
+use crate::store::{MessageStatus, Reports, SettledRecord, Store};
 
 /// Commands handled in one step at most; the rest wait for the next step.
 const MAX_STEP: usize = 4096;
@@ -138,6 +138,9 @@ pub struct Driver {
     pub hook_timeout_ms: u64,
     /// The batch now with the hook, if any (one at a time).
     pub hook: Option<OutstandingHook>,
+    /// Messages whose terminal events were dispatched since the last commit; the next commit
+    /// (or `stop()`) records it, so a restart does not emit them again.
+    pub reported: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -211,6 +214,20 @@ impl Driver {
                 self.prune(now);
             }
             if let Some(reply) = stop {
+                let done = Reports {
+                    held: Vec::new(),
+                    done: std::mem::take(&mut self.reported),
+                };
+                if let Err(e) = self.store.commit_step(&[], &done) {
+                    (self.sink)(ClientEvent::Diagnostic {
+                        level: DiagnosticLevel::Warn,
+                        message: format!(
+                            "cannot record dispatched terminal events ({e}); the next start \
+                             emits them again"
+                        ),
+                        target: "courier_client::store",
+                    });
+                }
                 let _ = self.store.maybe_checkpoint();
                 let _ = reply.send(());
                 return;
@@ -504,29 +521,34 @@ impl Driver {
             ..
         } = step;
         let ops: Vec<StoreOp> = std::iter::from_fn(|| self.engine.poll_store()).collect();
-        if !ops.is_empty() {
-            if let Err(e) = self.store.commit(&ops) {
-                // The step's state is not durable: no send may claim it is, and none of its
-                // events or transmits may leave.
-                let message = e.to_string();
-                self.roll_back();
-                for (_, reply) in accepted {
-                    let _ = reply.send(Err(ClientError::Storage(format!(
-                        "commit failed: {message}"
-                    ))));
-                }
-                (self.sink)(ClientEvent::Diagnostic {
-                    level: DiagnosticLevel::Error,
-                    message: format!("storage commit failed: {message}"),
-                    target: "courier_client::store",
-                });
-                if relay_inbound {
-                    if let Some(relay) = &self.relay {
-                        let _ = relay.send(RelayOut::Redeliver);
-                    }
-                }
-                return;
+        let reports = Reports {
+            held: events.iter().filter_map(terminal_report).collect(),
+            done: std::mem::take(&mut self.reported),
+        };
+        let newly_reported: Vec<String> = reports.held.iter().map(|(id, _)| id.clone()).collect();
+        if let Err(e) = self.store.commit_step(&ops, &reports) {
+            // Still owed: nothing of the failed transaction was written.
+            self.reported = reports.done;
+            // The step's state is not durable: no send may claim it is, and none of its
+            // events or transmits may leave.
+            let message = e.to_string();
+            self.roll_back();
+            for (_, reply) in accepted {
+                let _ = reply.send(Err(ClientError::Storage(format!(
+                    "commit failed: {message}"
+                ))));
             }
+            (self.sink)(ClientEvent::Diagnostic {
+                level: DiagnosticLevel::Error,
+                message: format!("storage commit failed: {message}"),
+                target: "courier_client::store",
+            });
+            if relay_inbound {
+                if let Some(relay) = &self.relay {
+                    let _ = relay.send(RelayOut::Redeliver);
+                }
+            }
+            return;
         }
         // Published before anything is resolved, so a caller never reads counts older than its send.
         if let Ok(mut stats) = self.stats.lock() {
@@ -538,6 +560,7 @@ impl Driver {
         for event in events {
             (self.sink)(event);
         }
+        self.reported = newly_reported;
         while let Some(transmit) = self.engine.poll_transmit() {
             self.route(transmit);
         }
@@ -610,6 +633,23 @@ fn mint_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
+/// A terminal event's `(message id, JSON)`, held in storage until it has been dispatched.
+fn terminal_report(event: &ClientEvent) -> Option<(String, String)> {
+    let id = match event {
+        ClientEvent::Engine(e) => match &**e {
+            Event::MessageDelivered { message_id, .. }
+            | Event::MessageFailed { message_id, .. } => message_id,
+            _ => return None,
+        },
+        // Held again as it was: it is reported once this dispatch is recorded.
+        ClientEvent::Replayed { message_id, json } => {
+            return Some((message_id.clone(), json.to_string()))
+        }
+        _ => return None,
+    };
+    Some((id.clone(), event.to_json().to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::mpsc as std_mpsc;
@@ -660,6 +700,7 @@ mod tests {
             watchlist: Default::default(),
             hook_timeout_ms: 30_000,
             hook: None,
+            reported: Vec::new(),
             retention: Retention {
                 age_ms: config.dedup_retention_ms(),
                 max_settled: 10,

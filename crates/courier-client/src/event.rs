@@ -48,6 +48,13 @@ pub enum ClientEvent {
         peer_id: String,
         transport: String,
     },
+    /// A terminal event (`message_delivered` / `message_failed`) committed before a crash cut
+    /// off its dispatch, emitted again at the next start: its JSON as it was then, plus
+    /// `"replayed": true`.
+    Replayed {
+        message_id: String,
+        json: Value,
+    },
     /// Internal, never shown to listeners: the facade calls the app's durability hook with the
     /// batch and reports the outcome back as `hookDone(batchId, ok, reason)`.
     HookCall {
@@ -95,6 +102,13 @@ impl ClientEvent {
     pub fn to_json(&self) -> Value {
         match self {
             Self::Engine(e) => engine_event_json(e),
+            Self::Replayed { json, .. } => {
+                let mut json = json.clone();
+                if let Some(fields) = json.as_object_mut() {
+                    fields.insert("replayed".into(), Value::Bool(true));
+                }
+                json
+            }
             Self::InternetStatusChanged {
                 connected,
                 authenticated,

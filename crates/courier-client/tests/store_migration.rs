@@ -338,7 +338,7 @@ fn the_fixture_is_a_version_1_database() {
 
 #[test]
 fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
-    assert_eq!(SCHEMA_VERSION, 4);
+    assert_eq!(SCHEMA_VERSION, 5);
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("v1.db");
     write_v1_database(&db);
@@ -346,20 +346,36 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
 
     {
         let mut store = Store::open(&db).unwrap();
-        assert_eq!(store.schema_version().unwrap(), 4);
+        assert_eq!(store.schema_version().unwrap(), 5);
         assert_v1_rows_intact(&mut store);
         assert!(store.load_pending_inbound().unwrap().is_empty());
     }
-    assert_eq!(user_version(&db), 4);
+    assert_eq!(user_version(&db), 5);
 
-    // The version-1 objects are unchanged; exactly the new tables and their indexes were added.
+    // The version-1 objects are unchanged but `settled`, which gained one nullable column;
+    // exactly the new tables and their indexes were added.
     let v2_schema = schema_of(&db);
     let added: Vec<_> = v2_schema
         .iter()
-        .filter(|o| !v1_schema.contains(o))
+        .filter(|o| !v1_schema.iter().any(|v1| v1.1 == o.1))
         .map(|(kind, name, _)| (kind.as_str(), name.as_str()))
         .collect();
-    assert!(v1_schema.iter().all(|o| v2_schema.contains(o)));
+    assert!(v1_schema
+        .iter()
+        .filter(|o| o.1 != "settled")
+        .all(|o| v2_schema.contains(o)));
+    let settled_columns: Vec<String> = Connection::open(&db)
+        .unwrap()
+        .prepare("SELECT name FROM pragma_table_info('settled') ORDER BY cid")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        settled_columns,
+        ["id", "recipient", "outcome", "reason", "at", "unreported_event"]
+    );
     assert_eq!(
         added,
         vec![
@@ -399,7 +415,7 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
 
     // And the migrated file keeps working across reopen.
     let mut store = Store::open(&db).unwrap();
-    assert_eq!(store.schema_version().unwrap(), 4);
+    assert_eq!(store.schema_version().unwrap(), 5);
     assert_v1_rows_intact(&mut store);
 }
 
@@ -414,14 +430,14 @@ fn a_current_version_database_is_opened_untouched() {
 
     {
         let store = Store::open(&db).unwrap();
-        assert_eq!(store.schema_version().unwrap(), 4);
+        assert_eq!(store.schema_version().unwrap(), 5);
         assert_eq!(store.load_outbox().unwrap(), expected_outbox());
     }
     // No migration ran: not a byte of the database file changed (its header holds a change
     // counter that any committed write would bump), and the schema is the same.
     assert_eq!(fs::read(&db).unwrap(), before);
     assert_eq!(schema_of(&db), schema);
-    assert_eq!(user_version(&db), 4);
+    assert_eq!(user_version(&db), 5);
 
     let mut store = Store::open(&db).unwrap();
     assert_v1_rows_intact(&mut store);
@@ -430,16 +446,16 @@ fn a_current_version_database_is_opened_untouched() {
 #[test]
 fn a_database_newer_than_the_current_version_is_refused_and_left_untouched() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("v5.db");
+    let db = dir.path().join("v6.db");
     write_v1_database(&db);
     drop(Store::open(&db).unwrap());
     {
-        // A version-5 build added something and bumped the version.
+        // A version-6 build added something and bumped the version.
         let conn = Connection::open(&db).unwrap();
         conn.execute_batch(
             "BEGIN;
              CREATE TABLE from_the_future (x INTEGER);
-             PRAGMA user_version = 5;
+             PRAGMA user_version = 6;
              COMMIT;",
         )
         .unwrap();
@@ -447,12 +463,12 @@ fn a_database_newer_than_the_current_version_is_refused_and_left_untouched() {
     let before = fs::read(&db).unwrap();
     match Store::open(&db).unwrap_err() {
         StoreError::NewerSchema { found, supported } => {
-            assert_eq!((found, supported), (5, 4));
+            assert_eq!((found, supported), (6, 5));
         }
         other => panic!("expected NewerSchema, got {other}"),
     }
     assert_eq!(fs::read(&db).unwrap(), before, "not a byte changed");
-    assert_eq!(user_version(&db), 5);
+    assert_eq!(user_version(&db), 6);
     let outbox: i64 = Connection::open(&db)
         .unwrap()
         .query_row("SELECT COUNT(*) FROM outbox", [], |r| r.get(0))

@@ -106,6 +106,15 @@ pub struct SettledRecord {
     pub recipient: String,
 }
 
+/// Terminal-event bookkeeping for one commit (see [`Store::commit_step`]).
+#[derive(Debug, Default)]
+pub struct Reports {
+    /// `(message id, event JSON)` of this step's terminal events, about to be dispatched.
+    pub held: Vec<(String, String)>,
+    /// Ids whose terminal events were dispatched since the last commit.
+    pub done: Vec<String>,
+}
+
 /// What storage knows about a message id (`getMessageStatus`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MessageStatus {
@@ -327,7 +336,15 @@ impl Store {
     /// - `CommitInbound`: delete the keys' buffered rows and mark each processed at `at`;
     /// - `ExpireInbound`: delete the keys' buffered rows.
     pub fn commit(&mut self, ops: &[StoreOp]) -> Result<(), StoreError> {
-        if ops.is_empty() {
+        self.commit_step(ops, &Reports::default())
+    }
+
+    /// [`commit`](Self::commit), plus the bookkeeping of terminal events in the same
+    /// transaction: `reports.held` keeps each settlement's event until `reports.done` says it
+    /// was dispatched. What is still held at a start is emitted again ([`Store::unreported`]):
+    /// a terminal event is never lost to a crash between its commit and its dispatch.
+    pub fn commit_step(&mut self, ops: &[StoreOp], reports: &Reports) -> Result<(), StoreError> {
+        if ops.is_empty() && reports.held.is_empty() && reports.done.is_empty() {
             return Ok(());
         }
         let tx = self
@@ -348,8 +365,20 @@ impl Store {
                 StoreOp::ExpireInbound { keys } => inbound::delete(&tx, keys)?,
             }
         }
+        for id in &reports.done {
+            outbox::mark_reported(&tx, id)?;
+        }
+        for (id, event) in &reports.held {
+            outbox::hold_event(&tx, id, event)?;
+        }
         tx.commit()?;
         Ok(())
+    }
+
+    /// Terminal events whose settlement committed but whose dispatch was never recorded, as
+    /// `(message id, event JSON)`, oldest first.
+    pub fn unreported(&self) -> Result<Vec<(String, String)>, StoreError> {
+        outbox::unreported(&self.conn)
     }
 
     /// How `id` settled, if it did (and has not been pruned or re-sent since).

@@ -34,7 +34,8 @@ const SETTLE_SQL: &str = "INSERT INTO settled (id, recipient, outcome, reason, a
         recipient = excluded.recipient,
         outcome = excluded.outcome,
         reason = excluded.reason,
-        at = excluded.at";
+        at = excluded.at,
+        unreported_event = NULL";
 
 const LOAD_SQL: &str = "SELECT id, state, created_at, window_start, ack_attempts,
         transport_retries, next_at, first_sent_at, last_sent_at, message_json
@@ -220,4 +221,28 @@ pub(crate) fn prune_settled(
         )?
         .execute([to_db(max as u64)])?;
     Ok(expired + excess)
+}
+
+/// Keeps `event` (the terminal event's JSON) with `id`'s settlement until it is reported.
+pub(crate) fn hold_event(conn: &Connection, id: &str, event: &str) -> Result<(), StoreError> {
+    conn.prepare_cached("UPDATE settled SET unreported_event = ?2 WHERE id = ?1")?
+        .execute([id, event])?;
+    Ok(())
+}
+
+/// `id`'s terminal event reached the application.
+pub(crate) fn mark_reported(conn: &Connection, id: &str) -> Result<(), StoreError> {
+    conn.prepare_cached("UPDATE settled SET unreported_event = NULL WHERE id = ?1")?
+        .execute([id])?;
+    Ok(())
+}
+
+/// Terminal events committed but never reported, oldest settlement first.
+pub(crate) fn unreported(conn: &Connection) -> Result<Vec<(String, String)>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, unreported_event FROM settled
+         WHERE unreported_event IS NOT NULL ORDER BY at, id",
+    )?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<Result<_, _>>()?)
 }

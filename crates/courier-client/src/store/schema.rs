@@ -22,6 +22,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     v2_pending_inbound,
     v3_identity,
     v4_sealed_identity,
+    v5_unreported_settlements,
 ];
 
 /// The schema version this build writes and understands.
@@ -116,6 +117,12 @@ fn v4_sealed_identity(tx: &Transaction<'_>) -> rusqlite::Result<()> {
          DROP TABLE identity;
          ALTER TABLE identity_sealed RENAME TO identity;",
     )
+}
+
+/// Version 5: a settlement's terminal event, kept until it has been dispatched, so one a crash
+/// cut off between the commit and the dispatch is emitted again at the next start.
+fn v5_unreported_settlements(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch("ALTER TABLE settled ADD COLUMN unreported_event TEXT NULL;")
 }
 
 /// `PRAGMA user_version`. The first read of a file, so a non-database fails here.

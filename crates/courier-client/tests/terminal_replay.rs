@@ -1,0 +1,114 @@
+//! A terminal event is never lost to a crash: a settlement's event is held in storage with the
+//! settlement and released once its dispatch is recorded; a start emits whatever is still held
+//! (`replayed: true`), exactly once more.
+
+mod support;
+
+use courier_client::config::parse_protocol_config;
+use courier_client::event::ClientEvent;
+use courier_client::store::{Reports, Store};
+use courier_engine::io::{Settlement, StoreOp};
+use serde_json::json;
+use support::wait_for;
+
+fn settle(id: &str) -> StoreOp {
+    StoreOp::Settle {
+        id: id.into(),
+        recipient: "bob".into(),
+        settlement: Settlement::Delivered,
+        at: 1,
+    }
+}
+
+fn event(id: &str) -> String {
+    json!({ "type": "message_delivered", "messageId": id, "recipient": "bob", "latencyMs": 7 })
+        .to_string()
+}
+
+#[test]
+fn a_held_event_stays_until_its_dispatch_is_recorded_and_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("r.db");
+    let mut store = Store::open(&db).unwrap();
+    store
+        .commit_step(
+            &[settle("m1"), settle("m2")],
+            &Reports {
+                held: vec![("m1".into(), event("m1")), ("m2".into(), event("m2"))],
+                done: vec![],
+            },
+        )
+        .unwrap();
+    store
+        .commit_step(
+            &[],
+            &Reports {
+                held: vec![],
+                done: vec!["m1".into()],
+            },
+        )
+        .unwrap();
+    drop(store);
+    let store = Store::open(&db).unwrap();
+    assert_eq!(store.unreported().unwrap(), vec![("m2".into(), event("m2"))]);
+}
+
+#[test]
+fn settling_an_id_again_replaces_its_held_event() {
+    let mut store = Store::open_memory().unwrap();
+    let held = |id: &str| Reports {
+        held: vec![(id.into(), event("old"))],
+        done: vec![],
+    };
+    store.commit_step(&[settle("m1")], &held("m1")).unwrap();
+    store.commit(&[settle("m1")]).unwrap();
+    assert!(store.unreported().unwrap().is_empty());
+}
+
+fn config(db: &std::path::Path) -> courier_client::config::ProtocolConfig {
+    parse_protocol_config(&json!({ "appId": "replay", "storage": { "path": db } })).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_emits_a_terminal_event_a_crash_cut_off_once_more_and_only_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("p.db");
+    // What a process killed between a step's commit and its dispatch leaves behind.
+    let mut store = Store::open(&db).unwrap();
+    store
+        .commit_step(
+            &[settle("cut-off")],
+            &Reports {
+                held: vec![("cut-off".into(), event("cut-off"))],
+                done: vec![],
+            },
+        )
+        .unwrap();
+    drop(store);
+
+    let (client, events) = support::start(&config(&db));
+    let replayed = wait_for(&events, "the replayed terminal event", |e| {
+        matches!(e, ClientEvent::Replayed { message_id, .. } if message_id == "cut-off")
+    })
+    .await;
+    let json = replayed.to_json();
+    assert_eq!(json["type"], "message_delivered");
+    assert_eq!(json["messageId"], "cut-off");
+    assert_eq!(json["latencyMs"], 7);
+    assert_eq!(json["replayed"], true);
+    client.stop().await;
+
+    let (client, events) = support::start(&config(&db));
+    wait_for(&events, "identity_ready", |e| {
+        matches!(e, ClientEvent::IdentityReady { .. })
+    })
+    .await;
+    client.stop().await;
+    assert!(
+        !events
+            .try_iter()
+            .any(|e| matches!(e, ClientEvent::Replayed { .. })),
+        "a replayed event whose dispatch was recorded is not emitted again"
+    );
+    assert!(Store::open(&db).unwrap().unreported().unwrap().is_empty());
+}
