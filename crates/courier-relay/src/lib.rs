@@ -209,7 +209,7 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
 const LISTEN_BACKLOG: u32 = 4096;
 
 /// Binds like `TcpListener::bind`, with room for connection bursts.
-fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+pub(crate) fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
     } else {

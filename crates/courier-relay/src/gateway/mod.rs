@@ -209,7 +209,8 @@ pub async fn start_gateway(config: GatewayConfig) -> Result<GatewayHandle, Relay
         addr: config.listen,
         source,
     };
-    let listener = TcpListener::bind(config.listen).await.map_err(bind_error)?;
+    // The relay's listener: room for connection bursts.
+    let listener = crate::listen(config.listen).map_err(bind_error)?;
     let local_addr = listener.local_addr().map_err(bind_error)?;
     let (shutdown, shutdown_rx) = watch::channel(false);
     let shared = Arc::new(Shared {
