@@ -7,8 +7,8 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD;
@@ -458,4 +458,87 @@ async fn every_reconnect_attaches_again_from_identify() {
     assert_eq!(send["type"], "SendMessage");
     assert_eq!(send["message_id"], json!(id));
     stop(client, events).await;
+}
+
+/// A gateway that floods the bound session with messages while the app is slow to take them:
+/// the carrier reads no faster than the driver takes its lines, so what the client holds is
+/// bounded by its two intake windows and the sockets' own buffers, however long the flood.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_messages_is_read_no_faster_than_the_app_takes_it() {
+    // Large lines, so the sockets' buffers hold few of them and the bound is tight.
+    const FLOOD: u64 = 6_000;
+    const CHUNK: u64 = 100;
+    let gateway = FakeGateway::bind().await;
+    let written = Arc::new(AtomicU64::new(0));
+    let taken = Arc::new(AtomicU64::new(0));
+    let widest_gap = Arc::new(AtomicU64::new(0));
+    let (tx, events) = mpsc::channel();
+    let sink = {
+        let (written, taken, widest_gap) = (written.clone(), taken.clone(), widest_gap.clone());
+        Box::new(move |e: ClientEvent| {
+            let flood = matches!(&e, ClientEvent::Engine(e) if matches!(&**e, Event::MessageReceived { message, .. } if message.id.starts_with("flood-")));
+            if flood {
+                let taken = taken.fetch_add(1, Ordering::SeqCst) + 1;
+                let gap = written.load(Ordering::SeqCst).saturating_sub(taken);
+                widest_gap.fetch_max(gap, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(1));
+            } else {
+                let _ = tx.send(e);
+            }
+        })
+    };
+    let client = Client::start(
+        &config(&gateway.address),
+        sink,
+        &tokio::runtime::Handle::current(),
+    )
+    .unwrap();
+    let own = client.local_address().to_owned();
+    let mut peer = gateway.accept().await;
+    peer.attach(&own).await;
+    support::wait_for(&events, "the attach", attached).await;
+
+    // The client's ACKs are read and dropped, as a gateway that reads would.
+    let Peer { reader, mut write } = peer;
+    let drain = tokio::spawn(async move {
+        let mut lines = reader.lines();
+        while let Ok(Some(_)) = lines.next_line().await {}
+    });
+    // Encoded once: the gateway must write much faster than the app takes.
+    let mut message =
+        Message::decode(from_bob(&own, "flood")["content"].as_str().unwrap()).unwrap();
+    message.id = "flood-XXXXXXXX".into();
+    message.content = "p".repeat(8 * 1024);
+    let template = received(&message).to_string();
+    let mut next = 0;
+    while next < FLOOD {
+        let mut chunk = String::new();
+        for i in next..next + CHUNK {
+            chunk.push_str(&template.replace("flood-XXXXXXXX", &format!("flood-{i:08}")));
+            chunk.push('\n');
+        }
+        write.write_all(chunk.as_bytes()).await.unwrap();
+        next += CHUNK;
+        written.store(next, Ordering::SeqCst);
+    }
+    let all_taken = tokio::time::timeout(Duration::from_secs(120), async {
+        while taken.load(Ordering::SeqCst) < FLOOD {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(
+        all_taken.is_ok(),
+        "every message of the flood reaches the app"
+    );
+    // Written but not taken = the client's two intake windows (4 MiB each: ~500 of these
+    // lines), one driver step, and the sockets' buffers (a few MiB on loopback); read without
+    // limit it would be most of the flood.
+    let widest_gap = widest_gap.load(Ordering::SeqCst);
+    assert!(
+        widest_gap <= FLOOD / 2,
+        "the client held {widest_gap} lines it had read but the app had not taken"
+    );
+    client.stop().await;
+    drain.abort();
 }

@@ -374,7 +374,14 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
         .collect();
     assert_eq!(
         settled_columns,
-        ["id", "recipient", "outcome", "reason", "at", "unreported_event"]
+        [
+            "id",
+            "recipient",
+            "outcome",
+            "reason",
+            "at",
+            "unreported_event"
+        ]
     );
     assert_eq!(
         added,

@@ -50,7 +50,10 @@ fn a_held_event_stays_until_its_dispatch_is_recorded_and_survives_reopen() {
         .unwrap();
     drop(store);
     let store = Store::open(&db).unwrap();
-    assert_eq!(store.unreported().unwrap(), vec![("m2".into(), event("m2"))]);
+    assert_eq!(
+        store.unreported().unwrap(),
+        vec![("m2".into(), event("m2"))]
+    );
 }
 
 #[test]
@@ -87,9 +90,11 @@ async fn a_start_emits_a_terminal_event_a_crash_cut_off_once_more_and_only_once(
     drop(store);
 
     let (client, events) = support::start(&config(&db));
-    let replayed = wait_for(&events, "the replayed terminal event", |e| {
-        matches!(e, ClientEvent::Replayed { message_id, .. } if message_id == "cut-off")
-    })
+    let replayed = wait_for(
+        &events,
+        "the replayed terminal event",
+        |e| matches!(e, ClientEvent::Replayed { message_id, .. } if message_id == "cut-off"),
+    )
     .await;
     let json = replayed.to_json();
     assert_eq!(json["type"], "message_delivered");

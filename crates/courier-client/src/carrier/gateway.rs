@@ -31,6 +31,7 @@ use tokio::time::{sleep_until, timeout, Instant};
 use crate::carrier::answers::Answers;
 use crate::carrier::backoff::Backoff;
 use crate::carrier::inbound::{inbound_command, Stamp};
+use crate::carrier::intake::Intake;
 use crate::carrier::{report, Submit};
 use crate::driver::{Command, DriverTx};
 use crate::event::ClientEvent;
@@ -372,6 +373,8 @@ struct Session<'a> {
     link: Link,
     driver: &'a DriverTx,
     answers: Answers,
+    /// What has been read and handed over, so a flood is read no faster than the driver takes it.
+    intake: Intake,
 }
 
 impl<'a> Session<'a> {
@@ -380,6 +383,7 @@ impl<'a> Session<'a> {
             link,
             driver,
             answers: Answers::new("gateway"),
+            intake: Intake::default(),
         }
     }
 
@@ -395,10 +399,14 @@ impl<'a> Session<'a> {
             let overdue = self.answers.next_deadline();
             let step = tokio::select! {
                 cmd = rx.recv() => self.on_command(cmd).await,
-                line = self.link.next_line() => match line {
-                    Ok(line) => self.on_line(&line),
+                line = self.link.next_line(), if self.intake.open() => match line {
+                    Ok(line) => {
+                        self.intake.took(line.len(), self.driver);
+                        self.on_line(&line)
+                    }
                     Err(loss) => Err(loss),
                 },
+                () = self.intake.caught_up(self.driver), if self.intake.waiting() => Ok(()),
                 _ = sleep_until(overdue.map_or_else(Instant::now, Instant::from_std)), if overdue.is_some() => {
                     self.answers.expire(self.driver, std::time::Instant::now());
                     Ok(())
