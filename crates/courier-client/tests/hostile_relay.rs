@@ -195,3 +195,77 @@ async fn the_declaration_is_written_at_once_with_nothing_else_to_send() {
     ));
     client.stop().await;
 }
+
+/// A relay without `address_routing_v1`, or whose challenge is absent or not 32 bytes of base64,
+/// gets no declaration: a diagnostic names why, and the connection works in account-name space.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_declaration_is_made_when_the_relay_cannot_take_one_and_a_diagnostic_says_why() {
+    let no_capability = |mut a: RelayFrame| {
+        if let RelayFrame::Authenticated { capabilities, .. } = &mut a {
+            capabilities.clear();
+        }
+        a
+    };
+    let challenge = |value: Option<&str>| {
+        let value = value.map(str::to_owned);
+        move |mut a: RelayFrame| {
+            if let RelayFrame::Authenticated {
+                address_challenge, ..
+            } = &mut a
+            {
+                *address_challenge = value.clone();
+            }
+            a
+        }
+    };
+    let cases: [(&str, Box<dyn Fn(RelayFrame) -> RelayFrame>); 3] = [
+        ("capability_absent", Box::new(no_capability)),
+        ("challenge_absent", Box::new(challenge(None))),
+        ("challenge_malformed", Box::new(challenge(Some("c2hvcnQ=")))),
+    ];
+    for (reason, authenticated_as) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("ws://{}", listener.local_addr().unwrap());
+        // The skip is an `info` diagnostic: an older relay is not an attack.
+        let config = parse_protocol_config(&json!({
+            "appId": "hostile",
+            "storage": { "path": dir.path().join("alice.db") },
+            "transports": { "internet": { "url": url, "authToken": courier_relay::issue_token(b"s", "alice", 60).unwrap() } },
+            "logLevel": "info",
+        }))
+        .unwrap();
+        let (client, events) = support::start(&config);
+        let (tcp, _) = listener.accept().await.unwrap();
+        let mut ws = tokio_tungstenite::accept_async(tcp).await.unwrap();
+        let _authenticate = ws.next().await.unwrap().unwrap();
+        let id = client
+            .send(SendInput {
+                recipient: "bob".into(),
+                content: "in account space".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        ws.send(WsMessage::text(authenticated_as(authenticated()).encode()))
+            .await
+            .unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(5), ws.next())
+            .await
+            .expect("the outbox is flushed")
+            .unwrap()
+            .unwrap();
+        let WsMessage::Text(text) = first else {
+            panic!("unexpected {first:?}")
+        };
+        assert!(
+            matches!(ClientFrame::decode(text.as_str()).unwrap(), ClientFrame::SendMessage { ref message_id, .. } if *message_id == id),
+            "{reason}: the first frame is the flushed message, not a declaration: {text}"
+        );
+        support::wait_for(&events, reason, |e| {
+            matches!(e, ClientEvent::Diagnostic { message, .. } if message == &format!("address declaration skipped: {reason}"))
+        })
+        .await;
+        client.stop().await;
+    }
+}
