@@ -218,7 +218,8 @@ async fn no_declaration_is_made_when_the_relay_cannot_take_one_and_a_diagnostic_
             a
         }
     };
-    let cases: [(&str, Box<dyn Fn(RelayFrame) -> RelayFrame>); 3] = [
+    type Edit = Box<dyn Fn(RelayFrame) -> RelayFrame>;
+    let cases: [(&str, Edit); 3] = [
         ("capability_absent", Box::new(no_capability)),
         ("challenge_absent", Box::new(challenge(None))),
         ("challenge_malformed", Box::new(challenge(Some("c2hvcnQ=")))),
