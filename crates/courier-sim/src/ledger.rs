@@ -26,10 +26,8 @@ pub struct Outbound {
     /// A `Put` of it is committed: the accept is durable.
     pub durable: bool,
     pub settled: Option<Settlement>,
-    /// Terminal events the app saw.
+    /// Terminal events the app saw, replayed ones included.
     pub terminal_events: u32,
-    /// A crash after the commit of its settlement swallowed its terminal event.
-    pub terminal_lost: bool,
     /// `sendMessage` resolved for it.
     pub resolved: bool,
 }
@@ -55,8 +53,11 @@ pub struct SeqInfo {
 
 #[derive(Debug, Default)]
 pub struct Ledger {
-    /// (sender, id) → record.
+    /// (sender, id) → record of its latest generation.
     pub outbound: BTreeMap<(String, String), Outbound>,
+    /// (sender, id) → its earlier generations, oldest first: each failed, and the app accepted
+    /// the id again.
+    retired: BTreeMap<(String, String), Vec<Outbound>>,
     /// (recipient, key) → record.
     pub inbound: BTreeMap<(String, InboundKey), Inbound>,
     /// (account, seq) → what it carried.
@@ -65,20 +66,21 @@ pub struct Ledger {
 
 impl Ledger {
     pub fn on_put(&mut self, peer: &str, id: &str, recipient: &str) {
-        let rec = self
-            .outbound
-            .entry((peer.to_owned(), id.to_owned()))
-            .or_default();
-        match &rec.settled {
-            Some(Settlement::Delivered) => {
-                violated(format!("{peer} accepted {id} again after it was delivered"))
+        let key = (peer.to_owned(), id.to_owned());
+        if let Some(rec) = self.outbound.get_mut(&key) {
+            match &rec.settled {
+                Some(Settlement::Delivered) => {
+                    violated(format!("{peer} accepted {id} again after it was delivered"))
+                }
+                Some(Settlement::Failed(_)) => {
+                    // A new message under a failed id.
+                    let old = std::mem::take(rec);
+                    self.retired.entry(key.clone()).or_default().push(old);
+                }
+                None => {}
             }
-            Some(Settlement::Failed(_)) => {
-                // A new message under a failed id.
-                *rec = Outbound::default();
-            }
-            None => {}
         }
+        let rec = self.outbound.entry(key).or_default();
         rec.recipient = recipient.to_owned();
         rec.durable = true;
     }
@@ -98,33 +100,43 @@ impl Ledger {
         rec.settled = Some(settlement.clone());
     }
 
-    pub fn on_terminal_event(&mut self, peer: &str, id: &str, delivered: bool) {
-        let Some(rec) = self.outbound.get_mut(&(peer.to_owned(), id.to_owned())) else {
+    /// A terminal event at `peer` reporting `reported` for `id`; `replayed`: emitted again by a
+    /// start because its dispatch was never recorded. Returns whether it was the generation's
+    /// first terminal event.
+    pub fn on_terminal_event(
+        &mut self,
+        peer: &str,
+        id: &str,
+        reported: &Settlement,
+        replayed: bool,
+    ) -> bool {
+        let key = (peer.to_owned(), id.to_owned());
+        let Some(current) = self.outbound.get_mut(&key) else {
             violated(format!(
                 "terminal event at {peer} for {id}, which it never accepted"
             ));
         };
-        rec.terminal_events += 1;
-        if rec.terminal_events > 1 {
-            violated(format!("second terminal event at {peer} for {id}"));
-        }
-        let matches = match &rec.settled {
-            Some(Settlement::Delivered) => delivered,
-            Some(Settlement::Failed(_)) => !delivered,
-            None => false,
+        // A replay was held with a settlement; the app may have accepted the id again (a new,
+        // unsettled generation) in the very step that replays it.
+        let rec = match self.retired.get_mut(&key) {
+            Some(earlier) if replayed && current.settled.is_none() => {
+                earlier.last_mut().expect("a retired generation")
+            }
+            _ => current,
         };
-        if !matches {
+        rec.terminal_events += 1;
+        if rec.terminal_events > 1 && !replayed {
             violated(format!(
-                "{peer}'s terminal event for {id} (delivered: {delivered}) is not its committed settlement {:?}",
+                "second terminal event at {peer} for {id}, not flagged replayed"
+            ));
+        }
+        if rec.settled.as_ref() != Some(reported) {
+            violated(format!(
+                "{peer}'s terminal event for {id} ({reported:?}, replayed: {replayed}) is not its committed settlement {:?}",
                 rec.settled
             ));
         }
-    }
-
-    pub fn on_terminal_lost(&mut self, peer: &str, id: &str) {
-        if let Some(rec) = self.outbound.get_mut(&(peer.to_owned(), id.to_owned())) {
-            rec.terminal_lost = true;
-        }
+        rec.terminal_events == 1
     }
 
     pub fn on_resolved(&mut self, peer: &str, id: &str, durable: bool) {
@@ -194,6 +206,15 @@ impl Ledger {
         self.seqs.get(&(account.to_owned(), seq))
     }
 
+    /// Every generation of every accepted message, earlier generations first.
+    pub fn generations(&self) -> impl Iterator<Item = (&(String, String), &Outbound)> {
+        let retired = self
+            .retired
+            .iter()
+            .flat_map(|(key, recs)| recs.iter().map(move |rec| (key, rec)));
+        retired.chain(&self.outbound)
+    }
+
     /// Ids of `peer` whose accept is durable and that have not settled.
     pub fn unsettled(&self) -> BTreeSet<(String, String)> {
         self.outbound
@@ -201,5 +222,62 @@ impl Ledger {
             .filter(|(_, rec)| rec.durable && rec.settled.is_none())
             .map(|(k, _)| k.clone())
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    use courier_engine::FailReason;
+
+    use super::*;
+
+    const FAILED: Settlement = Settlement::Failed(FailReason::OutboxCapacityExceeded);
+
+    fn violation(f: impl FnOnce()) -> String {
+        let payload = catch_unwind(AssertUnwindSafe(f)).expect_err("an invariant is violated");
+        payload
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_replay_counts_for_the_failed_generation_the_app_accepted_again_in_its_step() {
+        let mut ledger = Ledger::default();
+        ledger.on_put("a", "x", "b");
+        ledger.on_settle("a", "x", &FAILED, true);
+        // The start that replays x's message_failed also re-sends x.
+        ledger.on_put("a", "x", "b");
+        assert!(ledger.on_terminal_event("a", "x", &FAILED, true));
+        let counts: Vec<u32> = ledger
+            .generations()
+            .map(|(_, r)| r.terminal_events)
+            .collect();
+        assert_eq!(counts, [1, 0]);
+    }
+
+    #[test]
+    fn a_second_terminal_event_passes_only_flagged_replayed_and_as_the_settlement() {
+        let mut ledger = Ledger::default();
+        ledger.on_put("a", "x", "b");
+        ledger.on_settle("a", "x", &Settlement::Delivered, true);
+        assert!(ledger.on_terminal_event("a", "x", &Settlement::Delivered, false));
+        assert!(!ledger.on_terminal_event("a", "x", &Settlement::Delivered, true));
+        let unflagged = violation(|| {
+            ledger.on_terminal_event("a", "x", &Settlement::Delivered, false);
+        });
+        assert!(unflagged.contains("not flagged replayed"), "{unflagged}");
+        let mut ledger = Ledger::default();
+        ledger.on_put("a", "x", "b");
+        ledger.on_settle("a", "x", &Settlement::Delivered, true);
+        let contrary = violation(|| {
+            ledger.on_terminal_event("a", "x", &FAILED, true);
+        });
+        assert!(
+            contrary.contains("not its committed settlement"),
+            "{contrary}"
+        );
     }
 }

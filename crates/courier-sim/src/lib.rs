@@ -11,8 +11,9 @@
 //!
 //! Checked during the run (see `ledger` and `world`):
 //! - an accepted send is durable before `sendMessage` resolves;
-//! - no message settles twice, no terminal event repeats, each terminal event is the committed
-//!   settlement;
+//! - no message settles twice; every terminal event is the committed settlement, and every one
+//!   beyond a message's first is flagged replayed (a start emits again what a crash kept from
+//!   being recorded as dispatched: at-least-once, never an unflagged duplicate);
 //! - no application sees a message twice, nor one addressed to somebody else;
 //! - no end-to-end ACK and no relay hop ack of a data message before it is processed in the
 //!   committed store (with a hook: before the application committed it), and no batch offered
@@ -22,11 +23,13 @@
 //! - the engine's queues stay within their configured bounds, and no engine spins.
 //!
 //! Checked once the world turned honest and nothing is pending: every durable send reached
-//! exactly one settlement and one terminal event (unless a crash hit between that settlement's
-//! commit and its dispatch, counted as `terminal_lost`); every delivered message reached its
-//! recipient's application (without a hook a crash between processing and dispatch loses it:
-//! the documented at-most-once, counted as `at_most_once_losses`); no buffered inbound row and no
-//! relay frame is left; idle engines ask for no wake-up.
+//! exactly one settlement and at least one terminal event (a crash between the settlement's
+//! commit and its dispatch is made good by the replay at the next start, counted as
+//! `replays_after_loss`); no terminal event is left held that was never dispatched; every
+//! delivered message reached its recipient's application (without a hook a crash between
+//! processing and dispatch loses it: the documented at-most-once, counted as
+//! `at_most_once_losses`); no buffered inbound row and no relay frame is left; idle engines ask
+//! for no wake-up.
 
 mod ledger;
 mod peer;

@@ -112,7 +112,7 @@ fn main() -> ExitCode {
     );
     if args.count > 1 {
         println!(
-            "totals: sent {} accepted {} delivered {} failed {}/{}/{} (retries/lifetime/capacity) received {} hook batches {} (refused {}, hung {}, crashed {}, redelivered {}) crashes {} in-step {:?} relay restarts {} disconnects {} frames lost {} duplicated {} terminal events lost to crashes {} at-most-once losses {}",
+            "totals: sent {} accepted {} delivered {} failed {}/{}/{} (retries/lifetime/capacity) received {} hook batches {} (refused {}, hung {}, crashed {}, redelivered {}) crashes {} in-step {:?} relay restarts {} disconnects {} frames lost {} duplicated {} terminal events replayed {} (first after a crash cut off the original: {}) at-most-once losses {}",
             totals.sends,
             totals.accepted,
             totals.delivered,
@@ -131,7 +131,8 @@ fn main() -> ExitCode {
             totals.disconnects,
             totals.frames_lost,
             totals.frames_duplicated,
-            totals.terminal_lost,
+            totals.replays,
+            totals.replays_after_loss,
             totals.at_most_once_losses,
         );
     }

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use courier_engine::{
-    Carrier, Engine, InboundKey, InboundOrigin, Millis, RelayAnswer, SendRequest,
+    Carrier, Engine, Event, InboundKey, InboundOrigin, Millis, RelayAnswer, SendRequest,
 };
 use courier_proto::Message;
 
@@ -111,6 +111,11 @@ pub struct Running {
     pub crash_at: Option<CrashPoint>,
     /// Steps taken at the current instant (a spinning engine never lets time move).
     pub steps_at: (Millis, u32),
+    /// Terminal events still held in storage at start, emitted again (flagged replayed) ahead of
+    /// everything else in the first step, as the client's start queues them.
+    pub replays: Vec<Event>,
+    /// Ids whose terminal events were dispatched since the last commit, which records them.
+    pub reported: Vec<String>,
 }
 
 /// The application: its own durable store (what its durability hook committed) and the sends it

@@ -1,19 +1,39 @@
 //! One device's storage as the client's SQLite store keeps it: the engine's `StoreOp`s applied
-//! in commit batches with the same row semantics (upserts, insert-or-ignore, deletes), and the
-//! same loads at start. A crash keeps exactly what was committed.
+//! in commit batches with the same row semantics (upserts, insert-or-ignore, deletes), the
+//! terminal events held with their settlements until their dispatch is recorded (schema v5), and
+//! the same loads at start. A crash keeps exactly what was committed.
 
 use std::collections::BTreeMap;
 
 use courier_engine::{
-    InboundKey, Millis, OutboxRecord, PendingInbound, ProcessedKey, Settlement, StoreOp,
+    Event, InboundKey, Millis, OutboxRecord, PendingInbound, ProcessedKey, Settlement, StoreOp,
 };
+
+/// A `settled` row.
+#[derive(Debug)]
+pub struct Settled {
+    pub settlement: Settlement,
+    pub at: Millis,
+    /// The terminal event committed with the settlement whose dispatch is not recorded yet
+    /// (`unreported_event`; the event stands for its JSON).
+    pub unreported: Option<Event>,
+}
+
+/// The terminal-event bookkeeping of one commit (the client's `store::Reports`).
+#[derive(Debug, Default)]
+pub struct Reports {
+    /// This step's terminal events, about to be dispatched: `(message id, event)`.
+    pub held: Vec<(String, Event)>,
+    /// Ids whose terminal events were dispatched since the previous commit.
+    pub done: Vec<String>,
+}
 
 #[derive(Debug, Default)]
 pub struct Store {
     /// Live outbox rows by id.
     pub outbox: BTreeMap<String, OutboxRecord>,
     /// How settled ids ended (a later `Put` of the id forgets it, as the real store does).
-    pub settled: BTreeMap<String, Settlement>,
+    pub settled: BTreeMap<String, Settled>,
     /// Processed inbound keys and when they were first processed (insert-or-ignore).
     pub processed: BTreeMap<InboundKey, Millis>,
     /// Buffered inbound rows (insert-or-ignore: the first copy is kept), with their insertion
@@ -23,8 +43,10 @@ pub struct Store {
 }
 
 impl Store {
-    /// Applies one step's ops in order, all at once (one transaction).
-    pub fn commit(&mut self, ops: &[StoreOp]) {
+    /// Applies one step's ops in order, then records the dispatched terminal events and holds
+    /// the new ones, all at once (one transaction). An event is held in its settlement's row:
+    /// without one (re-accepted in this very step) there is nothing to hold it in.
+    pub fn commit(&mut self, ops: &[StoreOp], reports: &Reports) {
         for op in ops {
             match op {
                 StoreOp::Put(record) => {
@@ -32,9 +54,16 @@ impl Store {
                     self.outbox
                         .insert(record.message.id.clone(), record.clone());
                 }
-                StoreOp::Settle { id, settlement, .. } => {
+                StoreOp::Settle {
+                    id, settlement, at, ..
+                } => {
                     self.outbox.remove(id);
-                    self.settled.insert(id.clone(), settlement.clone());
+                    let row = Settled {
+                        settlement: settlement.clone(),
+                        at: *at,
+                        unreported: None,
+                    };
+                    self.settled.insert(id.clone(), row);
                 }
                 StoreOp::MarkProcessed(key) => {
                     self.processed.entry(inbound_key(key)).or_insert(key.at);
@@ -61,6 +90,29 @@ impl Store {
                 }
             }
         }
+        for id in &reports.done {
+            if let Some(row) = self.settled.get_mut(id) {
+                row.unreported = None;
+            }
+        }
+        for (id, event) in &reports.held {
+            if let Some(row) = self.settled.get_mut(id) {
+                row.unreported = Some(event.clone());
+            }
+        }
+    }
+
+    /// Terminal events committed but never reported, oldest settlement first.
+    pub fn unreported(&self) -> Vec<(String, Event)> {
+        let mut held: Vec<(Millis, &String, &Event)> = self
+            .settled
+            .iter()
+            .filter_map(|(id, row)| Some((row.at, id, row.unreported.as_ref()?)))
+            .collect();
+        held.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+        held.into_iter()
+            .map(|(_, id, event)| (id.clone(), event.clone()))
+            .collect()
     }
 
     /// Every outbox row, oldest accepted first.

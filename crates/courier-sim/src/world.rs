@@ -5,10 +5,12 @@
 //! are checked.
 //!
 //! Each device's process is modelled as `courier-client`'s driver runs it: commands queue up
-//! and one step applies them all, then commits the step's store ops in one batch, then resolves
-//! the sends, dispatches the events, executes the transmits, dispatches what follows a hook
-//! verdict, and hands the next batch to the durability hook. A crash can hit between any two of
-//! these; the restarted process is rebuilt only from what the store committed.
+//! and one step applies them all, then commits the step's store ops in one batch — holding the
+//! step's terminal events and recording the dispatch of the previous ones — then resolves the
+//! sends, dispatches the events, executes the transmits, dispatches what follows a hook verdict,
+//! and hands the next batch to the durability hook. A crash can hit between any two of these;
+//! the restarted process is rebuilt only from what the store committed, and emits the terminal
+//! events still held there again, flagged replayed, before anything else.
 //!
 //! Relay connections are ordered (WebSocket over TCP): frames on one connection keep their
 //! order, though the scheduler may lose or duplicate a frame (a lossy middlebox) and delay
@@ -33,7 +35,7 @@ use crate::peer::{App, Cmd, CrashPoint, Peer, Running, Session};
 use crate::relay::{ConnId, Relay, ToClient, ToRelay, Writes};
 use crate::rng::Rng;
 use crate::scenario::{LinkFaults, Scenario, BLE, HOUR, POISON, SEC};
-use crate::store::{key_of, Store};
+use crate::store::{key_of, Reports, Store};
 
 pub use scheduler::Action;
 
@@ -79,8 +81,12 @@ pub struct Counts {
     pub frames_lost: u64,
     pub frames_duplicated: u64,
     pub local_frames: u64,
-    /// Terminal events a crash swallowed between the settlement's commit and its dispatch.
-    pub terminal_lost: u64,
+    /// Terminal events a start emitted again, flagged replayed: their dispatch was never
+    /// recorded (a crash hit before the commit after it).
+    pub replays: u64,
+    /// Of those, the message's first terminal event: a crash had cut off the original between
+    /// the settlement's commit and its dispatch.
+    pub replays_after_loss: u64,
     /// Messages processed without a hook whose `message_received` a crash swallowed (the
     /// documented at-most-once of the default path), of those the sender saw delivered.
     pub at_most_once_losses: u64,
@@ -124,7 +130,8 @@ impl Counts {
             (&mut self.frames_lost, other.frames_lost),
             (&mut self.frames_duplicated, other.frames_duplicated),
             (&mut self.local_frames, other.local_frames),
-            (&mut self.terminal_lost, other.terminal_lost),
+            (&mut self.replays, other.replays),
+            (&mut self.replays_after_loss, other.replays_after_loss),
             (&mut self.at_most_once_losses, other.at_most_once_losses),
             (&mut self.flush_rounds, other.flush_rounds),
             (&mut self.steps, other.steps),
@@ -208,11 +215,31 @@ enum Ev {
     Chaos,
 }
 
+/// An event for the application (the client's `ClientEvent` as far as the invariants go).
+#[derive(Debug)]
+enum AppEvent {
+    Engine(Event),
+    /// A terminal event held in storage, emitted again by a start (`replayed: true`).
+    Replayed(Event),
+}
+
+impl AppEvent {
+    /// A terminal event's `(message id, event)`, held in storage until its dispatch is recorded.
+    fn terminal(&self) -> Option<(String, Event)> {
+        let (AppEvent::Engine(event) | AppEvent::Replayed(event)) = self;
+        match event {
+            Event::MessageDelivered { message_id, .. }
+            | Event::MessageFailed { message_id, .. } => Some((message_id.clone(), event.clone())),
+            _ => None,
+        }
+    }
+}
+
 /// What one driver step owes once its writes are committed.
 #[derive(Default)]
 struct StepOut {
     accepted: Vec<String>,
-    events: Vec<Event>,
+    events: Vec<AppEvent>,
     /// Events that follow the transmits (a hook verdict's `message_received`s and what came
     /// with them).
     after: Vec<Event>,

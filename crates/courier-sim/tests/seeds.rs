@@ -47,7 +47,11 @@ fn every_seed_keeps_the_invariants() {
         ("frames lost", totals.frames_lost),
         ("frames duplicated", totals.frames_duplicated),
         ("local carrier frames", totals.local_frames),
-        ("terminal events lost to a crash", totals.terminal_lost),
+        ("terminal events replayed at a start", totals.replays),
+        (
+            "replays making good a terminal event a crash cut off",
+            totals.replays_after_loss,
+        ),
     ];
     for (path, count) in paths {
         assert!(count > 0, "no seed went through: {path}");

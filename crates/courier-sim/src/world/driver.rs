@@ -1,7 +1,8 @@
 //! One device's driver step, in `courier-client`'s order: apply the queued commands, commit the
-//! store ops, resolve the sends, dispatch the events, execute the transmits, dispatch what follows
-//! a hook verdict, hand the next batch to the hook, pass on watchlist changes. A crash can cut it
-//! anywhere.
+//! store ops with the step's terminal events held and the previous step's recorded as
+//! dispatched, resolve the sends, dispatch the events, execute the transmits, dispatch what
+//! follows a hook verdict, hand the next batch to the hook, pass on watchlist changes. A crash
+//! can cut it anywhere.
 
 use super::*;
 
@@ -27,6 +28,8 @@ impl World {
         let cmds = std::mem::take(&mut run.inbox);
         self.counts.steps += 1;
         let mut out = StepOut::default();
+        out.events
+            .extend(run.replays.drain(..).map(AppEvent::Replayed));
         for cmd in cmds {
             self.apply(p, cmd, &mut out);
         }
@@ -41,13 +44,17 @@ impl World {
         let run = self.peers[p].run.as_mut().expect("running");
         run.engine.handle_timeout(now);
         while let Some(event) = run.engine.poll_event() {
-            out.events.push(event);
+            out.events.push(AppEvent::Engine(event));
         }
         if crash == Some(CrashPoint::BeforeCommit) {
             return self.crash_in_step(p, CrashPoint::BeforeCommit, out);
         }
         let ops: Vec<StoreOp> = std::iter::from_fn(|| run.engine.poll_store()).collect();
-        self.commit(p, &ops);
+        let reports = Reports {
+            held: out.events.iter().filter_map(AppEvent::terminal).collect(),
+            done: std::mem::take(&mut run.reported),
+        };
+        self.commit(p, &ops, &reports);
         if crash == Some(CrashPoint::AfterCommit) {
             return self.crash_in_step(p, CrashPoint::AfterCommit, out);
         }
@@ -67,6 +74,8 @@ impl World {
         for event in events {
             self.dispatch(p, event);
         }
+        let run = self.peers[p].run.as_mut().expect("running");
+        run.reported = reports.held.into_iter().map(|(id, _)| id).collect();
         if crash == Some(CrashPoint::AfterEvents) {
             return self.crash_in_step(p, CrashPoint::AfterEvents, out);
         }
@@ -99,7 +108,7 @@ impl World {
             return self.crash_in_step(p, crash.expect("matched"), out);
         }
         for event in std::mem::take(&mut out.after) {
-            self.dispatch(p, event);
+            self.dispatch(p, AppEvent::Engine(event));
         }
         self.offer_hook(p);
         self.presence_changes(p);
@@ -107,32 +116,30 @@ impl World {
     }
 
     /// The process dies at `point` of a step: what the step had not dispatched yet is lost
-    /// (after the commit, the store already holds its effects).
+    /// (after the commit, the store already holds its effects, and its terminal events with it).
     pub(super) fn crash_in_step(&mut self, p: usize, point: CrashPoint, out: StepOut) {
         self.counts.step_crashes[point as usize] += 1;
         self.trace(|w| format!("{} crashes inside a step, {point:?}", w.peers[p].name()));
         if point != CrashPoint::BeforeCommit {
             let name = self.peers[p].name().to_owned();
-            for event in out.events.iter().chain(&out.after) {
-                match event {
-                    Event::MessageDelivered { message_id, .. }
-                    | Event::MessageFailed { message_id, .. } => {
-                        self.ledger.on_terminal_lost(&name, message_id);
-                    }
-                    Event::MessageReceived {
-                        message,
-                        chat,
-                        sender,
-                        ..
-                    } => {
-                        let key = InboundKey {
-                            chat: chat.clone(),
-                            sender: sender.clone(),
-                            message_id: message.id.clone(),
-                        };
-                        self.ledger.on_received_lost(&name, &key);
-                    }
-                    _ => {}
+            let engine_events = out.events.iter().filter_map(|e| match e {
+                AppEvent::Engine(event) => Some(event),
+                AppEvent::Replayed(_) => None,
+            });
+            for event in engine_events.chain(&out.after) {
+                if let Event::MessageReceived {
+                    message,
+                    chat,
+                    sender,
+                    ..
+                } = event
+                {
+                    let key = InboundKey {
+                        chat: chat.clone(),
+                        sender: sender.clone(),
+                        message_id: message.id.clone(),
+                    };
+                    self.ledger.on_received_lost(&name, &key);
                 }
             }
         }
@@ -152,10 +159,12 @@ impl World {
         let engine = &mut run.engine;
         match cmd {
             Cmd::Send(req) => {
-                let delivered = req
-                    .id
-                    .as_ref()
-                    .filter(|id| peer.store.settled.get(*id) == Some(&Settlement::Delivered));
+                let delivered = req.id.as_ref().filter(|id| {
+                    peer.store
+                        .settled
+                        .get(*id)
+                        .is_some_and(|row| row.settlement == Settlement::Delivered)
+                });
                 if let Some(id) = delivered {
                     // An id already delivered is a no-op returning that id (delivery.md 2).
                     out.accepted.push(id.clone());
@@ -201,7 +210,7 @@ impl World {
         }
         let run = self.peers[p].run.as_mut().expect("running");
         while let Some(event) = run.engine.poll_event() {
-            out.events.push(event);
+            out.events.push(AppEvent::Engine(event));
         }
     }
 
@@ -216,7 +225,7 @@ impl World {
         let now = self.now;
         let run = self.peers[p].run.as_mut().expect("running");
         while let Some(event) = run.engine.poll_event() {
-            out.events.push(event);
+            out.events.push(AppEvent::Engine(event));
         }
         for m in run.engine.handle_hook_result(batch_id, result, now) {
             out.after.push(Event::MessageReceived {
@@ -231,8 +240,9 @@ impl World {
         }
     }
 
-    /// Checks the step's ops against the ledger, then applies them to the store.
-    pub(super) fn commit(&mut self, p: usize, ops: &[StoreOp]) {
+    /// Checks the step's ops against the ledger, then applies them and the terminal-event
+    /// bookkeeping to the store.
+    pub(super) fn commit(&mut self, p: usize, ops: &[StoreOp], reports: &Reports) {
         let name = self.peers[p].name().to_owned();
         let mut put_now = BTreeSet::new();
         for op in ops {
@@ -271,29 +281,41 @@ impl World {
                 StoreOp::MarkProcessed(_) | StoreOp::BufferInbound(_) => {}
             }
         }
-        self.peers[p].store.commit(ops);
+        self.peers[p].store.commit(ops, reports);
     }
 
-    pub(super) fn dispatch(&mut self, p: usize, event: Event) {
+    pub(super) fn dispatch(&mut self, p: usize, event: AppEvent) {
         let name = self.peers[p].name().to_owned();
+        let (event, replayed) = match event {
+            AppEvent::Engine(event) => (event, false),
+            AppEvent::Replayed(event) => (event, true),
+        };
         if self.verbose {
-            let line = format!("{name} event {}", describe_event(&event));
+            let flag = if replayed { " (replayed)" } else { "" };
+            let line = format!("{name} event {}{flag}", describe_event(&event));
             self.trace(|_| line);
+        }
+        if replayed {
+            self.counts.replays += 1;
         }
         match &event {
             Event::MessageDelivered { message_id, .. } => {
-                self.counts.delivered += 1;
-                self.ledger.on_terminal_event(&name, message_id, true);
+                self.terminal_event(&name, message_id, Settlement::Delivered, replayed);
+                if !replayed {
+                    self.counts.delivered += 1;
+                }
             }
             Event::MessageFailed {
                 message_id, reason, ..
             } => {
-                match reason {
-                    FailReason::MaxRetriesExceeded => self.counts.failed_max_retries += 1,
-                    FailReason::OutboxLifetimeExceeded => self.counts.failed_lifetime += 1,
-                    FailReason::OutboxCapacityExceeded => self.counts.failed_capacity += 1,
+                self.terminal_event(&name, message_id, Settlement::Failed(*reason), replayed);
+                if !replayed {
+                    match reason {
+                        FailReason::MaxRetriesExceeded => self.counts.failed_max_retries += 1,
+                        FailReason::OutboxLifetimeExceeded => self.counts.failed_lifetime += 1,
+                        FailReason::OutboxCapacityExceeded => self.counts.failed_capacity += 1,
+                    }
                 }
-                self.ledger.on_terminal_event(&name, message_id, false);
             }
             Event::MessageReceived {
                 message,
@@ -315,6 +337,13 @@ impl World {
             Event::MessageDeferred { .. } => self.counts.deferred += 1,
             Event::InboundDrainCompleted { .. } => self.counts.drains_completed += 1,
             _ => {}
+        }
+    }
+
+    fn terminal_event(&mut self, name: &str, id: &str, reported: Settlement, replayed: bool) {
+        let first = self.ledger.on_terminal_event(name, id, &reported, replayed);
+        if replayed && first {
+            self.counts.replays_after_loss += 1;
         }
     }
 

@@ -209,7 +209,8 @@ impl World {
         peer.push(Cmd::Send(req), now);
     }
 
-    /// Starts the device's process from its store (also the first start, from an empty one).
+    /// Starts the device's process from its store (also the first start, from an empty one),
+    /// which emits the terminal events still held there again.
     pub(super) fn restart(&mut self, p: usize) {
         if self.peers[p].run.is_some() {
             return;
@@ -235,6 +236,13 @@ impl World {
             neighbors: BTreeSet::new(),
             crash_at: None,
             steps_at: (now, 0),
+            replays: peer
+                .store
+                .unreported()
+                .into_iter()
+                .map(|(_, e)| e)
+                .collect(),
+            reported: Vec::new(),
         };
         if peer.has_ble {
             run.ble = true;
