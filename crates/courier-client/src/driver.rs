@@ -522,7 +522,11 @@ impl Driver {
         } = step;
         let ops: Vec<StoreOp> = std::iter::from_fn(|| self.engine.poll_store()).collect();
         let reports = Reports {
-            held: events.iter().filter_map(terminal_report).collect(),
+            held: events
+                .iter()
+                .chain(&after_transmits)
+                .filter_map(terminal_report)
+                .collect(),
             done: std::mem::take(&mut self.reported),
         };
         let newly_reported: Vec<String> = reports.held.iter().map(|(id, _)| id.clone()).collect();
@@ -560,13 +564,13 @@ impl Driver {
         for event in events {
             (self.sink)(event);
         }
-        self.reported = newly_reported;
         while let Some(transmit) = self.engine.poll_transmit() {
             self.route(transmit);
         }
         for event in after_transmits {
             (self.sink)(event);
         }
+        self.reported = newly_reported;
         if self.hook.is_none() {
             if let Some(batch) = self.engine.poll_hook() {
                 self.hook = Some(OutstandingHook {
