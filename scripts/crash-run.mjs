@@ -1,0 +1,243 @@
+#!/usr/bin/env node
+// Crash runs: a real relay (the `courier-relay` command) and two chat apps, each in its own
+// process, exchange a stream of messages while this script SIGKILLs one of the three at a
+// random moment and restarts it on the same SQLite files (and the relay on the same port), again
+// and again. Then everything quiesces and the run is judged from what survived: every message
+// whose sendMessage resolved is delivered exactly once to the recipient app's own inbox or
+// failed with a documented reason, and its outcome is recorded exactly once.
+//
+//   npm run crash -- --kills 200 --seed 42
+//
+// The kill schedule (moments, victims, down times) is a function of --seed; the interleaving
+// with the processes' own work is not, so a seed reproduces the schedule, not the exact run.
+// Exits 1 on any violation and keeps the run's files for inspection.
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import { parseArgs } from 'node:util'
+
+import Database from 'better-sqlite3'
+
+import { issueToken } from '../js/index.js'
+import { mulberry32 } from './crash/rng.mjs'
+import { Supervised, deadline } from './crash/supervisor.mjs'
+import { verify } from './crash/verify.mjs'
+
+const RELAY_CLI = fileURLToPath(new URL('../js/relay-cli.js', import.meta.url))
+const PEER = fileURLToPath(new URL('./crash/peer.mjs', import.meta.url))
+const READY_MS = 30_000
+
+const { values: opt } = parseArgs({
+  options: {
+    seed: { type: 'string' },
+    kills: { type: 'string', default: '240' },
+    'min-gap-ms': { type: 'string', default: '150' },
+    'max-gap-ms': { type: 'string', default: '1200' },
+    'max-down-ms': { type: 'string', default: '500' },
+    'pause-ms': { type: 'string', default: '60' },
+    'ghost-share': { type: 'string', default: '0.02' },
+    'lifetime-ms': { type: 'string', default: '15000' },
+    'quiesce-ms': { type: 'string', default: '180000' },
+    keep: { type: 'boolean', default: false },
+    json: { type: 'boolean', default: false },
+    help: { type: 'boolean', default: false },
+  },
+})
+if (opt.help) {
+  console.log(`usage: node scripts/crash-run.mjs [options]
+  --seed N          kill schedule seed (default: random, printed)
+  --kills N         SIGKILLs across the relay and both apps (default 240)
+  --min-gap-ms N    shortest pause between kills (default 150)
+  --max-gap-ms N    longest pause between kills (default 1200)
+  --max-down-ms N   longest time a killed process stays down (default 500)
+  --pause-ms N      mean pause between an app's send bursts of 1-3 messages (default 60)
+  --ghost-share X   share of messages sent to an account that never connects (default 0.02)
+  --lifetime-ms N   outbox lifetime, so those end in message_failed (default 15000)
+  --quiesce-ms N    how long the apps may take to settle everything after the last kill (default 180000)
+  --keep            keep the run's files even when it passes
+  --json            print the report as one JSON line`)
+  process.exit(0)
+}
+const num = (name) => {
+  const v = Number(opt[name])
+  if (!Number.isFinite(v) || v < 0) throw new Error(`--${name} must be a non-negative number, got ${opt[name]}`)
+  return v
+}
+const seed = opt.seed === undefined ? Math.floor(Math.random() * 2 ** 32) : num('seed') >>> 0
+const kills = num('kills')
+const [minGap, maxGap, maxDown] = [num('min-gap-ms'), num('max-gap-ms'), num('max-down-ms')]
+const quiesceMs = num('quiesce-ms')
+
+const say = (line) => opt.json || console.log(line)
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
+const random = mulberry32(seed)
+const t0 = Date.now()
+const dir = mkdtempSync(join(tmpdir(), 'courier-crash-'))
+const secret = 'crash-run-secret-0123456789'
+writeFileSync(join(dir, 'secret.txt'), secret)
+const violations = []
+
+// The relay: its first start picks a port; every restart binds the same one on the same file.
+let relayPort = 0
+const relay = new Supervised('relay', {
+  args: () => [RELAY_CLI, '--listen', `127.0.0.1:${relayPort}`, '--db', join(dir, 'relay.db'), '--jwt-secret-file', join(dir, 'secret.txt')],
+  stderr: join(dir, 'relay.stderr'),
+  ready: (line) => line.match(/listening on ws:\/\/127\.0\.0\.1:(\d+)/)?.slice(1),
+})
+const [port] = await deadline(relay.start().ready, READY_MS, 'relay start')
+relayPort = Number(port)
+
+function peer(name, other) {
+  const files = { storage: join(dir, `${name}.db`), inbox: join(dir, `${name}-inbox.db`), log: join(dir, `${name}.log`) }
+  const proc = new Supervised(name, {
+    args: () => [PEER],
+    env: (incarnation) => ({
+      CRASH_PEER: JSON.stringify({
+        name,
+        peer: other,
+        ghost: 'ghost',
+        ghostShare: num('ghost-share'),
+        pauseMs: num('pause-ms'),
+        lifetimeMs: num('lifetime-ms'),
+        relayUrl: `ws://127.0.0.1:${relayPort}`,
+        token: issueToken(secret, name),
+        send: true,
+        seed: (seed ^ Math.imul(incarnation, 0x9e3779b1) ^ (name === 'alice' ? 0 : 0x5bd1e995)) >>> 0,
+        ...files,
+      }),
+    }),
+    stderr: join(dir, `${name}.stderr`),
+    ready: (line) => (line.startsWith('{"ready"') ? JSON.parse(line) : null),
+  })
+  return Object.assign(proc, { files })
+}
+const alice = peer('alice', 'bob')
+const bob = peer('bob', 'alice')
+const peers = [alice, bob]
+const all = [relay, alice, bob]
+await Promise.all(peers.map((p) => deadline(p.start().ready, READY_MS, `${p.name} start`)))
+say(`crash run: seed ${seed}, ${kills} kills, files in ${dir}`)
+
+// The kill phase. Readiness is not awaited between kills: a kill may land during a start.
+for (let k = 1; k <= kills; k++) {
+  await sleep(minGap + random() * (maxGap - minGap))
+  const victim = all[Math.floor(random() * all.length)]
+  const down = random() * maxDown
+  const inc = victim.current
+  if (inc.readyAt === null && Date.now() - inc.startedAt > READY_MS) {
+    violations.push(`${victim.name} #${inc.number} was not ready ${READY_MS} ms after its start (hang)`)
+  }
+  await victim.kill()
+  await sleep(down)
+  victim.start()
+  if (k % 50 === 0) say(`  ${k} kills, ${((Date.now() - t0) / 1000).toFixed(0)} s`)
+}
+
+// Quiescence: everyone up, the apps stop sending, then every outbox, inbound buffer and relay
+// mailbox must drain.
+const quiesceStart = Date.now()
+for (const p of all) {
+  await deadline(p.current.ready, READY_MS, `${p.name} restart`).catch((e) => violations.push(`${e.message} (hang)`))
+}
+await Promise.all(
+  peers.map((p) => {
+    const done = p.nextLine((l) => l.startsWith('{"quiesced"'), READY_MS, 'quiesce')
+    p.write('quiesce')
+    return done
+  }),
+)
+
+function backlog() {
+  const count = (path, sql) => {
+    const db = new Database(path, { readonly: true, fileMustExist: true, timeout: 5000 })
+    try {
+      return db.prepare(sql).get().n
+    } finally {
+      db.close()
+    }
+  }
+  const left = {}
+  for (const p of peers) {
+    left[`${p.name} outbox`] = count(p.files.storage, 'SELECT COUNT(*) AS n FROM outbox')
+    left[`${p.name} inbound buffer`] = count(p.files.storage, 'SELECT COUNT(*) AS n FROM pending_inbound')
+  }
+  left['relay mailboxes'] = count(join(dir, 'relay.db'), 'SELECT COUNT(*) AS n FROM journal')
+  return left
+}
+let left = backlog()
+while (Object.values(left).some((n) => n > 0)) {
+  if (Date.now() - quiesceStart > quiesceMs) {
+    violations.push(`not quiescent ${quiesceMs} ms after the last kill: ${JSON.stringify(left)}`)
+    break
+  }
+  await sleep(250)
+  left = backlog()
+}
+const quiesceSec = (Date.now() - quiesceStart) / 1000
+
+// Orderly shutdown, then the verdict from the files.
+for (const p of peers) {
+  const stopped = p.nextLine((l) => l.startsWith('{"stopped"'), READY_MS, 'stop')
+  const exited = p.expectExit()
+  p.write('stop')
+  await stopped.catch((e) => violations.push(e.message))
+  await deadline(exited, READY_MS, `${p.name} exit after stop`).catch((e) => violations.push(e.message))
+}
+const relayExited = relay.expectExit()
+relay.current.child.kill('SIGTERM')
+await deadline(relayExited, READY_MS, 'relay exit after SIGTERM').catch((e) => violations.push(e.message))
+for (const p of all) {
+  for (const e of p.unexpectedExits) violations.push(`${p.name} #${e.incarnation} exited by itself (${e.signal ?? `code ${e.code}`})`)
+}
+
+const result = verify({ peers: peers.map((p) => ({ name: p.name, ...p.files, kills: p.kills })) })
+violations.push(...result.violations)
+const t = result.totals
+const report = {
+  seed,
+  kills: { total: kills, relay: relay.kills.length, alice: alice.kills.length, bob: bob.kills.length },
+  messages: t.accepted,
+  delivered: t.delivered,
+  failed: t.failed,
+  lost: t.lost,
+  duplicates: t.duplicates,
+  stuck: t.stuck,
+  sendsCutByKill: t.sendsCut,
+  acceptedButUnlogged: t.acceptedUnlogged,
+  failedButReceived: t.failedButReceived,
+  redeliveriesAbsorbed: t.redeliveriesAbsorbed,
+  terminalEvents: { logged: t.terminalLogged, cutByKill: t.terminalCut },
+  receivedEvents: { logged: t.receivedEvents, cutByKill: t.receivedEventsCut },
+  perPeer: result.perPeer,
+  quiesceSec,
+  durationSec: (Date.now() - t0) / 1000,
+  violations,
+}
+
+if (opt.json) {
+  console.log(JSON.stringify(report))
+} else {
+  const failed = Object.entries(t.failed).map(([reason, n]) => `${reason}: ${n}`).join(', ') || 'none'
+  console.log(`
+crash run, seed ${seed} (node scripts/crash-run.mjs --seed ${seed} --kills ${kills})
+  kills survived     ${kills} (relay ${relay.kills.length}, alice ${alice.kills.length}, bob ${bob.kills.length})
+  messages accepted  ${t.accepted} (alice ${result.perPeer.alice.accepted}, bob ${result.perPeer.bob.accepted})
+  delivered          ${t.delivered}, each exactly once in the recipient app's inbox
+  failed             ${Object.values(t.failed).reduce((a, b) => a + b, 0)} (${failed})
+  lost               ${t.lost}
+  duplicates         ${t.duplicates}
+  sendMessage calls cut by a kill: ${t.sendsCut} (${t.acceptedUnlogged} of them committed and were delivered or failed like any other)
+  redeliveries the inbox's dedup key absorbed: ${t.redeliveriesAbsorbed}
+  terminal events    ${t.terminalLogged} logged, ${t.terminalCut} cut by a kill of the sender (outcome in storage)
+  message_received   ${t.receivedEvents} logged, ${t.receivedEventsCut} cut by a kill of the recipient (message in its inbox)
+  quiescence         ${quiesceSec.toFixed(1)} s after the last kill
+  duration           ${report.durationSec.toFixed(1)} s
+  ${violations.length === 0 ? 'no violations' : `${violations.length} VIOLATIONS:\n    ${violations.slice(0, 50).join('\n    ')}`}`)
+}
+if (violations.length === 0 && !opt.keep) {
+  rmSync(dir, { recursive: true, force: true })
+} else {
+  say(`files kept in ${dir}`)
+}
+process.exitCode = violations.length === 0 ? 0 : 1
