@@ -11,7 +11,7 @@
 // The kill schedule (moments, victims, down times) is a function of --seed; the interleaving
 // with the processes' own work is not, so a seed reproduces the schedule, not the exact run.
 // Exits 1 on any violation and keeps the run's files for inspection.
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { appendFileSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -35,9 +35,12 @@ const { values: opt } = parseArgs({
     'min-gap-ms': { type: 'string', default: '150' },
     'max-gap-ms': { type: 'string', default: '1200' },
     'max-down-ms': { type: 'string', default: '500' },
-    'pause-ms': { type: 'string', default: '60' },
+    'long-down-share': { type: 'string', default: '0.1' },
+    'long-down-ms': { type: 'string', default: '4000' },
+    'pause-ms': { type: 'string', default: '100' },
+    'hook-delay-ms': { type: 'string', default: '10' },
     'ghost-share': { type: 'string', default: '0.02' },
-    'lifetime-ms': { type: 'string', default: '15000' },
+    'lifetime-ms': { type: 'string', default: '30000' },
     'quiesce-ms': { type: 'string', default: '180000' },
     keep: { type: 'boolean', default: false },
     json: { type: 'boolean', default: false },
@@ -51,9 +54,13 @@ if (opt.help) {
   --min-gap-ms N    shortest pause between kills (default 150)
   --max-gap-ms N    longest pause between kills (default 1200)
   --max-down-ms N   longest time a killed process stays down (default 500)
-  --pause-ms N      mean pause between an app's send bursts of 1-3 messages (default 60)
+  --long-down-share X  share of kills after which it stays down longer, so backlogs build
+                    up in the relay and the outboxes (default 0.1)
+  --long-down-ms N  longest such down time (default 4000)
+  --pause-ms N      mean pause between an app's send bursts of 1-3 messages (default 100)
+  --hook-delay-ms N mean pause of the durability hook after its commit, before it resolves (default 10)
   --ghost-share X   share of messages sent to an account that never connects (default 0.02)
-  --lifetime-ms N   outbox lifetime, so those end in message_failed (default 15000)
+  --lifetime-ms N   outbox lifetime, so those end in message_failed (default 30000)
   --quiesce-ms N    how long the apps may take to settle everything after the last kill (default 180000)
   --keep            keep the run's files even when it passes
   --json            print the report as one JSON line`)
@@ -67,6 +74,7 @@ const num = (name) => {
 const seed = opt.seed === undefined ? Math.floor(Math.random() * 2 ** 32) : num('seed') >>> 0
 const kills = num('kills')
 const [minGap, maxGap, maxDown] = [num('min-gap-ms'), num('max-gap-ms'), num('max-down-ms')]
+const [longDownShare, longDown] = [num('long-down-share'), num('long-down-ms')]
 const quiesceMs = num('quiesce-ms')
 
 const say = (line) => opt.json || console.log(line)
@@ -99,6 +107,7 @@ function peer(name, other) {
         ghost: 'ghost',
         ghostShare: num('ghost-share'),
         pauseMs: num('pause-ms'),
+        hookDelayMs: num('hook-delay-ms'),
         lifetimeMs: num('lifetime-ms'),
         relayUrl: `ws://127.0.0.1:${relayPort}`,
         token: issueToken(secret, name),
@@ -123,12 +132,13 @@ say(`crash run: seed ${seed}, ${kills} kills, files in ${dir}`)
 for (let k = 1; k <= kills; k++) {
   await sleep(minGap + random() * (maxGap - minGap))
   const victim = all[Math.floor(random() * all.length)]
-  const down = random() * maxDown
+  const down = random() < longDownShare ? maxDown + random() * (longDown - maxDown) : random() * maxDown
   const inc = victim.current
   if (inc.readyAt === null && Date.now() - inc.startedAt > READY_MS) {
     violations.push(`${victim.name} #${inc.number} was not ready ${READY_MS} ms after its start (hang)`)
   }
   await victim.kill()
+  appendFileSync(join(dir, 'kills.log'), `${JSON.stringify({ at: Date.now(), victim: victim.name, incarnation: inc.number, ready: inc.readyAt !== null, downMs: Math.round(down) })}\n`)
   await sleep(down)
   victim.start()
   if (k % 50 === 0) say(`  ${k} kills, ${((Date.now() - t0) / 1000).toFixed(0)} s`)
@@ -205,6 +215,7 @@ const report = {
   stuck: t.stuck,
   sendsCutByKill: t.sendsCut,
   acceptedButUnlogged: t.acceptedUnlogged,
+  failedToPeer: t.failedToPeer,
   failedButReceived: t.failedButReceived,
   redeliveriesAbsorbed: t.redeliveriesAbsorbed,
   terminalEvents: { logged: t.terminalLogged, cutByKill: t.terminalCut },
@@ -215,16 +226,18 @@ const report = {
   violations,
 }
 
+// The command that replays this kill schedule: the given arguments, with the seed made explicit.
+const rerun = [...(opt.seed === undefined ? ['--seed', String(seed)] : []), ...process.argv.slice(2)].join(' ')
 if (opt.json) {
   console.log(JSON.stringify(report))
 } else {
   const failed = Object.entries(t.failed).map(([reason, n]) => `${reason}: ${n}`).join(', ') || 'none'
   console.log(`
-crash run, seed ${seed} (node scripts/crash-run.mjs --seed ${seed} --kills ${kills})
+crash run, seed ${seed}: node scripts/crash-run.mjs ${rerun}
   kills survived     ${kills} (relay ${relay.kills.length}, alice ${alice.kills.length}, bob ${bob.kills.length})
   messages accepted  ${t.accepted} (alice ${result.perPeer.alice.accepted}, bob ${result.perPeer.bob.accepted})
   delivered          ${t.delivered}, each exactly once in the recipient app's inbox
-  failed             ${Object.values(t.failed).reduce((a, b) => a + b, 0)} (${failed})
+  failed             ${Object.values(t.failed).reduce((a, b) => a + b, 0)} (${failed}); ${t.failedToPeer} of them to the other app, ${t.failedButReceived} of which it had received
   lost               ${t.lost}
   duplicates         ${t.duplicates}
   sendMessage calls cut by a kill: ${t.sendsCut} (${t.acceptedUnlogged} of them committed and were delivered or failed like any other)

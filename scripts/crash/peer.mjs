@@ -15,6 +15,8 @@ import { Protocol } from '../../js/index.js'
 import { mulberry32 } from './rng.mjs'
 
 const cfg = JSON.parse(process.env.CRASH_PEER)
+const random = mulberry32(cfg.seed)
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 const say = (obj) => process.stdout.write(`${JSON.stringify(obj)}\n`)
 
 // One write(2) per record on an O_APPEND file: a SIGKILL leaves whole lines (the page cache
@@ -63,7 +65,12 @@ const protocol = new Protocol({
   storage: { path: cfg.storage },
   transports: { internet: { url: cfg.relayUrl, authToken: cfg.token } },
   reliability: { retry: { outboxMaxLifetimeMs: cfg.lifetimeMs } },
-  inboundDurabilityHook: async (batch) => commitBatch(batch),
+  // The pause after the commit widens the window in which a kill lands between the app's commit
+  // and the hook's resolution: the batch must then come back, and the dedup key absorb it.
+  inboundDurabilityHook: async (batch) => {
+    commitBatch(batch)
+    if (cfg.hookDelayMs > 0) await sleep(cfg.hookDelayMs * 2 * random())
+  },
 })
 
 protocol.onEvent((e) => {
@@ -90,8 +97,6 @@ protocol.onEvent((e) => {
 
 let seq = lastSeq()
 let sending = cfg.send
-const random = mulberry32(cfg.seed)
-const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 
 /** Bursts of 1–3 concurrent sends (they share one commit), then a pause. */
 async function sendStream() {

@@ -81,6 +81,7 @@ export function verify({ peers }) {
     sendsCut: 0,
     delivered: 0,
     failed: {},
+    failedToPeer: 0,
     failedButReceived: 0,
     lost: 0,
     duplicates: 0,
@@ -144,6 +145,7 @@ export function verify({ peers }) {
       } else {
         totals.failed[outcome.reason] = (totals.failed[outcome.reason] ?? 0) + 1
         if (!DOCUMENTED_FAILURE_REASONS.has(outcome.reason)) violations.push(`${sender.name}: ${id} failed with an undocumented reason ${outcome.reason}`)
+        if (outcome.recipient === recipient.name) totals.failedToPeer++
         if (received) totals.failedButReceived++
       }
       const events = terminal.get(id) ?? []
