@@ -18,7 +18,7 @@ export const DOCUMENTED_FAILURE_REASONS = new Set([
  * between leaves the outcome in storage without the event in the app's log; this is how long
  * after the commit's clock reading a kill still counts as that cut.
  */
-const CUT_WINDOW_MS = 5_000
+const CUT_WINDOW_MS = 2_000
 
 /** The records of an app log; a line torn by a kill (none expected: one write per line) is counted. */
 export function readLog(path) {
