@@ -154,7 +154,7 @@ await Promise.all(
   peers.map((p) => {
     const done = p.nextLine((l) => l.startsWith('{"quiesced"'), READY_MS, 'quiesce')
     p.write('quiesce')
-    return done
+    return done.catch((e) => violations.push(e.message))
   }),
 )
 
