@@ -218,7 +218,12 @@ const report = {
   failedToPeer: t.failedToPeer,
   failedButReceived: t.failedButReceived,
   redeliveriesAbsorbed: t.redeliveriesAbsorbed,
-  terminalEvents: { logged: t.terminalLogged, cutByKill: t.terminalCut },
+  terminalEvents: {
+    once: t.terminalOnce,
+    seenAgainAfterKill: t.terminalReplayedAfterKill,
+    firstSeenReplayed: t.terminalFirstSeenReplayed,
+    lost: t.terminalLost,
+  },
   receivedEvents: { logged: t.receivedEvents, cutByKill: t.receivedEventsCut },
   perPeer: result.perPeer,
   quiesceSec,
@@ -242,7 +247,7 @@ crash run, seed ${seed}: node scripts/crash-run.mjs ${rerun}
   duplicates         ${t.duplicates}
   sendMessage calls cut by a kill: ${t.sendsCut} (${t.acceptedUnlogged} of them committed and were delivered or failed like any other)
   redeliveries the inbox's dedup key absorbed: ${t.redeliveriesAbsorbed}
-  terminal events    ${t.terminalLogged} logged, ${t.terminalCut} cut by a kill of the sender (outcome in storage)
+  terminal events    ${t.terminalOnce} seen once; after a kill of the sender, ${t.terminalReplayedAfterKill} seen again (replayed), ${t.terminalFirstSeenReplayed} first seen as a replay; ${t.terminalLost} lost
   message_received   ${t.receivedEvents} logged, ${t.receivedEventsCut} cut by a kill of the recipient (message in its inbox)
   quiescence         ${quiesceSec.toFixed(1)} s after the last kill
   duration           ${report.durationSec.toFixed(1)} s

@@ -78,9 +78,9 @@ protocol.onEvent((e) => {
     case 'identity_ready':
       return log({ t: 'identity', address: e.address })
     case 'message_delivered':
-      return log({ t: 'delivered', id: e.messageId })
+      return log({ t: 'delivered', id: e.messageId, replayed: e.replayed === true })
     case 'message_failed':
-      return log({ t: 'failed', id: e.messageId, reason: e.reason })
+      return log({ t: 'failed', id: e.messageId, reason: e.reason, replayed: e.replayed === true })
     case 'message_received':
       return log({ t: 'received', id: e.messageId, chat: e.chat, sender: e.sender })
     case 'internet_session_superseded':
