@@ -137,7 +137,8 @@ export interface MessageRetryingEvent { type: 'message_retrying'; messageId: str
 /** Terminal: the recipient acknowledged the message. */
 /**
  * `replayed: true` marks a terminal event emitted again at `start()` because the process ended
- * between committing it and recording that it was dispatched: key your handling by `messageId`.
+ * after committing it and before recording that the listeners had run for it: key your handling
+ * by `messageId`.
  */
 export interface MessageDeliveredEvent { type: 'message_delivered'; messageId: string; recipient: string; latencyMs: number; hopCount: number; transport: string; replayed?: true }
 export type MessageFailedReason =

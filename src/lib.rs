@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use courier_client::client::{Client, SendInput};
 use courier_client::config::{parse_protocol_config, ProtocolConfig};
+use courier_client::driver::{EventSink, Receipts};
 use courier_client::error::ClientError;
+use courier_client::event::ClientEvent;
 use napi::bindgen_prelude::*;
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi_derive::napi;
@@ -82,18 +84,37 @@ impl NativeProtocol {
             }
             *state = State::Starting;
         }
-        let sink = Box::new(move |event: courier_client::event::ClientEvent| {
-            on_event.call(
-                event.to_json().to_string(),
-                ThreadsafeFunctionCallMode::NonBlocking,
-            );
-        });
+        // Events are queued for the JS thread. A terminal event is confirmed from the call's
+        // completion, once the facade's dispatcher has run the listeners: until then it stays
+        // held in storage, so a kill before the listeners ran means a replay, never a loss.
+        let make_sink = move |receipts: Receipts| -> EventSink {
+            Box::new(move |event: ClientEvent| {
+                let json = event.to_json().to_string();
+                let Some(message_id) = event.terminal_message_id() else {
+                    on_event.call(json, ThreadsafeFunctionCallMode::NonBlocking);
+                    return;
+                };
+                let (message_id, receipts) = (message_id.to_owned(), receipts.clone());
+                on_event.call_with_return_value(
+                    json,
+                    ThreadsafeFunctionCallMode::NonBlocking,
+                    move |ran, _| {
+                        if ran.is_ok() {
+                            receipts.seen(message_id);
+                        }
+                        Ok(())
+                    },
+                );
+            })
+        };
         let config = self.config.clone();
         let runtime = tokio::runtime::Handle::current();
-        let started = tokio::task::spawn_blocking(move || Client::start(&config, sink, &runtime))
-            .await
-            .map_err(|e| coded("ERR_INTERNAL", e))
-            .and_then(|r| r.map_err(to_napi));
+        let started = tokio::task::spawn_blocking(move || {
+            Client::start_with_receipts(&config, make_sink, &runtime)
+        })
+        .await
+        .map_err(|e| coded("ERR_INTERNAL", e))
+        .and_then(|r| r.map_err(to_napi));
         let client = started.inspect_err(|_| {
             if let Ok(mut state) = self.state.lock() {
                 *state = State::Stopped;

@@ -1,6 +1,6 @@
 //! `Client`: what the binding holds while a `Protocol` is started.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 use std::thread;
 
@@ -16,7 +16,9 @@ use crate::carrier::gateway::{self, GatewayOut, GatewaySettings};
 use crate::carrier::relay::{self, RelayOut, RelaySettings};
 use crate::carrier::tls;
 use crate::config::{ProtocolConfig, StorageConfig};
-use crate::driver::{self, Command, Driver, DriverTx, EventSink, Rebuild, Retention, MAX_SETTLED};
+use crate::driver::{
+    self, Command, Driver, DriverTx, EventSink, Rebuild, Receipts, Retention, MAX_SETTLED,
+};
 use crate::error::ClientError;
 use crate::event::ClientEvent;
 use crate::store::MessageStatus;
@@ -56,8 +58,6 @@ struct Running {
 }
 
 impl Client {
-    /// Opens storage (refused if another `Protocol` holds it), restores the outbox with a
-    /// refreshed window, starts the driver and connects the carriers.
     /// Checks what only the runtime can: a durability hook needs a storage file.
     pub fn check_config(config: &ProtocolConfig) -> Result<(), ClientError> {
         if config.has_durability_hook && config.storage == StorageConfig::Memory {
@@ -66,9 +66,32 @@ impl Client {
         Ok(())
     }
 
+    /// Opens storage (refused if another `Protocol` holds it), restores the outbox with a
+    /// refreshed window, starts the driver and connects the carriers. For a sink that handles
+    /// each event before it returns: a terminal event counts as reported once dispatched.
     pub fn start(
         config: &ProtocolConfig,
         sink: EventSink,
+        runtime: &Handle,
+    ) -> Result<Self, ClientError> {
+        Self::launch(config, |_| sink, false, runtime)
+    }
+
+    /// For a sink that queues events for another thread: `make_sink` gets the [`Receipts`]
+    /// through which the application confirms each terminal event once its listeners ran. An
+    /// event not confirmed stays held in storage, and the next start emits it again.
+    pub fn start_with_receipts(
+        config: &ProtocolConfig,
+        make_sink: impl FnOnce(Receipts) -> EventSink,
+        runtime: &Handle,
+    ) -> Result<Self, ClientError> {
+        Self::launch(config, make_sink, true, runtime)
+    }
+
+    fn launch(
+        config: &ProtocolConfig,
+        make_sink: impl FnOnce(Receipts) -> EventSink,
+        receipts: bool,
         runtime: &Handle,
     ) -> Result<Self, ClientError> {
         let tls = match &config.internet {
@@ -104,6 +127,8 @@ impl Client {
         engine.restore(records, processed, now);
         engine.restore_inbound(pending_inbound, now);
 
+        let (driver_tx, driver_rx) = driver::channel();
+        let sink = make_sink(Receipts::new(driver_tx.clone()));
         let threshold = config.log_level;
         let sink: EventSink = Box::new(move |event: ClientEvent| {
             if event
@@ -113,7 +138,6 @@ impl Client {
                 sink(event);
             }
         });
-        let (driver_tx, driver_rx) = driver::channel();
         // The first event of every start: the address this device sends as.
         driver_tx.send(Command::Emit(ClientEvent::IdentityReady {
             address: address.clone(),
@@ -161,6 +185,7 @@ impl Client {
             hook_timeout_ms: config.inbound_durability_hook_timeout_ms,
             hook: None,
             reported: Vec::new(),
+            unconfirmed: receipts.then(HashSet::new),
             retention: Retention {
                 age_ms: config.engine.dedup_retention_ms(),
                 max_settled: MAX_SETTLED,

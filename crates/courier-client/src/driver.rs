@@ -10,10 +10,10 @@
 //! committed and its `message_received` dispatched before its relay `Ack` or end-to-end ACK is
 //! written.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use courier_engine::{
     Carrier, DiagnosticLevel, Engine, Event, InboundOrigin, Millis, PresenceChange, RelayAnswer,
@@ -90,6 +90,10 @@ pub enum Command {
         transport: String,
     },
     Emit(ClientEvent),
+    /// The application's listeners ran for this message's terminal event ([`Receipts`]).
+    TerminalSeen {
+        message_id: String,
+    },
     /// Answered once every command queued before it has been applied: how a carrier keeps
     /// what it has read and not yet handed over bounded (`carrier::intake`).
     Barrier(oneshot::Sender<()>),
@@ -138,10 +142,36 @@ pub struct Driver {
     pub hook_timeout_ms: u64,
     /// The batch now with the hook, if any (one at a time).
     pub hook: Option<OutstandingHook>,
-    /// Messages whose terminal events were dispatched since the last commit; the next commit
-    /// (or `stop()`) records it, so a restart does not emit them again.
+    /// Messages whose terminal events reached the application since the last commit; the next
+    /// commit (or `stop()`) records it, so a restart does not emit them again.
     pub reported: Vec<String>,
+    /// `Some` when the application confirms each terminal event once its listeners ran
+    /// ([`Receipts`]): the messages whose events were dispatched and not confirmed yet. `None`
+    /// when the sink handles events before it returns, so a dispatch is a report.
+    pub unconfirmed: Option<HashSet<String>>,
 }
+
+/// How the application confirms that a terminal event reached its listeners, when its sink
+/// only queues events for another thread (the Node binding's JS thread). Until confirmed, the
+/// event stays held in storage and the next start emits it again.
+#[derive(Clone)]
+pub struct Receipts(DriverTx);
+
+impl Receipts {
+    pub fn new(driver: DriverTx) -> Self {
+        Self(driver)
+    }
+
+    /// The terminal event of `message_id` reached the application's listeners.
+    pub fn seen(&self, message_id: String) {
+        self.0.send(Command::TerminalSeen { message_id });
+    }
+}
+
+/// How long `stop()` waits for the application to confirm the terminal events it was already
+/// handed (its listeners are free to run while it awaits `stop()`), so that a clean stop does
+/// not leave them to be replayed.
+const RECEIPT_WAIT_AT_STOP: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone, Copy)]
 pub struct OutstandingHook {
@@ -214,6 +244,7 @@ impl Driver {
                 self.prune(now);
             }
             if let Some(reply) = stop {
+                self.await_receipts();
                 let done = Reports {
                     held: Vec::new(),
                     done: std::mem::take(&mut self.reported),
@@ -231,6 +262,32 @@ impl Driver {
                 let _ = self.store.maybe_checkpoint();
                 let _ = reply.send(());
                 return;
+            }
+        }
+    }
+
+    /// A dispatched terminal event reached the application: the next commit records it.
+    fn confirm(&mut self, message_id: String) {
+        if let Some(unconfirmed) = &mut self.unconfirmed {
+            if unconfirmed.remove(&message_id) {
+                self.reported.push(message_id);
+            }
+        }
+    }
+
+    /// At `stop()`: takes the confirmations of terminal events already dispatched, for at most
+    /// [`RECEIPT_WAIT_AT_STOP`]. The client is stopping, so any other command goes unanswered
+    /// (a send's caller sees `ERR_NOT_STARTED`, as for every command after the stop).
+    fn await_receipts(&mut self) {
+        let deadline = Instant::now() + RECEIPT_WAIT_AT_STOP;
+        while self.unconfirmed.as_ref().is_some_and(|u| !u.is_empty()) {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return;
+            };
+            match self.rx.recv_timeout(left) {
+                Ok(Command::TerminalSeen { message_id }) => self.confirm(message_id),
+                Ok(_) => {}
+                Err(_) => return,
             }
         }
     }
@@ -342,6 +399,7 @@ impl Driver {
             Command::Barrier(reply) => {
                 let _ = reply.send(());
             }
+            Command::TerminalSeen { message_id } => self.confirm(message_id),
             Command::Stop { reply } => step.stop = Some(reply),
         }
         self.collect_events(step);
@@ -570,7 +628,10 @@ impl Driver {
         for event in after_transmits {
             (self.sink)(event);
         }
-        self.reported = newly_reported;
+        match &mut self.unconfirmed {
+            Some(unconfirmed) => unconfirmed.extend(newly_reported),
+            None => self.reported = newly_reported,
+        }
         if self.hook.is_none() {
             if let Some(batch) = self.engine.poll_hook() {
                 self.hook = Some(OutstandingHook {
@@ -639,19 +700,13 @@ fn mint_id() -> String {
 
 /// A terminal event's `(message id, JSON)`, held in storage until it has been dispatched.
 fn terminal_report(event: &ClientEvent) -> Option<(String, String)> {
-    let id = match event {
-        ClientEvent::Engine(e) => match &**e {
-            Event::MessageDelivered { message_id, .. }
-            | Event::MessageFailed { message_id, .. } => message_id,
-            _ => return None,
-        },
+    let id = event.terminal_message_id()?.to_owned();
+    let json = match event {
         // Held again as it was: it is reported once this dispatch is recorded.
-        ClientEvent::Replayed { message_id, json } => {
-            return Some((message_id.clone(), json.to_string()))
-        }
-        _ => return None,
+        ClientEvent::Replayed { json, .. } => json.to_string(),
+        _ => event.to_json().to_string(),
     };
-    Some((id.clone(), event.to_json().to_string()))
+    Some((id, json))
 }
 
 #[cfg(test)]
@@ -705,6 +760,7 @@ mod tests {
             hook_timeout_ms: 30_000,
             hook: None,
             reported: Vec::new(),
+            unconfirmed: None,
             retention: Retention {
                 age_ms: config.dedup_retention_ms(),
                 max_settled: 10,

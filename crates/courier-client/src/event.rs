@@ -87,6 +87,20 @@ pub fn level_name(level: DiagnosticLevel) -> &'static str {
 }
 
 impl ClientEvent {
+    /// The message a terminal event settles: `message_delivered`, `message_failed`, or one of
+    /// them replayed. `None` for every other event.
+    pub fn terminal_message_id(&self) -> Option<&str> {
+        match self {
+            Self::Engine(e) => match &**e {
+                Event::MessageDelivered { message_id, .. }
+                | Event::MessageFailed { message_id, .. } => Some(message_id),
+                _ => None,
+            },
+            Self::Replayed { message_id, .. } => Some(message_id),
+            _ => None,
+        }
+    }
+
     /// The level of a diagnostic event, `None` for every other event.
     pub fn diagnostic_level(&self) -> Option<DiagnosticLevel> {
         match self {

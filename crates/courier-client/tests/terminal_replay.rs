@@ -4,7 +4,9 @@
 
 mod support;
 
+use courier_client::client::Client;
 use courier_client::config::parse_protocol_config;
+use courier_client::driver::{EventSink, Receipts};
 use courier_client::event::ClientEvent;
 use courier_client::store::{Reports, Store};
 use courier_engine::io::{Settlement, StoreOp};
@@ -116,4 +118,75 @@ async fn a_start_emits_a_terminal_event_a_crash_cut_off_once_more_and_only_once(
         "a replayed event whose dispatch was recorded is not emitted again"
     );
     assert!(Store::open(&db).unwrap().unreported().unwrap().is_empty());
+}
+
+/// Starts `config` with receipts: every event goes to the receiver, and each terminal event is
+/// confirmed at once when `confirm` is set (an application whose listeners ran), never otherwise
+/// (one killed before they could).
+fn start_with_receipts(
+    config: &courier_client::config::ProtocolConfig,
+    confirm: bool,
+) -> (Client, std::sync::mpsc::Receiver<ClientEvent>) {
+    let (tx, events) = std::sync::mpsc::channel();
+    let make_sink = move |receipts: Receipts| -> EventSink {
+        Box::new(move |e: ClientEvent| {
+            if let (true, Some(id)) = (confirm, e.terminal_message_id()) {
+                receipts.seen(id.to_owned());
+            }
+            let _ = tx.send(e);
+        })
+    };
+    let client =
+        Client::start_with_receipts(config, make_sink, &tokio::runtime::Handle::current()).unwrap();
+    (client, events)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_receipts_a_terminal_event_stays_held_until_the_application_confirms_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("p.db");
+    let mut store = Store::open(&db).unwrap();
+    // Settled now: a settlement older than the retention would be pruned at start.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    store
+        .commit_step(
+            &[StoreOp::Settle {
+                id: "unseen".into(),
+                recipient: "bob".into(),
+                settlement: Settlement::Delivered,
+                at: now,
+            }],
+            &Reports {
+                held: vec![("unseen".into(), event("unseen"))],
+                done: vec![],
+            },
+        )
+        .unwrap();
+    drop(store);
+    let replayed = |e: &ClientEvent| matches!(e, ClientEvent::Replayed { message_id, .. } if message_id == "unseen");
+
+    // Dispatched, never confirmed (the listeners did not run): still held after the stop.
+    let (client, events) = start_with_receipts(&config(&db), false);
+    wait_for(&events, "the replayed terminal event", replayed).await;
+    client.stop().await;
+    assert_eq!(
+        Store::open(&db).unwrap().unreported().unwrap(),
+        vec![("unseen".into(), event("unseen"))]
+    );
+
+    // Confirmed: released, and not emitted by the start after.
+    let (client, events) = start_with_receipts(&config(&db), true);
+    wait_for(&events, "the terminal event replayed again", replayed).await;
+    client.stop().await;
+    assert!(Store::open(&db).unwrap().unreported().unwrap().is_empty());
+    let (client, events) = start_with_receipts(&config(&db), true);
+    wait_for(&events, "identity_ready", |e| {
+        matches!(e, ClientEvent::IdentityReady { .. })
+    })
+    .await;
+    client.stop().await;
+    assert!(!events.try_iter().any(|e| replayed(&e)));
 }
