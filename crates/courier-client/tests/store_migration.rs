@@ -364,16 +364,8 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
         .iter()
         .filter(|o| o.1 != "settled")
         .all(|o| v2_schema.contains(o)));
-    let settled_columns: Vec<String> = Connection::open(&db)
-        .unwrap()
-        .prepare("SELECT name FROM pragma_table_info('settled') ORDER BY cid")
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
     assert_eq!(
-        settled_columns,
+        columns_of(&db, "settled"),
         [
             "id",
             "recipient",
@@ -392,16 +384,8 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
             ("table", "pending_inbound"),
         ]
     );
-    let conn = Connection::open(&db).unwrap();
-    let columns: Vec<String> = conn
-        .prepare("SELECT name FROM pragma_table_info('pending_inbound') ORDER BY cid")
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
     assert_eq!(
-        columns,
+        columns_of(&db, "pending_inbound"),
         [
             "chat",
             "sender",
@@ -412,6 +396,7 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
             "received_at"
         ]
     );
+    let conn = Connection::open(&db).unwrap();
     for table in ["pending_inbound", "identity"] {
         let empty: i64 = conn
             .query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))
@@ -509,4 +494,18 @@ fn a_failed_migration_leaves_the_version_1_file_usable_by_version_1() {
         .query_row("SELECT COUNT(*) FROM outbox", [], |r| r.get(0))
         .unwrap();
     assert_eq!(outbox, 4);
+}
+
+/// `table`'s column names, in order.
+fn columns_of(db: &Path, table: &str) -> Vec<String> {
+    Connection::open(db)
+        .unwrap()
+        .prepare(&format!(
+            "SELECT name FROM pragma_table_info('{table}') ORDER BY cid"
+        ))
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
 }
