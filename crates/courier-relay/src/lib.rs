@@ -22,13 +22,12 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
-use tokio::task::{JoinHandle, JoinSet};
-use tokio_rustls::TlsAcceptor;
+use tokio::task::JoinHandle;
 
+mod accept;
 mod auth;
 pub mod cli;
 mod config;
@@ -55,8 +54,6 @@ use router::Router;
 use store::Store;
 
 /// Connections served at once; further sockets are closed at accept.
-const MAX_CONNECTIONS: usize = 16_384;
-
 /// Milliseconds since the Unix epoch (the protocol's time unit).
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
@@ -164,7 +161,7 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
     let store = tokio::task::spawn_blocking(move || Store::open(&storage, store_router))
         .await
         .map_err(|e| RelayError::Config(format!("opening the database was interrupted: {e}")))??;
-    let listener = listen(config.listen).map_err(|source| RelayError::Bind {
+    let listener = accept::listen(config.listen).map_err(|source| RelayError::Bind {
         addr: config.listen,
         source,
     })?;
@@ -184,11 +181,17 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
         shutdown: shutdown_rx,
         next_connection: AtomicU64::new(1),
     });
-    let mut tasks = vec![tokio::spawn(accept_loop(
-        listener,
-        tls.clone(),
-        Arc::clone(&ctx),
-    ))];
+    let serving = {
+        let (ctx, tls) = (Arc::clone(&ctx), tls.clone());
+        accept::accept_loop(
+            listener,
+            ctx.shutdown.clone(),
+            ctx.timings.close_linger,
+            "relay",
+            move |tcp, remote| connection::serve(Arc::clone(&ctx), tcp, tls.clone(), remote),
+        )
+    };
+    let mut tasks = vec![tokio::spawn(serving)];
     if let Some(limits) = config.mailbox {
         tasks.push(tokio::spawn(purge_loop(Arc::clone(&ctx), limits)));
     }
@@ -200,62 +203,6 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
         shutdown,
         tasks,
     })
-}
-
-/// Connections the kernel completes while the accept loop catches up (capped by
-/// `net.core.somaxconn`). The platform default of 128 overflowed when a few hundred clients
-/// connected at once: their SYNs were dropped and retried after 1 s and more, and a silent
-/// client could end up with a connection the relay never saw.
-const LISTEN_BACKLOG: u32 = 4096;
-
-/// Binds like `TcpListener::bind`, with room for connection bursts.
-pub(crate) fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = if addr.is_ipv4() {
-        TcpSocket::new_v4()?
-    } else {
-        TcpSocket::new_v6()?
-    };
-    // As std does: a restart may rebind while old connections linger in TIME_WAIT. Not on
-    // Windows, where the option would let another process take the port.
-    if cfg!(unix) {
-        socket.set_reuseaddr(true)?;
-    }
-    socket.bind(addr)?;
-    socket.listen(LISTEN_BACKLOG)
-}
-
-async fn accept_loop(listener: TcpListener, tls: Option<TlsAcceptor>, ctx: Arc<Ctx>) {
-    let mut shutdown = ctx.shutdown.clone();
-    let mut connections = JoinSet::new();
-    loop {
-        tokio::select! {
-            () = stopping(&mut shutdown) => break,
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            accepted = listener.accept() => match accepted {
-                Ok((tcp, remote)) => {
-                    if connections.len() >= MAX_CONNECTIONS {
-                        tracing::warn!(%remote, "connection limit reached; refusing");
-                        continue;
-                    }
-                    let _ = tcp.set_nodelay(true);
-                    connections.spawn(connection::serve(Arc::clone(&ctx), tcp, tls.clone(), remote));
-                }
-                Err(e) => {
-                    // Typically out of file descriptors: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
-    }
-    drop(listener);
-    // Connections close themselves with 1001 on the same signal; give them their linger.
-    let grace = ctx.timings.close_linger * 2 + Duration::from_secs(1);
-    let _ = tokio::time::timeout(grace, async {
-        while connections.join_next().await.is_some() {}
-    })
-    .await;
-    connections.shutdown().await;
 }
 
 async fn purge_loop(ctx: Arc<Ctx>, limits: MailboxLimits) {

@@ -15,11 +15,10 @@ use std::time::Duration;
 
 use courier_proto::proof::CHALLENGE_LEN;
 use courier_proto::Address;
-use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 
-use crate::{stopping, RelayError};
+use crate::RelayError;
 
 pub mod attach;
 mod connection;
@@ -30,8 +29,6 @@ pub const DEFAULT_LISTEN: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 4242);
 
 /// Connections served at once; further sockets are closed at accept.
-const MAX_CONNECTIONS: usize = 16_384;
-
 /// The gateway's clocks. Production uses the defaults; tests shorten them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GatewayTimings {
@@ -209,8 +206,7 @@ pub async fn start_gateway(config: GatewayConfig) -> Result<GatewayHandle, Relay
         addr: config.listen,
         source,
     };
-    // The relay's listener: room for connection bursts.
-    let listener = crate::listen(config.listen).map_err(bind_error)?;
+    let listener = crate::accept::listen(config.listen).map_err(bind_error)?;
     let local_addr = listener.local_addr().map_err(bind_error)?;
     let (shutdown, shutdown_rx) = watch::channel(false);
     let shared = Arc::new(Shared {
@@ -220,7 +216,17 @@ pub async fn start_gateway(config: GatewayConfig) -> Result<GatewayHandle, Relay
         shutdown: shutdown_rx,
         next_connection: AtomicU64::new(1),
     });
-    let task = tokio::spawn(accept_loop(listener, Arc::clone(&shared)));
+    let serving = {
+        let shared = Arc::clone(&shared);
+        crate::accept::accept_loop(
+            listener,
+            shared.shutdown.clone(),
+            shared.timings.close_linger,
+            "gateway",
+            move |tcp, remote| connection::serve(Arc::clone(&shared), tcp, remote),
+        )
+    };
+    let task = tokio::spawn(serving);
     tracing::info!(%local_addr, "gateway started");
     Ok(GatewayHandle {
         local_addr,
@@ -228,37 +234,4 @@ pub async fn start_gateway(config: GatewayConfig) -> Result<GatewayHandle, Relay
         shutdown,
         task: Some(task),
     })
-}
-
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    let mut shutdown = shared.shutdown.clone();
-    let mut connections = JoinSet::new();
-    loop {
-        tokio::select! {
-            () = stopping(&mut shutdown) => break,
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            accepted = listener.accept() => match accepted {
-                Ok((tcp, remote)) => {
-                    if connections.len() >= MAX_CONNECTIONS {
-                        tracing::warn!(%remote, "gateway connection limit reached; refusing");
-                        continue;
-                    }
-                    let _ = tcp.set_nodelay(true);
-                    connections.spawn(connection::serve(Arc::clone(&shared), tcp, remote));
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "gateway accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
-    }
-    drop(listener);
-    // Connections close themselves on the same signal; give them their linger.
-    let grace = shared.timings.close_linger * 2 + Duration::from_secs(1);
-    let _ = tokio::time::timeout(grace, async {
-        while connections.join_next().await.is_some() {}
-    })
-    .await;
-    connections.shutdown().await;
 }
