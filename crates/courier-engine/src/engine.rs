@@ -1124,30 +1124,31 @@ impl Engine {
     /// the lifetime ran out while the attempt was pending: expiry waits for a pending ACK, and
     /// this is where it catches up. Returns whether the entry is still live.
     fn requeue(&mut self, key: Key, at: Millis, now: Millis) -> bool {
-        let Some(entry) = self.outbox.get(key) else {
+        let Some(expires_at) = self.still_alive(key, now) else {
             return false;
         };
-        let expires_at = entry.expires_at(&self.config);
-        if now >= expires_at {
-            self.settle_failed(key, FailReason::OutboxLifetimeExceeded, now);
-            return false;
-        }
         self.set_phase(key, Phase::Queued { at, expires_at });
         true
     }
 
     /// Quiet until an edge: no send timer, only the lifetime.
     fn rest(&mut self, key: Key, now: Millis) -> bool {
-        let Some(entry) = self.outbox.get(key) else {
+        let Some(expires_at) = self.still_alive(key, now) else {
             return false;
         };
-        let expires_at = entry.expires_at(&self.config);
-        if now >= expires_at {
-            self.settle_failed(key, FailReason::OutboxLifetimeExceeded, now);
-            return false;
-        }
         self.set_phase(key, Phase::Resting { expires_at });
         true
+    }
+
+    /// The entry's expiry while it has one ahead; an entry whose lifetime ran out is settled
+    /// failed here, and gone (`None`) like one that was never there.
+    fn still_alive(&mut self, key: Key, now: Millis) -> Option<Millis> {
+        let expires_at = self.outbox.get(key)?.expires_at(&self.config);
+        if now >= expires_at {
+            self.settle_failed(key, FailReason::OutboxLifetimeExceeded, now);
+            return None;
+        }
+        Some(expires_at)
     }
 
     /// Makes a queued or resting entry due now.
