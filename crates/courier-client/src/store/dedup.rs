@@ -43,19 +43,16 @@ pub(crate) fn load(conn: &Connection) -> Result<Vec<ProcessedKey>, StoreError> {
         "SELECT chat, sender, message_id, at FROM processed
          ORDER BY at, chat, sender, message_id",
     )?;
-    let mut rows = stmt.query([])?;
-    let mut out = Vec::new();
-    while let Some(row) = rows.next()? {
+    let rows = stmt.query_and_then([], |row| {
         let at: i64 = row.get(3)?;
-        let key = ProcessedKey {
+        Ok(ProcessedKey {
             chat: row.get(0)?,
             sender: row.get(1)?,
             message_id: row.get(2)?,
             at: from_db_u64(at).ok_or_else(|| {
                 StoreError::Corrupt(format!("processed row has a negative time ({at})"))
             })?,
-        };
-        out.push(key);
-    }
-    Ok(out)
+        })
+    })?;
+    rows.collect()
 }

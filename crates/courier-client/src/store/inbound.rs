@@ -91,12 +91,8 @@ pub(crate) fn commit(conn: &Connection, keys: &[InboundKey], at: Millis) -> Resu
 /// Every buffered message, oldest received first.
 pub(crate) fn load(conn: &Connection) -> Result<Vec<PendingInbound>, StoreError> {
     let mut stmt = conn.prepare_cached(LOAD_SQL)?;
-    let mut rows = stmt.query([])?;
-    let mut out = Vec::new();
-    while let Some(row) = rows.next()? {
-        out.push(decode(row)?);
-    }
-    Ok(out)
+    let rows = stmt.query_and_then([], decode)?;
+    rows.collect()
 }
 
 fn decode(row: &Row<'_>) -> Result<PendingInbound, StoreError> {

@@ -113,12 +113,8 @@ pub(crate) fn settle(
 
 pub(crate) fn load(conn: &Connection) -> Result<Vec<OutboxRecord>, StoreError> {
     let mut stmt = conn.prepare_cached(LOAD_SQL)?;
-    let mut rows = stmt.query([])?;
-    let mut out = Vec::new();
-    while let Some(row) = rows.next()? {
-        out.push(decode(row)?);
-    }
-    Ok(out)
+    let rows = stmt.query_and_then([], decode)?;
+    rows.collect()
 }
 
 fn decode(row: &Row<'_>) -> Result<OutboxRecord, StoreError> {
