@@ -274,7 +274,7 @@ impl Client {
         if let Err(e) = validate_identifier(name) {
             return Err(ClientError::InvalidArgument(format!("transport name {e}")));
         }
-        if [Carrier::Internet, Carrier::Gateway]
+        if [Carrier::Relay, Carrier::Gateway]
             .iter()
             .any(|carrier| carrier.name() == name)
         {

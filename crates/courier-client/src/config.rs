@@ -255,7 +255,7 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
         .int("inboundDurabilityHookTimeoutMs", 1, MAX_SAFE_INTEGER)?
         .unwrap_or(30_000);
     if has_durability_hook {
-        engine.durable_inbound = Some(courier_engine::config::DurableInbound::default());
+        engine.durability_hook = Some(courier_engine::config::HookConfig::default());
     }
 
     let log_level = match root.string("logLevel")? {

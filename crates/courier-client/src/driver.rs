@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use courier_engine::{
-    Carrier, DiagnosticLevel, Engine, Event, InboundOrigin, Millis, PresenceChange, RelayAnswer,
+    Carrier, CarrierAnswer, DiagnosticLevel, Engine, Event, InboundOrigin, Millis, PresenceChange,
     SendOutcome, SendRequest, Settlement, Stats, StoreOp, Transmit, TransmitKind,
 };
 use courier_proto::{ClientFrame, Message};
@@ -56,10 +56,10 @@ pub enum Command {
         send_seq: u64,
         reason: String,
     },
-    RelayAnswer {
+    CarrierAnswer {
         id: String,
         send_seq: u64,
-        answer: RelayAnswer,
+        answer: CarrierAnswer,
     },
     Inbound {
         message: Box<Message>,
@@ -340,13 +340,13 @@ impl Driver {
                 send_seq,
                 reason,
             } => self.engine.handle_send_failed(&id, send_seq, &reason, now),
-            Command::RelayAnswer {
+            Command::CarrierAnswer {
                 id,
                 send_seq,
                 answer,
             } => self.engine.handle_relay_answer(&id, send_seq, answer, now),
             Command::Inbound { message, origin } => {
-                step.relay_inbound |= origin.carrier == Carrier::Internet;
+                step.relay_inbound |= origin.carrier == Carrier::Relay;
                 self.engine.handle_inbound(*message, origin, now)
             }
             Command::Presence {
@@ -383,10 +383,10 @@ impl Driver {
                     transport,
                 });
             }
-            Command::DrainStarted => self.engine.handle_drain_started(Carrier::Internet, now),
+            Command::DrainStarted => self.engine.handle_drain_started(Carrier::Relay, now),
             Command::DrainComplete { count } => {
                 self.engine
-                    .handle_drain_complete(Carrier::Internet, count, now)
+                    .handle_drain_complete(Carrier::Relay, count, now)
             }
             Command::HookResult { batch_id, result } => {
                 self.hook_result(batch_id, result, now, step)
@@ -509,11 +509,11 @@ impl Driver {
     /// carrier.
     fn route(&mut self, transmit: Transmit) {
         match transmit.carrier {
-            Carrier::Internet => {
+            Carrier::Relay => {
                 let Some(relay) = &self.relay else { return };
                 let out = match addressed(transmit.kind) {
                     Addressed::Frame(frame) => RelayOut::Submit(frame),
-                    Addressed::HopAck(seq) => RelayOut::HopAck { seq },
+                    Addressed::ReleaseFrame(seq) => RelayOut::ReleaseFrame { seq },
                 };
                 let _ = relay.send(out);
             }
@@ -531,8 +531,8 @@ impl Driver {
                         let report = Some((message.id.clone(), send_seq));
                         (message, report)
                     }
-                    TransmitKind::Ack { message } => (message, None),
-                    TransmitKind::HopAck { .. } => return,
+                    TransmitKind::DeliveryAck { message } => (message, None),
+                    TransmitKind::ReleaseFrame { .. } => return,
                 };
                 let peer = transmit.peer.unwrap_or_else(|| message.recipient.clone());
                 (self.sink)(ClientEvent::LocalTransmit {
@@ -666,7 +666,7 @@ impl Driver {
 /// frame `seq`.
 enum Addressed {
     Frame(Submit),
-    HopAck(u64),
+    ReleaseFrame(u64),
 }
 
 fn addressed(kind: TransmitKind) -> Addressed {
@@ -677,10 +677,10 @@ fn addressed(kind: TransmitKind) -> Addressed {
             recipient: message.recipient.clone(),
             frame: send_frame(&message),
         }),
-        TransmitKind::Ack { message } => Addressed::Frame(Submit::Ack {
+        TransmitKind::DeliveryAck { message } => Addressed::Frame(Submit::Ack {
             frame: send_frame(&message),
         }),
-        TransmitKind::HopAck { seq } => Addressed::HopAck(seq),
+        TransmitKind::ReleaseFrame { seq } => Addressed::ReleaseFrame(seq),
     }
 }
 

@@ -9,11 +9,11 @@ use serde_json::{json, Value};
 pub enum ClientEvent {
     /// Boxed: a received message is large, and most events are small.
     Engine(Box<Event>),
-    InternetStatusChanged {
+    RelayStatusChanged {
         connected: bool,
         authenticated: bool,
     },
-    InternetSessionSuperseded {
+    RelaySessionSuperseded {
         reason: String,
     },
     /// The gateway carrier's connection (`connected`) and binding (`attached`: the gateway
@@ -23,7 +23,7 @@ pub enum ClientEvent {
         attached: bool,
     },
     /// A relay frame the engine does not consume, verbatim.
-    InternetServerMessage {
+    RelayServerMessage {
         json: String,
     },
     Diagnostic {
@@ -123,7 +123,7 @@ impl ClientEvent {
                 }
                 json
             }
-            Self::InternetStatusChanged {
+            Self::RelayStatusChanged {
                 connected,
                 authenticated,
             } => {
@@ -135,10 +135,10 @@ impl ClientEvent {
             } => {
                 json!({"type": "gateway_status_changed", "connected": connected, "attached": attached})
             }
-            Self::InternetSessionSuperseded { reason } => {
+            Self::RelaySessionSuperseded { reason } => {
                 json!({"type": "internet_session_superseded", "reason": reason})
             }
-            Self::InternetServerMessage { json } => {
+            Self::RelayServerMessage { json } => {
                 json!({"type": "internet_server_message", "json": json})
             }
             Self::IdentityReady { address } => {

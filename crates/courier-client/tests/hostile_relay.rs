@@ -132,7 +132,7 @@ async fn scenario(answer: Answer) -> (Vec<ClientFrame>, (String, &'static str), 
     support::wait_for(
         &events,
         "the answer forwarded verbatim",
-        |e| matches!(e, ClientEvent::InternetServerMessage { json } if json.contains("Address")),
+        |e| matches!(e, ClientEvent::RelayServerMessage { json } if json.contains("Address")),
     )
     .await;
     let own = client.local_address().to_owned();

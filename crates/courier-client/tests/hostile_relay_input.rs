@@ -294,7 +294,7 @@ fn received_message(e: &ClientEvent) -> Option<&Message> {
 
 fn server_message(e: &ClientEvent) -> Option<&str> {
     match e {
-        ClientEvent::InternetServerMessage { json } => Some(json),
+        ClientEvent::RelayServerMessage { json } => Some(json),
         _ => None,
     }
 }
@@ -653,7 +653,7 @@ async fn mistyped_relay_frames_are_dropped_and_settle_nothing() {
     assert_eq!(
         alice
             .events
-            .count(|e| matches!(e, ClientEvent::InternetSessionSuperseded { .. })),
+            .count(|e| matches!(e, ClientEvent::RelaySessionSuperseded { .. })),
         0
     );
     alice.assert_pending(&id).await;

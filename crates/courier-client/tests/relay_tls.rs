@@ -90,7 +90,7 @@ async fn clients_trusting_a_private_ca_deliver_over_wss() {
     let connected = |e: &ClientEvent| {
         matches!(
             e,
-            ClientEvent::InternetStatusChanged {
+            ClientEvent::RelayStatusChanged {
                 connected: true,
                 ..
             }

@@ -136,7 +136,7 @@ fn engine_event(e: &ClientEvent) -> Option<&Event> {
 fn connected(e: &ClientEvent) -> bool {
     matches!(
         e,
-        ClientEvent::InternetStatusChanged {
+        ClientEvent::RelayStatusChanged {
             connected: true,
             ..
         }

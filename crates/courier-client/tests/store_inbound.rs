@@ -65,7 +65,7 @@ fn message(i: u64, sender: &str) -> Message {
 fn pending(i: u64, received_at: u64) -> PendingInbound {
     let sender = format!("peer-{}", i % 3);
     let carrier = match i % 3 {
-        0 => Carrier::Internet,
+        0 => Carrier::Relay,
         1 => Carrier::Local("ble".into()),
         _ => Carrier::Local("wifi-direct ✓".into()),
     };
@@ -114,7 +114,7 @@ fn buffered_messages_round_trip_with_every_field_in_received_order() {
         .map(|(i, &t)| pending(i as u64, t))
         .collect();
     // The sample covers both carrier kinds and a stamped sender unlike the message's.
-    assert!(rows.iter().any(|p| p.carrier == Carrier::Internet));
+    assert!(rows.iter().any(|p| p.carrier == Carrier::Relay));
     assert!(rows.iter().any(|p| matches!(p.carrier, Carrier::Local(_))));
     assert!(rows.iter().any(|p| p.stamped_sender != p.message.sender));
 
@@ -144,7 +144,7 @@ fn a_local_carrier_keeps_its_name_and_internet_maps_back() {
     let mut store = Store::open_memory().unwrap();
     let mut rows = Vec::new();
     for (i, carrier) in [
-        Carrier::Internet,
+        Carrier::Relay,
         Carrier::Local("ble".into()),
         Carrier::Local("Internet".into()), // only the exact name "internet" is the relay
         Carrier::Local(String::new()),
@@ -175,7 +175,7 @@ fn buffering_an_existing_key_keeps_the_first_copy() {
     // A redelivery of the same key: different copy, later time, another carrier.
     let mut again = pending(1, 9_000);
     again.message.content = "a different body".into();
-    again.carrier = Carrier::Internet;
+    again.carrier = Carrier::Relay;
     again.stamped_sender = "someone-else".into();
     // The same message id under another chat, and under another sender, are other messages.
     let other_chat = PendingInbound {

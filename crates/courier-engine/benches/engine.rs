@@ -13,9 +13,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use courier_engine::config::DurableInbound;
+use courier_engine::config::HookConfig;
 use courier_engine::{
-    Carrier, Config, Engine, InboundOrigin, RelayAnswer, SendRequest, StoreOp, TransmitKind,
+    Carrier, CarrierAnswer, Config, Engine, InboundOrigin, SendRequest, StoreOp, TransmitKind,
 };
 use courier_proto::{ContentType, Message, Priority};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
@@ -90,7 +90,7 @@ fn engine(capacity: usize) -> Engine {
     // The backlog must not time out while it is measured.
     config.ack_timeout_ms = u64::MAX / 4;
     let mut engine = Engine::new(config, "alice".into());
-    engine.handle_carrier_up(Carrier::Internet, 0);
+    engine.handle_carrier_up(Carrier::Relay, 0);
     engine
 }
 
@@ -115,11 +115,11 @@ fn cycle(engine: &mut Engine, n: &mut u64, now: u64, acked: bool) {
         panic!("not an outbox frame")
     };
     engine.handle_written(&message.id, send_seq, now);
-    engine.handle_relay_answer(&message.id, send_seq, RelayAnswer::Live, now);
+    engine.handle_relay_answer(&message.id, send_seq, CarrierAnswer::Live, now);
     if acked {
         let ack = message.ack(format!("ack-{}", message.id), now, "internet");
         let origin = InboundOrigin {
-            carrier: Carrier::Internet,
+            carrier: Carrier::Relay,
             stamped_sender: "bob".into(),
             sender_account: None,
             seq: Some(*n),
@@ -188,7 +188,7 @@ fn answer_unreachable(engine: &mut Engine, now: u64, next_at: &mut HashMap<Strin
         }
         for (id, send_seq) in frames {
             engine.handle_written(&id, send_seq, now);
-            engine.handle_relay_answer(&id, send_seq, RelayAnswer::Unreachable, now);
+            engine.handle_relay_answer(&id, send_seq, CarrierAnswer::Unreachable, now);
             answered += 1;
         }
         while let Some(op) = engine.poll_store() {
@@ -215,7 +215,7 @@ fn parked_engine() -> (Engine, u64, HashMap<String, u64>) {
     config.outbox_max_entries = PARKED;
     let mut engine = Engine::new(config, "alice".into());
     let mut next_at = HashMap::with_capacity(PARKED);
-    engine.handle_carrier_up(Carrier::Internet, 0);
+    engine.handle_carrier_up(Carrier::Relay, 0);
     let mut now = 0;
     for n in 0..PARKED {
         now = n as u64 * 10;
@@ -287,14 +287,14 @@ fn parked_backlog(c: &mut Criterion) {
     assert_eq!(wakeups, minimum);
 
     // With the relay down as well, nothing is due for days: only the lifetimes remain.
-    engine.handle_carrier_down(Carrier::Internet, end);
+    engine.handle_carrier_down(Carrier::Relay, end);
     let asleep_until = engine.next_deadline().expect("lifetimes");
     println!(
         "relay down too: next wake-up {:.1} days out (the earliest lifetime expiry)",
         (asleep_until - end) as f64 / 86_400_000.0
     );
     assert!(asleep_until > end + 3600 * SEC);
-    engine.handle_carrier_up(Carrier::Internet, end);
+    engine.handle_carrier_up(Carrier::Relay, end);
     answer_unreachable(&mut engine, end, &mut schedule);
     while engine.next_deadline().is_some_and(|d| d <= end) {
         engine.handle_timeout(end);
@@ -345,9 +345,9 @@ fn inbound_message(n: u64) -> Message {
 
 fn inbound_engine(hook: bool) -> Engine {
     let mut config = Config::new("bench");
-    config.durable_inbound = hook.then(DurableInbound::default);
+    config.durability_hook = hook.then(HookConfig::default);
     let mut engine = Engine::new(config, "alice".into());
-    engine.handle_carrier_up(Carrier::Internet, 0);
+    engine.handle_carrier_up(Carrier::Relay, 0);
     engine
 }
 
@@ -369,12 +369,12 @@ fn run_hook(engine: &mut Engine, now: u64) -> usize {
 fn push_inbound(engine: &mut Engine, messages: Vec<Message>, drain_mode: bool) -> usize {
     let now = 1;
     if drain_mode {
-        engine.handle_drain_started(Carrier::Internet, now);
+        engine.handle_drain_started(Carrier::Relay, now);
     }
     let mut committed = 0;
     for (seq, message) in (1..).zip(messages) {
         let origin = InboundOrigin {
-            carrier: Carrier::Internet,
+            carrier: Carrier::Relay,
             stamped_sender: "bob".into(),
             sender_account: None,
             seq: Some(seq),
@@ -392,7 +392,7 @@ fn push_inbound(engine: &mut Engine, messages: Vec<Message>, drain_mode: bool) -
         committed += run_hook(engine, now);
     }
     if drain_mode {
-        engine.handle_drain_complete(Carrier::Internet, INBOUND, now);
+        engine.handle_drain_complete(Carrier::Relay, INBOUND, now);
         drain(engine);
         committed += run_hook(engine, now);
     }
@@ -400,7 +400,7 @@ fn push_inbound(engine: &mut Engine, messages: Vec<Message>, drain_mode: bool) -
     committed
 }
 
-fn durable_inbound(c: &mut Criterion) {
+fn durability_hook(c: &mut Criterion) {
     let messages: Vec<Message> = (0..INBOUND).map(inbound_message).collect();
     let mut group = c.benchmark_group("durable_inbound_10k");
     group.sample_size(20);
@@ -431,6 +431,6 @@ criterion_group!(
     send_written_ack,
     idle_wakeup,
     parked_backlog,
-    durable_inbound
+    durability_hook
 );
 criterion_main!(benches);

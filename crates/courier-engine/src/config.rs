@@ -28,7 +28,7 @@ pub struct Config {
     pub dedup_max_entries: usize,
     /// Opt-in at-least-once inbound delivery (an inbound durability hook is registered):
     /// `None` keeps the default at-most-once path.
-    pub durable_inbound: Option<DurableInbound>,
+    pub durability_hook: Option<HookConfig>,
     /// Accept `offline-ctrl-v1` control signatures (no freshness proof); off by default
     /// (`identity.md` §4.2).
     pub accept_legacy_control_v1: bool,
@@ -36,7 +36,7 @@ pub struct Config {
 
 /// Batching and retry of the inbound durability pipeline (`inbound-durability-hook.md`).
 #[derive(Debug, Clone, PartialEq)]
-pub struct DurableInbound {
+pub struct HookConfig {
     /// A drain batch is handed to the hook at the first of these (400 / 4 MiB / 3 s).
     pub batch_max_messages: usize,
     pub batch_max_bytes: usize,
@@ -53,7 +53,7 @@ pub struct DurableInbound {
     pub max_buffered_bytes: usize,
 }
 
-impl Default for DurableInbound {
+impl Default for HookConfig {
     fn default() -> Self {
         Self {
             batch_max_messages: 400,
@@ -85,7 +85,7 @@ impl Config {
             outbox_max_media_entries: 100,
             flush_batch: 20,
             dedup_max_entries: 100_000,
-            durable_inbound: None,
+            durability_hook: None,
             accept_legacy_control_v1: false,
         }
     }

@@ -6,7 +6,7 @@
 //! # Carrier choice
 //!
 //! One function, [`Engine::route_for`]: a direct link to the recipient (it is a current neighbor
-//! on a registered local carrier) is preferred over the relay; else the relay when the Internet
+//! on a registered local carrier) is preferred over the relay; else the relay when the relay
 //! carrier is up; else a gateway when the Gateway carrier is up; else the send is deferred
 //! (`message_deferred`, `next_retry_at: None`) until a carrier or neighbor edge. A parked message
 //! is also *offered* to every other current neighbor on every park and every probe
@@ -24,7 +24,7 @@
 //!
 //! # Reachability edges and the ACK budget
 //!
-//! An edge — reconnect (`handle_carrier_up(Internet)`), `restore`, the peer discovered as a
+//! An edge — reconnect (`carrier up: Relay`), `restore`, the peer discovered as a
 //! neighbor, the peer reported online (news only, see `presence`), the delivery of one of the
 //! peer's messages, an inbound message carried by the peer — resets the peer's probe ladder and
 //! verdict, re-drives its parked entries at once, and gives every entry of the peer's park
@@ -48,12 +48,12 @@ use crate::ack::{self, AfterTimeout};
 use crate::config::Config;
 use crate::control_gate::{ControlGate, Verdict};
 use crate::dedup::{Dedup, DedupKey};
-use crate::durable::{Commit, Durable, Sink};
 use crate::event::{DiagnosticLevel, Event};
+use crate::hook::{Commit, HookPipeline, Sink};
 use crate::inbound;
 use crate::io::{
-    Carrier, EntryState, FailReason, HookBatch, HookMessage, InboundKey, InboundOrigin, Millis,
-    OutboxRecord, PendingInbound, PresenceChange, ProcessedKey, RelayAnswer, SendOutcome,
+    Carrier, CarrierAnswer, EntryState, FailReason, HookBatch, HookMessage, InboundKey,
+    InboundOrigin, Millis, OutboxRecord, PendingInbound, PresenceChange, ProcessedKey, SendOutcome,
     SendRequest, Settlement, Stats, StoreOp, Transmit, TransmitKind,
 };
 use crate::neighbors::Neighbors;
@@ -93,7 +93,7 @@ pub struct Engine {
     resend_budget: ResendBudget,
     dedup: Dedup,
     /// The at-least-once inbound pipeline, when a durability hook is registered.
-    durable: Option<Durable>,
+    durable: Option<HookPipeline>,
     control: ControlGate,
     carriers: BTreeSet<Carrier>,
     lamport: u64,
@@ -109,7 +109,7 @@ impl Engine {
     /// `local_identity` goes into `Message.sender` of every message this device sends.
     pub fn new(config: Config, local_identity: String) -> Self {
         let dedup = Dedup::new(config.dedup_max_entries, config.dedup_retention_ms());
-        let durable = config.durable_inbound.clone().map(Durable::new);
+        let durable = config.durability_hook.clone().map(HookPipeline::new);
         let control = ControlGate::new(config.accept_legacy_control_v1);
         Self {
             control,
@@ -281,13 +281,13 @@ impl Engine {
     }
 
     /// A carrier became available. `Carrier::Local(name)` registers an app-supplied carrier
-    /// (it reaches only the neighbors reported for it). An addressed carrier (`Internet`,
+    /// (it reaches only the neighbors reported for it). An addressed carrier (`Relay`,
     /// `Gateway`) is the reconnect flush and a reachability edge for everyone: every parked entry
     /// gets a fresh budget, every queued or resting entry is due now, the first `flush_batch` go
     /// in this call and the rest on the following `handle_timeout` calls.
     pub fn handle_carrier_up(&mut self, carrier: Carrier, now: Millis) {
         match &carrier {
-            Carrier::Internet | Carrier::Gateway => {
+            Carrier::Relay | Carrier::Gateway => {
                 self.carriers.insert(carrier);
                 self.edge_all(now);
                 for key in self.timers.queued_later_than(now) {
@@ -314,7 +314,7 @@ impl Engine {
             durable.carrier_down(&carrier);
         }
         match &carrier {
-            Carrier::Internet => self.presence.disconnect(),
+            Carrier::Relay => self.presence.disconnect(),
             Carrier::Gateway => {}
             Carrier::Local(name) => {
                 self.neighbors.unregister(name);
@@ -364,7 +364,7 @@ impl Engine {
         &mut self,
         id: &str,
         send_seq: u64,
-        answer: RelayAnswer,
+        answer: CarrierAnswer,
         now: Millis,
     ) {
         let Some(key) = self.current_attempt(id, send_seq) else {
@@ -381,13 +381,13 @@ impl Engine {
         }
         // A Stored or Unreachable answer proves the frame was written even if that report is
         // still on its way.
-        if handed && answer != RelayAnswer::Live {
+        if handed && answer != CarrierAnswer::Live {
             self.mark_written(key, now);
         }
         match answer {
-            RelayAnswer::Live => self.set_park(key, None),
-            RelayAnswer::Stored => self.enter_custody(key, now),
-            RelayAnswer::Unreachable => self.on_unreachable(key, now),
+            CarrierAnswer::Live => self.set_park(key, None),
+            CarrierAnswer::Stored => self.enter_custody(key, now),
+            CarrierAnswer::Unreachable => self.on_unreachable(key, now),
         }
         self.end_call();
     }
@@ -397,15 +397,15 @@ impl Engine {
     /// identity). A data message is dispatched once per dedup key (`MarkProcessed` +
     /// `message_received`), then ACKed end to end if it asks for it — also when it is a
     /// duplicate, since the first ACK may have been lost — on the carrier it came by (to that
-    /// peer for a local one). The relay frame's `HopAck` comes last. The runtime commits store
+    /// peer for a local one). The relay frame's frame release comes last. The runtime commits store
     /// ops, then dispatches events, then executes transmits, so both ACKs follow the processing
     /// (`delivery.md` item 10). Either kind is a reachability edge for the peer that carried it.
     ///
-    /// With `durable_inbound` a data message that is not processed yet goes to the durability
+    /// With `durability_hook` a data message that is not processed yet goes to the durability
     /// pipeline instead (see [`Engine::poll_hook`]): it is buffered (`StoreOp::BufferInbound`,
     /// written at the end of this call) unless it already is, and neither ACK goes out before
     /// the hook committed it. A processed one is re-ACKed and released at once, as without a
-    /// hook. `HopAck`s therefore do not come out in seq order across batches: the runtime may
+    /// hook. frame releases therefore do not come out in seq order across batches: the runtime may
     /// coalesce them into `AckUpTo` only over seqs that are all released.
     ///
     /// Over a local carrier a data message addressed to another device is a copy that neighbor
@@ -459,7 +459,7 @@ impl Engine {
                             message.ack(inbound::ack_id(&message.id), now, origin.carrier.name());
                         self.ack_back(&origin, ack);
                     }
-                    self.release_hop(&origin);
+                    self.release_frame(&origin);
                     self.end_call();
                     return;
                 }
@@ -467,7 +467,7 @@ impl Engine {
                 // end; the relay hop is still released (identity.md §4.2).
                 Verdict::Refused(events) => {
                     self.events.extend(events);
-                    self.release_hop(&origin);
+                    self.release_frame(&origin);
                     self.end_call();
                     return;
                 }
@@ -481,7 +481,7 @@ impl Engine {
             None => self.inbound_data(message, &origin, now),
         };
         if release {
-            self.release_hop(&origin);
+            self.release_frame(&origin);
         }
         self.end_call();
     }
@@ -490,32 +490,32 @@ impl Engine {
     /// the peer that handed it over on a local carrier.
     fn ack_back(&mut self, origin: &InboundOrigin, ack: Message) {
         let peer = match origin.carrier {
-            Carrier::Internet | Carrier::Gateway => None,
+            Carrier::Relay | Carrier::Gateway => None,
             Carrier::Local(_) => Some(origin.stamped_sender.clone()),
         };
         self.transmits.push_back(Transmit {
             carrier: origin.carrier.clone(),
             peer,
-            kind: TransmitKind::Ack { message: ack },
+            kind: TransmitKind::DeliveryAck { message: ack },
         });
     }
 
     /// Releases the relay journal frame that carried an inbound message, if it had one.
-    fn release_hop(&mut self, origin: &InboundOrigin) {
+    fn release_frame(&mut self, origin: &InboundOrigin) {
         if let Some(seq) = origin.seq {
             self.transmits.push_back(Transmit {
                 carrier: origin.carrier.clone(),
                 peer: None,
-                kind: TransmitKind::HopAck { seq },
+                kind: TransmitKind::ReleaseFrame { seq },
             });
         }
     }
 
-    /// At start, after `restore`: the buffered rows from the store. With `durable_inbound` they
+    /// At start, after `restore`: the buffered rows from the store. With `durability_hook` they
     /// are offered to the hook again (origin Redelivery, in the order they were received, in
     /// batches within the count and byte bounds) as soon as no batch is with the hook; rows past
     /// retention are expired now (with their trace). A row whose key is already processed is
-    /// cleared (`CommitInbound`). Without `durable_inbound` (the hook was removed since) the rows
+    /// cleared (`CommitInbound`). Without `durability_hook` (the hook was removed since) the rows
     /// are delivered at most once as without a hook: cleared and marked processed
     /// (`CommitInbound`), `message_received`, end-to-end ACK.
     pub fn restore_inbound(&mut self, pending: Vec<PendingInbound>, now: Millis) {
@@ -543,13 +543,13 @@ impl Engine {
 
     /// The next batch for the durability hook, if one is ready and none is with the hook (one at
     /// a time). Its rows were written with `StoreOp::BufferInbound` in the call that received
-    /// them, so they are durable before the hook sees them. `None` without `durable_inbound`.
+    /// them, so they are durable before the hook sees them. `None` without `durability_hook`.
     pub fn poll_hook(&mut self) -> Option<HookBatch> {
         self.durable.as_mut()?.poll()
     }
 
     /// The hook's verdict on batch `batch_id`; a stale id (not the batch with the hook) is
-    /// ignored. `Ok`: `StoreOp::CommitInbound` for the batch, then a relay `HopAck` for every seq
+    /// ignored. `Ok`: `StoreOp::CommitInbound` for the batch, then a relay frame release for every seq
     /// that carried any of its messages (duplicates that arrived while it was buffered included,
     /// in seq order), then the end-to-end ACKs of those that ask for one (on the carrier they
     /// came by while it is usable, else the current route to the sender, else none: the sender's
@@ -595,7 +595,7 @@ impl Engine {
     /// The relay connection on `carrier` advertised `mailbox_v1`: until `DrainComplete` its new
     /// messages are the backlog, batched for the hook (`batch_max_messages`, `batch_max_bytes`,
     /// `batch_max_age_ms` after the batch's first message). A pending drain batch (of an earlier
-    /// connection) is forced first. Nothing to do without `durable_inbound`.
+    /// connection) is forced first. Nothing to do without `durability_hook`.
     pub fn handle_drain_started(&mut self, carrier: Carrier, _now: Millis) {
         if let Some(durable) = self.durable.as_mut() {
             durable.drain_started(carrier);
@@ -605,7 +605,7 @@ impl Engine {
 
     /// `DrainComplete{count}`: the pending drain batch is forced; `Event::InboundDrainCompleted`
     /// follows when every message that arrived during the drain has committed (or expired) —
-    /// at once if there is none, and always at once without `durable_inbound`. Batches go to
+    /// at once if there is none, and always at once without `durability_hook`. Batches go to
     /// the hook in the order they closed, so live messages wait behind the drain's tail batch.
     pub fn handle_drain_complete(&mut self, carrier: Carrier, count: u64, _now: Millis) {
         let mut sink = Sink {
@@ -624,7 +624,7 @@ impl Engine {
 
     /// Inbound messages buffered for the durability hook and not committed yet.
     pub fn inbound_buffered(&self) -> usize {
-        self.durable.as_ref().map_or(0, Durable::len)
+        self.durable.as_ref().map_or(0, HookPipeline::len)
     }
 
     /// All work due at `now`: ACK timeouts, lifetime expiries, then up to `flush_batch` sends
@@ -671,7 +671,7 @@ impl Engine {
     pub fn handle_neighbor_discovered(&mut self, peer: &str, carrier: Carrier, now: Millis) {
         let registered = match &carrier {
             Carrier::Local(name) => self.neighbors.is_registered(name),
-            Carrier::Internet | Carrier::Gateway => false,
+            Carrier::Relay | Carrier::Gateway => false,
         };
         if !registered {
             let text = format!(
@@ -818,7 +818,7 @@ impl Engine {
 
     /// The addressed carrier that carries attempts: the relay when it is up, else a gateway.
     fn addressed(&self) -> Option<Carrier> {
-        [Carrier::Internet, Carrier::Gateway]
+        [Carrier::Relay, Carrier::Gateway]
             .into_iter()
             .find(|carrier| self.carriers.contains(carrier))
     }
@@ -936,7 +936,7 @@ impl Engine {
     /// `send_seq` is never the entry's attempt).
     fn offer(&mut self, key: Key, except: Option<&str>) {
         let via_gateway =
-            self.carriers.contains(&Carrier::Gateway) && self.carriers.contains(&Carrier::Internet);
+            self.carriers.contains(&Carrier::Gateway) && self.carriers.contains(&Carrier::Relay);
         if self.neighbors.is_empty() && !via_gateway {
             return;
         }
@@ -1354,7 +1354,7 @@ impl Engine {
         self.transmits.push_back(Transmit {
             carrier,
             peer,
-            kind: TransmitKind::Ack { message: ack },
+            kind: TransmitKind::DeliveryAck { message: ack },
         });
     }
 

@@ -15,7 +15,7 @@ pub type Millis = u64;
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Carrier {
     /// The relay connection.
-    Internet,
+    Relay,
     /// A gateway daemon (`identity.md` §6). Like the relay it routes by the message's address and
     /// answers every send live or unreachable; unlike it, it keeps no mailbox and has no presence.
     Gateway,
@@ -26,7 +26,7 @@ pub enum Carrier {
 impl Carrier {
     pub fn name(&self) -> &str {
         match self {
-            Self::Internet => "internet",
+            Self::Relay => "internet",
             Self::Gateway => "gateway",
             Self::Local(name) => name,
         }
@@ -35,7 +35,7 @@ impl Carrier {
     /// The relay and a gateway route by the message's address; a local carrier reaches only the
     /// neighbor a frame is handed to.
     pub fn is_addressed(&self) -> bool {
-        matches!(self, Self::Internet | Self::Gateway)
+        matches!(self, Self::Relay | Self::Gateway)
     }
 }
 
@@ -68,9 +68,9 @@ pub enum SendOutcome {
     Duplicate(String),
 }
 
-/// How the relay answered a `SendMessage` it read.
+/// How an addressed carrier (the relay or a gateway) answered a `SendMessage` it read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RelayAnswer {
+pub enum CarrierAnswer {
     /// `MessageSent{disposition:"live"}`: queued to the recipient's socket.
     Live,
     /// `MessageSent{disposition:"stored"}`: the relay's mailbox holds it (custody, not delivery).
@@ -87,7 +87,7 @@ pub struct InboundOrigin {
     pub stamped_sender: String,
     /// `MessageReceived.sender_account` [ext], when the relay sent it.
     pub sender_account: Option<String>,
-    /// The relay journal `seq`, to be acknowledged with a `HopAck` once processed.
+    /// The relay journal `seq`, to be acknowledged with a frame release once processed.
     pub seq: Option<u64>,
 }
 
@@ -97,7 +97,7 @@ pub struct Transmit {
     pub carrier: Carrier,
     /// For `Carrier::Local(_)`: the neighbor the frame is handed to — the recipient itself on a
     /// direct link, or a neighbor that only carries it (a parked message offered on park or
-    /// probe). `None` for the addressed carriers (`Internet`, `Gateway`), which route by the
+    /// probe). `None` for the addressed carriers (`Relay`, `Gateway`), which route by the
     /// message.
     pub peer: Option<String>,
     pub kind: TransmitKind,
@@ -117,10 +117,12 @@ pub enum TransmitKind {
     /// An outbox entry's (re)send. Report with `handle_written` / `handle_send_failed`, quoting
     /// `send_seq`; reports for an older `send_seq` are stale and ignored.
     Outbox { message: Message, send_seq: u64 },
-    /// An end-to-end delivery ACK (fire and forget: a lost one makes the sender retry).
-    Ack { message: Message },
-    /// Release of relay journal frame `seq` (the relay `Ack`), sent only after processing.
-    HopAck { seq: u64 },
+    /// A delivery ACK: the end-to-end ACK Message back to the sender (fire and forget: a lost
+    /// one makes the sender retry). See `docs/glossary.md`.
+    DeliveryAck { message: Message },
+    /// A frame release: relay journal frame `seq` may be dropped (the wire's `Ack`/`AckUpTo`),
+    /// sent only after the message it carried was processed. Never a delivery ACK.
+    ReleaseFrame { seq: u64 },
 }
 
 /// Where an outbox entry stands, as persisted and as `getMessageStatus` reports it.

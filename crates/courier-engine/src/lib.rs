@@ -69,7 +69,7 @@
 //! 7. After every call, the latest `StoreOp::Put` of each live entry equals its current ladder
 //!    state (one Put per changed entry per call).
 //! 8. An inbound message reaches the application at most once per `(chat, sender, id)` within
-//!    the dedup retention; its end-to-end ACK and relay `HopAck` follow its processing. With a
+//!    the dedup retention; its end-to-end ACK and relay frame release follow its processing. With a
 //!    durability hook "reaches the application" means the hook's commit: a message is offered
 //!    at least once and committed (`StoreOp::CommitInbound`) at most once.
 //! 9. Time is an input: the same inputs give the same outputs.
@@ -87,8 +87,8 @@
 //!     the call that received it, so before the hook can see it; the engine's buffered rows are
 //!     exactly the store's after every call. At most one batch is with the hook; no batch
 //!     exceeds `batch_max_messages`, nor `batch_max_bytes` unless it is one message. No relay
-//!     `HopAck` of a frame that carried a buffered message, and no end-to-end ACK of it, precedes
-//!     its `CommitInbound` (a `HopAck` may follow an `ExpireInbound`: a drop). A buffered row
+//!     frame release of a frame that carried a buffered message, and no end-to-end ACK of it, precedes
+//!     its `CommitInbound` (a frame release may follow an `ExpireInbound`: a drop). A buffered row
 //!     leaves only by the hook's commit or by retention with a diagnostic and a
 //!     `security_warning`; every row has a retention deadline or is with the hook.
 //! 15. The drain's batches reach the hook in arrival order and before any message that arrived
@@ -99,9 +99,9 @@ mod ack;
 pub mod config;
 mod control_gate;
 mod dedup;
-mod durable;
 mod engine;
 pub mod event;
+mod hook;
 mod inbound;
 pub mod io;
 mod neighbors;
@@ -114,7 +114,7 @@ mod timers;
 #[cfg(test)]
 mod tests;
 
-pub use config::{Config, DurableInbound};
+pub use config::{Config, HookConfig};
 pub use engine::Engine;
 pub use event::{DiagnosticLevel, Event};
 pub use io::*;

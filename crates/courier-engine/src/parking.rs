@@ -9,7 +9,7 @@
 //!   recipient's escalation counter once; the probe is scheduled `15 s × 2^(counter−1)` out,
 //!   capped at 600 s. The counter is per recipient while the probes are per message, so a burst
 //!   to one absent peer climbs one shared ladder.
-//! - **Reachability edges reset it**: the Internet carrier coming up (reconnect), `restore`
+//! - **Reachability edges reset it**: the relay coming up (reconnect), `restore`
 //!   (start), the peer discovered as a neighbor on a local carrier, the peer reported online by
 //!   presence, the delivery of one of the peer's messages, and an inbound message carried by the
 //!   peer (the seed's opt-out paragraph counts on returning peers that "send an inbound frame").

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use courier_engine::{
-    Carrier, Engine, Event, InboundKey, InboundOrigin, Millis, RelayAnswer, SendRequest,
+    Carrier, CarrierAnswer, Engine, Event, InboundKey, InboundOrigin, Millis, SendRequest,
 };
 use courier_proto::Message;
 
@@ -28,10 +28,10 @@ pub enum Cmd {
         send_seq: u64,
         reason: &'static str,
     },
-    RelayAnswer {
+    CarrierAnswer {
         id: String,
         send_seq: u64,
-        answer: RelayAnswer,
+        answer: CarrierAnswer,
     },
     Inbound {
         message: Box<Message>,

@@ -100,7 +100,7 @@ pub struct RelayCounts {
 pub struct Relay {
     pub mailbox: Option<MailboxLimits>,
     pub up: bool,
-    // Durable.
+    // HookPipeline.
     known: BTreeSet<String>,
     journals: BTreeMap<String, BTreeMap<u64, Frame>>,
     next_seq: BTreeMap<String, u64>,

@@ -2,7 +2,7 @@
 //! of them run a durability hook and how it behaves, the local-carrier topology, the relay's
 //! mailbox, and how hostile the network and the scheduler are.
 
-use courier_engine::{Config, DurableInbound, Millis};
+use courier_engine::{Config, HookConfig, Millis};
 use courier_proto::address::ADDRESS_HASH_LEN;
 use courier_proto::Address;
 
@@ -153,7 +153,7 @@ fn peer_spec(rng: &mut Rng, i: usize) -> PeerSpec {
     config.outbox_max_media_entries = rng.range(2, 6) as usize;
     config.flush_batch = rng.range(1, 6) as usize;
     let hook = rng.chance(500).then(|| {
-        config.durable_inbound = Some(DurableInbound {
+        config.durability_hook = Some(HookConfig {
             batch_max_messages: rng.range(1, 6) as usize,
             batch_max_bytes: rng.range(16, 512) as usize,
             batch_max_age_ms: rng.range(200, 3 * SEC),

@@ -25,7 +25,7 @@ mod scheduler;
 use std::collections::{BTreeMap, BTreeSet};
 
 use courier_engine::{
-    Carrier, Engine, Event, FailReason, InboundKey, InboundOrigin, Millis, RelayAnswer,
+    Carrier, CarrierAnswer, Engine, Event, FailReason, InboundKey, InboundOrigin, Millis,
     SendOutcome, SendRequest, Settlement, StoreOp, Transmit, TransmitKind,
 };
 use courier_proto::{ContentType, Message, Priority};

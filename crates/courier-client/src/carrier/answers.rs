@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use courier_engine::RelayAnswer;
+use courier_engine::CarrierAnswer;
 use courier_proto::limits::RECIPIENT_UNREACHABLE;
 use courier_proto::{Disposition, RelayFrame};
 
@@ -75,10 +75,10 @@ impl Answers {
     fn sent(&mut self, driver: &DriverTx, id: String, disposition: Option<Disposition>) {
         if let Some(u) = self.unanswered.remove(&id) {
             let answer = match disposition {
-                Some(Disposition::Stored) => RelayAnswer::Stored,
-                _ => RelayAnswer::Live,
+                Some(Disposition::Stored) => CarrierAnswer::Stored,
+                _ => CarrierAnswer::Live,
             };
-            driver.send(Command::RelayAnswer {
+            driver.send(Command::CarrierAnswer {
                 id,
                 send_seq: u.send_seq,
                 answer,
@@ -108,10 +108,10 @@ impl Answers {
         for id in ids {
             if unreachable {
                 if let Some(u) = self.unanswered.remove(&id) {
-                    driver.send(Command::RelayAnswer {
+                    driver.send(Command::CarrierAnswer {
                         id,
                         send_seq: u.send_seq,
-                        answer: RelayAnswer::Unreachable,
+                        answer: CarrierAnswer::Unreachable,
                     });
                 }
             } else {

@@ -52,7 +52,7 @@ type Ws = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
 pub enum RelayOut {
     Submit(Submit),
     /// Release relay journal frame `seq`.
-    HopAck {
+    ReleaseFrame {
         seq: u64,
     },
     /// The OS says the network is up (`true`: reconnect now) or down.
@@ -137,7 +137,7 @@ pub async fn run(
             Loss::Superseded(reason) => {
                 if !superseded_reported {
                     superseded_reported = true;
-                    driver.send(Command::Emit(ClientEvent::InternetSessionSuperseded {
+                    driver.send(Command::Emit(ClientEvent::RelaySessionSuperseded {
                         reason,
                     }));
                 }
@@ -214,7 +214,7 @@ fn refuse_while_down(cmd: RelayOut, driver: &DriverTx, presence: &mut PresenceWa
         RelayOut::Watch(peer) => presence.watch(peer),
         RelayOut::Unwatch(peer) => presence.unwatch(&peer),
         RelayOut::Submit(Submit::Ack { .. })
-        | RelayOut::HopAck { .. }
+        | RelayOut::ReleaseFrame { .. }
         | RelayOut::Hint(_)
         // The next session's drain writes every unacked frame anyway.
         | RelayOut::Redeliver
@@ -438,12 +438,12 @@ impl<'a> Session<'a> {
             DiagnosticLevel::Info,
             format!("relay connected; capabilities {:?}", auth.capabilities),
         );
-        driver.send(Command::Emit(ClientEvent::InternetStatusChanged {
+        driver.send(Command::Emit(ClientEvent::RelayStatusChanged {
             connected: true,
             authenticated: true,
         }));
         driver.send(Command::AccountName(auth.username.clone()));
-        driver.send(Command::CarrierUp(Carrier::Internet));
+        driver.send(Command::CarrierUp(Carrier::Relay));
         session
     }
 
@@ -507,7 +507,7 @@ impl<'a> Session<'a> {
                 self.acks.push_back(frame);
                 Ok(())
             }
-            Some(RelayOut::HopAck { seq }) => {
+            Some(RelayOut::ReleaseFrame { seq }) => {
                 self.releases.release(seq);
                 Ok(())
             }
@@ -667,7 +667,7 @@ impl<'a> Session<'a> {
             self.releases.received(seq);
         }
         let stamp = Stamp {
-            carrier: Carrier::Internet,
+            carrier: Carrier::Relay,
             sender,
             sender_account,
             seq,
@@ -694,7 +694,7 @@ impl<'a> Session<'a> {
 
     fn forward(&self, text: &str) {
         self.driver
-            .send(Command::Emit(ClientEvent::InternetServerMessage {
+            .send(Command::Emit(ClientEvent::RelayServerMessage {
                 json: text.to_owned(),
             }));
     }
@@ -772,7 +772,7 @@ impl<'a> Session<'a> {
             let _ = self.ws.send(close_message(code, "")).await;
         }
         self.presence.disconnected();
-        self.driver.send(Command::CarrierDown(Carrier::Internet));
+        self.driver.send(Command::CarrierDown(Carrier::Relay));
         self.answers.connection_lost(self.driver);
         for (id, send_seq, _, _) in self.sends.drain(..) {
             self.driver.send(Command::SendFailed {
@@ -782,7 +782,7 @@ impl<'a> Session<'a> {
             });
         }
         self.driver
-            .send(Command::Emit(ClientEvent::InternetStatusChanged {
+            .send(Command::Emit(ClientEvent::RelayStatusChanged {
                 connected: false,
                 authenticated: false,
             }));

@@ -27,7 +27,7 @@ fn carrier_to_db(carrier: &Carrier) -> &str {
 
 fn carrier_from_db(name: String) -> Carrier {
     if name == "internet" {
-        Carrier::Internet
+        Carrier::Relay
     } else {
         Carrier::Local(name)
     }
@@ -196,7 +196,7 @@ mod tests {
 
     #[test]
     fn carrier_names_round_trip() {
-        for c in [Carrier::Internet, Carrier::Local("ble".into())] {
+        for c in [Carrier::Relay, Carrier::Local("ble".into())] {
             assert_eq!(carrier_from_db(carrier_to_db(&c).to_owned()), c);
         }
     }

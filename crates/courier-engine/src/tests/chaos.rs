@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use courier_proto::{ContentType, Priority};
 
 use super::*;
-use crate::config::DurableInbound;
+use crate::config::HookConfig;
 use crate::{BatchOrigin, FailReason};
 
 /// splitmix64: enough randomness for scheduling, and reproducible from the seed.
@@ -56,12 +56,12 @@ const PRIORITIES: [Priority; 4] = [
     Priority::High,
     Priority::Critical,
 ];
-const ANSWERS: [Option<RelayAnswer>; 6] = [
-    Some(RelayAnswer::Live),
-    Some(RelayAnswer::Live),
-    Some(RelayAnswer::Live),
-    Some(RelayAnswer::Stored),
-    Some(RelayAnswer::Unreachable),
+const ANSWERS: [Option<CarrierAnswer>; 6] = [
+    Some(CarrierAnswer::Live),
+    Some(CarrierAnswer::Live),
+    Some(CarrierAnswer::Live),
+    Some(CarrierAnswer::Stored),
+    Some(CarrierAnswer::Unreachable),
     None,
 ];
 
@@ -157,14 +157,14 @@ fn run(seed: u64, hook: bool) -> BTreeSet<&'static str> {
     config.outbox_max_lifetime_ms = 15 * MIN;
     config.edge_driven_unreachable_dm = seed.is_multiple_of(2);
     if hook {
-        config.durable_inbound = Some(DurableInbound {
+        config.durability_hook = Some(HookConfig {
             batch_max_messages: 5,
             batch_max_bytes: 64,
             retry_initial_ms: 500,
             retry_max_ms: 8 * SEC,
             // Odd seeds let refused rows run into their retention.
             retention_ms: if seed % 2 == 1 { 20 * MIN } else { 7 * DAY },
-            ..DurableInbound::default()
+            ..HookConfig::default()
         });
     }
     let mut sim = Sim::new(config);
@@ -221,7 +221,7 @@ fn run(seed: u64, hook: bool) -> BTreeSet<&'static str> {
                     let forged = sim.frames[&id].ack("forged".into(), sim.now, "internet");
                     relay_seq += 1;
                     let origin = InboundOrigin {
-                        carrier: Carrier::Internet,
+                        carrier: Carrier::Relay,
                         stamped_sender: "mallory".into(),
                         sender_account: Some("mallory".into()),
                         seq: Some(relay_seq),
@@ -235,7 +235,7 @@ fn run(seed: u64, hook: bool) -> BTreeSet<&'static str> {
                 message.requires_ack = rng.chance(90);
                 relay_seq += 1;
                 let origin = InboundOrigin {
-                    carrier: Carrier::Internet,
+                    carrier: Carrier::Relay,
                     stamped_sender: sender.into(),
                     sender_account: None,
                     seq: rng.chance(80).then_some(relay_seq),
@@ -253,9 +253,9 @@ fn run(seed: u64, hook: bool) -> BTreeSet<&'static str> {
             75..=77 => {
                 if let Some(id) = random_key(&mut rng, sim.rows.keys()) {
                     let answer = rng.pick(&[
-                        RelayAnswer::Live,
-                        RelayAnswer::Stored,
-                        RelayAnswer::Unreachable,
+                        CarrierAnswer::Live,
+                        CarrierAnswer::Stored,
+                        CarrierAnswer::Unreachable,
                     ]);
                     sim.answer(&id, answer);
                 }
@@ -367,7 +367,7 @@ fn run(seed: u64, hook: bool) -> BTreeSet<&'static str> {
                 let message = sim_message(sender, 8 + rng.below(40));
                 relay_seq += 1;
                 let origin = InboundOrigin {
-                    carrier: Carrier::Internet,
+                    carrier: Carrier::Relay,
                     stamped_sender: sender.into(),
                     sender_account: None,
                     seq: Some(relay_seq),
@@ -467,7 +467,7 @@ fn hook_outcome(sim: &Sim, seed: u64, paths: &mut BTreeSet<&'static str>) {
     );
     let warnings = sim
         .events()
-        .filter(|(_, e)| matches!(e, Event::SecurityWarning { reason_code, .. } if *reason_code == crate::durable::RETENTION_EXPIRED))
+        .filter(|(_, e)| matches!(e, Event::SecurityWarning { reason_code, .. } if *reason_code == crate::hook::RETENTION_EXPIRED))
         .count();
     assert_eq!(
         warnings, sim.expired_rows,

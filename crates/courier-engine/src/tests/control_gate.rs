@@ -39,7 +39,7 @@ fn control(key: &IdentityKey, id: &str, signed_at: Option<Millis>) -> Message {
 
 fn relayed(stamped: &str, seq: u64) -> InboundOrigin {
     InboundOrigin {
-        carrier: Carrier::Internet,
+        carrier: Carrier::Relay,
         stamped_sender: stamped.to_owned(),
         sender_account: None,
         seq: Some(seq),
@@ -58,11 +58,11 @@ fn outputs(sim: &Sim, mark: usize) -> Vec<String> {
             Out::Store(StoreOp::MarkProcessed(_)) => "mark_processed".into(),
             Out::Event(Event::Diagnostic { .. }) => "diagnostic".into(),
             Out::Transmit(Transmit {
-                kind: TransmitKind::Ack { .. },
+                kind: TransmitKind::DeliveryAck { .. },
                 ..
             }) => "ack".into(),
             Out::Transmit(Transmit {
-                kind: TransmitKind::HopAck { .. },
+                kind: TransmitKind::ReleaseFrame { .. },
                 ..
             }) => "hop_ack".into(),
             other => format!("{other:?}"),

@@ -17,7 +17,7 @@ fn stored_events(sim: &Sim, id: &str) -> usize {
 #[test]
 fn a_stored_message_is_probed_not_failed() {
     let mut sim = Sim::with_defaults();
-    sim.net = Net::relay(RelayAnswer::Stored);
+    sim.net = Net::relay(CarrierAnswer::Stored);
     sim.carrier_up();
     let id = sim.send(BOB);
     assert_eq!(stored_events(&sim, &id), 1);
@@ -55,7 +55,7 @@ fn the_absolute_cap_ends_custody() {
     let mut config = Config::new("chat");
     config.outbox_max_lifetime_ms = HOUR;
     let mut sim = Sim::new(config);
-    sim.net = Net::relay(RelayAnswer::Stored);
+    sim.net = Net::relay(CarrierAnswer::Stored);
     sim.carrier_up();
     let id = sim.send(BOB);
     sim.advance(4 * HOUR - 1);
@@ -80,7 +80,7 @@ fn the_absolute_cap_ends_custody() {
 #[test]
 fn reconnecting_redrives_custody_and_restarts_the_probe_ladder() {
     let mut sim = Sim::with_defaults();
-    sim.net = Net::relay(RelayAnswer::Stored);
+    sim.net = Net::relay(CarrierAnswer::Stored);
     sim.carrier_up();
     let id = sim.send(BOB);
     sim.advance(1000 * SEC); // probes at 15, 45, 105, 225, 465, 945 s; next at 1545 s
@@ -98,7 +98,7 @@ fn reconnecting_redrives_custody_and_restarts_the_probe_ladder() {
 #[test]
 fn the_probe_ladder_is_shared_per_recipient() {
     let mut sim = Sim::with_defaults();
-    sim.net = Net::relay(RelayAnswer::Stored);
+    sim.net = Net::relay(CarrierAnswer::Stored);
     sim.carrier_up();
     let first = sim.send(BOB);
     let second = sim.send(BOB);
@@ -116,7 +116,7 @@ fn the_probe_ladder_is_shared_per_recipient() {
 #[test]
 fn a_delivery_from_the_recipient_redrives_its_held_messages() {
     let mut sim = Sim::with_defaults();
-    sim.net = Net::relay(RelayAnswer::Stored);
+    sim.net = Net::relay(CarrierAnswer::Stored);
     sim.carrier_up();
     let first = sim.send(BOB);
     let second = sim.send(BOB);
@@ -143,7 +143,7 @@ fn a_delivery_from_the_recipient_redrives_its_held_messages() {
 #[test]
 fn an_unanswered_probe_is_paced_like_a_stored_answer() {
     let mut sim = Sim::with_defaults();
-    sim.net = Net::relay(RelayAnswer::Stored);
+    sim.net = Net::relay(CarrierAnswer::Stored);
     sim.carrier_up();
     let id = sim.send(BOB);
     sim.net.answer = None;
@@ -158,7 +158,7 @@ fn an_unanswered_probe_is_paced_like_a_stored_answer() {
 #[test]
 fn a_live_answer_puts_a_probe_back_on_the_ack_ladder() {
     let mut sim = Sim::with_defaults();
-    sim.net = Net::relay(RelayAnswer::Stored);
+    sim.net = Net::relay(CarrierAnswer::Stored);
     sim.carrier_up();
     let id = sim.send(BOB);
     sim.net = Net::silent_peer(); // bob is connected now, but never answers

@@ -33,7 +33,7 @@ fn the_relay_carries_the_attempts_when_both_are_up() {
     let id = sim.send(BOB);
     assert_eq!(
         sim.frames_of(mark, &id),
-        [(Carrier::Internet, None)],
+        [(Carrier::Relay, None)],
         "a message that is not parked is not offered over the gateway"
     );
     sim.advance(SEC);
@@ -94,7 +94,7 @@ fn the_gateway_takes_over_when_the_relay_drops() {
 #[test]
 fn a_gateway_verdict_parks_and_probes_over_the_gateway() {
     let mut sim = Sim::with_defaults();
-    sim.gateway = Net::relay(RelayAnswer::Unreachable);
+    sim.gateway = Net::relay(CarrierAnswer::Unreachable);
     sim.gateway_up();
     let id = sim.send(BOB);
     assert_eq!(sim.status(&id), Some(EntryState::Parked));
@@ -116,7 +116,7 @@ fn a_gateway_verdict_parks_and_probes_over_the_gateway() {
 #[test]
 fn a_message_the_relay_parks_is_offered_over_the_gateway_and_settled_from_there() {
     let mut sim = Sim::with_defaults();
-    sim.net = Net::relay(RelayAnswer::Unreachable);
+    sim.net = Net::relay(CarrierAnswer::Unreachable);
     sim.carrier_up();
     sim.gateway_up();
     let mark = sim.mark();
@@ -124,7 +124,7 @@ fn a_message_the_relay_parks_is_offered_over_the_gateway_and_settled_from_there(
     assert_eq!(sim.status(&id), Some(EntryState::Parked));
     assert_eq!(
         sim.frames_of(mark, &id),
-        [(Carrier::Internet, None), (Carrier::Gateway, None)],
+        [(Carrier::Relay, None), (Carrier::Gateway, None)],
         "the attempt over the relay, then the offer over the gateway"
     );
     assert_eq!(sim.gateway_offers.len(), 1);
@@ -136,8 +136,8 @@ fn a_message_the_relay_parks_is_offered_over_the_gateway_and_settled_from_there(
 #[test]
 fn every_probe_of_a_relay_parked_message_is_offered_over_the_gateway() {
     let mut sim = Sim::with_defaults();
-    sim.net = Net::relay(RelayAnswer::Unreachable);
-    sim.gateway = Net::relay(RelayAnswer::Unreachable);
+    sim.net = Net::relay(CarrierAnswer::Unreachable);
+    sim.gateway = Net::relay(CarrierAnswer::Unreachable);
     sim.carrier_up();
     sim.gateway_up();
     let id = sim.send(BOB);
@@ -179,7 +179,7 @@ fn an_inbound_message_over_the_gateway_is_acknowledged_over_it() {
     assert_eq!(transmits[0].carrier, Carrier::Gateway);
     assert_eq!(transmits[0].peer, None);
     assert!(
-        matches!(&transmits[0].kind, TransmitKind::Ack { message } if message.ack_for() == Some("b1"))
+        matches!(&transmits[0].kind, TransmitKind::DeliveryAck { message } if message.ack_for() == Some("b1"))
     );
     assert!(sim.events().any(|(_, e)| matches!(
         e,
@@ -213,6 +213,6 @@ fn a_frame_handed_to_a_gateway_that_drops_is_retried_over_the_relay() {
     assert_eq!(sim.status(&id), Some(EntryState::Queued));
     let mark = sim.mark();
     sim.advance(2 * SEC);
-    assert_eq!(sim.frames_of(mark, &id), [(Carrier::Internet, None)]);
+    assert_eq!(sim.frames_of(mark, &id), [(Carrier::Relay, None)]);
     assert_eq!(delivered_over(&sim, &id).as_deref(), Some("internet"));
 }

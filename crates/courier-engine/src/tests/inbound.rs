@@ -31,7 +31,7 @@ fn from_bob(id: &str) -> Message {
 
 fn over_relay(stamped: &str, seq: u64) -> InboundOrigin {
     InboundOrigin {
-        carrier: Carrier::Internet,
+        carrier: Carrier::Relay,
         stamped_sender: stamped.to_owned(),
         sender_account: None,
         seq: Some(seq),
@@ -49,11 +49,11 @@ fn shape(sim: &Sim, mark: usize) -> Vec<&'static str> {
             Out::Event(Event::Diagnostic { .. }) => "diagnostic",
             Out::Event(_) => "event",
             Out::Transmit(Transmit {
-                kind: TransmitKind::Ack { .. },
+                kind: TransmitKind::DeliveryAck { .. },
                 ..
             }) => "ack",
             Out::Transmit(Transmit {
-                kind: TransmitKind::HopAck { .. },
+                kind: TransmitKind::ReleaseFrame { .. },
                 ..
             }) => "hop_ack",
             Out::Transmit(_) => "frame",
@@ -64,8 +64,8 @@ fn shape(sim: &Sim, mark: usize) -> Vec<&'static str> {
 fn sent_ack(sim: &Sim, mark: usize) -> Option<&Message> {
     sim.log[mark..].iter().find_map(|(_, out)| match out {
         Out::Transmit(Transmit {
-            kind: TransmitKind::Ack { message },
-            carrier: Carrier::Internet,
+            kind: TransmitKind::DeliveryAck { message },
+            carrier: Carrier::Relay,
             ..
         }) => Some(message),
         _ => None,
@@ -119,7 +119,7 @@ fn a_new_message_is_processed_then_acknowledged() {
         Some((
             _,
             Out::Transmit(Transmit {
-                kind: TransmitKind::HopAck { seq: 7 },
+                kind: TransmitKind::ReleaseFrame { seq: 7 },
                 ..
             })
         ))
@@ -236,7 +236,7 @@ fn only_the_recipient_settles_a_message() {
     // Bob, stamped by address with his account alongside: that is the recipient.
     sim.acked_by_recipient.insert(id.clone());
     let origin = InboundOrigin {
-        carrier: Carrier::Internet,
+        carrier: Carrier::Relay,
         stamped_sender: "off1qysluvwl5922yctzd0u9gpr06gn3k7ldfvgtwgvn".into(),
         sender_account: Some(BOB.into()),
         seq: Some(4),

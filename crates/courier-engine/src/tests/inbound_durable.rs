@@ -6,23 +6,23 @@
 //! buffered rows.
 
 use super::*;
-use crate::config::DurableInbound;
-use crate::durable::RETENTION_EXPIRED;
+use crate::config::HookConfig;
+use crate::hook::RETENTION_EXPIRED;
 use crate::{BatchOrigin, DiagnosticLevel};
 
-fn hooked_with(durable: DurableInbound) -> Sim {
+fn hooked_with(durable: HookConfig) -> Sim {
     let mut config = Config::new("chat");
-    config.durable_inbound = Some(durable);
+    config.durability_hook = Some(durable);
     Sim::new(config)
 }
 
 fn hooked() -> Sim {
-    hooked_with(DurableInbound::default())
+    hooked_with(HookConfig::default())
 }
 
 fn relay(sender: &str, seq: u64) -> InboundOrigin {
     InboundOrigin {
-        carrier: Carrier::Internet,
+        carrier: Carrier::Relay,
         stamped_sender: sender.to_owned(),
         sender_account: None,
         seq: Some(seq),
@@ -67,11 +67,11 @@ fn shape(sim: &Sim, mark: usize) -> Vec<&'static str> {
             Out::Event(Event::Diagnostic { .. }) => "diagnostic",
             Out::Event(_) => "event",
             Out::Transmit(Transmit {
-                kind: TransmitKind::Ack { .. },
+                kind: TransmitKind::DeliveryAck { .. },
                 ..
             }) => "ack",
             Out::Transmit(Transmit {
-                kind: TransmitKind::HopAck { .. },
+                kind: TransmitKind::ReleaseFrame { .. },
                 ..
             }) => "hop_ack",
             Out::Transmit(_) => "frame",
@@ -84,7 +84,7 @@ fn hop_acks_since(sim: &Sim, mark: usize) -> Vec<u64> {
         .iter()
         .filter_map(|(_, out)| match out {
             Out::Transmit(Transmit {
-                kind: TransmitKind::HopAck { seq },
+                kind: TransmitKind::ReleaseFrame { seq },
                 ..
             }) => Some(*seq),
             _ => None,
@@ -100,7 +100,7 @@ fn acks_since(sim: &Sim, mark: usize) -> Vec<(Carrier, Option<String>, String)> 
             Out::Transmit(Transmit {
                 carrier,
                 peer,
-                kind: TransmitKind::Ack { message },
+                kind: TransmitKind::DeliveryAck { message },
             }) => Some((
                 carrier.clone(),
                 peer.clone(),
@@ -231,9 +231,9 @@ fn a_drain_batch_goes_to_the_hook_3_s_after_its_first_message() {
 
 #[test]
 fn a_drain_batch_closes_before_it_would_pass_its_byte_bound() {
-    let mut sim = hooked_with(DurableInbound {
+    let mut sim = hooked_with(HookConfig {
         batch_max_bytes: 1000,
-        ..DurableInbound::default()
+        ..HookConfig::default()
     });
     sim.drain_started();
     for n in 0..7 {
@@ -348,7 +348,7 @@ fn a_refused_batch_is_retried_only_while_a_carrier_is_up() {
     sim.poll_hook().unwrap();
     sim.hook_result(false);
     sim.carrier_down();
-    let retention = DurableInbound::default().retention_ms;
+    let retention = HookConfig::default().retention_ms;
     assert_eq!(
         sim.engine.next_deadline(),
         Some(retention),
@@ -515,7 +515,7 @@ fn restored_rows_of_processed_messages_are_cleared() {
     let row = PendingInbound {
         key: key("b1"),
         message: message_from(BOB, "b1"),
-        carrier: Carrier::Internet,
+        carrier: Carrier::Relay,
         stamped_sender: BOB.to_owned(),
         received_at: 0,
     };
@@ -533,7 +533,7 @@ fn a_row_the_hook_never_commits_is_removed_after_retention_with_a_trace() {
     sim.poll_hook().unwrap();
     sim.hook_result(false);
     sim.carrier_down();
-    let retention = DurableInbound::default().retention_ms;
+    let retention = HookConfig::default().retention_ms;
     assert_eq!(retention, 7 * DAY);
     sim.advance_to(retention - 1);
     assert_eq!(sim.inbound_rows.len(), 1);
@@ -673,7 +673,7 @@ fn the_ack_of_a_message_whose_neighbor_left_takes_the_relay() {
     sim.hook_result(true);
     assert_eq!(
         acks_since(&sim, mark),
-        [(Carrier::Internet, None, "c1".to_owned())]
+        [(Carrier::Relay, None, "c1".to_owned())]
     );
 }
 
@@ -701,9 +701,9 @@ fn drain_completion_is_immediate_without_a_hook_or_without_messages() {
 
 #[test]
 fn over_the_buffer_bound_a_message_is_left_unacknowledged_for_redelivery() {
-    let mut sim = hooked_with(DurableInbound {
+    let mut sim = hooked_with(HookConfig {
         max_buffered_messages: 3,
-        ..DurableInbound::default()
+        ..HookConfig::default()
     });
     sim.carrier_up();
     for n in 0..3 {
@@ -738,7 +738,7 @@ fn an_idle_hooked_engine_sleeps() {
     deliver(&mut sim, "b1", 11);
     assert_eq!(
         sim.engine.next_deadline(),
-        Some(DurableInbound::default().retention_ms),
+        Some(HookConfig::default().retention_ms),
         "a buffered row has its retention"
     );
     sim.hook_commits_all();
@@ -751,7 +751,7 @@ fn rows_left_by_a_removed_hook_are_delivered_once_at_start() {
     let mut sim = hooked();
     sim.carrier_up();
     deliver(&mut sim, "b1", 11);
-    sim.config.durable_inbound = None;
+    sim.config.durability_hook = None;
     let mark = sim.mark();
     sim.restart();
     assert_eq!(shape(&sim, mark), ["commit", "message_received"]);

@@ -21,8 +21,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use courier_proto::{ContentType, Message, Priority};
 
 use crate::{
-    Carrier, Config, Engine, EntryState, Event, HookBatch, HookMessage, InboundKey, InboundOrigin,
-    Millis, OutboxRecord, PendingInbound, PresenceChange, ProcessedKey, RelayAnswer, SendOutcome,
+    Carrier, CarrierAnswer, Config, Engine, EntryState, Event, HookBatch, HookMessage, InboundKey,
+    InboundOrigin, Millis, OutboxRecord, PendingInbound, PresenceChange, ProcessedKey, SendOutcome,
     SendRequest, Settlement, StoreOp, Transmit, TransmitKind,
 };
 
@@ -50,7 +50,7 @@ pub(crate) struct Net {
     /// The carrier writes frames at once; otherwise they wait in `Sim::unwritten`.
     pub write: bool,
     /// The relay's answer to each written frame; `None`: it says nothing.
-    pub answer: Option<RelayAnswer>,
+    pub answer: Option<CarrierAnswer>,
     /// The recipient ACKs this long after a write that reached it (relay answer `Live` or none).
     pub ack_after: Option<Millis>,
     /// The relay refuses every frame (a `DeliveryError` that is not a verdict): a failed send.
@@ -70,7 +70,7 @@ impl Net {
     pub(crate) fn honest() -> Self {
         Self {
             write: true,
-            answer: Some(RelayAnswer::Live),
+            answer: Some(CarrierAnswer::Live),
             ack_after: Some(100),
             refuse: false,
         }
@@ -80,13 +80,13 @@ impl Net {
     pub(crate) fn silent_peer() -> Self {
         Self {
             write: true,
-            answer: Some(RelayAnswer::Live),
+            answer: Some(CarrierAnswer::Live),
             ack_after: None,
             refuse: false,
         }
     }
 
-    pub(crate) fn relay(answer: RelayAnswer) -> Self {
+    pub(crate) fn relay(answer: CarrierAnswer) -> Self {
         Self {
             write: true,
             answer: Some(answer),
@@ -254,15 +254,15 @@ impl Sim {
     pub(crate) fn carrier_up(&mut self) -> usize {
         self.internet_up = true;
         let mark = self.mark();
-        self.engine.handle_carrier_up(Carrier::Internet, self.now);
+        self.engine.handle_carrier_up(Carrier::Relay, self.now);
         self.after_call_counting(mark)
     }
 
     pub(crate) fn carrier_down(&mut self) {
         self.internet_up = false;
         // Frames the carrier had not written die with it.
-        self.unwritten.retain(|(_, _, c)| *c != Carrier::Internet);
-        self.engine.handle_carrier_down(Carrier::Internet, self.now);
+        self.unwritten.retain(|(_, _, c)| *c != Carrier::Relay);
+        self.engine.handle_carrier_down(Carrier::Relay, self.now);
         self.after_call();
     }
 
@@ -353,12 +353,12 @@ impl Sim {
     }
 
     /// The relay's answer to the latest attempt of `id`.
-    pub(crate) fn answer(&mut self, id: &str, answer: RelayAnswer) {
+    pub(crate) fn answer(&mut self, id: &str, answer: CarrierAnswer) {
         let seq = self.send_seqs.get(id).copied().unwrap_or(0);
         self.answer_seq(id, seq, answer);
     }
 
-    pub(crate) fn answer_seq(&mut self, id: &str, send_seq: u64, answer: RelayAnswer) {
+    pub(crate) fn answer_seq(&mut self, id: &str, send_seq: u64, answer: CarrierAnswer) {
         self.engine
             .handle_relay_answer(id, send_seq, answer, self.now);
         self.after_call();
@@ -408,8 +408,7 @@ impl Sim {
         if !self.internet_up {
             self.carrier_up();
         }
-        self.engine
-            .handle_drain_started(Carrier::Internet, self.now);
+        self.engine.handle_drain_started(Carrier::Relay, self.now);
         self.after_call();
     }
 
@@ -425,7 +424,7 @@ impl Sim {
 
     pub(crate) fn drain_complete(&mut self, count: u64) {
         self.engine
-            .handle_drain_complete(Carrier::Internet, count, self.now);
+            .handle_drain_complete(Carrier::Relay, count, self.now);
         self.after_call();
     }
 
@@ -437,7 +436,7 @@ impl Sim {
             "a second batch while one is with the hook"
         );
         assert!(!batch.messages.is_empty(), "an empty hook batch");
-        if let Some(durable) = &self.config.durable_inbound {
+        if let Some(durable) = &self.config.durability_hook {
             let over_one = batch.messages.len() > 1;
             assert!(
                 batch.messages.len() <= durable.batch_max_messages.max(1),
@@ -447,7 +446,7 @@ impl Sim {
             let bytes: usize = batch
                 .messages
                 .iter()
-                .map(|m| crate::durable::content_bytes(&m.message))
+                .map(|m| crate::hook::content_bytes(&m.message))
                 .sum();
             assert!(
                 !over_one || bytes <= durable.batch_max_bytes,
@@ -696,7 +695,7 @@ impl Sim {
     // ---- the world's side ------------------------------------------------------------------
 
     fn recipient_ack(&mut self, id: &str) -> (Message, InboundOrigin) {
-        self.addressed_ack(id, Carrier::Internet)
+        self.addressed_ack(id, Carrier::Relay)
     }
 
     /// The recipient's ACK of `id` back over an addressed carrier (only the relay journals it).
@@ -707,7 +706,7 @@ impl Sim {
             .unwrap_or_else(|| panic!("{id} was never transmitted"));
         self.acked_by_recipient.insert(id.to_owned());
         let ack = frame.ack(format!("peer-ack-{id}"), self.now, carrier.name());
-        let seq = (carrier == Carrier::Internet).then(|| {
+        let seq = (carrier == Carrier::Relay).then(|| {
             self.relay_seq += 1;
             self.relay_seq
         });
@@ -730,7 +729,7 @@ impl Sim {
     /// The world's model of the addressed carrier `carrier`.
     fn net_of(&self, carrier: &Carrier) -> Option<Net> {
         match carrier {
-            Carrier::Internet => Some(self.net),
+            Carrier::Relay => Some(self.net),
             Carrier::Gateway => Some(self.gateway),
             Carrier::Local(_) => None,
         }
@@ -752,7 +751,7 @@ impl Sim {
                     self.engine
                         .handle_relay_answer(&id, send_seq, answer, self.now);
                     more.extend(self.after_call_collect());
-                    (answer == RelayAnswer::Live, net.ack_after)
+                    (answer == CarrierAnswer::Live, net.ack_after)
                 }
                 None => (true, net.ack_after),
             },
@@ -760,7 +759,7 @@ impl Sim {
         };
         if let (true, Some(after)) = (reached_recipient, ack_after) {
             let arrival = match &carrier {
-                Carrier::Internet | Carrier::Gateway => self.addressed_ack(&id, carrier.clone()),
+                Carrier::Relay | Carrier::Gateway => self.addressed_ack(&id, carrier.clone()),
                 Carrier::Local(_) => {
                     let frame = &self.frames[&id];
                     self.acked_by_recipient.insert(id.clone());
@@ -837,7 +836,7 @@ impl Sim {
                 }
                 StoreOp::MarkProcessed(key) => {
                     assert!(
-                        self.config.durable_inbound.is_none(),
+                        self.config.durability_hook.is_none(),
                         "MarkProcessed with a hook"
                     );
                     self.processed.push(key.clone());
@@ -970,7 +969,7 @@ impl Sim {
     /// (expired). A released seq leaves the relay's journal.
     fn released(&mut self, transmit: &Transmit) {
         match &transmit.kind {
-            TransmitKind::HopAck { seq } => {
+            TransmitKind::ReleaseFrame { seq } => {
                 if let Some(key) = self.seq_keys.get(seq) {
                     assert!(
                         self.processed_keys.contains(key)
@@ -985,7 +984,7 @@ impl Sim {
                 }
                 self.journal.remove(seq);
             }
-            TransmitKind::Ack { message } => {
+            TransmitKind::DeliveryAck { message } => {
                 let id = message.ack_for().expect("an ACK names its message");
                 let key = InboundKey {
                     chat: message.recipient.clone(),
@@ -1034,7 +1033,7 @@ impl Sim {
                     .push((self.now, message.id.clone(), *send_seq));
                 let gateway = self.gateway;
                 let reaches =
-                    !gateway.refuse && gateway.answer.is_none_or(|a| a == RelayAnswer::Live);
+                    !gateway.refuse && gateway.answer.is_none_or(|a| a == CarrierAnswer::Live);
                 if let (true, Some(after)) = (reaches, gateway.ack_after) {
                     let arrival = self.addressed_ack(&message.id, Carrier::Gateway);
                     self.schedule_ack(arrival, after);

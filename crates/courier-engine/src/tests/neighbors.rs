@@ -17,7 +17,7 @@ fn carrier_choice_prefers_a_direct_link_to_the_recipient() {
     );
     assert_eq!(
         sim.frames_of(mark, &to_carol),
-        [(Carrier::Internet, None)],
+        [(Carrier::Relay, None)],
         "a local carrier reaches only its neighbors"
     );
     sim.advance(SEC);
@@ -65,7 +65,7 @@ fn without_relay_or_link_the_send_is_deferred_until_a_neighbor_appears() {
 #[test]
 fn the_discovery_flush_sends_a_batch_and_leaves_the_rest_due() {
     let mut sim = Sim::with_defaults();
-    sim.net = Net::relay(RelayAnswer::Unreachable);
+    sim.net = Net::relay(CarrierAnswer::Unreachable);
     sim.carrier_up();
     let ids: Vec<String> = (0..45).map(|_| sim.send(BOB)).collect();
     let other = sim.send(CAROL);
@@ -193,7 +193,7 @@ fn a_neighbor_on_an_unregistered_carrier_is_ignored() {
 #[test]
 fn a_write_on_a_direct_link_takes_a_parked_message_onto_the_ladder() {
     let mut sim = Sim::with_defaults();
-    sim.net = Net::relay(RelayAnswer::Unreachable);
+    sim.net = Net::relay(CarrierAnswer::Unreachable);
     sim.carrier_up();
     let id = sim.send(BOB);
     sim.local_up(BLE);
@@ -220,7 +220,7 @@ fn a_copy_carried_for_another_recipient_is_neither_delivered_nor_acknowledged() 
     for hook in [false, true] {
         let mut config = Config::new("chat");
         if hook {
-            config.durable_inbound = Some(crate::DurableInbound::default());
+            config.durability_hook = Some(crate::HookConfig::default());
         }
         let mut sim = Sim::new(config);
         sim.local_up(BLE);
@@ -247,7 +247,7 @@ fn a_copy_carried_for_another_recipient_is_neither_delivered_nor_acknowledged() 
                 Out::Event(Event::MessageReceived { .. })
                     | Out::Store(StoreOp::MarkProcessed(_) | StoreOp::BufferInbound(_))
                     | Out::Transmit(Transmit {
-                        kind: TransmitKind::Ack { .. },
+                        kind: TransmitKind::DeliveryAck { .. },
                         ..
                     })
             )
@@ -267,7 +267,7 @@ fn a_copy_carried_for_another_recipient_is_neither_delivered_nor_acknowledged() 
             matches!(
                 out,
                 Out::Transmit(Transmit {
-                    kind: TransmitKind::Ack { .. },
+                    kind: TransmitKind::DeliveryAck { .. },
                     ..
                 })
             )

@@ -20,7 +20,7 @@ fn undeliverable(sim: &Sim, id: &str) -> Vec<Millis> {
 
 fn parked_sim(config: Config) -> Sim {
     let mut sim = Sim::new(config);
-    sim.net = Net::relay(RelayAnswer::Unreachable);
+    sim.net = Net::relay(CarrierAnswer::Unreachable);
     sim.carrier_up();
     sim
 }
@@ -292,7 +292,7 @@ fn a_third_party_ack_settles_neither_in_flight_nor_parked() {
     sim.local_up(BLE);
     sim.discover(CAROL, BLE);
     sim.carrier_up();
-    sim.net = Net::relay(RelayAnswer::Unreachable);
+    sim.net = Net::relay(CarrierAnswer::Unreachable);
     let parked = sim.send(BOB);
     sim.net = Net::silent_peer();
     let in_flight = sim.send(BOB);
@@ -302,7 +302,7 @@ fn a_third_party_ack_settles_neither_in_flight_nor_parked() {
         // carol carried the frame and knows its id; she relays an ACK "from bob".
         sim.ack_carried(id, Carrier::Local(BLE.into()), CAROL);
         // mallory, over the relay, claims to be bob in the message.
-        sim.ack_carried(id, Carrier::Internet, "mallory");
+        sim.ack_carried(id, Carrier::Relay, "mallory");
     }
     assert_eq!(sim.status(&parked), Some(EntryState::Parked));
     assert_eq!(sim.status(&in_flight), Some(EntryState::InFlight));
@@ -339,7 +339,7 @@ fn a_parked_message_is_offered_to_neighbors_on_every_park() {
 }
 
 fn parked_send(sim: &mut Sim) -> String {
-    sim.net = Net::relay(RelayAnswer::Unreachable);
+    sim.net = Net::relay(CarrierAnswer::Unreachable);
     sim.carrier_up();
     let id = sim.send(BOB);
     assert_eq!(sim.status(&id), Some(EntryState::Parked));
@@ -442,7 +442,7 @@ fn an_inbound_message_from_the_parked_peer_redrives() {
     sim.net = Net::honest();
     let hello = message_from(BOB, "b-hello");
     let origin = InboundOrigin {
-        carrier: Carrier::Internet,
+        carrier: Carrier::Relay,
         stamped_sender: BOB.into(),
         sender_account: None,
         seq: Some(1),
@@ -461,7 +461,7 @@ fn a_media_chunk_is_not_parked_but_keeps_its_pending_ack() {
     let mut sim = Sim::with_defaults();
     sim.local_up(BLE);
     sim.discover(CAROL, BLE);
-    sim.net = Net::relay(RelayAnswer::Unreachable);
+    sim.net = Net::relay(CarrierAnswer::Unreachable);
     sim.carrier_up();
     let id = sim.send_with(BOB, Priority::Medium, ContentType::FileChunk, None);
     assert_eq!(
@@ -509,14 +509,14 @@ fn stale_relay_answers_are_ignored() {
     sim.advance(11 * SEC); // ACK timeout at 10 s, retry 0 at 11 s
     let second = sim.send_seqs[&id];
     assert_ne!(first, second);
-    sim.answer_seq(&id, first, RelayAnswer::Unreachable);
+    sim.answer_seq(&id, first, CarrierAnswer::Unreachable);
     assert_eq!(
         sim.status(&id),
         Some(EntryState::InFlight),
         "an old attempt's verdict"
     );
     assert!(undeliverable(&sim, &id).is_empty());
-    sim.answer_seq(&id, second, RelayAnswer::Unreachable);
+    sim.answer_seq(&id, second, CarrierAnswer::Unreachable);
     assert_eq!(sim.status(&id), Some(EntryState::Parked));
 }
 
@@ -524,9 +524,9 @@ fn stale_relay_answers_are_ignored() {
 fn parked_and_custody_share_the_ladder_and_the_count() {
     let mut sim = Sim::with_defaults();
     sim.carrier_up();
-    sim.net = Net::relay(RelayAnswer::Stored);
+    sim.net = Net::relay(CarrierAnswer::Stored);
     let stored = sim.send(BOB);
-    sim.net = Net::relay(RelayAnswer::Unreachable);
+    sim.net = Net::relay(CarrierAnswer::Unreachable);
     let parked = sim.send(BOB);
     assert_eq!(sim.engine.stats().parked, 2);
     assert_eq!(sim.rows[&stored].next_at, Some(15 * SEC));

@@ -10,7 +10,7 @@ fn changes(sim: &Sim) -> Vec<(Millis, PresenceChange)> {
 #[test]
 fn watch_and_unwatch_are_emitted_once_each() {
     let mut sim = Sim::with_defaults();
-    sim.net = Net::relay(RelayAnswer::Unreachable);
+    sim.net = Net::relay(CarrierAnswer::Unreachable);
     sim.carrier_up();
     let first = sim.send(BOB);
     let second = sim.send(BOB);
@@ -39,9 +39,9 @@ fn the_watchlist_holds_parked_and_custody_recipients_not_in_flight_ones() {
     sim.carrier_up();
     sim.net = Net::silent_peer();
     sim.send("dave");
-    sim.net = Net::relay(RelayAnswer::Stored);
+    sim.net = Net::relay(CarrierAnswer::Stored);
     sim.send(CAROL);
-    sim.net = Net::relay(RelayAnswer::Unreachable);
+    sim.net = Net::relay(CarrierAnswer::Unreachable);
     sim.send(BOB);
     assert_eq!(sim.engine.presence_watchlist(), [BOB, CAROL]);
     assert_eq!(sim.watching, [BOB, CAROL].map(String::from).into());
@@ -50,7 +50,7 @@ fn the_watchlist_holds_parked_and_custody_recipients_not_in_flight_ones() {
 #[test]
 fn the_watchlist_does_not_depend_on_the_connection() {
     let mut sim = Sim::with_defaults();
-    sim.net = Net::relay(RelayAnswer::Unreachable);
+    sim.net = Net::relay(CarrierAnswer::Unreachable);
     sim.carrier_up();
     sim.send(BOB);
     let to_carol = sim.send(CAROL);
@@ -77,7 +77,7 @@ fn the_watchlist_is_not_capped_by_the_engine() {
     let mut config = Config::new("chat");
     config.outbox_max_entries = 2000;
     let mut sim = Sim::new(config);
-    sim.net = Net::relay(RelayAnswer::Unreachable);
+    sim.net = Net::relay(CarrierAnswer::Unreachable);
     sim.carrier_up();
     sim.checks = false; // O(outbox) per call: checked once the backlog is built
     for n in 0..1100 {
@@ -100,12 +100,12 @@ fn a_peer_that_enters_and_leaves_between_polls_is_not_announced() {
     // polled in between.
     let seq = sim.send_seqs[&id];
     sim.engine
-        .handle_relay_answer(&id, seq, RelayAnswer::Unreachable, sim.now);
+        .handle_relay_answer(&id, seq, CarrierAnswer::Unreachable, sim.now);
     let (ack, origin) = {
         let frame = &sim.frames[&id];
         let ack = frame.ack("peer-ack".into(), sim.now, "internet");
         let origin = InboundOrigin {
-            carrier: Carrier::Internet,
+            carrier: Carrier::Relay,
             stamped_sender: BOB.into(),
             sender_account: None,
             seq: None,

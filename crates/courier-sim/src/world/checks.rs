@@ -57,11 +57,11 @@ impl World {
             }
         };
         match &transmit.kind {
-            TransmitKind::Ack { message } => {
+            TransmitKind::DeliveryAck { message } => {
                 let acked = message.ack_for().unwrap_or_default();
                 check(&key_of(&message.recipient, acked), "end-to-end ACK", false);
             }
-            TransmitKind::HopAck { seq } => {
+            TransmitKind::ReleaseFrame { seq } => {
                 if let Some(key) = self
                     .ledger
                     .seq(name, *seq)
@@ -99,7 +99,7 @@ impl World {
             ));
         }
         let buffered = run.engine.inbound_buffered();
-        if let Some(durable) = &config.durable_inbound {
+        if let Some(durable) = &config.durability_hook {
             if buffered > durable.max_buffered_messages
                 || peer.store.pending.len() > durable.max_buffered_messages
             {

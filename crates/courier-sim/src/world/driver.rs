@@ -184,15 +184,15 @@ impl World {
                 send_seq,
                 reason,
             } => engine.handle_send_failed(&id, send_seq, reason, now),
-            Cmd::RelayAnswer {
+            Cmd::CarrierAnswer {
                 id,
                 send_seq,
                 answer,
             } => engine.handle_relay_answer(&id, send_seq, answer, now),
             Cmd::Inbound { message, origin } => engine.handle_inbound(*message, origin, now),
-            Cmd::DrainStarted => engine.handle_drain_started(Carrier::Internet, now),
+            Cmd::DrainStarted => engine.handle_drain_started(Carrier::Relay, now),
             Cmd::DrainComplete { count } => {
-                engine.handle_drain_complete(Carrier::Internet, count, now)
+                engine.handle_drain_complete(Carrier::Relay, count, now)
             }
             Cmd::HookResult { batch_id, result } => {
                 if run.hook.is_some_and(|(id, _)| id == batch_id) {
@@ -367,7 +367,7 @@ impl World {
             kind,
         } = transmit;
         match carrier {
-            Carrier::Internet => {
+            Carrier::Relay => {
                 let run = self.peers[p].run.as_mut().expect("running");
                 let conn = run
                     .session
@@ -409,14 +409,14 @@ impl World {
                     (TransmitKind::Outbox { message, send_seq }, None) => {
                         self.send_failed(p, message.id, send_seq, "relay not connected");
                     }
-                    (TransmitKind::Ack { message }, Some(conn)) => self.send_to_relay(
+                    (TransmitKind::DeliveryAck { message }, Some(conn)) => self.send_to_relay(
                         conn,
                         ToRelay::Send {
                             message: Box::new(message),
                             tag: None,
                         },
                     ),
-                    (TransmitKind::HopAck { seq }, Some(conn)) => {
+                    (TransmitKind::ReleaseFrame { seq }, Some(conn)) => {
                         self.send_to_relay(conn, ToRelay::Ack { seq })
                     }
                     (_, None) => {}
@@ -436,7 +436,9 @@ impl World {
                     (TransmitKind::Outbox { message, send_seq }, None) => {
                         self.send_failed(p, message.id, send_seq, "neighbor out of range");
                     }
-                    (TransmitKind::Ack { message }, Some(q)) => self.send_local(p, q, message),
+                    (TransmitKind::DeliveryAck { message }, Some(q)) => {
+                        self.send_local(p, q, message)
+                    }
                     _ => {}
                 }
             }
@@ -468,7 +470,7 @@ impl World {
         let max = peer
             .spec
             .config
-            .durable_inbound
+            .durability_hook
             .as_ref()
             .map_or(usize::MAX, |d| d.batch_max_messages.max(1));
         if batch.messages.is_empty() || batch.messages.len() > max {
@@ -633,12 +635,12 @@ fn describe_transmit(t: &Transmit) -> String {
         TransmitKind::Outbox { message, send_seq } => {
             format!("send {}#{send_seq} to {}", message.id, message.recipient)
         }
-        TransmitKind::Ack { message } => format!(
+        TransmitKind::DeliveryAck { message } => format!(
             "ack of {} to {}",
             message.ack_for().unwrap_or_default(),
             message.recipient
         ),
-        TransmitKind::HopAck { seq } => format!("hop ack {seq}"),
+        TransmitKind::ReleaseFrame { seq } => format!("hop ack {seq}"),
     };
     format!("{} {kind} (peer {:?})", t.carrier, t.peer)
 }

@@ -68,7 +68,7 @@ impl World {
         run.backoff_ms = (backoff * 2).min(MAX_BACKOFF);
         self.conn_owner.remove(&session.conn);
         if session.authenticated {
-            self.peers[p].push(Cmd::CarrierDown(Carrier::Internet), now);
+            self.peers[p].push(Cmd::CarrierDown(Carrier::Relay), now);
         }
         for (id, send_seq) in session.unanswered {
             self.send_failed(p, id, send_seq, "connection lost");
@@ -168,7 +168,7 @@ impl World {
                 if mailbox {
                     cmds.push(Cmd::DrainStarted);
                 }
-                cmds.push(Cmd::CarrierUp(Carrier::Internet));
+                cmds.push(Cmd::CarrierUp(Carrier::Relay));
                 let list = run.engine.presence_watchlist();
                 if !list.is_empty() {
                     watch = Some(list);
@@ -181,7 +181,7 @@ impl World {
             } => cmds.push(Cmd::Inbound {
                 message,
                 origin: InboundOrigin {
-                    carrier: Carrier::Internet,
+                    carrier: Carrier::Relay,
                     stamped_sender: sender.clone(),
                     sender_account: Some(sender),
                     seq,
@@ -194,11 +194,11 @@ impl World {
             } => {
                 if session.unanswered.remove(&(message_id.clone(), send_seq)) {
                     let answer = if stored {
-                        RelayAnswer::Stored
+                        CarrierAnswer::Stored
                     } else {
-                        RelayAnswer::Live
+                        CarrierAnswer::Live
                     };
-                    cmds.push(Cmd::RelayAnswer {
+                    cmds.push(Cmd::CarrierAnswer {
                         id: message_id,
                         send_seq,
                         answer,
@@ -210,10 +210,10 @@ impl World {
                 tag: Some(send_seq),
             } => {
                 if session.unanswered.remove(&(message_id.clone(), send_seq)) {
-                    cmds.push(Cmd::RelayAnswer {
+                    cmds.push(Cmd::CarrierAnswer {
                         id: message_id,
                         send_seq,
-                        answer: RelayAnswer::Unreachable,
+                        answer: CarrierAnswer::Unreachable,
                     });
                 }
             }

@@ -309,7 +309,7 @@ impl World {
             .iter()
             .map(|p| {
                 let c = &p.spec.config;
-                let retention = c.durable_inbound.as_ref().map_or(0, |d| d.retention_ms);
+                let retention = c.durability_hook.as_ref().map_or(0, |d| d.retention_ms);
                 c.absolute_lifetime_ms().max(retention.min(HOUR))
             })
             .max()

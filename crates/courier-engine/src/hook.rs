@@ -22,9 +22,9 @@
 //!   counted only while some carrier is up. A relay redelivery of one of them takes it out of
 //!   the wait at once and puts it back in the pipeline from the buffered copy.
 //!
-//! A row leaves only by the hook's commit (`StoreOp::CommitInbound`, then the relay `HopAck`s
+//! A row leaves only by the hook's commit (`StoreOp::CommitInbound`, then the relay frame releases
 //! of every seq that carried it, then the end-to-end ACKs) or by retention
-//! (`StoreOp::ExpireInbound` with a diagnostic and a `security_warning`, then its `HopAck`s —
+//! (`StoreOp::ExpireInbound` with a diagnostic and a `security_warning`, then its frame releases —
 //! a drop). A row whose retention runs out while its batch is with the hook stays until the
 //! verdict: committed on `Ok`, expired on `Err`.
 //!
@@ -40,7 +40,7 @@
 //!
 //! The rows in memory are bounded by `max_buffered_messages` and `max_buffered_bytes` (content
 //! bytes), the relay's own mailbox limits by default. Over either, a new message is not
-//! buffered and not acknowledged (neither `HopAck` nor end-to-end ACK): the relay keeps it and
+//! buffered and not acknowledged (neither frame release nor end-to-end ACK): the relay keeps it and
 //! redelivers it on the next connection, the sender's ladder resends it over a local carrier.
 //! A diagnostic reports the first refusal after each stretch below the bound. Rows restored
 //! from the store are all taken (the store is already their bound).
@@ -50,7 +50,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use courier_proto::Message;
 use serde_json::Value;
 
-use crate::config::DurableInbound;
+use crate::config::HookConfig;
 use crate::event::{DiagnosticLevel, Event};
 use crate::io::{
     BatchOrigin, Carrier, HookBatch, HookMessage, InboundKey, Millis, PendingInbound, StoreOp,
@@ -130,8 +130,8 @@ pub(crate) struct Sink<'a> {
 }
 
 #[derive(Debug)]
-pub(crate) struct Durable {
-    config: DurableInbound,
+pub(crate) struct HookPipeline {
+    config: HookConfig,
     rows: HashMap<RowId, Row>,
     index: HashMap<InboundKey, RowId>,
     next_row: RowId,
@@ -157,8 +157,8 @@ pub(crate) struct Durable {
     full_reported: bool,
 }
 
-impl Durable {
-    pub(crate) fn new(config: DurableInbound) -> Self {
+impl HookPipeline {
+    pub(crate) fn new(config: HookConfig) -> Self {
         Self {
             config,
             rows: HashMap::new(),
@@ -342,7 +342,7 @@ impl Durable {
     }
 
     /// The hook's verdict on batch `id`; `None` for a stale id. On `Ok` the rows are removed and
-    /// `CommitInbound` and the `HopAck`s go out here; the caller records the keys as processed
+    /// `CommitInbound` and the frame releases go out here; the caller records the keys as processed
     /// and sends the end-to-end ACKs. On `Err` nothing is acknowledged and the rows wait for
     /// their retry.
     pub(crate) fn resolve(
@@ -675,9 +675,9 @@ impl Durable {
 fn hop_acks(seqs: &[u64], sink: &mut Sink<'_>) {
     for &seq in seqs {
         sink.transmits.push_back(Transmit {
-            carrier: Carrier::Internet,
+            carrier: Carrier::Relay,
             peer: None,
-            kind: TransmitKind::HopAck { seq },
+            kind: TransmitKind::ReleaseFrame { seq },
         });
     }
 }
@@ -716,7 +716,7 @@ pub(crate) fn content_bytes(message: &Message) -> usize {
 }
 
 #[cfg(test)]
-impl Durable {
+impl HookPipeline {
     pub(crate) fn keys(&self) -> impl Iterator<Item = &InboundKey> + '_ {
         self.index.keys()
     }
