@@ -1,0 +1,342 @@
+//! The engine's inputs other than inbound traffic: sends, restore, carriers, reports from the
+//! carriers, presence, neighbors and time.
+
+use super::*;
+
+impl Engine {
+    /// The relay authenticated this device as `account`: a message named to that account is for
+    /// this device too.
+    pub fn handle_account_name(&mut self, account: String) {
+        self.account = Some(account);
+    }
+
+    /// Loads the persisted outbox and inbound dedup keys at start. Entries past the absolute
+    /// cap settle as "Outbox lifetime exceeded"; the others get a fresh window, keep their
+    /// counters and are re-driven as soon as a carrier is up (a restart is a reachability edge,
+    /// and an in-flight entry's pending ACK died with the old process). A parked entry gets a
+    /// fresh ACK budget (the edge) and comes back parked; the record does not say which kind,
+    /// so it resumes as relay custody and the relay's next answer says what it is now (an
+    /// unreachable verdict parks it as such, with `message_undeliverable`). The capacity bounds
+    /// apply, oldest first. Every kept entry gets a Put.
+    pub fn restore(
+        &mut self,
+        mut records: Vec<OutboxRecord>,
+        processed: Vec<ProcessedKey>,
+        now: Millis,
+    ) {
+        self.dedup.restore(processed, now);
+        records.sort_by(|a, b| {
+            a.created_at
+                .cmp(&b.created_at)
+                .then_with(|| a.message.id.cmp(&b.message.id))
+        });
+        for record in records {
+            self.lamport = self
+                .lamport
+                .max(record.message.lamport_clock.min(MAX_LAMPORT));
+            if self.outbox.key_of(&record.message.id).is_some() {
+                self.diagnostic(
+                    DiagnosticLevel::Warn,
+                    format!("restore: duplicate outbox row {}", record.message.id),
+                );
+                continue;
+            }
+            if now >= outbox::absolute_cap(record.created_at, &self.config) {
+                let Message { id, recipient, .. } = record.message;
+                let reason = FailReason::OutboxLifetimeExceeded;
+                self.emit_failed(id, recipient, reason, record.ack_attempts, now);
+                continue;
+            }
+            let parked = record.state == EntryState::Parked;
+            let entry = Entry {
+                phase: Phase::Queued {
+                    at: now,
+                    expires_at: outbox::expires_at(record.created_at, now, &self.config),
+                },
+                message: record.message,
+                created_at: record.created_at,
+                window_start: now,
+                ack_attempts: if parked { 0 } else { record.ack_attempts },
+                transport_retries: record.transport_retries,
+                first_sent_at: record.first_sent_at,
+                last_sent_at: record.last_sent_at,
+                park: parked.then_some(Park::Custody),
+                timed_probes: 0,
+            };
+            self.make_room(entry.class(), now);
+            self.admit(entry);
+        }
+        self.end_call();
+    }
+
+    /// Accepts a send. The id is `req.id` or `mint_id()`; an id already in the outbox is a
+    /// no-op. The Put comes out in this call (the runtime commits it before resolving), then the
+    /// Transmit when a route and an in-flight slot are free, else `message_deferred`. A full
+    /// outbox first evicts its oldest entry of the same class.
+    pub fn send(
+        &mut self,
+        req: SendRequest,
+        mint_id: impl FnOnce() -> String,
+        now: Millis,
+    ) -> SendOutcome {
+        let SendRequest {
+            id,
+            recipient,
+            content,
+            content_type,
+            priority,
+            metadata,
+            binary_content,
+        } = req;
+        let id = id.unwrap_or_else(mint_id);
+        if self.outbox.key_of(&id).is_some() {
+            return SendOutcome::Duplicate(id);
+        }
+        self.make_room(Class::of(content_type), now);
+        self.lamport = self.lamport.saturating_add(1).min(MAX_LAMPORT);
+        let message = Message {
+            id: id.clone(),
+            sender: self.local_identity.clone(),
+            recipient,
+            app_id: self.config.app_id.clone(),
+            priority,
+            ttl: DEFAULT_TTL,
+            hop_count: 0,
+            timestamp: now,
+            lamport_clock: self.lamport,
+            content_type,
+            content,
+            metadata,
+            requires_ack: true,
+            reply_to_msg: None,
+            binary_content: binary_content.map(Value::String),
+            media_metadata: None,
+            forwarded_from: None,
+            reply_context: None,
+        };
+        let entry = Entry {
+            message,
+            created_at: now,
+            window_start: now,
+            ack_attempts: 0,
+            transport_retries: 0,
+            first_sent_at: None,
+            last_sent_at: None,
+            park: None,
+            timed_probes: 0,
+            phase: Phase::Queued {
+                at: now,
+                expires_at: outbox::expires_at(now, now, &self.config),
+            },
+        };
+        let key = self.admit(entry);
+        match self.sendable(key) {
+            Ok(route) => self.transmit(key, route),
+            Err(reason) => self.emit_deferred(key, reason, None),
+        }
+        self.end_call();
+        SendOutcome::Accepted(id)
+    }
+
+    /// A carrier became available. `Carrier::Local(name)` registers an app-supplied carrier
+    /// (it reaches only the neighbors reported for it). An addressed carrier (`Relay`,
+    /// `Gateway`) is the reconnect flush and a reachability edge for everyone: every parked entry
+    /// gets a fresh budget, every queued or resting entry is due now, the first `flush_batch` go
+    /// in this call and the rest on the following `handle_timeout` calls.
+    pub fn handle_carrier_up(&mut self, carrier: Carrier, now: Millis) {
+        match &carrier {
+            Carrier::Relay | Carrier::Gateway => {
+                self.carriers.insert(carrier);
+                self.edge_all(now);
+                for key in self.timers.queued_later_than(now) {
+                    self.bring_forward(key, now);
+                }
+                self.send_due(now);
+            }
+            Carrier::Local(name) => {
+                self.neighbors.register(name);
+                self.carriers.insert(carrier);
+            }
+        }
+        self.end_call();
+    }
+
+    /// A carrier is gone (for a local carrier: unregistered, with all its neighbor links).
+    /// Frames handed to it and not written are failed sends; written ones keep their ACK timers
+    /// (the ACK may still come back by another way or after reconnect). With a durability hook,
+    /// a drain batch pending on that carrier goes to the hook now and its drain ends there (no
+    /// `DrainComplete` will come for that connection).
+    pub fn handle_carrier_down(&mut self, carrier: Carrier, now: Millis) {
+        self.carriers.remove(&carrier);
+        if let Some(durable) = self.durable.as_mut() {
+            durable.carrier_down(&carrier);
+        }
+        match &carrier {
+            Carrier::Relay => self.presence.disconnect(),
+            Carrier::Gateway => {}
+            Carrier::Local(name) => {
+                self.neighbors.unregister(name);
+            }
+        }
+        for key in self.timers.handed() {
+            let on_this_carrier = self.outbox.get(key).is_some_and(
+                |entry| matches!(&entry.phase, Phase::Handed { carrier: c, .. } if *c == carrier),
+            );
+            if on_this_carrier {
+                self.transport_failure(key, REASON_CARRIER_DOWN, now);
+            }
+        }
+        self.end_call();
+    }
+
+    /// The carrier wrote attempt `send_seq`: the ACK timer starts now (`delivery.md` item 4).
+    pub fn handle_written(&mut self, id: &str, send_seq: u64, now: Millis) {
+        if let Some(key) = self.outbox.key_of(id) {
+            let handed = self.outbox.get(key).is_some_and(
+                |entry| matches!(entry.phase, Phase::Handed { send_seq: s, .. } if s == send_seq),
+            );
+            if handed {
+                self.mark_written(key, now);
+            }
+        }
+        self.end_call();
+    }
+
+    /// Attempt `send_seq` did not make it (carrier error, relay `Error{internal}`, `RateLimited`,
+    /// no relay answer within 15 s, connection loss, a local carrier's rejected `send`): back to
+    /// the retry queue on the transport backoff, which has no attempt limit, keeping the ACK
+    /// attempt count.
+    pub fn handle_send_failed(&mut self, id: &str, send_seq: u64, reason: &str, now: Millis) {
+        if let Some(key) = self.current_attempt(id, send_seq) {
+            self.transport_failure(key, reason, now);
+        }
+        self.end_call();
+    }
+
+    /// The relay's answer to attempt `send_seq` of `id`; answers to any other attempt are stale
+    /// and ignored. `Live` settles nothing (it is a write-ack) but puts a parked entry on the ACK
+    /// ladder; `Stored` puts the entry in relay custody; `Unreachable` is the verdict: a regular
+    /// message parks, a media chunk keeps its pending ACK (seed table "What parks and what
+    /// doesn't"); both emit `message_undeliverable` and are offered to the neighbors.
+    pub fn handle_relay_answer(
+        &mut self,
+        id: &str,
+        send_seq: u64,
+        answer: CarrierAnswer,
+        now: Millis,
+    ) {
+        let Some(key) = self.current_attempt(id, send_seq) else {
+            return;
+        };
+        let Some(entry) = self.outbox.get_mut(key) else {
+            return;
+        };
+        let handed = matches!(entry.phase, Phase::Handed { .. });
+        // The relay processed the frame: the transport works. A write alone does not prove that.
+        if entry.transport_retries != 0 {
+            entry.transport_retries = 0;
+            self.dirty.insert(key);
+        }
+        // A Stored or Unreachable answer proves the frame was written even if that report is
+        // still on its way.
+        if handed && answer != CarrierAnswer::Live {
+            self.mark_written(key, now);
+        }
+        match answer {
+            CarrierAnswer::Live => self.set_park(key, None),
+            CarrierAnswer::Stored => self.enter_custody(key, now),
+            CarrierAnswer::Unreachable => self.on_unreachable(key, now),
+        }
+        self.end_call();
+    }
+
+    /// All work due at `now`: ACK timeouts, lifetime expiries, then up to `flush_batch` sends
+    /// from the retry and probe queues; then the inbound pipeline's timers: retention expiries,
+    /// the open drain batch's age, and the retries of refused batches (while a carrier is up).
+    pub fn handle_timeout(&mut self, now: Millis) {
+        for key in self.timers.due_acks(now) {
+            self.ack_timeout(key, now);
+        }
+        for key in self.timers.due_expiries(now) {
+            self.settle_failed(key, FailReason::OutboxLifetimeExceeded, now);
+        }
+        self.send_due(now);
+        let carrier_up = !self.carriers.is_empty();
+        let mut sink = Sink {
+            store: &mut self.store,
+            events: &mut self.events,
+            transmits: &mut self.transmits,
+        };
+        if let Some(durable) = self.durable.as_mut() {
+            durable.on_timeout(now, carrier_up, &mut sink);
+        }
+        self.end_call();
+    }
+
+    /// A presence status from the relay (`PresenceStatus`, pushed under `presence_watch_v1` or
+    /// polled). `online: true` that is news is a reachability edge for `peer`: its parked
+    /// messages go now with a fresh budget. `online: false` only updates the remembered status:
+    /// probes continue (offline per presence is not a verdict, and a local link may still reach
+    /// the peer).
+    pub fn handle_presence(&mut self, peer: &str, online: bool, now: Millis) {
+        if self.presence.report(peer, online) {
+            self.edge(peer, now);
+            self.send_due(now);
+        }
+        self.end_call();
+    }
+
+    /// `peer` appeared on local carrier `carrier` (registered with `handle_carrier_up`): a
+    /// reachability edge for it, then the seed's Peer Discovery Flush — the peer's waiting
+    /// outbox entries (queued, parked or resting) are pulled from the retry queue and sent now
+    /// over the direct link, at most `flush_batch` in this call (the rest stay queued and due,
+    /// never stranded); failed sends are re-enqueued with their attempt counts.
+    pub fn handle_neighbor_discovered(&mut self, peer: &str, carrier: Carrier, now: Millis) {
+        let registered = match &carrier {
+            Carrier::Local(name) => self.neighbors.is_registered(name),
+            Carrier::Relay | Carrier::Gateway => false,
+        };
+        if !registered {
+            let text = format!(
+                "neighbor {peer} reported on {carrier}, which is not a registered local carrier"
+            );
+            self.diagnostic(DiagnosticLevel::Warn, text);
+            self.end_call();
+            return;
+        }
+        self.neighbors.discover(carrier.name(), peer);
+        self.edge(peer, now);
+        let mut waiting: Vec<Slot> = Vec::new();
+        for key in self.outbox.keys_to(peer) {
+            self.bring_forward(key, now);
+            if let Some(slot) = self.queued_slot(key) {
+                waiting.push(slot);
+            }
+        }
+        waiting.sort_unstable();
+        for (_, _, key) in waiting.into_iter().take(self.config.flush_batch.max(1)) {
+            if !self.try_send(key, now) {
+                break;
+            }
+        }
+        self.end_call();
+    }
+
+    /// `peer` left local carrier `carrier`. Frames handed to that link and not written are
+    /// failed sends (re-enqueued with their attempt counts; the next send takes the relay if it
+    /// is up); written ones keep their ACK timers.
+    pub fn handle_neighbor_lost(&mut self, peer: &str, carrier: Carrier, now: Millis) {
+        if self.neighbors.lose(carrier.name(), peer) {
+            for key in self.timers.handed() {
+                let on_link = self.outbox.get(key).is_some_and(|entry| {
+                    entry.message.recipient == peer
+                        && matches!(&entry.phase, Phase::Handed { carrier: c, .. } if *c == carrier)
+                });
+                if on_link {
+                    self.transport_failure(key, REASON_NEIGHBOR_LOST, now);
+                }
+            }
+        }
+        self.end_call();
+    }
+}

@@ -1,0 +1,103 @@
+//! The engine's own consistency checks, run by the test harness after every call.
+
+use super::*;
+
+impl Engine {
+    /// The engine's own consistency: indexes match phases, the in-flight cap holds, parked
+    /// entries always have a probe timer or rest by the edge-driven rule, the watchlist follows
+    /// the parking bookkeeping, no Put is left unemitted between calls.
+    pub(crate) fn check_invariants(&self) {
+        self.outbox.check();
+        self.presence.check();
+        if let Some(durable) = &self.durable {
+            durable.check();
+        }
+        let mut expected = Timers::default();
+        let mut held = BTreeSet::new();
+        let records: BTreeSet<String> = self.parking.recipients().into_iter().collect();
+        for (key, entry) in self.outbox.iter() {
+            let parked = entry.park.is_some();
+            if parked || entry.timed_probes > 0 {
+                assert!(
+                    records.contains(&entry.message.recipient),
+                    "{} of a park episode its next edge cannot find",
+                    entry.message.id
+                );
+            }
+            expected.arm(key, entry.message.priority, parked, &entry.phase);
+            if parked {
+                held.insert(key);
+            }
+            match entry.phase {
+                Phase::Queued { expires_at, .. } => assert_eq!(
+                    expires_at,
+                    entry.expires_at(&self.config),
+                    "expiry of {}",
+                    entry.message.id
+                ),
+                Phase::Resting { expires_at } => {
+                    assert_eq!(expires_at, entry.expires_at(&self.config));
+                    assert!(
+                        parked
+                            && self.config.edge_driven_unreachable_dm
+                            && entry.timed_probes >= EDGE_DRIVEN_PROBES,
+                        "{} rests outside the edge-driven rule",
+                        entry.message.id
+                    );
+                }
+                Phase::Handed { .. } | Phase::AwaitingAck { .. } => {}
+            }
+        }
+        assert_eq!(
+            expected, self.timers,
+            "timer indexes out of step with entry phases"
+        );
+        assert_eq!(
+            held,
+            self.parking.keys().collect::<BTreeSet<_>>(),
+            "parking index out of step"
+        );
+        for recipient in &self.parking.recipients() {
+            assert!(
+                self.outbox.has_recipient(recipient),
+                "parking record of {recipient} outlived its entries"
+            );
+            assert_eq!(
+                self.presence.is_wanted(recipient),
+                self.parking.watched(recipient),
+                "watchlist out of step for {recipient}"
+            );
+        }
+        for peer in self.presence.wanted() {
+            assert!(self.parking.watched(&peer), "{peer} watched for nothing");
+        }
+        assert!(
+            self.timers.in_flight() <= self.config.max_pending_acks.max(1),
+            "in-flight cap"
+        );
+        assert!(self.dirty.is_empty());
+    }
+
+    /// The keys of the buffered inbound rows the engine holds.
+    pub(crate) fn inbound_keys(&self) -> BTreeSet<InboundKey> {
+        self.durable
+            .iter()
+            .flat_map(|durable| durable.keys().cloned())
+            .collect()
+    }
+
+    pub(crate) fn park_counter(&self, recipient: &str) -> u32 {
+        self.parking.counter(recipient)
+    }
+
+    pub(crate) fn is_neighbor(&self, peer: &str) -> bool {
+        self.neighbors.link_to(peer).is_some()
+    }
+
+    pub(crate) fn records(&self) -> Vec<OutboxRecord> {
+        self.outbox
+            .iter()
+            .map(|(_, entry)| entry.record())
+            .collect()
+    }
+}

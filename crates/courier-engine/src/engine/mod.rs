@@ -1,0 +1,200 @@
+//! The engine façade: its state, its outputs and its queries. Every phase change goes through
+//! `set_phase` (and every park flag change through `set_park`), which re-index the entry's
+//! timers and mark it for a `StoreOp::Put` at the end of the call (one Put per changed entry per
+//! call). The transitions live in the child modules, each named for what it owns.
+
+use std::collections::{BTreeSet, VecDeque};
+
+use courier_proto::{Address, ContentType, Message};
+use serde_json::Value;
+
+use crate::ack::{self, AfterTimeout};
+use crate::config::Config;
+use crate::control_gate::{ControlGate, Verdict};
+use crate::dedup::{Dedup, DedupKey};
+use crate::event::{DiagnosticLevel, Event};
+use crate::hook::{Commit, HookPipeline, Sink};
+use crate::inbound;
+use crate::io::{
+    Carrier, CarrierAnswer, EntryState, FailReason, HookBatch, HookMessage, InboundKey,
+    InboundOrigin, Millis, OutboxRecord, PendingInbound, PresenceChange, ProcessedKey, SendOutcome,
+    SendRequest, Settlement, Stats, StoreOp, Transmit, TransmitKind,
+};
+use crate::neighbors::Neighbors;
+use crate::outbox::{self, Class, Entry, Key, Outbox, Phase};
+use crate::parking::{Park, Parking, ResendBudget, EDGE_DRIVEN_PROBES};
+use crate::presence::Presence;
+use crate::timers::{Gate, Slot, Timers};
+
+mod bookkeeping;
+mod inputs;
+#[cfg(test)]
+mod invariants;
+mod phases;
+mod receive;
+mod routing;
+
+use bookkeeping::file_id;
+
+/// Hops a message may still travel. Only mesh forwarding spends it; the relay leg does not.
+const DEFAULT_TTL: u8 = 10;
+/// Receivers clamp Lamport clocks to this (`relay-protocol.md` §9.1); ours never exceeds it.
+const MAX_LAMPORT: u64 = i64::MAX as u64;
+
+const REASON_NO_CARRIER: &str = "no carrier available";
+const REASON_IN_FLIGHT_LIMIT: &str = "in-flight limit reached";
+const REASON_CARRIER_DOWN: &str = "carrier unavailable";
+const REASON_NEIGHBOR_LOST: &str = "neighbor lost";
+/// `message_undeliverable.reason`: fixed and local; the relay's detail never reaches events.
+const REASON_UNREACHABLE: &str = "recipient unreachable";
+
+/// Where an outbox send goes: the carrier, and for a local carrier the neighbor.
+type Route = (Carrier, Option<String>);
+
+/// The delivery engine. See the crate docs for the invariants it keeps.
+#[derive(Debug)]
+pub struct Engine {
+    config: Config,
+    local_identity: String,
+    /// The relay account this device authenticated as, once a relay said so.
+    account: Option<String>,
+    outbox: Outbox,
+    timers: Timers,
+    parking: Parking,
+    presence: Presence,
+    neighbors: Neighbors,
+    /// Funds sends of parked entries under `edgeDrivenUnreachableDm`.
+    resend_budget: ResendBudget,
+    dedup: Dedup,
+    /// The at-least-once inbound pipeline, when a durability hook is registered.
+    durable: Option<HookPipeline>,
+    control: ControlGate,
+    carriers: BTreeSet<Carrier>,
+    lamport: u64,
+    last_send_seq: u64,
+    /// Entries changed during the current call; each gets one Put when the call ends.
+    dirty: BTreeSet<Key>,
+    transmits: VecDeque<Transmit>,
+    events: VecDeque<Event>,
+    store: VecDeque<StoreOp>,
+}
+
+impl Engine {
+    /// `local_identity` goes into `Message.sender` of every message this device sends.
+    pub fn new(config: Config, local_identity: String) -> Self {
+        let dedup = Dedup::new(config.dedup_max_entries, config.dedup_retention_ms());
+        let durable = config.durability_hook.clone().map(HookPipeline::new);
+        let control = ControlGate::new(config.accept_legacy_control_v1);
+        Self {
+            control,
+            config,
+            local_identity,
+            account: None,
+            outbox: Outbox::default(),
+            timers: Timers::default(),
+            parking: Parking::default(),
+            presence: Presence::default(),
+            neighbors: Neighbors::default(),
+            resend_budget: ResendBudget::default(),
+            dedup,
+            durable,
+            carriers: BTreeSet::new(),
+            lamport: 0,
+            last_send_seq: 0,
+            dirty: BTreeSet::new(),
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            store: VecDeque::new(),
+        }
+    }
+
+    /// The next batch for the durability hook, if one is ready and none is with the hook (one at
+    /// a time). Its rows were written with `StoreOp::BufferInbound` in the call that received
+    /// them, so they are durable before the hook sees them. `None` without `durability_hook`.
+    pub fn poll_hook(&mut self) -> Option<HookBatch> {
+        self.durable.as_mut()?.poll()
+    }
+
+    /// Inbound messages buffered for the durability hook and not committed yet.
+    pub fn inbound_buffered(&self) -> usize {
+        self.durable.as_ref().map_or(0, HookPipeline::len)
+    }
+
+    /// The next change of the presence watchlist: `Watch` when a peer enters it, `Unwatch` when
+    /// it leaves, independent of the relay connection (the runtime tells each new connection the
+    /// whole set); see the `presence` module for the rules.
+    pub fn poll_presence(&mut self) -> Option<PresenceChange> {
+        self.presence.poll()
+    }
+
+    /// `internetPresenceWatchlist()`: the recipients of parked entries (unreachable or in relay
+    /// custody) and the peers that just got a verdict, sorted.
+    pub fn presence_watchlist(&self) -> Vec<String> {
+        self.presence.wanted()
+    }
+
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    pub fn poll_store(&mut self) -> Option<StoreOp> {
+        self.store.pop_front()
+    }
+
+    /// When `handle_timeout` is next needed; `None` when nothing is due until an input arrives.
+    /// Only due work counts: ACK deadlines, lifetime expiries, and queued sends that have a
+    /// route and an in-flight slot (probes of parked entries not before the resend budget can
+    /// fund one, under `edgeDrivenUnreachableDm`). A queued entry that cannot go adds no
+    /// deadline: the carrier, neighbor or slot-freeing input is what moves it. Resting entries
+    /// add only their expiry. The inbound pipeline adds the open drain batch's age, the retry of
+    /// refused batches (while a carrier is up) and the retention of buffered rows; nothing when
+    /// nothing is buffered.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        let fixed = self.timers.next_fixed_deadline();
+        let sends = if self.has_slot() {
+            let probes_from = if self.config.edge_driven_unreachable_dm {
+                self.resend_budget.ready_at()
+            } else {
+                0
+            };
+            if self.addressed().is_some() {
+                self.timers.next_send(probes_from)
+            } else {
+                self.neighbor_queue()
+                    .map(|((at, _, _), parked)| if parked { at.max(probes_from) } else { at })
+                    .min()
+            }
+        } else {
+            None
+        };
+        let inbound = self
+            .durable
+            .as_ref()
+            .and_then(|durable| durable.next_deadline(!self.carriers.is_empty()));
+        [fixed, sends, inbound].into_iter().flatten().min()
+    }
+
+    pub fn status(&self, id: &str) -> Option<EntryState> {
+        let key = self.outbox.key_of(id)?;
+        self.outbox.get(key).map(Entry::state)
+    }
+
+    /// `parked` counts parked entries not in flight — unreachable and relay custody alike,
+    /// probing or resting; `retry_queue` the other queued entries; a probe in flight is a
+    /// pending ACK.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            outbox_regular: self.outbox.count(Class::Regular),
+            outbox_media: self.outbox.count(Class::Media),
+            pending_acks: self.timers.in_flight(),
+            retry_queue: self.timers.retry_queue(),
+            parked: self.timers.parked(),
+            pre_session_queue: 0,
+            carriers_up: self.carriers.len(),
+        }
+    }
+}

@@ -1,0 +1,431 @@
+//! Inbound: data messages and delivery ACKs from every carrier, dedup, the control gate, the
+//! durability hook's commits, and the delivery ACKs and frame releases that follow processing.
+
+use super::*;
+
+impl Engine {
+    /// A message from a carrier (`relay-protocol.md` §7.2, §9.2). An end-to-end ACK settles its
+    /// entry when attributed to the recipient (over a local carrier its peer id is the stamped
+    /// identity). A data message is dispatched once per dedup key (`MarkProcessed` +
+    /// `message_received`), then ACKed end to end if it asks for it — also when it is a
+    /// duplicate, since the first ACK may have been lost — on the carrier it came by (to that
+    /// peer for a local one). The relay frame's frame release comes last. The runtime commits store
+    /// ops, then dispatches events, then executes transmits, so both ACKs follow the processing
+    /// (`delivery.md` item 10). Either kind is a reachability edge for the peer that carried it.
+    ///
+    /// With `durability_hook` a data message that is not processed yet goes to the durability
+    /// pipeline instead (see [`Engine::poll_hook`]): it is buffered (`StoreOp::BufferInbound`,
+    /// written at the end of this call) unless it already is, and neither ACK goes out before
+    /// the hook committed it. A processed one is re-ACKed and released at once, as without a
+    /// hook. frame releases therefore do not come out in seq order across batches: the runtime may
+    /// coalesce them into `AckUpTo` only over seqs that are all released.
+    ///
+    /// Over a local carrier a data message addressed to another device is a copy that neighbor
+    /// only carries (a parked message offered on park or probe): it is neither processed nor
+    /// acknowledged (a `Debug` diagnostic), and is still an edge for the neighbor.
+    pub fn handle_inbound(&mut self, message: Message, origin: InboundOrigin, now: Millis) {
+        if message.ack_for().is_none()
+            && matches!(origin.carrier, Carrier::Local(_))
+            && !self.names_this_device(&message.recipient)
+        {
+            // Nothing routed it here, so it is not ours to deliver, record or acknowledge.
+            let text = format!(
+                "carried copy of {} for {} from {} not delivered: not addressed to this device",
+                message.id, message.recipient, origin.stamped_sender
+            );
+            self.diagnostic(DiagnosticLevel::Debug, text);
+            self.edge(&origin.stamped_sender, now);
+            self.send_due(now);
+            self.end_call();
+            return;
+        }
+        if message.ack_for().is_none() {
+            match self.control.check(&message, &origin, now) {
+                Verdict::NotControl => {}
+                Verdict::Verified => {
+                    // Authentic, but no control verb is consumed yet: processed (so a resend is
+                    // only re-ACKed) and acknowledged so the sender settles it, never handed to
+                    // the application.
+                    let key = DedupKey {
+                        chat: message.sender.clone(),
+                        sender: message.sender.clone(),
+                        message_id: message.id.clone(),
+                    };
+                    if self.dedup.first_sighting(&key, now) {
+                        self.store.push_back(StoreOp::MarkProcessed(ProcessedKey {
+                            chat: key.chat,
+                            sender: key.sender,
+                            message_id: key.message_id,
+                            at: now,
+                        }));
+                        self.events.push_back(Event::Diagnostic {
+                            level: DiagnosticLevel::Info,
+                            message: format!(
+                                "ignored control frame {} from {}",
+                                message.id, message.sender
+                            ),
+                        });
+                    }
+                    if message.requires_ack {
+                        let ack =
+                            message.ack(inbound::ack_id(&message.id), now, origin.carrier.name());
+                        self.ack_back(&origin, ack);
+                    }
+                    self.release_frame(&origin);
+                    self.end_call();
+                    return;
+                }
+                // Dropped before dedup (so a good copy can still enter), never ACKed end to
+                // end; the relay hop is still released (identity.md §4.2).
+                Verdict::Refused(events) => {
+                    self.events.extend(events);
+                    self.release_frame(&origin);
+                    self.end_call();
+                    return;
+                }
+            }
+        }
+        let release = match message.ack_for().map(str::to_owned) {
+            Some(acked) => {
+                self.inbound_ack(&acked, &message, &origin, now);
+                true
+            }
+            None => self.inbound_data(message, &origin, now),
+        };
+        if release {
+            self.release_frame(&origin);
+        }
+        self.end_call();
+    }
+
+    /// At start, after `restore`: the buffered rows from the store. With `durability_hook` they
+    /// are offered to the hook again (origin Redelivery, in the order they were received, in
+    /// batches within the count and byte bounds) as soon as no batch is with the hook; rows past
+    /// retention are expired now (with their trace). A row whose key is already processed is
+    /// cleared (`CommitInbound`). Without `durability_hook` (the hook was removed since) the rows
+    /// are delivered at most once as without a hook: cleared and marked processed
+    /// (`CommitInbound`), `message_received`, end-to-end ACK.
+    pub fn restore_inbound(&mut self, pending: Vec<PendingInbound>, now: Millis) {
+        let (processed, fresh): (Vec<PendingInbound>, Vec<PendingInbound>) = pending
+            .into_iter()
+            .partition(|row| self.dedup.contains(&dedup_key(&row.key), now));
+        if !processed.is_empty() {
+            let keys = processed.into_iter().map(|row| row.key).collect();
+            self.store
+                .push_back(StoreOp::CommitInbound { keys, at: now });
+        }
+        match self.durable.as_mut() {
+            Some(durable) => {
+                let mut sink = Sink {
+                    store: &mut self.store,
+                    events: &mut self.events,
+                    transmits: &mut self.transmits,
+                };
+                durable.restore(fresh, now, &mut sink);
+            }
+            None => self.deliver_restored(fresh, now),
+        }
+        self.end_call();
+    }
+
+    /// The hook's verdict on batch `batch_id`; a stale id (not the batch with the hook) is
+    /// ignored. `Ok`: `StoreOp::CommitInbound` for the batch, then a relay frame release for every seq
+    /// that carried any of its messages (duplicates that arrived while it was buffered included,
+    /// in seq order), then the end-to-end ACKs of those that ask for one (on the carrier they
+    /// came by while it is usable, else the current route to the sender, else none: the sender's
+    /// resend is re-ACKed from the dedup record). Returns the committed messages in batch order:
+    /// the runtime dispatches their `message_received` after it has executed those transmits;
+    /// the engine emits no `Event::MessageReceived` for them. `Err`: nothing is acknowledged
+    /// (a `Warn` diagnostic carries the reason); the batch is offered again (origin Redelivery)
+    /// after `retry_initial_ms` doubling to `retry_max_ms` per refusal, counted while a carrier
+    /// is up, and a relay redelivery of one of its messages re-enters that message at once.
+    pub fn handle_hook_result(
+        &mut self,
+        batch_id: u64,
+        result: Result<(), String>,
+        now: Millis,
+    ) -> Vec<HookMessage> {
+        let mut sink = Sink {
+            store: &mut self.store,
+            events: &mut self.events,
+            transmits: &mut self.transmits,
+        };
+        let commit = match self.durable.as_mut() {
+            Some(durable) => durable.resolve(batch_id, result, now, &mut sink),
+            None => None,
+        };
+        let mut committed = Vec::new();
+        if let Some(Commit { rows }) = commit {
+            committed.reserve(rows.len());
+            for (pending, origin) in rows {
+                self.dedup.record(dedup_key(&pending.key), now);
+                self.ack_committed(&pending, now);
+                committed.push(HookMessage {
+                    transport: pending.carrier.name().to_owned(),
+                    key: pending.key,
+                    message: pending.message,
+                    origin,
+                });
+            }
+        }
+        self.end_call();
+        committed
+    }
+
+    /// The relay connection on `carrier` advertised `mailbox_v1`: until `DrainComplete` its new
+    /// messages are the backlog, batched for the hook (`batch_max_messages`, `batch_max_bytes`,
+    /// `batch_max_age_ms` after the batch's first message). A pending drain batch (of an earlier
+    /// connection) is forced first. Nothing to do without `durability_hook`.
+    pub fn handle_drain_started(&mut self, carrier: Carrier, _now: Millis) {
+        if let Some(durable) = self.durable.as_mut() {
+            durable.drain_started(carrier);
+        }
+        self.end_call();
+    }
+
+    /// `DrainComplete{count}`: the pending drain batch is forced; `Event::InboundDrainCompleted`
+    /// follows when every message that arrived during the drain has committed (or expired) —
+    /// at once if there is none, and always at once without `durability_hook`. Batches go to
+    /// the hook in the order they closed, so live messages wait behind the drain's tail batch.
+    pub fn handle_drain_complete(&mut self, carrier: Carrier, count: u64, _now: Millis) {
+        let mut sink = Sink {
+            store: &mut self.store,
+            events: &mut self.events,
+            transmits: &mut self.transmits,
+        };
+        match self.durable.as_mut() {
+            Some(durable) => durable.drain_complete(&carrier, count, &mut sink),
+            None => sink
+                .events
+                .push_back(Event::InboundDrainCompleted { count }),
+        }
+        self.end_call();
+    }
+
+    /// Whether `recipient` names this device: its address, or its relay account. An account name
+    /// cannot be judged before a relay has said which account is ours, so it counts as ours.
+    pub(super) fn names_this_device(&self, recipient: &str) -> bool {
+        if recipient == self.local_identity {
+            return true;
+        }
+        if Address::parse(recipient).is_ok() {
+            return false;
+        }
+        self.account.as_deref().is_none_or(|a| a == recipient)
+    }
+
+    pub(super) fn inbound_ack(
+        &mut self,
+        acked: &str,
+        ack: &Message,
+        origin: &InboundOrigin,
+        now: Millis,
+    ) {
+        // No entry: a repeat ACK for something already settled, or never ours. Nothing to do.
+        let Some(key) = self.outbox.key_of(acked) else {
+            return;
+        };
+        let Some(entry) = self.outbox.get(key) else {
+            return;
+        };
+        if !inbound::attributed(&entry.message.recipient, origin, ack) {
+            let text = format!(
+                "ignored ACK for {acked}: carried by {} claiming {}, not its recipient",
+                origin.stamped_sender, ack.sender
+            );
+            self.diagnostic(DiagnosticLevel::Warn, text);
+            return;
+        }
+        let Some(entry) = self.remove(key) else {
+            return;
+        };
+        let recipient = entry.message.recipient;
+        self.events.push_back(Event::MessageDelivered {
+            message_id: entry.message.id.clone(),
+            recipient: recipient.clone(),
+            latency_ms: now.saturating_sub(entry.created_at),
+            hop_count: inbound::ack_hop_count(ack),
+            transport: origin.carrier.name().to_owned(),
+        });
+        self.store.push_back(StoreOp::Settle {
+            id: entry.message.id,
+            recipient: recipient.clone(),
+            settlement: Settlement::Delivered,
+            at: now,
+        });
+        // The recipient just proved reachable: its other parked messages go again now.
+        self.edge(&recipient, now);
+        self.send_due(now);
+    }
+
+    /// Returns whether the frame's seq is released now (processed or dropped); with the hook a
+    /// buffered message's seq is released when it commits, and one over the buffer bound never.
+    pub(super) fn inbound_data(
+        &mut self,
+        message: Message,
+        origin: &InboundOrigin,
+        now: Millis,
+    ) -> bool {
+        self.lamport = self.lamport.max(message.lamport_clock.min(MAX_LAMPORT));
+        let transport = origin.carrier.name().to_owned();
+        // Direct messages only for now: the chat of a DM is its sender.
+        let key = DedupKey {
+            chat: message.sender.clone(),
+            sender: message.sender.clone(),
+            message_id: message.id.clone(),
+        };
+        let mut release = true;
+        let mut ack = None;
+        match self.durable.as_mut() {
+            // With the hook, a message not processed yet goes to the pipeline: its seq and its
+            // ACK wait for the commit (or, over the buffer bound, for a redelivery).
+            Some(durable) if !self.dedup.contains(&key, now) => {
+                let pending = PendingInbound {
+                    key: InboundKey {
+                        chat: key.chat,
+                        sender: key.sender,
+                        message_id: key.message_id,
+                    },
+                    message,
+                    carrier: origin.carrier.clone(),
+                    stamped_sender: origin.stamped_sender.clone(),
+                    received_at: now,
+                };
+                let mut sink = Sink {
+                    store: &mut self.store,
+                    events: &mut self.events,
+                    transmits: &mut self.transmits,
+                };
+                durable.arrive(pending, origin.seq, now, &mut sink);
+                release = false;
+            }
+            _ => {
+                ack = message
+                    .requires_ack
+                    .then(|| message.ack(inbound::ack_id(&message.id), now, &transport));
+                if self.durable.is_none() && self.dedup.first_sighting(&key, now) {
+                    let DedupKey {
+                        chat,
+                        sender,
+                        message_id,
+                    } = key;
+                    self.store.push_back(StoreOp::MarkProcessed(ProcessedKey {
+                        chat: chat.clone(),
+                        sender: sender.clone(),
+                        message_id,
+                        at: now,
+                    }));
+                    self.events.push_back(Event::MessageReceived {
+                        message,
+                        chat,
+                        sender,
+                        transport,
+                    });
+                }
+            }
+        }
+        // The peer that carried it is back: an edge for it (the seed's opt-out paragraph counts
+        // on returning peers that send an inbound frame). Over the relay it may be an old frame
+        // from the mailbox; the cost of that false edge is one re-drive and a fresh verdict.
+        self.edge(&origin.stamped_sender, now);
+        if let Some(account) = &origin.sender_account {
+            self.edge(account, now);
+        }
+        self.send_due(now);
+        if let Some(message) = ack {
+            self.ack_back(origin, message);
+        }
+        release
+    }
+
+    /// The end-to-end ACK of a committed (or restored and delivered) message: on the carrier it
+    /// came by while that is usable (the relay or gateway up, or the peer still a neighbor
+    /// there), else the current route to its sender, else none — the sender's resend is re-ACKed
+    /// from dedup.
+    pub(super) fn ack_committed(&mut self, pending: &PendingInbound, now: Millis) {
+        if !pending.message.requires_ack {
+            return;
+        }
+        let route = match &pending.carrier {
+            addressed if addressed.is_addressed() && self.carriers.contains(addressed) => {
+                Some((addressed.clone(), None))
+            }
+            Carrier::Local(name) if self.neighbors.links(name, &pending.stamped_sender) => Some((
+                pending.carrier.clone(),
+                Some(pending.stamped_sender.clone()),
+            )),
+            _ => self.route_for(&pending.message.sender).ok(),
+        };
+        let Some((carrier, peer)) = route else {
+            return;
+        };
+        let message = &pending.message;
+        let ack = message.ack(inbound::ack_id(&message.id), now, pending.carrier.name());
+        self.transmits.push_back(Transmit {
+            carrier,
+            peer,
+            kind: TransmitKind::DeliveryAck { message: ack },
+        });
+    }
+
+    /// Buffered rows restored without a hook: delivered at most once, as if they arrived now.
+    pub(super) fn deliver_restored(&mut self, mut rows: Vec<PendingInbound>, now: Millis) {
+        if rows.is_empty() {
+            return;
+        }
+        rows.sort_by(|a, b| {
+            a.received_at
+                .cmp(&b.received_at)
+                .then_with(|| a.key.cmp(&b.key))
+        });
+        let mut seen = std::collections::HashSet::new();
+        rows.retain(|row| seen.insert(row.key.clone()));
+        let keys = rows.iter().map(|row| row.key.clone()).collect();
+        self.store
+            .push_back(StoreOp::CommitInbound { keys, at: now });
+        for row in rows {
+            self.dedup.record(dedup_key(&row.key), now);
+            self.ack_committed(&row, now);
+            let InboundKey { chat, sender, .. } = row.key;
+            self.events.push_back(Event::MessageReceived {
+                message: row.message,
+                chat,
+                sender,
+                transport: row.carrier.name().to_owned(),
+            });
+        }
+    }
+
+    /// An end-to-end ACK back the way the message came: over the relay or the gateway, or to
+    /// the peer that handed it over on a local carrier.
+    pub(super) fn ack_back(&mut self, origin: &InboundOrigin, ack: Message) {
+        let peer = match origin.carrier {
+            Carrier::Relay | Carrier::Gateway => None,
+            Carrier::Local(_) => Some(origin.stamped_sender.clone()),
+        };
+        self.transmits.push_back(Transmit {
+            carrier: origin.carrier.clone(),
+            peer,
+            kind: TransmitKind::DeliveryAck { message: ack },
+        });
+    }
+
+    /// Releases the relay journal frame that carried an inbound message, if it had one.
+    pub(super) fn release_frame(&mut self, origin: &InboundOrigin) {
+        if let Some(seq) = origin.seq {
+            self.transmits.push_back(Transmit {
+                carrier: origin.carrier.clone(),
+                peer: None,
+                kind: TransmitKind::ReleaseFrame { seq },
+            });
+        }
+    }
+}
+
+pub(super) fn dedup_key(key: &InboundKey) -> DedupKey {
+    DedupKey {
+        chat: key.chat.clone(),
+        sender: key.sender.clone(),
+        message_id: key.message_id.clone(),
+    }
+}

@@ -1,0 +1,81 @@
+//! Everything the engine is told, as one type: [`Input`], taken by [`crate::Engine::handle`].
+//! The runtime converts what happened (an app call, a carrier report, a frame, the clock) into
+//! an `Input` and carries the engine's outputs out; it decides nothing itself
+//! (`docs/architecture.md#one-door-in`).
+
+use courier_proto::Message;
+
+use crate::io::{
+    Carrier, CarrierAnswer, InboundOrigin, Millis, OutboxRecord, PendingInbound, ProcessedKey,
+    SendRequest,
+};
+
+/// One input. Every variant is handled by `Engine::handle(input, now)`; after it the runtime
+/// drains the outputs in the step's order (`crate::step`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// The application sends a message (already validated by the runtime).
+    Send(SendRequest),
+    /// At start, before any other input: what storage holds.
+    Restore(Restore),
+    /// A carrier became available. `Carrier::Local(name)` registers an app carrier; the relay
+    /// or a gateway coming up is the reconnect flush and a reachability edge for everyone.
+    CarrierUp(Carrier),
+    /// A carrier is gone (an app carrier: unregistered, with all its neighbor links).
+    CarrierDown(Carrier),
+    /// The relay authenticated this device as this account.
+    AccountName(String),
+    /// The carrier wrote attempt `send_seq` of `id`: its ACK timer starts now.
+    Written { id: String, send_seq: u64 },
+    /// Attempt `send_seq` of `id` did not make it (carrier error, no answer in time, connection
+    /// loss, an app carrier's rejected `send`).
+    SendFailed {
+        id: String,
+        send_seq: u64,
+        reason: String,
+    },
+    /// The relay's or a gateway's answer to attempt `send_seq` of `id`.
+    Answer {
+        id: String,
+        send_seq: u64,
+        answer: CarrierAnswer,
+    },
+    /// A message from a carrier: data, or a delivery ACK.
+    Inbound {
+        message: Box<Message>,
+        origin: InboundOrigin,
+    },
+    /// A relay connection on `carrier` advertised `mailbox_v1`: what arrives until
+    /// `DrainComplete` is its offline backlog.
+    DrainStarted(Carrier),
+    /// The relay's `DrainComplete{count}` on `carrier`.
+    DrainComplete { carrier: Carrier, count: u64 },
+    /// The durability hook's verdict on batch `batch_id`: `Err` carries the app's reason.
+    HookResult {
+        batch_id: u64,
+        result: Result<(), String>,
+    },
+    /// The relay's `PresenceStatus` for `peer` (an answer or a watch push).
+    Presence {
+        peer: String,
+        online: bool,
+        last_seen_ms: Option<Millis>,
+    },
+    /// `peer` came in range of the app carrier named `carrier`.
+    NeighborDiscovered { peer: String, carrier: String },
+    /// `peer` went out of range of the app carrier named `carrier`.
+    NeighborLost { peer: String, carrier: String },
+    /// Time passed. Spurious calls are harmless: nothing that is not due happens.
+    Timeout,
+}
+
+/// What storage holds at start.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Restore {
+    /// The outbox rows.
+    pub outbox: Vec<OutboxRecord>,
+    /// Inbound dedup records still within retention.
+    pub processed: Vec<ProcessedKey>,
+    /// Inbound messages buffered for the durability hook and not committed.
+    pub inbound: Vec<PendingInbound>,
+}
