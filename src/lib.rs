@@ -201,7 +201,6 @@ impl NativeProtocol {
             "pendingAcks": s.pending_acks,
             "retryQueue": s.retry_queue,
             "parked": s.parked,
-            "preSessionQueue": s.pre_session_queue,
             "carriersUp": s.carriers_up,
         })
         .to_string())

@@ -1,10 +1,10 @@
 //! `Client`: what the binding holds while a `Protocol` is started.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
 use std::thread;
 
-use courier_engine::{Carrier, DiagnosticLevel, Engine, InboundOrigin, SendRequest, Stats};
+use courier_engine::{Carrier, DiagnosticLevel, InboundOrigin, Input, SendRequest, Stats};
 use courier_proto::limits::{is_reserved_content, MAX_CONTENT_BYTES, MAX_FRAME_BYTES};
 use courier_proto::message::RESERVED_METADATA_KEYS;
 use courier_proto::{validate_identifier, ContentType, IdentityKey, Message, Priority};
@@ -16,9 +16,7 @@ use crate::carrier::gateway::{self, GatewayOut, GatewaySettings};
 use crate::carrier::relay::{self, RelayOut, RelaySettings};
 use crate::carrier::tls;
 use crate::config::{ProtocolConfig, StorageConfig};
-use crate::driver::{
-    self, Command, Driver, DriverTx, EventSink, Rebuild, Receipts, Retention, MAX_SETTLED,
-};
+use crate::driver::{self, Command, Driver, DriverTx, EventSink, Published, Receipts, Wiring};
 use crate::error::ClientError;
 use crate::event::ClientEvent;
 use crate::store::MessageStatus;
@@ -43,8 +41,7 @@ pub struct Client {
     driver: DriverTx,
     relay_tx: Option<tokio_mpsc::UnboundedSender<RelayOut>>,
     gateway_tx: Option<tokio_mpsc::UnboundedSender<GatewayOut>>,
-    stats: Arc<Mutex<Stats>>,
-    watchlist: Arc<Mutex<BTreeSet<String>>>,
+    published: Published,
     /// Names of the app carriers registered so far (a carrier cannot be unregistered).
     transports: Mutex<BTreeSet<String>>,
     /// Taken by `stop`, which may run while sends are still awaiting their reply.
@@ -106,13 +103,6 @@ impl Client {
             StorageConfig::Memory => Store::open_memory()?,
         };
         let now = driver::now_ms();
-        let records = store.load_outbox()?;
-        let processed = store.load_processed(
-            now,
-            config.engine.dedup_retention_ms(),
-            config.engine.dedup_max_entries,
-        )?;
-        let pending_inbound = store.load_pending_inbound()?;
         let unreported = store.unreported()?;
         // The identity is durable before anything uses it, and never replaced (identity.md §1).
         let app_key = config.identity_seal_key.as_ref().map(|k| k.bytes());
@@ -123,9 +113,7 @@ impl Client {
         })?;
         let identity = IdentityKey::from_seed(seed);
         let address = identity.address().to_string();
-        let mut engine = Engine::new(config.engine.clone(), address.clone());
-        engine.restore(records, processed, now);
-        engine.restore_inbound(pending_inbound, now);
+        let engine = driver::restored_engine(&mut store, &config.engine, &address, now)?;
 
         let (driver_tx, driver_rx) = driver::channel();
         let sink = make_sink(Receipts::new(driver_tx.clone()));
@@ -177,33 +165,22 @@ impl Client {
             let task = runtime.spawn(gateway::run(settings, rx, driver_tx.clone()));
             (tx, task)
         });
-        let stats = Arc::new(Mutex::new(engine.stats()));
-        let watchlist = Arc::new(Mutex::new(BTreeSet::new()));
-        let driver = Driver {
-            stats: stats.clone(),
-            watchlist: watchlist.clone(),
-            hook_timeout_ms: config.inbound_durability_hook_timeout_ms,
-            hook: None,
-            reported: Vec::new(),
-            unconfirmed: receipts.then(HashSet::new),
-            retention: Retention {
-                age_ms: config.engine.dedup_retention_ms(),
-                max_settled: MAX_SETTLED,
-                max_processed: config.engine.dedup_max_entries,
-            },
-            rebuild: Rebuild {
-                config: config.engine.clone(),
-                local_identity: address.clone(),
-                carriers_up: Default::default(),
-                account: None,
-            },
-            engine,
-            store,
+        let published = Published::default();
+        let wiring = Wiring {
             rx: driver_rx,
             sink,
             relay: relay.as_ref().map(|(tx, _)| tx.clone()),
             gateway: gateway.as_ref().map(|(tx, _)| tx.clone()),
+            published: published.clone(),
+            receipts,
         };
+        let driver = Driver::new(
+            engine,
+            store,
+            config.engine.clone(),
+            address.clone(),
+            wiring,
+        );
         let driver_thread = thread::Builder::new()
             .name("courier-driver".into())
             .spawn(move || driver.run())
@@ -215,8 +192,7 @@ impl Client {
             driver: driver_tx,
             relay_tx,
             gateway_tx,
-            stats,
-            watchlist,
+            published,
             transports: Mutex::new(BTreeSet::new()),
             running: Mutex::new(Some(Running {
                 driver_thread,
@@ -254,7 +230,7 @@ impl Client {
 
     /// The counts as of the driver's last step.
     pub fn stats(&self) -> Stats {
-        self.stats.lock().map(|s| *s).unwrap_or_default()
+        self.published.stats.lock().map(|s| *s).unwrap_or_default()
     }
 
     pub fn local_address(&self) -> &str {
@@ -263,9 +239,10 @@ impl Client {
 
     /// The recipients whose presence the engine watches: those of pending and parked messages.
     pub fn presence_watchlist(&self) -> Vec<String> {
-        self.watchlist
+        self.published
+            .watchlist
             .lock()
-            .map(|w| w.iter().cloned().collect())
+            .map(|w| w.clone())
             .unwrap_or_default()
     }
 
@@ -289,7 +266,7 @@ impl Client {
             )));
         }
         self.driver
-            .send(Command::CarrierUp(Carrier::Local(name.to_owned())));
+            .input(Input::CarrierUp(Carrier::Local(name.to_owned())));
         Ok(())
     }
 
@@ -310,18 +287,18 @@ impl Client {
 
     pub fn neighbor_discovered(&self, peer: &str, transport: &str) -> Result<(), ClientError> {
         self.registered(transport, peer)?;
-        self.driver.send(Command::NeighborDiscovered {
+        self.driver.input(Input::NeighborDiscovered {
             peer: peer.to_owned(),
-            transport: transport.to_owned(),
+            carrier: transport.to_owned(),
         });
         Ok(())
     }
 
     pub fn neighbor_lost(&self, peer: &str, transport: &str) -> Result<(), ClientError> {
         self.registered(transport, peer)?;
-        self.driver.send(Command::NeighborLost {
+        self.driver.input(Input::NeighborLost {
             peer: peer.to_owned(),
-            transport: transport.to_owned(),
+            carrier: transport.to_owned(),
         });
         Ok(())
     }
@@ -344,7 +321,7 @@ impl Client {
                 Message::decode(text).map_err(|e| e.to_string())
             });
         match parsed {
-            Ok(message) => self.driver.send(Command::Inbound {
+            Ok(message) => self.driver.input(Input::Inbound {
                 message: Box::new(message),
                 origin: InboundOrigin {
                     carrier: Carrier::Local(transport.to_owned()),
@@ -364,14 +341,14 @@ impl Client {
 
     /// The app's durability hook settled batch `batch_id`.
     pub fn hook_done(&self, batch_id: u64, result: Result<(), String>) {
-        self.driver.send(Command::HookResult { batch_id, result });
+        self.driver.input(Input::HookResult { batch_id, result });
     }
 
     /// The app carrier's verdict on an outbox frame it was handed.
     pub fn local_transmit_done(&self, id: String, send_seq: u64, result: Result<(), String>) {
-        self.driver.send(match result {
-            Ok(()) => Command::Written { id, send_seq },
-            Err(reason) => Command::SendFailed {
+        self.driver.input(match result {
+            Ok(()) => Input::Written { id, send_seq },
+            Err(reason) => Input::SendFailed {
                 id,
                 send_seq,
                 reason,
@@ -459,7 +436,8 @@ fn validate_send(input: SendInput) -> Result<SendRequest, ClientError> {
         return invalid(format!("options.metadata key {key:?} is reserved"));
     }
     Ok(SendRequest {
-        id: input.id,
+        id: input.id.unwrap_or_else(driver::mint_id),
+        settled: None,
         recipient: input.recipient,
         content: input.content,
         content_type,

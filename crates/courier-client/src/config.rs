@@ -255,7 +255,10 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
         .int("inboundDurabilityHookTimeoutMs", 1, MAX_SAFE_INTEGER)?
         .unwrap_or(30_000);
     if has_durability_hook {
-        engine.durability_hook = Some(courier_engine::config::HookConfig::default());
+        engine.durability_hook = Some(courier_engine::config::HookConfig {
+            timeout_ms: inbound_durability_hook_timeout_ms,
+            ..courier_engine::config::HookConfig::default()
+        });
     }
 
     let log_level = match root.string("logLevel")? {
@@ -510,7 +513,6 @@ fn parse_reliability(reliability: &Section<'_>, engine: &mut Config) -> Result<(
             "maxDelayMs",
             "backoffMultiplier",
             "outboxMaxLifetimeMs",
-            "pendingMessageMaxLifetimeMs",
         ],
     )? {
         if let Some(v) = retry.int("maxRetries", 0, u64::from(u32::MAX))? {
@@ -533,9 +535,6 @@ fn parse_reliability(reliability: &Section<'_>, engine: &mut Config) -> Result<(
         }
         if let Some(v) = retry.int("outboxMaxLifetimeMs", 1, MAX_SAFE_INTEGER)? {
             engine.outbox_max_lifetime_ms = v;
-        }
-        if let Some(v) = retry.int("pendingMessageMaxLifetimeMs", 1, MAX_SAFE_INTEGER)? {
-            engine.pending_message_max_lifetime_ms = v;
         }
     }
     if let Some(v) = reliability.bool("edgeDrivenUnreachableDm")? {

@@ -35,19 +35,6 @@ pub enum ClientEvent {
     IdentityReady {
         address: String,
     },
-    PresenceUpdated {
-        peer_id: String,
-        online: bool,
-        last_seen_ms: Option<u64>,
-    },
-    NeighborDiscovered {
-        peer_id: String,
-        transport: String,
-    },
-    NeighborLost {
-        peer_id: String,
-        transport: String,
-    },
     /// A terminal event (`message_delivered` / `message_failed`) committed before a crash cut
     /// off its dispatch, emitted again at the next start: its JSON as it was then, plus
     /// `"replayed": true`.
@@ -143,24 +130,6 @@ impl ClientEvent {
             }
             Self::IdentityReady { address } => {
                 json!({"type": "identity_ready", "address": address})
-            }
-            Self::PresenceUpdated {
-                peer_id,
-                online,
-                last_seen_ms,
-            } => {
-                let mut v =
-                    json!({"type": "presence_updated", "peerId": peer_id, "online": online});
-                if let Some(at) = last_seen_ms {
-                    v["lastSeenMs"] = json!(at);
-                }
-                v
-            }
-            Self::NeighborDiscovered { peer_id, transport } => {
-                json!({"type": "neighbor_discovered", "peerId": peer_id, "transport": transport})
-            }
-            Self::NeighborLost { peer_id, transport } => {
-                json!({"type": "neighbor_lost", "peerId": peer_id, "transport": transport})
             }
             Self::HookCall { batch_id, messages } => json!({
                 "type": "__hook_call", "batchId": batch_id,
@@ -291,6 +260,23 @@ fn engine_event_json(e: &Event) -> Value {
         }
         Event::InboundDrainCompleted { count } => {
             json!({"type": "inbound_drain_completed", "count": count})
+        }
+        Event::PresenceUpdated {
+            peer_id,
+            online,
+            last_seen_ms,
+        } => {
+            let mut v = json!({"type": "presence_updated", "peerId": peer_id, "online": online});
+            if let Some(at) = last_seen_ms {
+                v["lastSeenMs"] = json!(at);
+            }
+            v
+        }
+        Event::NeighborDiscovered { peer_id, transport } => {
+            json!({"type": "neighbor_discovered", "peerId": peer_id, "transport": transport})
+        }
+        Event::NeighborLost { peer_id, transport } => {
+            json!({"type": "neighbor_lost", "peerId": peer_id, "transport": transport})
         }
         Event::SecurityWarning {
             peer_id,

@@ -97,7 +97,6 @@ fn minimal_config_gets_every_default() {
     assert_eq!(e.max_delay_ms, 300_000);
     assert_eq!(e.backoff_multiplier, 2.0);
     assert_eq!(e.outbox_max_lifetime_ms, 604_800_000);
-    assert_eq!(e.pending_message_max_lifetime_ms, 604_800_000);
     assert!(!e.edge_driven_unreachable_dm);
 }
 
@@ -168,7 +167,7 @@ fn the_seed_full_reliability_example_parses() {
         "ack": { "defaultTimeoutMs": 10000, "maxPendingAcks": 1000 },
         "retry": {
             "maxRetries": 10, "initialDelayMs": 1000, "maxDelayMs": 300000, "backoffMultiplier": 2.0,
-            "outboxMaxLifetimeMs": 604800000, "pendingMessageMaxLifetimeMs": 604800000,
+            "outboxMaxLifetimeMs": 604800000,
         },
     }})));
     assert_eq!(c.engine, Config::new("chat"));
@@ -192,7 +191,7 @@ fn every_option_set() {
             "ack": { "defaultTimeoutMs": 1, "maxPendingAcks": 1 },
             "retry": {
                 "maxRetries": 0, "initialDelayMs": 7, "maxDelayMs": 7, "backoffMultiplier": 1,
-                "outboxMaxLifetimeMs": 1, "pendingMessageMaxLifetimeMs": 2,
+                "outboxMaxLifetimeMs": 1,
             },
             "edgeDrivenUnreachableDm": true,
         },
@@ -213,10 +212,7 @@ fn every_option_set() {
         (0, 7, 7)
     );
     assert_eq!(e.backoff_multiplier, 1.0);
-    assert_eq!(
-        (e.outbox_max_lifetime_ms, e.pending_message_max_lifetime_ms),
-        (1, 2)
-    );
+    assert_eq!(e.outbox_max_lifetime_ms, 1);
     assert!(e.edge_driven_unreachable_dm);
     // Untouched engine fields keep their defaults.
     let d = Config::new("field-ops");
@@ -702,7 +698,6 @@ fn positive_integers() {
         ("retry", "initialDelayMs"),
         ("retry", "maxDelayMs"),
         ("retry", "outboxMaxLifetimeMs"),
-        ("retry", "pendingMessageMaxLifetimeMs"),
     ] {
         let path = format!("reliability.{section}.{key}");
         let cfg = |v: Value| with(json!({ "reliability": { section: { key: v } } }));

@@ -96,9 +96,11 @@ fn processed(store: &mut Store) -> Vec<ProcessedKey> {
 
 fn processed_key(k: &InboundKey, at: u64) -> ProcessedKey {
     ProcessedKey {
-        chat: k.chat.clone(),
-        sender: k.sender.clone(),
-        message_id: k.message_id.clone(),
+        key: InboundKey {
+            chat: k.chat.clone(),
+            sender: k.sender.clone(),
+            message_id: k.message_id.clone(),
+        },
         at,
     }
 }
@@ -235,12 +237,8 @@ fn commit_inbound_clears_the_rows_and_marks_them_processed() {
     let mut expected: Vec<ProcessedKey> =
         committed.iter().map(|k| processed_key(k, 5_000)).collect();
     let mut got = processed(&mut store);
-    expected.sort_by(|a, b| {
-        (&a.chat, &a.sender, &a.message_id).cmp(&(&b.chat, &b.sender, &b.message_id))
-    });
-    got.sort_by(|a, b| {
-        (&a.chat, &a.sender, &a.message_id).cmp(&(&b.chat, &b.sender, &b.message_id))
-    });
+    expected.sort_by(|a, b| a.key.cmp(&b.key));
+    got.sort_by(|a, b| a.key.cmp(&b.key));
     assert_eq!(got, expected);
 
     // Committing again (a redelivered batch) keeps the first processing time, exactly like

@@ -10,7 +10,7 @@ use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
 use courier_client::store::{Store, StoreError};
-use courier_engine::io::{ProcessedKey, StoreOp};
+use courier_engine::io::{InboundKey, ProcessedKey, StoreOp};
 
 const ENV_DB: &str = "COURIER_STORE_LOCK_TEST_DB";
 const ENV_MODE: &str = "COURIER_STORE_LOCK_TEST_MODE";
@@ -28,9 +28,11 @@ fn child_process() {
             let mut store = Store::open(Path::new(&db)).expect("child open");
             store
                 .commit(&[StoreOp::MarkProcessed(ProcessedKey {
-                    chat: "dm".into(),
-                    sender: "child".into(),
-                    message_id: "m1".into(),
+                    key: InboundKey {
+                        chat: "dm".into(),
+                        sender: "child".into(),
+                        message_id: "m1".into(),
+                    },
                     at: 1,
                 })])
                 .unwrap();
@@ -168,7 +170,7 @@ fn another_process_holding_the_store_blocks_us_until_it_is_killed() {
     // What the child committed before dying is there.
     let keys = store.load_processed(2, 10, 10).unwrap();
     assert_eq!(keys.len(), 1);
-    assert_eq!(keys[0].sender, "child");
+    assert_eq!(keys[0].key.sender, "child");
 }
 
 #[test]

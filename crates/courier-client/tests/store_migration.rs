@@ -11,7 +11,9 @@ use std::fs;
 use std::path::Path;
 
 use courier_client::store::{SettledRecord, Store, StoreError, SCHEMA_VERSION};
-use courier_engine::io::{EntryState, FailReason, OutboxRecord, ProcessedKey, Settlement};
+use courier_engine::io::{
+    EntryState, FailReason, InboundKey, OutboxRecord, ProcessedKey, Settlement,
+};
 use courier_proto::{ContentType, Message, Priority};
 use rusqlite::Connection;
 use serde_json::json;
@@ -253,9 +255,11 @@ fn expected_settled() -> Vec<(&'static str, SettledRecord)> {
 
 fn expected_processed() -> Vec<ProcessedKey> {
     let key = |chat: &str, sender: &str, id: &str, at| ProcessedKey {
-        chat: chat.into(),
-        sender: sender.into(),
-        message_id: id.into(),
+        key: InboundKey {
+            chat: chat.into(),
+            sender: sender.into(),
+            message_id: id.into(),
+        },
         at,
     };
     vec![

@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use courier_client::store::{MessageStatus, Store, SCHEMA_VERSION};
-use courier_engine::io::{EntryState, FailReason, OutboxRecord, ProcessedKey, Settlement, StoreOp};
+use courier_engine::io::{
+    EntryState, FailReason, InboundKey, OutboxRecord, ProcessedKey, Settlement, StoreOp,
+};
 use courier_proto::{ContentType, Message, Priority};
 use serde_json::json;
 
@@ -234,9 +236,11 @@ fn re_accepting_a_settled_id_makes_it_live_again() {
 fn mark_processed_is_idempotent_and_keeps_the_first_time() {
     let dir = tempfile::tempdir().unwrap();
     let key = |chat: &str, id: &str, at| ProcessedKey {
-        chat: chat.into(),
-        sender: "alice".into(),
-        message_id: id.into(),
+        key: InboundKey {
+            chat: chat.into(),
+            sender: "alice".into(),
+            message_id: id.into(),
+        },
         at,
     };
     {
@@ -263,9 +267,11 @@ fn load_processed_prunes_expired_then_excess() {
     let ops: Vec<StoreOp> = (0..20u64)
         .map(|i| {
             StoreOp::MarkProcessed(ProcessedKey {
-                chat: "dm".into(),
-                sender: format!("s{}", i % 4),
-                message_id: format!("m{i}"),
+                key: InboundKey {
+                    chat: "dm".into(),
+                    sender: format!("s{}", i % 4),
+                    message_id: format!("m{i}"),
+                },
                 at: 1000 + i * 100,
             })
         })

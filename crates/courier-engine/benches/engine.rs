@@ -15,7 +15,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use courier_engine::config::HookConfig;
 use courier_engine::{
-    Carrier, CarrierAnswer, Config, Engine, InboundOrigin, SendRequest, StoreOp, TransmitKind,
+    Carrier, CarrierAnswer, Config, Engine, InboundOrigin, Input, SendRequest, StoreOp,
+    TransmitKind,
 };
 use courier_proto::{ContentType, Message, Priority};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
@@ -71,9 +72,10 @@ fn rss_bytes() -> usize {
         .map_or(0, |pages| pages * 4096)
 }
 
-fn request() -> SendRequest {
+fn request(id: String) -> SendRequest {
     SendRequest {
-        id: None,
+        id,
+        settled: None,
         recipient: "bob".into(),
         content: "hello bob, this is a message of ordinary length".into(),
         content_type: ContentType::Text,
@@ -90,7 +92,7 @@ fn engine(capacity: usize) -> Engine {
     // The backlog must not time out while it is measured.
     config.ack_timeout_ms = u64::MAX / 4;
     let mut engine = Engine::new(config, "alice".into());
-    engine.handle_carrier_up(Carrier::Relay, 0);
+    engine.handle(Input::CarrierUp(Carrier::Relay), 0);
     engine
 }
 
@@ -100,12 +102,35 @@ fn drain(engine: &mut Engine) {
     while engine.poll_transmit().is_some() {}
 }
 
+/// The relay carrier's reports for one attempt: written, then the relay's answer.
+fn written_and_answered(
+    engine: &mut Engine,
+    id: String,
+    send_seq: u64,
+    answer: CarrierAnswer,
+    now: u64,
+) {
+    let written = Input::Written {
+        id: id.clone(),
+        send_seq,
+    };
+    engine.handle(written, now);
+    engine.handle(
+        Input::Answer {
+            id,
+            send_seq,
+            answer,
+        },
+        now,
+    );
+}
+
 /// Sends one message and answers for the world: written, relay "live", then bob's ACK.
 /// With `acked` false it stays awaiting its ACK (how the backlog is built).
 fn cycle(engine: &mut Engine, n: &mut u64, now: u64, acked: bool) {
     *n += 1;
     let id = format!("m{n}");
-    engine.send(request(), || id.clone(), now);
+    engine.handle(Input::Send(request(id)), now);
     while engine.poll_store().is_some() {}
     while engine.poll_event().is_some() {}
     let Some(transmit) = engine.poll_transmit() else {
@@ -114,8 +139,13 @@ fn cycle(engine: &mut Engine, n: &mut u64, now: u64, acked: bool) {
     let TransmitKind::Outbox { message, send_seq } = transmit.kind else {
         panic!("not an outbox frame")
     };
-    engine.handle_written(&message.id, send_seq, now);
-    engine.handle_relay_answer(&message.id, send_seq, CarrierAnswer::Live, now);
+    written_and_answered(
+        engine,
+        message.id.clone(),
+        send_seq,
+        CarrierAnswer::Live,
+        now,
+    );
     if acked {
         let ack = message.ack(format!("ack-{}", message.id), now, "internet");
         let origin = InboundOrigin {
@@ -124,7 +154,8 @@ fn cycle(engine: &mut Engine, n: &mut u64, now: u64, acked: bool) {
             sender_account: None,
             seq: Some(*n),
         };
-        engine.handle_inbound(ack, origin, now);
+        let message = Box::new(ack);
+        engine.handle(Input::Inbound { message, origin }, now);
     }
     drain(engine);
 }
@@ -154,13 +185,13 @@ fn idle_wakeup(c: &mut Criterion) {
     config.outbox_max_entries = BACKLOG;
     let mut engine = Engine::new(config, "alice".into());
     for n in 0..BACKLOG {
-        engine.send(request(), || format!("q{n}"), 0);
+        engine.handle(Input::Send(request(format!("q{n}"))), 0);
     }
     drain(&mut engine);
     c.bench_function("idle_10k_next_deadline_and_timeout", |b| {
         b.iter(|| {
             let deadline = engine.next_deadline();
-            engine.handle_timeout(black_box(1));
+            engine.handle(Input::Timeout, black_box(1));
             deadline
         })
     });
@@ -187,8 +218,7 @@ fn answer_unreachable(engine: &mut Engine, now: u64, next_at: &mut HashMap<Strin
             break;
         }
         for (id, send_seq) in frames {
-            engine.handle_written(&id, send_seq, now);
-            engine.handle_relay_answer(&id, send_seq, CarrierAnswer::Unreachable, now);
+            written_and_answered(engine, id, send_seq, CarrierAnswer::Unreachable, now);
             answered += 1;
         }
         while let Some(op) = engine.poll_store() {
@@ -215,16 +245,16 @@ fn parked_engine() -> (Engine, u64, HashMap<String, u64>) {
     config.outbox_max_entries = PARKED;
     let mut engine = Engine::new(config, "alice".into());
     let mut next_at = HashMap::with_capacity(PARKED);
-    engine.handle_carrier_up(Carrier::Relay, 0);
+    engine.handle(Input::CarrierUp(Carrier::Relay), 0);
     let mut now = 0;
     for n in 0..PARKED {
         now = n as u64 * 10;
-        let mut req = request();
+        let mut req = request(format!("p{n:06}"));
         req.recipient = format!("peer{:04}", n % RECIPIENTS);
-        engine.send(req, || format!("p{n:06}"), now);
+        engine.handle(Input::Send(req), now);
         // Probes that came due meanwhile go too, as they would in the runtime.
         while engine.next_deadline().is_some_and(|d| d <= now) {
-            engine.handle_timeout(now);
+            engine.handle(Input::Timeout, now);
             answer_unreachable(&mut engine, now, &mut next_at);
         }
         answer_unreachable(&mut engine, now, &mut next_at);
@@ -268,7 +298,7 @@ fn parked_backlog(c: &mut Criterion) {
     while let Some(deadline) = engine.next_deadline().filter(|d| *d <= end) {
         let now = deadline.max(start);
         wakeups += 1;
-        engine.handle_timeout(now);
+        engine.handle(Input::Timeout, now);
         let sent = answer_unreachable(&mut engine, now, &mut schedule);
         if sent == 0 {
             idle_wakeups += 1;
@@ -287,17 +317,17 @@ fn parked_backlog(c: &mut Criterion) {
     assert_eq!(wakeups, minimum);
 
     // With the relay down as well, nothing is due for days: only the lifetimes remain.
-    engine.handle_carrier_down(Carrier::Relay, end);
+    engine.handle(Input::CarrierDown(Carrier::Relay), end);
     let asleep_until = engine.next_deadline().expect("lifetimes");
     println!(
         "relay down too: next wake-up {:.1} days out (the earliest lifetime expiry)",
         (asleep_until - end) as f64 / 86_400_000.0
     );
     assert!(asleep_until > end + 3600 * SEC);
-    engine.handle_carrier_up(Carrier::Relay, end);
+    engine.handle(Input::CarrierUp(Carrier::Relay), end);
     answer_unreachable(&mut engine, end, &mut schedule);
     while engine.next_deadline().is_some_and(|d| d <= end) {
-        engine.handle_timeout(end);
+        engine.handle(Input::Timeout, end);
         answer_unreachable(&mut engine, end, &mut schedule);
     }
 
@@ -311,7 +341,7 @@ fn parked_backlog(c: &mut Criterion) {
     c.bench_function("idle_100k_parked_next_deadline_and_timeout", |b| {
         b.iter(|| {
             let deadline = engine.next_deadline();
-            engine.handle_timeout(black_box(quiet));
+            engine.handle(Input::Timeout, black_box(quiet));
             deadline
         })
     });
@@ -347,17 +377,26 @@ fn inbound_engine(hook: bool) -> Engine {
     let mut config = Config::new("bench");
     config.durability_hook = hook.then(HookConfig::default);
     let mut engine = Engine::new(config, "alice".into());
-    engine.handle_carrier_up(Carrier::Relay, 0);
+    engine.handle(Input::CarrierUp(Carrier::Relay), 0);
     engine
 }
 
 /// Offers every ready batch to a hook that commits it; returns the messages committed.
 fn run_hook(engine: &mut Engine, now: u64) -> usize {
     let mut committed = 0;
-    while let Some(batch) = engine.poll_hook() {
-        let done = engine.handle_hook_result(batch.id, Ok(()), now);
-        committed += black_box(done).len();
+    while let Some(batch) = engine.poll_hook(now) {
+        let result = Ok(());
+        engine.handle(
+            Input::HookResult {
+                batch_id: batch.id,
+                result,
+            },
+            now,
+        );
         drain(engine);
+        let received = std::iter::from_fn(|| engine.poll_event_after_transmits())
+            .filter(|event| matches!(event, courier_engine::Event::MessageReceived { .. }));
+        committed += black_box(received.count());
     }
     committed
 }
@@ -369,7 +408,7 @@ fn run_hook(engine: &mut Engine, now: u64) -> usize {
 fn push_inbound(engine: &mut Engine, messages: Vec<Message>, drain_mode: bool) -> usize {
     let now = 1;
     if drain_mode {
-        engine.handle_drain_started(Carrier::Relay, now);
+        engine.handle(Input::DrainStarted(Carrier::Relay), now);
     }
     let mut committed = 0;
     for (seq, message) in (1..).zip(messages) {
@@ -379,7 +418,8 @@ fn push_inbound(engine: &mut Engine, messages: Vec<Message>, drain_mode: bool) -
             sender_account: None,
             seq: Some(seq),
         };
-        engine.handle_inbound(message, origin, now);
+        let message = Box::new(message);
+        engine.handle(Input::Inbound { message, origin }, now);
         while engine.poll_store().is_some() {}
         while let Some(event) = engine.poll_event() {
             // Without a hook the engine dispatches `message_received` itself.
@@ -392,7 +432,9 @@ fn push_inbound(engine: &mut Engine, messages: Vec<Message>, drain_mode: bool) -
         committed += run_hook(engine, now);
     }
     if drain_mode {
-        engine.handle_drain_complete(Carrier::Relay, INBOUND, now);
+        let count = INBOUND;
+        let carrier = Carrier::Relay;
+        engine.handle(Input::DrainComplete { carrier, count }, now);
         drain(engine);
         committed += run_hook(engine, now);
     }

@@ -17,7 +17,9 @@ pub struct Config {
     pub backoff_multiplier: f64,
     /// Sliding outbox lifetime; the absolute cap is 4× this from first acceptance.
     pub outbox_max_lifetime_ms: u64,
-    pub pending_message_max_lifetime_ms: u64,
+    /// How long an app carrier's `send` may take before the attempt counts as failed
+    /// (`docs/delivery.md#app-carrier-send-deadline`).
+    pub app_send_timeout_ms: u64,
     pub edge_driven_unreachable_dm: bool,
     /// Outbox capacity for regular messages (500) and media chunks (100).
     pub outbox_max_entries: usize,
@@ -46,6 +48,8 @@ pub struct HookConfig {
     pub retry_max_ms: u64,
     /// Buffered rows older than this are removed with a trace (`delivery.md` item 13).
     pub retention_ms: u64,
+    /// A batch the hook has not settled within this long counts as refused.
+    pub timeout_ms: u64,
     /// Bound of the rows held in memory (10 000 messages / 64 MiB of content, the relay
     /// mailbox's own limits). Over it a new message is neither buffered nor acknowledged: the
     /// relay keeps it and redelivers it on the next connection.
@@ -62,6 +66,7 @@ impl Default for HookConfig {
             retry_initial_ms: 1000,
             retry_max_ms: 60_000,
             retention_ms: 7 * 24 * 3600 * 1000,
+            timeout_ms: 30_000,
             max_buffered_messages: 10_000,
             max_buffered_bytes: 64 * 1024 * 1024,
         }
@@ -79,7 +84,7 @@ impl Config {
             max_delay_ms: 300_000,
             backoff_multiplier: 2.0,
             outbox_max_lifetime_ms: 604_800_000,
-            pending_message_max_lifetime_ms: 604_800_000,
+            app_send_timeout_ms: 15_000,
             edge_driven_unreachable_dm: false,
             outbox_max_entries: 500,
             outbox_max_media_entries: 100,

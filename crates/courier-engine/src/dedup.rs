@@ -4,22 +4,15 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::io::{Millis, ProcessedKey};
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct DedupKey {
-    pub chat: String,
-    pub sender: String,
-    pub message_id: String,
-}
+use crate::io::{InboundKey, Millis, ProcessedKey};
 
 #[derive(Debug)]
 pub(crate) struct Dedup {
     max_entries: usize,
     retention_ms: u64,
-    seen: HashMap<DedupKey, Millis>,
+    seen: HashMap<InboundKey, Millis>,
     /// Processing order, oldest first: what count and age pruning drop.
-    order: VecDeque<(Millis, DedupKey)>,
+    order: VecDeque<(Millis, InboundKey)>,
 }
 
 impl Dedup {
@@ -34,27 +27,14 @@ impl Dedup {
 
     pub(crate) fn restore(&mut self, mut keys: Vec<ProcessedKey>, now: Millis) {
         keys.sort_by_key(|key| key.at);
-        for ProcessedKey {
-            chat,
-            sender,
-            message_id,
-            at,
-        } in keys
-        {
-            self.insert(
-                DedupKey {
-                    chat,
-                    sender,
-                    message_id,
-                },
-                at,
-            );
+        for ProcessedKey { key, at } in keys {
+            self.insert(key, at);
         }
         self.prune(now);
     }
 
     /// Records `key` as processed at `now`; false when it already was.
-    pub(crate) fn first_sighting(&mut self, key: &DedupKey, now: Millis) -> bool {
+    pub(crate) fn first_sighting(&mut self, key: &InboundKey, now: Millis) -> bool {
         self.prune(now);
         if self.seen.contains_key(key) {
             return false;
@@ -64,18 +44,18 @@ impl Dedup {
     }
 
     /// Whether `key` was processed within the retention (hook mode: the hook's commit records it).
-    pub(crate) fn contains(&mut self, key: &DedupKey, now: Millis) -> bool {
+    pub(crate) fn contains(&mut self, key: &InboundKey, now: Millis) -> bool {
         self.prune(now);
         self.seen.contains_key(key)
     }
 
     /// Records `key` as processed at `now` (the durability hook committed it).
-    pub(crate) fn record(&mut self, key: DedupKey, now: Millis) {
+    pub(crate) fn record(&mut self, key: InboundKey, now: Millis) {
         self.prune(now);
         self.insert(key, now);
     }
 
-    fn insert(&mut self, key: DedupKey, at: Millis) {
+    fn insert(&mut self, key: InboundKey, at: Millis) {
         if self.max_entries == 0 || self.seen.contains_key(&key) {
             return;
         }
@@ -106,8 +86,8 @@ impl Dedup {
 mod tests {
     use super::*;
 
-    fn key(id: &str) -> DedupKey {
-        DedupKey {
+    fn key(id: &str) -> InboundKey {
+        InboundKey {
             chat: "bob".into(),
             sender: "bob".into(),
             message_id: id.into(),

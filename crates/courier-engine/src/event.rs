@@ -2,7 +2,7 @@
 
 use courier_proto::{Message, Priority};
 
-use crate::io::{FailReason, Millis};
+use crate::io::{FailReason, InboundKey, Millis};
 
 // Events are drained right after the call that produced them; boxing the large variant would
 // cost an allocation per event for no memory that is ever held.
@@ -68,6 +68,16 @@ pub enum Event {
         sender: String,
         transport: String,
     },
+    /// The relay's `PresenceStatus` for a peer (`last_seen_ms` when the relay said).
+    PresenceUpdated {
+        peer_id: String,
+        online: bool,
+        last_seen_ms: Option<Millis>,
+    },
+    /// A peer came in range of an app carrier.
+    NeighborDiscovered { peer_id: String, transport: String },
+    /// A peer went out of range of an app carrier.
+    NeighborLost { peer_id: String, transport: String },
     /// The relay's offline backlog has been processed (`count` frames since connect); with a
     /// durability hook, once the drain's last batch committed.
     InboundDrainCompleted { count: u64 },
@@ -82,6 +92,25 @@ pub enum Event {
         level: DiagnosticLevel,
         message: String,
     },
+}
+
+impl Event {
+    /// The dedup key of a `message_received`; `None` for every other event.
+    pub fn received_key(&self) -> Option<InboundKey> {
+        match self {
+            Self::MessageReceived {
+                message,
+                chat,
+                sender,
+                ..
+            } => Some(InboundKey {
+                chat: chat.clone(),
+                sender: sender.clone(),
+                message_id: message.id.clone(),
+            }),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

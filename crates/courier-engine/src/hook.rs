@@ -97,6 +97,8 @@ struct Open {
 struct Offered {
     id: u64,
     members: Vec<Member>,
+    /// Unsettled by then, the batch counts as refused.
+    deadline: Millis,
 }
 
 #[derive(Debug)]
@@ -311,8 +313,9 @@ impl HookPipeline {
         }
     }
 
-    /// The next batch for the hook, when none is with it.
-    pub(crate) fn poll(&mut self) -> Option<HookBatch> {
+    /// The next batch for the hook, when none is with it; the hook has until `now` +
+    /// `timeout_ms` to settle it.
+    pub(crate) fn poll(&mut self, now: Millis) -> Option<HookBatch> {
         if self.with_hook.is_some() {
             return None;
         }
@@ -337,7 +340,11 @@ impl HookPipeline {
                 origin,
             });
         }
-        self.with_hook = Some(Offered { id, members });
+        self.with_hook = Some(Offered {
+            id,
+            members,
+            deadline: now.saturating_add(self.config.timeout_ms),
+        });
         Some(HookBatch { id, messages })
     }
 
@@ -498,6 +505,23 @@ impl HookPipeline {
         }
     }
 
+    /// The batch with the hook, once the hook has held it past its deadline.
+    pub(crate) fn overdue(&self, now: Millis) -> Option<u64> {
+        self.with_hook
+            .as_ref()
+            .filter(|offered| offered.deadline <= now)
+            .map(|offered| offered.id)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn with_hook(&self) -> Option<u64> {
+        self.with_hook.as_ref().map(|offered| offered.id)
+    }
+
+    pub(crate) fn timeout_ms(&self) -> u64 {
+        self.config.timeout_ms
+    }
+
     /// The earliest of the pipeline's timers; `None` with nothing buffered.
     pub(crate) fn next_deadline(&self, carrier_up: bool) -> Option<Millis> {
         let age = self.open.as_ref().map(|open| self.age_deadline(open));
@@ -505,7 +529,8 @@ impl HookPipeline {
             .then(|| self.waiting.keys().next().map(|(due, _)| *due))
             .flatten();
         let expiry = self.expiries.first().map(|(at, _)| *at);
-        [age, retry, expiry].into_iter().flatten().min()
+        let verdict = self.with_hook.as_ref().map(|offered| offered.deadline);
+        [age, retry, expiry, verdict].into_iter().flatten().min()
     }
 
     // ---- internals ------------------------------------------------------------------------

@@ -49,8 +49,11 @@ impl fmt::Display for Carrier {
 /// prefixes, identifier rules, reserved metadata keys).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SendRequest {
-    /// Client-chosen id, or `None` for an engine-minted one (supplied by the runtime as `mint_id`).
-    pub id: Option<String>,
+    /// The app's id, or one the runtime minted (a v4 UUID) when the app chose none.
+    pub id: String,
+    /// How a message with this id last settled, as storage remembers it: an id already
+    /// delivered is a no-op, a failed one may be sent again (`docs/delivery.md#message-ids`).
+    pub settled: Option<Settlement>,
     pub recipient: String,
     pub content: String,
     pub content_type: ContentType,
@@ -58,14 +61,6 @@ pub struct SendRequest {
     pub metadata: BTreeMap<String, String>,
     /// Base64 of binary content (`Uint8Array` from JS), carried in `Message.binary_content`.
     pub binary_content: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SendOutcome {
-    /// A new outbox entry was created.
-    Accepted(String),
-    /// The id is already in the outbox: nothing changed.
-    Duplicate(String),
 }
 
 /// How an addressed carrier (the relay or a gateway) answered a `SendMessage` it read.
@@ -207,7 +202,8 @@ pub enum StoreOp {
     ExpireInbound { keys: Vec<InboundKey> },
 }
 
-/// Identifies an inbound message for dedup and for the durability buffer.
+/// Identifies an inbound message `(chat, sender, messageId)`: for dedup and for the durability
+/// hook's buffer.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct InboundKey {
     pub chat: String,
@@ -262,12 +258,10 @@ pub struct HookMessage {
     pub origin: BatchOrigin,
 }
 
-/// Inbound dedup key `(chat, sender, messageId)`; `at` is when it was processed.
+/// An inbound message's dedup key and when it was processed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ProcessedKey {
-    pub chat: String,
-    pub sender: String,
-    pub message_id: String,
+    pub key: InboundKey,
     pub at: Millis,
 }
 
@@ -282,6 +276,5 @@ pub struct Stats {
     pub retry_queue: usize,
     /// Parked entries not in flight: unreachable and relay custody alike, probing or resting.
     pub parked: usize,
-    pub pre_session_queue: usize,
     pub carriers_up: usize,
 }

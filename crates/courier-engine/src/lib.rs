@@ -103,12 +103,14 @@ mod engine;
 pub mod event;
 mod hook;
 mod inbound;
+pub mod input;
 pub mod io;
 mod neighbors;
 mod outbox;
 mod parking;
 mod presence;
 mod retry_queue;
+pub mod step;
 mod timers;
 
 #[cfg(test)]
@@ -117,4 +119,5 @@ mod tests;
 pub use config::{Config, HookConfig};
 pub use engine::Engine;
 pub use event::{DiagnosticLevel, Event};
+pub use input::{Input, Restore};
 pub use io::*;

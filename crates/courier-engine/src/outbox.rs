@@ -64,9 +64,16 @@ pub(crate) enum Phase {
     /// In the retry queue, due at `at`; it goes once a carrier and an in-flight slot are free.
     /// Dropped at `expires_at` if still here (an entry only expires while nothing is pending).
     Queued { at: Millis, expires_at: Millis },
-    /// Handed to `carrier`: the runtime owes `handle_written` or `handle_send_failed`, or the
-    /// carrier goes down and takes the attempt with it.
-    Handed { send_seq: u64, carrier: Carrier },
+    /// Handed to `carrier`: the runtime owes `Input::Written` or `Input::SendFailed`, or the
+    /// carrier goes down and takes the attempt with it. An app carrier's send must report by
+    /// `deadline` or counts as failed (`docs/delivery.md#app-carrier-send-deadline`): it runs
+    /// app code the engine cannot otherwise bound. The relay and gateway carriers bound their
+    /// own writes and answers, so theirs is `None`.
+    Handed {
+        send_seq: u64,
+        carrier: Carrier,
+        deadline: Option<Millis>,
+    },
     /// Written; the end-to-end ACK is due by `deadline`.
     AwaitingAck { send_seq: u64, deadline: Millis },
     /// Parked and quiet (`edgeDrivenUnreachableDm` after its bounded timed probes): no send

@@ -22,6 +22,8 @@ pub(crate) struct Timers {
     probes: RetryQueue,
     acks: Deadlines,
     expiries: Deadlines,
+    /// App carrier sends that must report by then.
+    send_deadlines: Deadlines,
     handed: BTreeSet<Key>,
     /// Parked entries waiting (queued for a probe, or resting): counted here so `stats()`
     /// stays O(1).
@@ -47,8 +49,11 @@ impl Timers {
                 self.expiries.insert(expires_at, key);
                 self.parked += 1;
             }
-            Phase::Handed { .. } => {
+            Phase::Handed { deadline, .. } => {
                 self.handed.insert(key);
+                if let Some(deadline) = deadline {
+                    self.send_deadlines.insert(deadline, key);
+                }
             }
             Phase::AwaitingAck { deadline, .. } => self.acks.insert(deadline, key),
         }
@@ -65,8 +70,11 @@ impl Timers {
                 self.expiries.remove(expires_at, key);
                 self.parked = self.parked.saturating_sub(1);
             }
-            Phase::Handed { .. } => {
+            Phase::Handed { deadline, .. } => {
                 self.handed.remove(&key);
+                if let Some(deadline) = deadline {
+                    self.send_deadlines.remove(deadline, key);
+                }
             }
             Phase::AwaitingAck { deadline, .. } => self.acks.remove(deadline, key),
         }
@@ -124,16 +132,26 @@ impl Timers {
         self.acks.due(now)
     }
 
+    /// App carrier sends still unreported at their deadline.
+    pub(crate) fn due_send_deadlines(&self, now: Millis) -> Vec<Key> {
+        self.send_deadlines.due(now)
+    }
+
     pub(crate) fn due_expiries(&self, now: Millis) -> Vec<Key> {
         self.expiries.due(now)
     }
 
-    /// ACK deadlines and lifetime expiries: due whatever the carriers.
+    /// ACK deadlines, app carrier send deadlines and lifetime expiries: due whatever the
+    /// carriers.
     pub(crate) fn next_fixed_deadline(&self) -> Option<Millis> {
-        [self.acks.first(), self.expiries.first()]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.acks.first(),
+            self.send_deadlines.first(),
+            self.expiries.first(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// The earliest queued send, with probes not before `probes_from` (the send budget).

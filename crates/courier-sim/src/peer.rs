@@ -1,57 +1,14 @@
 //! One simulated device: its durable store and application state, and — while its process
-//! runs — the engine with the client driver's volatile state (command queue, the batch with the
-//! hook, the relay session, the neighbors reported to the engine).
+//! runs — the engine with the client driver's volatile state (input queue, the relay session,
+//! the neighbors reported to the engine).
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use courier_engine::{
-    Carrier, CarrierAnswer, Engine, Event, InboundKey, InboundOrigin, Millis, SendRequest,
-};
-use courier_proto::Message;
+use courier_engine::{Engine, Event, InboundKey, Input, Millis, SendRequest};
 
 use crate::relay::ConnId;
 use crate::scenario::PeerSpec;
 use crate::store::Store;
-
-/// An input for the driver, queued until its next step (the client's `driver::Command`).
-#[derive(Debug, Clone)]
-pub enum Cmd {
-    Send(SendRequest),
-    CarrierUp(Carrier),
-    CarrierDown(Carrier),
-    Written {
-        id: String,
-        send_seq: u64,
-    },
-    SendFailed {
-        id: String,
-        send_seq: u64,
-        reason: &'static str,
-    },
-    CarrierAnswer {
-        id: String,
-        send_seq: u64,
-        answer: CarrierAnswer,
-    },
-    Inbound {
-        message: Box<Message>,
-        origin: InboundOrigin,
-    },
-    DrainStarted,
-    DrainComplete {
-        count: u64,
-    },
-    HookResult {
-        batch_id: u64,
-        result: Result<(), String>,
-    },
-    Presence {
-        peer: String,
-        online: bool,
-    },
-    NeighborDiscovered(String),
-    NeighborLost(String),
-}
 
 /// Where inside a driver step a crash hits (the step order of `courier-client`'s driver).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -94,11 +51,10 @@ pub struct Session {
 /// The running process: engine and driver.
 pub struct Running {
     pub engine: Engine,
-    pub inbox: Vec<Cmd>,
+    /// Inputs queued for the driver's next step.
+    pub inbox: Vec<Input>,
     /// When the driver takes its next step for queued commands.
     pub step_at: Option<Millis>,
-    /// The batch with the durability hook and the driver's deadline for it.
-    pub hook: Option<(u64, Millis)>,
     pub session: Option<Session>,
     /// A reconnect attempt is scheduled.
     pub connecting: bool,
@@ -144,9 +100,9 @@ impl Peer {
         &self.spec.name
     }
 
-    pub fn push(&mut self, cmd: Cmd, at: Millis) {
+    pub fn push(&mut self, input: Input, at: Millis) {
         if let Some(run) = self.run.as_mut() {
-            run.inbox.push(cmd);
+            run.inbox.push(input);
             run.step_at.get_or_insert(at);
         }
     }

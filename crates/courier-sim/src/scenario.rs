@@ -43,7 +43,6 @@ pub struct PeerSpec {
     pub alias: String,
     pub config: Config,
     pub hook: Option<HookProfile>,
-    pub hook_timeout_ms: u64,
 }
 
 /// Per-frame faults, in per mille.
@@ -166,6 +165,7 @@ fn peer_spec(rng: &mut Rng, i: usize) -> PeerSpec {
             },
             max_buffered_messages: rng.range(4, 40) as usize,
             max_buffered_bytes: 64 * 1024 * 1024,
+            timeout_ms: rng.range(2 * SEC, 30 * SEC),
         });
         HookProfile {
             commit: rng.range(400, 800) as u32,
@@ -181,6 +181,5 @@ fn peer_spec(rng: &mut Rng, i: usize) -> PeerSpec {
         alias: format!("p{i}"),
         config,
         hook,
-        hook_timeout_ms: rng.range(2 * SEC, 30 * SEC),
     }
 }

@@ -66,7 +66,7 @@ impl Store {
                     self.settled.insert(id.clone(), row);
                 }
                 StoreOp::MarkProcessed(key) => {
-                    self.processed.entry(inbound_key(key)).or_insert(key.at);
+                    self.processed.entry(key.key.clone()).or_insert(key.at);
                 }
                 StoreOp::BufferInbound(rows) => {
                     for row in rows {
@@ -147,12 +147,7 @@ impl Store {
             self.processed.remove(&key);
         }
         keys.into_iter()
-            .map(|(at, key)| ProcessedKey {
-                chat: key.chat,
-                sender: key.sender,
-                message_id: key.message_id,
-                at,
-            })
+            .map(|(at, key)| ProcessedKey { key, at })
             .collect()
     }
 
@@ -165,14 +160,6 @@ impl Store {
 
     pub fn is_processed(&self, key: &InboundKey) -> bool {
         self.processed.contains_key(key)
-    }
-}
-
-pub fn inbound_key(key: &ProcessedKey) -> InboundKey {
-    InboundKey {
-        chat: key.chat.clone(),
-        sender: key.sender.clone(),
-        message_id: key.message_id.clone(),
     }
 }
 

@@ -25,13 +25,13 @@ mod scheduler;
 use std::collections::{BTreeMap, BTreeSet};
 
 use courier_engine::{
-    Carrier, CarrierAnswer, Engine, Event, FailReason, InboundKey, InboundOrigin, Millis,
-    SendOutcome, SendRequest, Settlement, StoreOp, Transmit, TransmitKind,
+    Carrier, CarrierAnswer, Engine, Event, FailReason, InboundKey, InboundOrigin, Input, Millis,
+    Restore, SendRequest, Settlement, StoreOp, Transmit, TransmitKind,
 };
 use courier_proto::{ContentType, Message, Priority};
 
 use crate::ledger::{violated, Ledger};
-use crate::peer::{App, Cmd, CrashPoint, Peer, Running, Session};
+use crate::peer::{App, CrashPoint, Peer, Running, Session};
 use crate::relay::{ConnId, Relay, ToClient, ToRelay, Writes};
 use crate::rng::Rng;
 use crate::scenario::{LinkFaults, Scenario, BLE, HOUR, POISON, SEC};
@@ -235,16 +235,6 @@ impl AppEvent {
     }
 }
 
-/// What one driver step owes once its writes are committed.
-#[derive(Default)]
-struct StepOut {
-    accepted: Vec<String>,
-    events: Vec<AppEvent>,
-    /// Events that follow the transmits (a hook verdict's `message_received`s and what came
-    /// with them).
-    after: Vec<Event>,
-}
-
 pub struct World {
     now: Millis,
     rng: Rng,
@@ -417,14 +407,10 @@ impl World {
         let queued = self.queue.keys().next().map(|(at, _)| *at);
         let peers = self.peers.iter().filter_map(|p| {
             let run = p.run.as_ref()?;
-            [
-                run.step_at,
-                run.engine.next_deadline(),
-                run.hook.map(|(_, deadline)| deadline),
-            ]
-            .into_iter()
-            .flatten()
-            .min()
+            [run.step_at, run.engine.next_deadline()]
+                .into_iter()
+                .flatten()
+                .min()
         });
         queued.into_iter().chain(peers).min()
     }
@@ -435,7 +421,6 @@ impl World {
             p.run.as_ref().is_some_and(|run| {
                 run.step_at.is_some_and(|t| t <= now)
                     || run.engine.next_deadline().is_some_and(|t| t <= now)
-                    || run.hook.is_some_and(|(_, t)| t <= now)
             })
         })
     }
@@ -479,7 +464,7 @@ impl World {
                         seq: None,
                     };
                     let now = self.now;
-                    self.peers[to].push(Cmd::Inbound { message, origin }, now);
+                    self.peers[to].push(Input::Inbound { message, origin }, now);
                 }
             }
             Ev::HookDone {
@@ -495,7 +480,7 @@ impl World {
                         Err("the application refused the batch".to_owned())
                     };
                     let now = self.now;
-                    self.peers[peer].push(Cmd::HookResult { batch_id, result }, now);
+                    self.peers[peer].push(Input::HookResult { batch_id, result }, now);
                 }
             }
             Ev::Crash { peer, inc } => {

@@ -7,11 +7,11 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use courier_engine::CarrierAnswer;
+use courier_engine::{CarrierAnswer, Input};
 use courier_proto::limits::RECIPIENT_UNREACHABLE;
 use courier_proto::{Disposition, RelayFrame};
 
-use crate::driver::{Command, DriverTx};
+use crate::driver::DriverTx;
 
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -78,7 +78,7 @@ impl Answers {
                 Some(Disposition::Stored) => CarrierAnswer::Stored,
                 _ => CarrierAnswer::Live,
             };
-            driver.send(Command::CarrierAnswer {
+            driver.input(Input::Answer {
                 id,
                 send_seq: u.send_seq,
                 answer,
@@ -108,7 +108,7 @@ impl Answers {
         for id in ids {
             if unreachable {
                 if let Some(u) = self.unanswered.remove(&id) {
-                    driver.send(Command::CarrierAnswer {
+                    driver.input(Input::Answer {
                         id,
                         send_seq: u.send_seq,
                         answer: CarrierAnswer::Unreachable,
@@ -124,7 +124,7 @@ impl Answers {
     /// The carrier dropped or could not take the send: a transport failure.
     pub fn fail(&mut self, driver: &DriverTx, id: &str, reason: String) {
         if let Some((id, u)) = self.unanswered.remove_entry(id) {
-            driver.send(Command::SendFailed {
+            driver.input(Input::SendFailed {
                 id,
                 send_seq: u.send_seq,
                 reason,
@@ -153,7 +153,7 @@ impl Answers {
     /// The connection ended: every open send failed.
     pub fn connection_lost(&mut self, driver: &DriverTx) {
         for (id, u) in self.unanswered.drain() {
-            driver.send(Command::SendFailed {
+            driver.input(Input::SendFailed {
                 id,
                 send_seq: u.send_seq,
                 reason: format!("{} connection lost", self.carrier),

@@ -8,12 +8,12 @@
 //! session is never a recipient at the gateway. A refusal, or a binding to another address, is a
 //! security warning and closes the connection; so does a challenge that is not 32 bytes, or a
 //! challenge or answer that takes over 10 s. Once bound, sends and inbound messages take the
-//! relay carrier's paths ([`Answers`], [`inbound_command`]). A gateway has no mailbox, journal,
+//! relay carrier's paths ([`Answers`], [`inbound_input`]). A gateway has no mailbox, journal,
 //! presence or rate limit: what the relay carrier does for those has no counterpart here.
 
 use std::time::Duration;
 
-use courier_engine::{Carrier, DiagnosticLevel};
+use courier_engine::{Carrier, DiagnosticLevel, Input};
 use courier_proto::lines::LineBuffer;
 use courier_proto::security::{
     GATEWAY_ADDRESS_BINDING_MISMATCH, GATEWAY_ADDRESS_DECLARATION_REFUSED,
@@ -30,7 +30,7 @@ use tokio::time::{sleep_until, timeout, Instant};
 
 use crate::carrier::answers::Answers;
 use crate::carrier::backoff::Backoff;
-use crate::carrier::inbound::{inbound_command, Stamp};
+use crate::carrier::inbound::{inbound_input, Stamp};
 use crate::carrier::intake::Intake;
 use crate::carrier::{report, Submit};
 use crate::driver::{Command, DriverTx};
@@ -178,7 +178,7 @@ fn refuse_while_down(cmd: Option<GatewayOut>, driver: &DriverTx) -> bool {
     match cmd {
         None | Some(GatewayOut::Stop) => false,
         Some(GatewayOut::Submit(Submit::Outbox { id, send_seq, .. })) => {
-            driver.send(Command::SendFailed {
+            driver.input(Input::SendFailed {
                 id,
                 send_seq,
                 reason: "gateway not attached".into(),
@@ -394,7 +394,7 @@ impl<'a> Session<'a> {
             "gateway attached".to_owned(),
         );
         status(self.driver, true, true);
-        self.driver.send(Command::CarrierUp(Carrier::Gateway));
+        self.driver.input(Input::CarrierUp(Carrier::Gateway));
         let loss = loop {
             let overdue = self.answers.next_deadline();
             let step = tokio::select! {
@@ -417,7 +417,7 @@ impl<'a> Session<'a> {
             }
         };
         self.link.close().await;
-        self.driver.send(Command::CarrierDown(Carrier::Gateway));
+        self.driver.input(Input::CarrierDown(Carrier::Gateway));
         self.answers.connection_lost(self.driver);
         status(self.driver, false, false);
         loss
@@ -433,7 +433,7 @@ impl<'a> Session<'a> {
                 frame,
             })) => {
                 self.link.write_line(&frame).await?;
-                self.driver.send(Command::Written {
+                self.driver.input(Input::Written {
                     id: id.clone(),
                     send_seq,
                 });
@@ -482,8 +482,8 @@ impl<'a> Session<'a> {
                     sender_account: None,
                     seq: None,
                 };
-                match inbound_command(stamp, &content) {
-                    Ok(cmd) => self.driver.send(cmd),
+                match inbound_input(stamp, &content) {
+                    Ok(input) => self.driver.input(input),
                     Err(reason) => diagnostic(self.driver, DiagnosticLevel::Warn, reason),
                 }
             }

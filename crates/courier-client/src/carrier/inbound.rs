@@ -2,10 +2,8 @@
 //! message decoded, relay answers refused in the message plane (`relay-protocol.md` §7.2 step
 //! 1), and attributed to the identity the carrier stamped.
 
-use courier_engine::{Carrier, InboundOrigin};
+use courier_engine::{Carrier, InboundOrigin, Input};
 use courier_proto::{validate_identifier, Message};
-
-use crate::driver::Command;
 
 /// Relay answers that must never arrive through the message plane.
 const RELAY_ANSWER_PREFIXES: &[&str] = &[
@@ -26,8 +24,8 @@ pub struct Stamp {
     pub seq: Option<u64>,
 }
 
-/// The driver command for the frame, or why it is dropped (for a diagnostic).
-pub fn inbound_command(stamp: Stamp, content: &str) -> Result<Command, String> {
+/// The engine input for the frame, or why it is dropped (for a diagnostic).
+pub fn inbound_input(stamp: Stamp, content: &str) -> Result<Input, String> {
     let Stamp {
         carrier,
         sender,
@@ -54,7 +52,7 @@ pub fn inbound_command(stamp: Stamp, content: &str) -> Result<Command, String> {
             "dropped inbound frame from {sender}: relay answer prefix in the message plane"
         ));
     }
-    Ok(Command::Inbound {
+    Ok(Input::Inbound {
         message: Box::new(message),
         origin: InboundOrigin {
             carrier,

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use courier_engine::{Carrier, DiagnosticLevel};
+use courier_engine::{Carrier, DiagnosticLevel, Input};
 use courier_proto::limits::{
     close, CAP_MAILBOX, CAP_PRESENCE_WATCH, MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_FRAME_BYTES,
 };
@@ -26,7 +26,7 @@ use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
 use crate::carrier::answers::Answers;
 use crate::carrier::backoff::Backoff;
-use crate::carrier::inbound::{inbound_command, Stamp};
+use crate::carrier::inbound::{inbound_input, Stamp};
 use crate::carrier::intake::Intake;
 use crate::carrier::presence::PresenceWatch;
 use crate::carrier::release::Releases;
@@ -206,7 +206,7 @@ async fn wait_for_reconnect(
 /// While no connection is up, sends fail at once and watchlist changes are remembered.
 fn refuse_while_down(cmd: RelayOut, driver: &DriverTx, presence: &mut PresenceWatch) {
     match cmd {
-        RelayOut::Submit(Submit::Outbox { id, send_seq, .. }) => driver.send(Command::SendFailed {
+        RelayOut::Submit(Submit::Outbox { id, send_seq, .. }) => driver.input(Input::SendFailed {
             id,
             send_seq,
             reason: "relay not connected".into(),
@@ -431,7 +431,7 @@ impl<'a> Session<'a> {
                 session.releases.announce();
             }
             // Until DrainComplete, what arrives is the backlog (batched for a durability hook).
-            driver.send(Command::DrainStarted);
+            driver.input(Input::DrainStarted(Carrier::Relay));
         }
         diagnostic(
             driver,
@@ -442,8 +442,8 @@ impl<'a> Session<'a> {
             connected: true,
             authenticated: true,
         }));
-        driver.send(Command::AccountName(auth.username.clone()));
-        driver.send(Command::CarrierUp(Carrier::Relay));
+        driver.input(Input::AccountName(auth.username.clone()));
+        driver.input(Input::CarrierUp(Carrier::Relay));
         session
     }
 
@@ -578,9 +578,10 @@ impl<'a> Session<'a> {
             } => {
                 self.on_inbound(seq, sender, sender_account, &content);
             }
-            RelayFrame::DrainComplete { count } => {
-                self.driver.send(Command::DrainComplete { count })
-            }
+            RelayFrame::DrainComplete { count } => self.driver.input(Input::DrainComplete {
+                carrier: Carrier::Relay,
+                count,
+            }),
             RelayFrame::RateLimited {
                 retry_after_ms,
                 message_id,
@@ -635,7 +636,7 @@ impl<'a> Session<'a> {
                     );
                     return Ok(());
                 }
-                self.driver.send(Command::Presence {
+                self.driver.input(Input::Presence {
                     peer: user_id,
                     online,
                     // Published relays may send an ISO-8601 string; only epoch ms is kept.
@@ -672,8 +673,8 @@ impl<'a> Session<'a> {
             sender_account,
             seq,
         };
-        match inbound_command(stamp, content) {
-            Ok(cmd) => self.driver.send(cmd),
+        match inbound_input(stamp, content) {
+            Ok(input) => self.driver.input(input),
             Err(reason) => {
                 diagnostic(self.driver, DiagnosticLevel::Warn, reason);
                 self.release(seq);
@@ -720,7 +721,7 @@ impl<'a> Session<'a> {
                 self.write(frame).await?;
             } else if let Some((id, send_seq, recipient, frame)) = self.sends.pop_front() {
                 self.write(frame).await?;
-                self.driver.send(Command::Written {
+                self.driver.input(Input::Written {
                     id: id.clone(),
                     send_seq,
                 });
@@ -772,10 +773,10 @@ impl<'a> Session<'a> {
             let _ = self.ws.send(close_message(code, "")).await;
         }
         self.presence.disconnected();
-        self.driver.send(Command::CarrierDown(Carrier::Relay));
+        self.driver.input(Input::CarrierDown(Carrier::Relay));
         self.answers.connection_lost(self.driver);
         for (id, send_seq, _, _) in self.sends.drain(..) {
-            self.driver.send(Command::SendFailed {
+            self.driver.input(Input::SendFailed {
                 id,
                 send_seq,
                 reason: "relay connection lost".into(),

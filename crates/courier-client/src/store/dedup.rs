@@ -1,19 +1,19 @@
 //! Processed inbound keys `(chat, sender, message_id)`: the receiver's dedup across restarts
 //! (`delivery.md` item 11).
 
-use courier_engine::io::{Millis, ProcessedKey};
+use courier_engine::io::{InboundKey, Millis, ProcessedKey};
 use rusqlite::{params, Connection};
 
 use super::{from_db_u64, to_db, StoreError};
 
 /// Insert-or-ignore: the first processing time is kept, so a redelivery never extends the
 /// retention of its key (the sender's absolute lifetime is anchored before the first arrival).
-pub(crate) fn mark(conn: &Connection, key: &ProcessedKey) -> Result<(), StoreError> {
+pub(crate) fn mark(conn: &Connection, key: &InboundKey, at: Millis) -> Result<(), StoreError> {
     conn.prepare_cached(
         "INSERT INTO processed (chat, sender, message_id, at) VALUES (?1, ?2, ?3, ?4)
          ON CONFLICT (chat, sender, message_id) DO NOTHING",
     )?
-    .execute(params![key.chat, key.sender, key.message_id, to_db(key.at)])?;
+    .execute(params![key.chat, key.sender, key.message_id, to_db(at)])?;
     Ok(())
 }
 
@@ -46,9 +46,11 @@ pub(crate) fn load(conn: &Connection) -> Result<Vec<ProcessedKey>, StoreError> {
     let rows = stmt.query_and_then([], |row| {
         let at: i64 = row.get(3)?;
         Ok(ProcessedKey {
-            chat: row.get(0)?,
-            sender: row.get(1)?,
-            message_id: row.get(2)?,
+            key: InboundKey {
+                chat: row.get(0)?,
+                sender: row.get(1)?,
+                message_id: row.get(2)?,
+            },
             at: from_db_u64(at).ok_or_else(|| {
                 StoreError::Corrupt(format!("processed row has a negative time ({at})"))
             })?,

@@ -2,7 +2,7 @@
 //! each message written before the application's durability hook sees it, cleared once the
 //! hook committed it (`delivery.md` items 10–13).
 
-use courier_engine::io::{Carrier, InboundKey, Millis, PendingInbound, ProcessedKey};
+use courier_engine::io::{Carrier, InboundKey, Millis, PendingInbound};
 use courier_proto::Message;
 use rusqlite::{params, Connection, Row};
 
@@ -75,15 +75,7 @@ pub(crate) fn delete(conn: &Connection, keys: &[InboundKey]) -> Result<(), Store
 pub(crate) fn commit(conn: &Connection, keys: &[InboundKey], at: Millis) -> Result<(), StoreError> {
     delete(conn, keys)?;
     for k in keys {
-        dedup::mark(
-            conn,
-            &ProcessedKey {
-                chat: k.chat.clone(),
-                sender: k.sender.clone(),
-                message_id: k.message_id.clone(),
-                at,
-            },
-        )?;
+        dedup::mark(conn, k, at)?;
     }
     Ok(())
 }

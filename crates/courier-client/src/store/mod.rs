@@ -359,7 +359,7 @@ impl Store {
                     settlement,
                     at,
                 } => outbox::settle(&tx, id, recipient, settlement, *at)?,
-                StoreOp::MarkProcessed(key) => dedup::mark(&tx, key)?,
+                StoreOp::MarkProcessed(ProcessedKey { key, at }) => dedup::mark(&tx, key, *at)?,
                 StoreOp::BufferInbound(batch) => inbound::buffer(&tx, batch)?,
                 StoreOp::CommitInbound { keys, at } => inbound::commit(&tx, keys, *at)?,
                 StoreOp::ExpireInbound { keys } => inbound::delete(&tx, keys)?,
@@ -583,9 +583,11 @@ mod tests {
             last_sent_at: None,
         });
         let mark = StoreOp::MarkProcessed(ProcessedKey {
-            chat: "dm".into(),
-            sender: "bob".into(),
-            message_id: "x".into(),
+            key: courier_engine::InboundKey {
+                chat: "dm".into(),
+                sender: "bob".into(),
+                message_id: "x".into(),
+            },
             at: 1,
         });
         let err = store.commit(&[put.clone(), mark]).unwrap_err();

@@ -145,8 +145,8 @@ impl Engine {
     /// One Put per entry changed during the call, reflecting where it ended up; then the
     /// watchlist follows the parking bookkeeping.
     pub(super) fn end_call(&mut self) {
-        if let Some(durable) = self.durable.as_mut() {
-            let rows = durable.take_to_buffer();
+        if let Some(hook) = self.hook.as_mut() {
+            let rows = hook.take_to_buffer();
             if !rows.is_empty() {
                 self.store.push_back(StoreOp::BufferInbound(rows));
             }

@@ -6,11 +6,12 @@ use super::*;
 impl Engine {
     /// The relay authenticated this device as `account`: a message named to that account is for
     /// this device too.
-    pub fn handle_account_name(&mut self, account: String) {
+    pub(super) fn account_name(&mut self, account: String) {
         self.account = Some(account);
     }
 
-    /// Loads the persisted outbox and inbound dedup keys at start. Entries past the absolute
+    /// Loads what storage holds at start: the inbound dedup keys, the outbox, then the buffered
+    /// inbound rows (see `restore_inbound`). Entries past the absolute
     /// cap settle as "Outbox lifetime exceeded"; the others get a fresh window, keep their
     /// counters and are re-driven as soon as a carrier is up (a restart is a reachability edge,
     /// and an in-flight entry's pending ACK died with the old process). A parked entry gets a
@@ -18,12 +19,12 @@ impl Engine {
     /// so it resumes as relay custody and the relay's next answer says what it is now (an
     /// unreachable verdict parks it as such, with `message_undeliverable`). The capacity bounds
     /// apply, oldest first. Every kept entry gets a Put.
-    pub fn restore(
-        &mut self,
-        mut records: Vec<OutboxRecord>,
-        processed: Vec<ProcessedKey>,
-        now: Millis,
-    ) {
+    pub(super) fn restore(&mut self, restore: Restore, now: Millis) {
+        let Restore {
+            outbox: mut records,
+            processed,
+            inbound,
+        } = restore;
         self.dedup.restore(processed, now);
         records.sort_by(|a, b| {
             a.created_at
@@ -66,21 +67,19 @@ impl Engine {
             self.make_room(entry.class(), now);
             self.admit(entry);
         }
-        self.end_call();
+        self.restore_inbound(inbound, now);
     }
 
-    /// Accepts a send. The id is `req.id` or `mint_id()`; an id already in the outbox is a
-    /// no-op. The Put comes out in this call (the runtime commits it before resolving), then the
-    /// Transmit when a route and an in-flight slot are free, else `message_deferred`. A full
-    /// outbox first evicts its oldest entry of the same class.
-    pub fn send(
-        &mut self,
-        req: SendRequest,
-        mint_id: impl FnOnce() -> String,
-        now: Millis,
-    ) -> SendOutcome {
+    /// Accepts a send (`docs/delivery.md#message-ids`). An id already in the outbox, or one
+    /// storage remembers as delivered, is a no-op: the caller is answered with that id and
+    /// nothing changes. A failed id is accepted again. Otherwise the Put comes out in this call
+    /// (the runtime commits it before resolving), then the Transmit when a route and an
+    /// in-flight slot are free, else `message_deferred`. A full outbox first evicts its oldest
+    /// entry of the same class.
+    pub(super) fn send(&mut self, req: SendRequest, now: Millis) {
         let SendRequest {
             id,
+            settled,
             recipient,
             content,
             content_type,
@@ -88,14 +87,13 @@ impl Engine {
             metadata,
             binary_content,
         } = req;
-        let id = id.unwrap_or_else(mint_id);
-        if self.outbox.key_of(&id).is_some() {
-            return SendOutcome::Duplicate(id);
+        if settled == Some(Settlement::Delivered) || self.outbox.key_of(&id).is_some() {
+            return;
         }
         self.make_room(Class::of(content_type), now);
         self.lamport = self.lamport.saturating_add(1).min(MAX_LAMPORT);
         let message = Message {
-            id: id.clone(),
+            id,
             sender: self.local_identity.clone(),
             recipient,
             app_id: self.config.app_id.clone(),
@@ -131,19 +129,17 @@ impl Engine {
         };
         let key = self.admit(entry);
         match self.sendable(key) {
-            Ok(route) => self.transmit(key, route),
+            Ok(route) => self.transmit(key, route, now),
             Err(reason) => self.emit_deferred(key, reason, None),
         }
-        self.end_call();
-        SendOutcome::Accepted(id)
     }
 
     /// A carrier became available. `Carrier::Local(name)` registers an app-supplied carrier
     /// (it reaches only the neighbors reported for it). An addressed carrier (`Relay`,
     /// `Gateway`) is the reconnect flush and a reachability edge for everyone: every parked entry
     /// gets a fresh budget, every queued or resting entry is due now, the first `flush_batch` go
-    /// in this call and the rest on the following `handle_timeout` calls.
-    pub fn handle_carrier_up(&mut self, carrier: Carrier, now: Millis) {
+    /// in this call and the rest on the following `Input::Timeout`s.
+    pub(super) fn carrier_up(&mut self, carrier: Carrier, now: Millis) {
         match &carrier {
             Carrier::Relay | Carrier::Gateway => {
                 self.carriers.insert(carrier);
@@ -158,7 +154,6 @@ impl Engine {
                 self.carriers.insert(carrier);
             }
         }
-        self.end_call();
     }
 
     /// A carrier is gone (for a local carrier: unregistered, with all its neighbor links).
@@ -166,10 +161,10 @@ impl Engine {
     /// (the ACK may still come back by another way or after reconnect). With a durability hook,
     /// a drain batch pending on that carrier goes to the hook now and its drain ends there (no
     /// `DrainComplete` will come for that connection).
-    pub fn handle_carrier_down(&mut self, carrier: Carrier, now: Millis) {
+    pub(super) fn carrier_down(&mut self, carrier: Carrier, now: Millis) {
         self.carriers.remove(&carrier);
-        if let Some(durable) = self.durable.as_mut() {
-            durable.carrier_down(&carrier);
+        if let Some(hook) = self.hook.as_mut() {
+            hook.carrier_down(&carrier);
         }
         match &carrier {
             Carrier::Relay => self.presence.disconnect(),
@@ -186,11 +181,11 @@ impl Engine {
                 self.transport_failure(key, REASON_CARRIER_DOWN, now);
             }
         }
-        self.end_call();
     }
 
-    /// The carrier wrote attempt `send_seq`: the ACK timer starts now (`delivery.md` item 4).
-    pub fn handle_written(&mut self, id: &str, send_seq: u64, now: Millis) {
+    /// The carrier wrote attempt `send_seq`: the ACK timer starts now
+    /// (`docs/delivery.md#ack-ladder`).
+    pub(super) fn written(&mut self, id: &str, send_seq: u64, now: Millis) {
         if let Some(key) = self.outbox.key_of(id) {
             let handed = self.outbox.get(key).is_some_and(
                 |entry| matches!(entry.phase, Phase::Handed { send_seq: s, .. } if s == send_seq),
@@ -199,32 +194,25 @@ impl Engine {
                 self.mark_written(key, now);
             }
         }
-        self.end_call();
     }
 
     /// Attempt `send_seq` did not make it (carrier error, relay `Error{internal}`, `RateLimited`,
-    /// no relay answer within 15 s, connection loss, a local carrier's rejected `send`): back to
+    /// no relay answer within 15 s, connection loss, an app carrier's rejected `send`): back to
     /// the retry queue on the transport backoff, which has no attempt limit, keeping the ACK
     /// attempt count.
-    pub fn handle_send_failed(&mut self, id: &str, send_seq: u64, reason: &str, now: Millis) {
+    pub(super) fn send_failed(&mut self, id: &str, send_seq: u64, reason: &str, now: Millis) {
         if let Some(key) = self.current_attempt(id, send_seq) {
             self.transport_failure(key, reason, now);
         }
-        self.end_call();
     }
 
-    /// The relay's answer to attempt `send_seq` of `id`; answers to any other attempt are stale
-    /// and ignored. `Live` settles nothing (it is a write-ack) but puts a parked entry on the ACK
-    /// ladder; `Stored` puts the entry in relay custody; `Unreachable` is the verdict: a regular
-    /// message parks, a media chunk keeps its pending ACK (seed table "What parks and what
-    /// doesn't"); both emit `message_undeliverable` and are offered to the neighbors.
-    pub fn handle_relay_answer(
-        &mut self,
-        id: &str,
-        send_seq: u64,
-        answer: CarrierAnswer,
-        now: Millis,
-    ) {
+    /// The relay's or a gateway's answer to attempt `send_seq` of `id`; answers to any other
+    /// attempt are stale and ignored. `Live` settles nothing (it is a write-ack) but puts a
+    /// parked entry on the ACK ladder; `Stored` puts the entry in relay custody; `Unreachable`
+    /// is the verdict: a regular message parks, a media chunk keeps its pending ACK
+    /// (`docs/delivery.md#parking`); both emit `message_undeliverable` and are offered to the
+    /// neighbors.
+    pub(super) fn answer(&mut self, id: &str, send_seq: u64, answer: CarrierAnswer, now: Millis) {
         let Some(key) = self.current_attempt(id, send_seq) else {
             return;
         };
@@ -247,67 +235,79 @@ impl Engine {
             CarrierAnswer::Stored => self.enter_custody(key, now),
             CarrierAnswer::Unreachable => self.on_unreachable(key, now),
         }
-        self.end_call();
     }
 
-    /// All work due at `now`: ACK timeouts, lifetime expiries, then up to `flush_batch` sends
-    /// from the retry and probe queues; then the inbound pipeline's timers: retention expiries,
-    /// the open drain batch's age, and the retries of refused batches (while a carrier is up).
-    pub fn handle_timeout(&mut self, now: Millis) {
+    /// All work due at `now`: ACK timeouts, app carrier sends past their deadline, lifetime
+    /// expiries, then up to `flush_batch` sends from the retry and probe queues; then the
+    /// durability hook's timers: a batch the hook has not settled in time (refused), retention
+    /// expiries, the open drain batch's age, and the retries of refused batches (while a
+    /// carrier is up). Nothing that is not due happens, so a spurious call is harmless.
+    pub(super) fn timeout(&mut self, now: Millis) {
         for key in self.timers.due_acks(now) {
             self.ack_timeout(key, now);
+        }
+        for key in self.timers.due_send_deadlines(now) {
+            self.transport_failure(key, REASON_APP_SEND_TIMEOUT, now);
         }
         for key in self.timers.due_expiries(now) {
             self.settle_failed(key, FailReason::OutboxLifetimeExceeded, now);
         }
         self.send_due(now);
         let carrier_up = !self.carriers.is_empty();
-        let mut sink = Sink {
-            store: &mut self.store,
-            events: &mut self.events,
-            transmits: &mut self.transmits,
-        };
-        if let Some(durable) = self.durable.as_mut() {
-            durable.on_timeout(now, carrier_up, &mut sink);
+        if let (Some(hook), mut sink) = self.hook_and_outputs() {
+            hook.on_timeout(now, carrier_up, &mut sink);
         }
-        self.end_call();
+        let overdue = self.hook.as_ref().and_then(|hook| {
+            let batch_id = hook.overdue(now)?;
+            Some((batch_id, hook.timeout_ms()))
+        });
+        if let Some((batch_id, timeout_ms)) = overdue {
+            let reason = format!("the hook did not settle within {timeout_ms} ms");
+            self.hook_result(batch_id, Err(reason), now);
+        }
     }
 
     /// A presence status from the relay (`PresenceStatus`, pushed under `presence_watch_v1` or
     /// polled). `online: true` that is news is a reachability edge for `peer`: its parked
     /// messages go now with a fresh budget. `online: false` only updates the remembered status:
     /// probes continue (offline per presence is not a verdict, and a local link may still reach
-    /// the peer).
-    pub fn handle_presence(&mut self, peer: &str, online: bool, now: Millis) {
-        if self.presence.report(peer, online) {
-            self.edge(peer, now);
+    /// the peer). `presence_updated` follows what the edge caused.
+    pub(super) fn presence_report(
+        &mut self,
+        peer: String,
+        online: bool,
+        last_seen_ms: Option<Millis>,
+        now: Millis,
+    ) {
+        if self.presence.report(&peer, online) {
+            self.edge(&peer, now);
             self.send_due(now);
         }
-        self.end_call();
+        self.events.push_back(Event::PresenceUpdated {
+            peer_id: peer,
+            online,
+            last_seen_ms,
+        });
     }
 
-    /// `peer` appeared on local carrier `carrier` (registered with `handle_carrier_up`): a
-    /// reachability edge for it, then the seed's Peer Discovery Flush — the peer's waiting
+    /// `peer` appeared on app carrier `carrier` (registered with `Input::CarrierUp`): a
+    /// reachability edge for it, then the peer discovery flush — the peer's waiting
     /// outbox entries (queued, parked or resting) are pulled from the retry queue and sent now
     /// over the direct link, at most `flush_batch` in this call (the rest stay queued and due,
     /// never stranded); failed sends are re-enqueued with their attempt counts.
-    pub fn handle_neighbor_discovered(&mut self, peer: &str, carrier: Carrier, now: Millis) {
-        let registered = match &carrier {
-            Carrier::Local(name) => self.neighbors.is_registered(name),
-            Carrier::Relay | Carrier::Gateway => false,
-        };
-        if !registered {
+    /// `neighbor_discovered` follows what the flush caused.
+    pub(super) fn neighbor_discovered(&mut self, peer: String, carrier: String, now: Millis) {
+        if !self.neighbors.is_registered(&carrier) {
             let text = format!(
-                "neighbor {peer} reported on {carrier}, which is not a registered local carrier"
+                "neighbor {peer} reported on {carrier}, which is not a registered app carrier"
             );
             self.diagnostic(DiagnosticLevel::Warn, text);
-            self.end_call();
             return;
         }
-        self.neighbors.discover(carrier.name(), peer);
-        self.edge(peer, now);
+        self.neighbors.discover(&carrier, &peer);
+        self.edge(&peer, now);
         let mut waiting: Vec<Slot> = Vec::new();
-        for key in self.outbox.keys_to(peer) {
+        for key in self.outbox.keys_to(&peer) {
             self.bring_forward(key, now);
             if let Some(slot) = self.queued_slot(key) {
                 waiting.push(slot);
@@ -319,14 +319,18 @@ impl Engine {
                 break;
             }
         }
-        self.end_call();
+        self.events.push_back(Event::NeighborDiscovered {
+            peer_id: peer,
+            transport: carrier,
+        });
     }
 
-    /// `peer` left local carrier `carrier`. Frames handed to that link and not written are
+    /// `peer` left app carrier `carrier`. Frames handed to that link and not written are
     /// failed sends (re-enqueued with their attempt counts; the next send takes the relay if it
-    /// is up); written ones keep their ACK timers.
-    pub fn handle_neighbor_lost(&mut self, peer: &str, carrier: Carrier, now: Millis) {
-        if self.neighbors.lose(carrier.name(), peer) {
+    /// is up); written ones keep their ACK timers. `neighbor_lost` follows.
+    pub(super) fn neighbor_lost(&mut self, peer: String, carrier: String, now: Millis) {
+        if self.neighbors.lose(&carrier, &peer) {
+            let carrier = Carrier::Local(carrier.clone());
             for key in self.timers.handed() {
                 let on_link = self.outbox.get(key).is_some_and(|entry| {
                     entry.message.recipient == peer
@@ -337,6 +341,9 @@ impl Engine {
                 }
             }
         }
-        self.end_call();
+        self.events.push_back(Event::NeighborLost {
+            peer_id: peer,
+            transport: carrier,
+        });
     }
 }

@@ -1,16 +1,22 @@
 //! The engine's own consistency checks, run by the test harness after every call.
 
 use super::*;
+use crate::OutboxRecord;
 
 impl Engine {
     /// The engine's own consistency: indexes match phases, the in-flight cap holds, parked
     /// entries always have a probe timer or rest by the edge-driven rule, the watchlist follows
     /// the parking bookkeeping, no Put is left unemitted between calls.
+    /// The id of the batch with the durability hook, if one is.
+    pub(crate) fn batch_with_hook(&self) -> Option<u64> {
+        self.hook.as_ref().and_then(HookPipeline::with_hook)
+    }
+
     pub(crate) fn check_invariants(&self) {
         self.outbox.check();
         self.presence.check();
-        if let Some(durable) = &self.durable {
-            durable.check();
+        if let Some(hook) = &self.hook {
+            hook.check();
         }
         let mut expected = Timers::default();
         let mut held = BTreeSet::new();
@@ -80,9 +86,9 @@ impl Engine {
 
     /// The keys of the buffered inbound rows the engine holds.
     pub(crate) fn inbound_keys(&self) -> BTreeSet<InboundKey> {
-        self.durable
+        self.hook
             .iter()
-            .flat_map(|durable| durable.keys().cloned())
+            .flat_map(|hook| hook.keys().cloned())
             .collect()
     }
 

@@ -11,14 +11,15 @@ use serde_json::Value;
 use crate::ack::{self, AfterTimeout};
 use crate::config::Config;
 use crate::control_gate::{ControlGate, Verdict};
-use crate::dedup::{Dedup, DedupKey};
+use crate::dedup::Dedup;
 use crate::event::{DiagnosticLevel, Event};
 use crate::hook::{Commit, HookPipeline, Sink};
 use crate::inbound;
+use crate::input::{Input, Restore};
 use crate::io::{
-    Carrier, CarrierAnswer, EntryState, FailReason, HookBatch, HookMessage, InboundKey,
-    InboundOrigin, Millis, OutboxRecord, PendingInbound, PresenceChange, ProcessedKey, SendOutcome,
-    SendRequest, Settlement, Stats, StoreOp, Transmit, TransmitKind,
+    Carrier, CarrierAnswer, EntryState, FailReason, HookBatch, InboundKey, InboundOrigin, Millis,
+    PendingInbound, PresenceChange, ProcessedKey, SendRequest, Settlement, Stats, StoreOp,
+    Transmit, TransmitKind,
 };
 use crate::neighbors::Neighbors;
 use crate::outbox::{self, Class, Entry, Key, Outbox, Phase};
@@ -45,6 +46,7 @@ const REASON_NO_CARRIER: &str = "no carrier available";
 const REASON_IN_FLIGHT_LIMIT: &str = "in-flight limit reached";
 const REASON_CARRIER_DOWN: &str = "carrier unavailable";
 const REASON_NEIGHBOR_LOST: &str = "neighbor lost";
+const REASON_APP_SEND_TIMEOUT: &str = "app carrier send timed out";
 /// `message_undeliverable.reason`: fixed and local; the relay's detail never reaches events.
 const REASON_UNREACHABLE: &str = "recipient unreachable";
 
@@ -66,8 +68,8 @@ pub struct Engine {
     /// Funds sends of parked entries under `edgeDrivenUnreachableDm`.
     resend_budget: ResendBudget,
     dedup: Dedup,
-    /// The at-least-once inbound pipeline, when a durability hook is registered.
-    durable: Option<HookPipeline>,
+    /// The durability hook's pipeline, when the app registered a hook.
+    hook: Option<HookPipeline>,
     control: ControlGate,
     carriers: BTreeSet<Carrier>,
     lamport: u64,
@@ -76,6 +78,8 @@ pub struct Engine {
     dirty: BTreeSet<Key>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
+    /// What a durability hook verdict reports: dispatched after the step's transmits.
+    after_transmits: VecDeque<Event>,
     store: VecDeque<StoreOp>,
 }
 
@@ -83,7 +87,7 @@ impl Engine {
     /// `local_identity` goes into `Message.sender` of every message this device sends.
     pub fn new(config: Config, local_identity: String) -> Self {
         let dedup = Dedup::new(config.dedup_max_entries, config.dedup_retention_ms());
-        let durable = config.durability_hook.clone().map(HookPipeline::new);
+        let hook = config.durability_hook.clone().map(HookPipeline::new);
         let control = ControlGate::new(config.accept_legacy_control_v1);
         Self {
             control,
@@ -97,32 +101,94 @@ impl Engine {
             neighbors: Neighbors::default(),
             resend_budget: ResendBudget::default(),
             dedup,
-            durable,
+            hook,
             carriers: BTreeSet::new(),
             lamport: 0,
             last_send_seq: 0,
             dirty: BTreeSet::new(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
+            after_transmits: VecDeque::new(),
             store: VecDeque::new(),
         }
     }
 
+    /// The one way in: applies `input` at `now`. Afterwards the runtime drains the outputs in
+    /// the step's order (`crate::step`, `docs/architecture.md#the-step`):
+    ///
+    /// - [`poll_store`](Self::poll_store): commit every op of the step in one transaction;
+    /// - then [`poll_event`](Self::poll_event): dispatch;
+    /// - then [`poll_transmit`](Self::poll_transmit): hand to the carriers;
+    /// - then [`poll_event_after_transmits`](Self::poll_event_after_transmits): dispatch;
+    /// - then [`poll_hook`](Self::poll_hook) and [`poll_presence`](Self::poll_presence);
+    /// - and wake the engine with `Input::Timeout` at [`next_deadline`](Self::next_deadline).
+    ///
+    /// Inputs may be batched into one step: the outputs queue up in order.
+    pub fn handle(&mut self, input: Input, now: Millis) {
+        match input {
+            Input::Send(request) => self.send(request, now),
+            Input::Restore(restore) => self.restore(restore, now),
+            Input::CarrierUp(carrier) => self.carrier_up(carrier, now),
+            Input::CarrierDown(carrier) => self.carrier_down(carrier, now),
+            Input::AccountName(account) => self.account_name(account),
+            Input::Written { id, send_seq } => self.written(&id, send_seq, now),
+            Input::SendFailed {
+                id,
+                send_seq,
+                reason,
+            } => self.send_failed(&id, send_seq, &reason, now),
+            Input::Answer {
+                id,
+                send_seq,
+                answer,
+            } => self.answer(&id, send_seq, answer, now),
+            Input::Inbound { message, origin } => self.inbound(*message, origin, now),
+            Input::DrainStarted(carrier) => self.drain_started(carrier),
+            Input::DrainComplete { carrier, count } => self.drain_complete(carrier, count),
+            Input::HookResult { batch_id, result } => self.hook_result(batch_id, result, now),
+            Input::Presence {
+                peer,
+                online,
+                last_seen_ms,
+            } => self.presence_report(peer, online, last_seen_ms, now),
+            Input::NeighborDiscovered { peer, carrier } => {
+                self.neighbor_discovered(peer, carrier, now)
+            }
+            Input::NeighborLost { peer, carrier } => self.neighbor_lost(peer, carrier, now),
+            Input::Timeout => self.timeout(now),
+        }
+        self.end_call();
+    }
+
+    /// The durability hook's pipeline and the output queues it writes to, borrowed together.
+    fn hook_and_outputs(&mut self) -> (Option<&mut HookPipeline>, Sink<'_>) {
+        let sink = Sink {
+            store: &mut self.store,
+            events: &mut self.events,
+            transmits: &mut self.transmits,
+        };
+        (self.hook.as_mut(), sink)
+    }
+
     /// The next batch for the durability hook, if one is ready and none is with the hook (one at
-    /// a time). Its rows were written with `StoreOp::BufferInbound` in the call that received
-    /// them, so they are durable before the hook sees them. `None` without `durability_hook`.
-    pub fn poll_hook(&mut self) -> Option<HookBatch> {
-        self.durable.as_mut()?.poll()
+    /// a time). Its rows were written with `StoreOp::BufferInbound` in the input that received
+    /// them, so they are durable before the hook sees them. The hook has until `now` +
+    /// `HookConfig::timeout_ms` to settle it (`Input::HookResult`); after that it counts as
+    /// refused. `None` without `durability_hook`.
+    #[must_use]
+    pub fn poll_hook(&mut self, now: Millis) -> Option<HookBatch> {
+        self.hook.as_mut()?.poll(now)
     }
 
     /// Inbound messages buffered for the durability hook and not committed yet.
     pub fn inbound_buffered(&self) -> usize {
-        self.durable.as_ref().map_or(0, HookPipeline::len)
+        self.hook.as_ref().map_or(0, HookPipeline::len)
     }
 
     /// The next change of the presence watchlist: `Watch` when a peer enters it, `Unwatch` when
     /// it leaves, independent of the relay connection (the runtime tells each new connection the
     /// whole set); see the `presence` module for the rules.
+    #[must_use]
     pub fn poll_presence(&mut self) -> Option<PresenceChange> {
         self.presence.poll()
     }
@@ -133,26 +199,46 @@ impl Engine {
         self.presence.wanted()
     }
 
+    /// The next frame to put on a carrier. Poll after committing the step's store ops and
+    /// dispatching its events. An outbox frame is only a request until the carrier reports it
+    /// with `Input::Written` or `Input::SendFailed` (quoting its `send_seq`).
+    #[must_use]
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.transmits.pop_front()
     }
 
+    /// The next application event of the step, dispatched after the commit and before the
+    /// transmits.
+    #[must_use]
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
     }
 
+    /// The next event that follows a durability hook verdict: the committed messages'
+    /// `message_received`, then what the verdict reported. Dispatched after the step's
+    /// transmits, so the acknowledgements of a message are on their way before the app sees it.
+    #[must_use]
+    pub fn poll_event_after_transmits(&mut self) -> Option<Event> {
+        self.after_transmits.pop_front()
+    }
+
+    /// The next write for the runtime's store. Every op of a step is committed in one
+    /// transaction before anything else of the step leaves.
+    #[must_use]
     pub fn poll_store(&mut self) -> Option<StoreOp> {
         self.store.pop_front()
     }
 
-    /// When `handle_timeout` is next needed; `None` when nothing is due until an input arrives.
+    /// When `Input::Timeout` is next needed; `None` when nothing is due until an input arrives.
     /// Only due work counts: ACK deadlines, lifetime expiries, and queued sends that have a
     /// route and an in-flight slot (probes of parked entries not before the resend budget can
     /// fund one, under `edgeDrivenUnreachableDm`). A queued entry that cannot go adds no
     /// deadline: the carrier, neighbor or slot-freeing input is what moves it. Resting entries
-    /// add only their expiry. The inbound pipeline adds the open drain batch's age, the retry of
-    /// refused batches (while a carrier is up) and the retention of buffered rows; nothing when
-    /// nothing is buffered.
+    /// add only their expiry; app carrier sends their deadline. The durability hook adds the
+    /// deadline of the batch it holds, the open drain batch's age, the retry of refused batches
+    /// (while a carrier is up) and the retention of buffered rows; nothing when nothing is
+    /// buffered.
+    #[must_use]
     pub fn next_deadline(&self) -> Option<Millis> {
         let fixed = self.timers.next_fixed_deadline();
         let sends = if self.has_slot() {
@@ -172,10 +258,20 @@ impl Engine {
             None
         };
         let inbound = self
-            .durable
+            .hook
             .as_ref()
-            .and_then(|durable| durable.next_deadline(!self.carriers.is_empty()));
+            .and_then(|hook| hook.next_deadline(!self.carriers.is_empty()));
         [fixed, sends, inbound].into_iter().flatten().min()
+    }
+
+    /// The relay account this device authenticated as, once a relay said.
+    pub fn account(&self) -> Option<&str> {
+        self.account.as_deref()
+    }
+
+    /// The carriers that are up (app carriers: registered).
+    pub fn carriers(&self) -> impl Iterator<Item = &Carrier> + '_ {
+        self.carriers.iter()
     }
 
     pub fn status(&self, id: &str) -> Option<EntryState> {
@@ -193,7 +289,6 @@ impl Engine {
             pending_acks: self.timers.in_flight(),
             retry_queue: self.timers.retry_queue(),
             parked: self.timers.parked(),
-            pre_session_queue: 0,
             carriers_up: self.carriers.len(),
         }
     }

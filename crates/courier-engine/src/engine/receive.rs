@@ -23,7 +23,7 @@ impl Engine {
     /// Over a local carrier a data message addressed to another device is a copy that neighbor
     /// only carries (a parked message offered on park or probe): it is neither processed nor
     /// acknowledged (a `Debug` diagnostic), and is still an edge for the neighbor.
-    pub fn handle_inbound(&mut self, message: Message, origin: InboundOrigin, now: Millis) {
+    pub(super) fn inbound(&mut self, message: Message, origin: InboundOrigin, now: Millis) {
         if message.ack_for().is_none()
             && matches!(origin.carrier, Carrier::Local(_))
             && !self.names_this_device(&message.recipient)
@@ -36,7 +36,6 @@ impl Engine {
             self.diagnostic(DiagnosticLevel::Debug, text);
             self.edge(&origin.stamped_sender, now);
             self.send_due(now);
-            self.end_call();
             return;
         }
         if message.ack_for().is_none() {
@@ -46,18 +45,14 @@ impl Engine {
                     // Authentic, but no control verb is consumed yet: processed (so a resend is
                     // only re-ACKed) and acknowledged so the sender settles it, never handed to
                     // the application.
-                    let key = DedupKey {
+                    let key = InboundKey {
                         chat: message.sender.clone(),
                         sender: message.sender.clone(),
                         message_id: message.id.clone(),
                     };
                     if self.dedup.first_sighting(&key, now) {
-                        self.store.push_back(StoreOp::MarkProcessed(ProcessedKey {
-                            chat: key.chat,
-                            sender: key.sender,
-                            message_id: key.message_id,
-                            at: now,
-                        }));
+                        self.store
+                            .push_back(StoreOp::MarkProcessed(ProcessedKey { key, at: now }));
                         self.events.push_back(Event::Diagnostic {
                             level: DiagnosticLevel::Info,
                             message: format!(
@@ -72,7 +67,6 @@ impl Engine {
                         self.ack_back(&origin, ack);
                     }
                     self.release_frame(&origin);
-                    self.end_call();
                     return;
                 }
                 // Dropped before dedup (so a good copy can still enter), never ACKed end to
@@ -80,7 +74,6 @@ impl Engine {
                 Verdict::Refused(events) => {
                     self.events.extend(events);
                     self.release_frame(&origin);
-                    self.end_call();
                     return;
                 }
             }
@@ -95,7 +88,6 @@ impl Engine {
         if release {
             self.release_frame(&origin);
         }
-        self.end_call();
     }
 
     /// At start, after `restore`: the buffered rows from the store. With `durability_hook` they
@@ -105,101 +97,80 @@ impl Engine {
     /// cleared (`CommitInbound`). Without `durability_hook` (the hook was removed since) the rows
     /// are delivered at most once as without a hook: cleared and marked processed
     /// (`CommitInbound`), `message_received`, end-to-end ACK.
-    pub fn restore_inbound(&mut self, pending: Vec<PendingInbound>, now: Millis) {
+    pub(super) fn restore_inbound(&mut self, pending: Vec<PendingInbound>, now: Millis) {
         let (processed, fresh): (Vec<PendingInbound>, Vec<PendingInbound>) = pending
             .into_iter()
-            .partition(|row| self.dedup.contains(&dedup_key(&row.key), now));
+            .partition(|row| self.dedup.contains(&row.key, now));
         if !processed.is_empty() {
             let keys = processed.into_iter().map(|row| row.key).collect();
             self.store
                 .push_back(StoreOp::CommitInbound { keys, at: now });
         }
-        match self.durable.as_mut() {
-            Some(durable) => {
-                let mut sink = Sink {
-                    store: &mut self.store,
-                    events: &mut self.events,
-                    transmits: &mut self.transmits,
-                };
-                durable.restore(fresh, now, &mut sink);
-            }
-            None => self.deliver_restored(fresh, now),
+        match self.hook_and_outputs() {
+            (Some(hook), mut sink) => hook.restore(fresh, now, &mut sink),
+            (None, _) => self.deliver_restored(fresh, now),
         }
-        self.end_call();
     }
 
     /// The hook's verdict on batch `batch_id`; a stale id (not the batch with the hook) is
-    /// ignored. `Ok`: `StoreOp::CommitInbound` for the batch, then a relay frame release for every seq
-    /// that carried any of its messages (duplicates that arrived while it was buffered included,
-    /// in seq order), then the end-to-end ACKs of those that ask for one (on the carrier they
-    /// came by while it is usable, else the current route to the sender, else none: the sender's
-    /// resend is re-ACKed from the dedup record). Returns the committed messages in batch order:
-    /// the runtime dispatches their `message_received` after it has executed those transmits;
-    /// the engine emits no `Event::MessageReceived` for them. `Err`: nothing is acknowledged
-    /// (a `Warn` diagnostic carries the reason); the batch is offered again (origin Redelivery)
-    /// after `retry_initial_ms` doubling to `retry_max_ms` per refusal, counted while a carrier
-    /// is up, and a relay redelivery of one of its messages re-enters that message at once.
-    pub fn handle_hook_result(
-        &mut self,
-        batch_id: u64,
-        result: Result<(), String>,
-        now: Millis,
-    ) -> Vec<HookMessage> {
-        let mut sink = Sink {
-            store: &mut self.store,
-            events: &mut self.events,
-            transmits: &mut self.transmits,
+    /// ignored (`docs/delivery.md#durability-hook`).
+    ///
+    /// - `Ok`: `StoreOp::CommitInbound` for the batch, then a frame release for every seq that
+    ///   carried any of its messages (duplicates that arrived while it was buffered included, in
+    ///   seq order), then the delivery ACKs of those that ask for one (on the carrier they came
+    ///   by while it is usable, else the current route to the sender, else none: the sender's
+    ///   resend is re-ACKed from the dedup record).
+    /// - `Err`: nothing is acknowledged (a `Warn` diagnostic carries the reason); the batch is
+    ///   offered again (origin Redelivery) after `retry_initial_ms` doubling to `retry_max_ms`
+    ///   per refusal, counted while a carrier is up, and a relay redelivery of one of its
+    ///   messages re-enters that message at once.
+    ///
+    /// Everything this reports — the committed messages' `message_received` in batch order,
+    /// then the rest — follows the step's transmits (`poll_event_after_transmits`): an app sees
+    /// a message only once its acknowledgements are on their way.
+    pub(super) fn hook_result(&mut self, batch_id: u64, result: Result<(), String>, now: Millis) {
+        let before = self.events.len();
+        let commit = match self.hook_and_outputs() {
+            (Some(hook), mut sink) => hook.resolve(batch_id, result, now, &mut sink),
+            (None, _) => None,
         };
-        let commit = match self.durable.as_mut() {
-            Some(durable) => durable.resolve(batch_id, result, now, &mut sink),
-            None => None,
-        };
-        let mut committed = Vec::new();
+        let reported: Vec<Event> = self.events.drain(before..).collect();
         if let Some(Commit { rows }) = commit {
-            committed.reserve(rows.len());
-            for (pending, origin) in rows {
-                self.dedup.record(dedup_key(&pending.key), now);
+            for (pending, _) in rows {
+                self.dedup.record(pending.key.clone(), now);
                 self.ack_committed(&pending, now);
-                committed.push(HookMessage {
+                self.after_transmits.push_back(Event::MessageReceived {
                     transport: pending.carrier.name().to_owned(),
-                    key: pending.key,
+                    chat: pending.key.chat,
+                    sender: pending.key.sender,
                     message: pending.message,
-                    origin,
                 });
             }
         }
-        self.end_call();
-        committed
+        self.after_transmits.extend(reported);
     }
 
     /// The relay connection on `carrier` advertised `mailbox_v1`: until `DrainComplete` its new
     /// messages are the backlog, batched for the hook (`batch_max_messages`, `batch_max_bytes`,
     /// `batch_max_age_ms` after the batch's first message). A pending drain batch (of an earlier
     /// connection) is forced first. Nothing to do without `durability_hook`.
-    pub fn handle_drain_started(&mut self, carrier: Carrier, _now: Millis) {
-        if let Some(durable) = self.durable.as_mut() {
-            durable.drain_started(carrier);
+    pub(super) fn drain_started(&mut self, carrier: Carrier) {
+        if let Some(hook) = self.hook.as_mut() {
+            hook.drain_started(carrier);
         }
-        self.end_call();
     }
 
     /// `DrainComplete{count}`: the pending drain batch is forced; `Event::InboundDrainCompleted`
     /// follows when every message that arrived during the drain has committed (or expired) —
     /// at once if there is none, and always at once without `durability_hook`. Batches go to
     /// the hook in the order they closed, so live messages wait behind the drain's tail batch.
-    pub fn handle_drain_complete(&mut self, carrier: Carrier, count: u64, _now: Millis) {
-        let mut sink = Sink {
-            store: &mut self.store,
-            events: &mut self.events,
-            transmits: &mut self.transmits,
-        };
-        match self.durable.as_mut() {
-            Some(durable) => durable.drain_complete(&carrier, count, &mut sink),
-            None => sink
+    pub(super) fn drain_complete(&mut self, carrier: Carrier, count: u64) {
+        match self.hook_and_outputs() {
+            (Some(hook), mut sink) => hook.drain_complete(&carrier, count, &mut sink),
+            (None, sink) => sink
                 .events
                 .push_back(Event::InboundDrainCompleted { count }),
         }
-        self.end_call();
     }
 
     /// Whether `recipient` names this device: its address, or its relay account. An account name
@@ -269,59 +240,42 @@ impl Engine {
         self.lamport = self.lamport.max(message.lamport_clock.min(MAX_LAMPORT));
         let transport = origin.carrier.name().to_owned();
         // Direct messages only for now: the chat of a DM is its sender.
-        let key = DedupKey {
+        let key = InboundKey {
             chat: message.sender.clone(),
             sender: message.sender.clone(),
             message_id: message.id.clone(),
         };
         let mut release = true;
         let mut ack = None;
-        match self.durable.as_mut() {
+        if self.hook.is_some() && !self.dedup.contains(&key, now) {
             // With the hook, a message not processed yet goes to the pipeline: its seq and its
             // ACK wait for the commit (or, over the buffer bound, for a redelivery).
-            Some(durable) if !self.dedup.contains(&key, now) => {
-                let pending = PendingInbound {
-                    key: InboundKey {
-                        chat: key.chat,
-                        sender: key.sender,
-                        message_id: key.message_id,
-                    },
-                    message,
-                    carrier: origin.carrier.clone(),
-                    stamped_sender: origin.stamped_sender.clone(),
-                    received_at: now,
-                };
-                let mut sink = Sink {
-                    store: &mut self.store,
-                    events: &mut self.events,
-                    transmits: &mut self.transmits,
-                };
-                durable.arrive(pending, origin.seq, now, &mut sink);
-                release = false;
+            let pending = PendingInbound {
+                key,
+                message,
+                carrier: origin.carrier.clone(),
+                stamped_sender: origin.stamped_sender.clone(),
+                received_at: now,
+            };
+            if let (Some(hook), mut sink) = self.hook_and_outputs() {
+                hook.arrive(pending, origin.seq, now, &mut sink);
             }
-            _ => {
-                ack = message
-                    .requires_ack
-                    .then(|| message.ack(inbound::ack_id(&message.id), now, &transport));
-                if self.durable.is_none() && self.dedup.first_sighting(&key, now) {
-                    let DedupKey {
-                        chat,
-                        sender,
-                        message_id,
-                    } = key;
-                    self.store.push_back(StoreOp::MarkProcessed(ProcessedKey {
-                        chat: chat.clone(),
-                        sender: sender.clone(),
-                        message_id,
-                        at: now,
-                    }));
-                    self.events.push_back(Event::MessageReceived {
-                        message,
-                        chat,
-                        sender,
-                        transport,
-                    });
-                }
+            release = false;
+        } else {
+            ack = message
+                .requires_ack
+                .then(|| message.ack(inbound::ack_id(&message.id), now, &transport));
+            if self.hook.is_none() && self.dedup.first_sighting(&key, now) {
+                self.store.push_back(StoreOp::MarkProcessed(ProcessedKey {
+                    key: key.clone(),
+                    at: now,
+                }));
+                self.events.push_back(Event::MessageReceived {
+                    message,
+                    chat: key.chat,
+                    sender: key.sender,
+                    transport,
+                });
             }
         }
         // The peer that carried it is back: an edge for it (the seed's opt-out paragraph counts
@@ -384,7 +338,7 @@ impl Engine {
         self.store
             .push_back(StoreOp::CommitInbound { keys, at: now });
         for row in rows {
-            self.dedup.record(dedup_key(&row.key), now);
+            self.dedup.record(row.key.clone(), now);
             self.ack_committed(&row, now);
             let InboundKey { chat, sender, .. } = row.key;
             self.events.push_back(Event::MessageReceived {
@@ -419,13 +373,5 @@ impl Engine {
                 kind: TransmitKind::ReleaseFrame { seq },
             });
         }
-    }
-}
-
-pub(super) fn dedup_key(key: &InboundKey) -> DedupKey {
-    DedupKey {
-        chat: key.chat.clone(),
-        sender: key.sender.clone(),
-        message_id: key.message_id.clone(),
     }
 }

@@ -113,13 +113,13 @@ impl Engine {
         if parked && self.config.edge_driven_unreachable_dm && !self.resend_budget.take(now) {
             return false;
         }
-        self.transmit(key, route);
+        self.transmit(key, route, now);
         true
     }
 
     /// Hands the entry's attempt to `route`. A parked entry's send is a probe on every carrier:
     /// it is also offered to every other current neighbor.
-    pub(super) fn transmit(&mut self, key: Key, (carrier, peer): Route) {
+    pub(super) fn transmit(&mut self, key: Key, (carrier, peer): Route, now: Millis) {
         let Some(entry) = self.outbox.get(key) else {
             return;
         };
@@ -131,6 +131,8 @@ impl Engine {
             key,
             Phase::Handed {
                 send_seq,
+                deadline: matches!(carrier, Carrier::Local(_))
+                    .then(|| now.saturating_add(self.config.app_send_timeout_ms)),
                 carrier: carrier.clone(),
             },
         );
@@ -183,7 +185,10 @@ impl Engine {
         let Some(entry) = self.outbox.get_mut(key) else {
             return;
         };
-        let Phase::Handed { send_seq, carrier } = &entry.phase else {
+        let Phase::Handed {
+            send_seq, carrier, ..
+        } = &entry.phase
+        else {
             return;
         };
         let (send_seq, direct) = (*send_seq, matches!(carrier, Carrier::Local(_)));

@@ -191,13 +191,14 @@ fn an_inbound_message_over_the_gateway_is_acknowledged_over_it() {
 fn the_gateway_is_no_local_carrier() {
     let mut sim = Sim::with_defaults();
     sim.gateway_up();
-    sim.engine
-        .handle_neighbor_discovered(BOB, Carrier::Gateway, sim.now);
-    sim.after_call();
+    sim.input(Input::NeighborDiscovered {
+        peer: BOB.to_owned(),
+        carrier: Carrier::Gateway.name().to_owned(),
+    });
     assert!(!sim.engine.is_neighbor(BOB));
     assert!(sim.events().any(|(_, e)| matches!(
         e,
-        Event::Diagnostic { message, .. } if message.contains("not a registered local carrier")
+        Event::Diagnostic { message, .. } if message.contains("not a registered app carrier")
     )));
 }
 

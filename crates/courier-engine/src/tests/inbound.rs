@@ -104,7 +104,7 @@ fn a_new_message_is_processed_then_acknowledged() {
         ),
         ("b1", BOB, BOB, "internet")
     );
-    assert_eq!(sim.processed[0].message_id, "b1");
+    assert_eq!(sim.processed[0].key.message_id, "b1");
     assert_eq!(sim.processed[0].at, 1000);
 
     let ack = sent_ack(&sim, mark).unwrap();

@@ -73,13 +73,13 @@ fn shape(sim: &Sim, mark: usize) -> Vec<&'static str> {
             Out::Transmit(Transmit {
                 kind: TransmitKind::ReleaseFrame { .. },
                 ..
-            }) => "hop_ack",
+            }) => "release",
             Out::Transmit(_) => "frame",
         })
         .collect()
 }
 
-fn hop_acks_since(sim: &Sim, mark: usize) -> Vec<u64> {
+fn releases_since(sim: &Sim, mark: usize) -> Vec<u64> {
     sim.log[mark..]
         .iter()
         .filter_map(|(_, out)| match out {
@@ -178,9 +178,10 @@ fn a_drain_of_1000_reaches_the_hook_once_each_in_order_in_batches_of_at_most_400
     sim.hook_result(true);
     assert_eq!(
         drain_completions(&sim),
-        [(mark + 1, 1000)],
-        "right after the tail's commit"
+        [(sim.log.len() - 1, 1000)],
+        "with the tail's verdict, after its messages"
     );
+    assert!(sim.log.len() - 1 > mark);
     let live = sim.poll_hook().expect("the live message");
     assert_eq!(ids(&live), ["live"]);
     assert_eq!(origins(&live), [BatchOrigin::Live]);
@@ -274,24 +275,23 @@ fn a_batch_is_acknowledged_only_after_its_commit_rows_first_then_relay_acks_then
         shape(&sim, mark),
         [
             "commit",
-            "drain_completed",
-            "hop_ack",
-            "hop_ack",
-            "hop_ack",
+            "release",
+            "release",
+            "release",
             "ack",
-            "ack"
-        ]
+            "ack",
+            "message_received",
+            "message_received",
+            "message_received",
+            "drain_completed"
+        ],
+        "the app sees the messages after their acknowledgements are out"
     );
-    assert_eq!(hop_acks_since(&sim, mark), [11, 12, 13], "in seq order");
+    assert_eq!(releases_since(&sim, mark), [11, 12, 13], "in seq order");
     let acked: Vec<String> = acks_since(&sim, mark).into_iter().map(|a| a.2).collect();
     assert_eq!(acked, ["b1", "b3"], "only those that ask");
     assert_eq!(committed.len(), 3);
     assert!(committed.iter().all(|m| m.transport == "internet"));
-    assert!(
-        !sim.events()
-            .any(|(_, e)| matches!(e, Event::MessageReceived { .. })),
-        "the runtime dispatches committed messages, not the engine"
-    );
 }
 
 #[test]
@@ -327,7 +327,7 @@ fn a_refused_batch_is_not_acknowledged_and_is_offered_again_after_the_backoff() 
         waits,
         [1, 2, 4, 8, 16, 32, 60, 60].map(|s| s * SEC).to_vec()
     );
-    assert!(hop_acks_since(&sim, mark).is_empty());
+    assert!(releases_since(&sim, mark).is_empty());
     assert!(acks_since(&sim, mark).is_empty());
 
     sim.advance(60 * SEC);
@@ -335,7 +335,7 @@ fn a_refused_batch_is_not_acknowledged_and_is_offered_again_after_the_backoff() 
     let mark = sim.mark();
     let committed = sim.hook_result(true);
     assert_eq!(committed[0].origin, BatchOrigin::Redelivery);
-    assert_eq!(hop_acks_since(&sim, mark), [11]);
+    assert_eq!(releases_since(&sim, mark), [11]);
     assert_eq!(acks_since(&sim, mark).len(), 1);
     assert_eq!(sim.engine.next_deadline(), None);
 }
@@ -383,7 +383,7 @@ fn a_duplicate_of_a_buffered_message_is_buffered_once_and_its_seq_released_at_th
     );
     let mark = sim.mark();
     sim.hook_result(true);
-    assert_eq!(hop_acks_since(&sim, mark), [11, 12, 13]);
+    assert_eq!(releases_since(&sim, mark), [11, 12, 13]);
     assert_eq!(acks_since(&sim, mark).len(), 1);
     assert_eq!(sim.offered.len(), 1);
 }
@@ -403,7 +403,7 @@ fn a_redelivery_of_a_refused_message_reenters_at_once_from_the_buffered_copy() {
     assert_eq!(origins(&batch), [BatchOrigin::Redelivery]);
     let mark = sim.mark();
     sim.hook_result(true);
-    assert_eq!(hop_acks_since(&sim, mark), [11, 12]);
+    assert_eq!(releases_since(&sim, mark), [11, 12]);
     assert_eq!(sim.engine.next_deadline(), None, "its retry went with it");
 }
 
@@ -428,7 +428,7 @@ fn a_redelivery_during_a_drain_rejoins_the_drain_batch() {
     );
     let mark = sim.mark();
     sim.hook_result(true);
-    assert_eq!(hop_acks_since(&sim, mark), [11, 12]);
+    assert_eq!(releases_since(&sim, mark), [11, 12]);
     assert_eq!(drain_completions(&sim).len(), 1);
 }
 
@@ -440,7 +440,7 @@ fn a_duplicate_of_a_committed_message_is_acknowledged_without_the_hook() {
     sim.hook_commits_all();
     let mark = sim.mark();
     deliver(&mut sim, "b1", 12);
-    assert_eq!(shape(&sim, mark), ["ack", "hop_ack"]);
+    assert_eq!(shape(&sim, mark), ["ack", "release"]);
     assert!(sim.poll_hook().is_none());
     assert_eq!(sim.offered.len(), 1);
 }
@@ -473,11 +473,11 @@ fn after_a_restart_buffered_rows_are_offered_again_and_a_redelivery_adds_no_copy
     deliver(&mut sim, "b2", 12);
     sim.drain_complete(2);
     assert!(buffered_since(&sim, mark).is_empty(), "no second copy");
-    assert!(hop_acks_since(&sim, mark).is_empty());
+    assert!(releases_since(&sim, mark).is_empty());
     assert_eq!(drain_completions(&sim).len(), 0);
     let mark = sim.mark();
     sim.hook_result(true);
-    assert_eq!(hop_acks_since(&sim, mark), [11, 12]);
+    assert_eq!(releases_since(&sim, mark), [11, 12]);
     assert_eq!(drain_completions(&sim).len(), 1);
     assert_eq!(sim.dispatched.len(), 2);
 }
@@ -494,14 +494,14 @@ fn a_restored_row_committed_before_its_redelivery_is_acknowledged_from_dedup() {
     sim.hook_result(true);
     assert_eq!(
         shape(&sim, mark),
-        ["commit"],
+        ["commit", "message_received"],
         "no carrier, no seq known yet"
     );
 
     sim.drain_started();
     let mark = sim.mark();
     deliver(&mut sim, "b1", 11);
-    assert_eq!(shape(&sim, mark), ["ack", "hop_ack"]);
+    assert_eq!(shape(&sim, mark), ["ack", "release"]);
     assert!(sim.poll_hook().is_none());
 }
 
@@ -541,7 +541,7 @@ fn a_row_the_hook_never_commits_is_removed_after_retention_with_a_trace() {
     sim.advance_to(retention);
     assert_eq!(
         shape(&sim, mark),
-        ["expire", "diagnostic", "security_warning", "hop_ack"]
+        ["expire", "diagnostic", "security_warning", "release"]
     );
     let Out::Event(Event::Diagnostic { level, message }) = &sim.log[mark + 1].1 else {
         panic!()
@@ -564,7 +564,10 @@ fn a_row_the_hook_never_commits_is_removed_after_retention_with_a_trace() {
 
 #[test]
 fn retention_waits_for_the_verdict_on_a_batch_with_the_hook() {
-    let mut sim = hooked();
+    let mut sim = hooked_with(HookConfig {
+        timeout_ms: 9 * DAY,
+        ..HookConfig::default()
+    });
     sim.carrier_up();
     deliver(&mut sim, "b1", 11);
     deliver(&mut sim, "b2", 12);
@@ -582,10 +585,10 @@ fn retention_waits_for_the_verdict_on_a_batch_with_the_hook() {
         shape(&sim, mark),
         [
             "expire",
+            "release",
             "diagnostic",
             "diagnostic",
-            "security_warning",
-            "hop_ack"
+            "security_warning"
         ],
         "refused past its retention: expired at once"
     );
@@ -597,7 +600,10 @@ fn retention_waits_for_the_verdict_on_a_batch_with_the_hook() {
     sim.advance(8 * DAY);
     let mark = sim.mark();
     sim.hook_result(true);
-    assert_eq!(shape(&sim, mark), ["commit", "hop_ack", "ack"]);
+    assert_eq!(
+        shape(&sim, mark),
+        ["commit", "release", "ack", "message_received"]
+    );
 }
 
 #[test]
@@ -685,12 +691,12 @@ fn drain_completion_is_immediate_without_a_hook_or_without_messages() {
     deliver(&mut sim, "b1", 11);
     assert_eq!(
         shape(&sim, mark),
-        ["mark_processed", "message_received", "ack", "hop_ack"],
+        ["mark_processed", "message_received", "ack", "release"],
         "without a hook nothing changes"
     );
     sim.drain_complete(1);
     assert_eq!(drain_completions(&sim).len(), 1);
-    assert!(sim.engine.poll_hook().is_none());
+    assert!(sim.engine.poll_hook(sim.now).is_none());
 
     let mut sim = hooked();
     sim.drain_started();
@@ -759,7 +765,7 @@ fn rows_left_by_a_removed_hook_are_delivered_once_at_start() {
     sim.carrier_up();
     let mark = sim.mark();
     deliver(&mut sim, "b1", 11);
-    assert_eq!(shape(&sim, mark), ["ack", "hop_ack"]);
+    assert_eq!(shape(&sim, mark), ["ack", "release"]);
 }
 
 #[test]
@@ -769,20 +775,77 @@ fn stale_hook_results_are_ignored() {
     deliver(&mut sim, "b1", 11);
     let batch = sim.poll_hook().unwrap();
     let mark = sim.mark();
-    assert!(sim
-        .engine
-        .handle_hook_result(batch.id + 1, Ok(()), sim.now)
-        .is_empty());
-    assert!(sim
-        .engine
-        .handle_hook_result(batch.id - 1, Err("late".into()), sim.now)
-        .is_empty());
-    sim.after_call();
+    sim.input(Input::HookResult {
+        batch_id: batch.id + 1,
+        result: Ok(()),
+    });
+    sim.input(Input::HookResult {
+        batch_id: batch.id - 1,
+        result: Err("late".into()),
+    });
     assert!(shape(&sim, mark).is_empty());
     sim.hook_result(true);
-    assert!(sim
-        .engine
-        .handle_hook_result(batch.id, Ok(()), sim.now)
-        .is_empty());
-    sim.after_call();
+    let mark = sim.mark();
+    sim.input(Input::HookResult {
+        batch_id: batch.id,
+        result: Ok(()),
+    });
+    assert!(
+        shape(&sim, mark).is_empty(),
+        "a second verdict changes nothing"
+    );
+}
+
+#[test]
+fn a_batch_the_hook_does_not_settle_in_time_counts_as_refused() {
+    let mut sim = hooked_with(HookConfig {
+        timeout_ms: 30 * SEC,
+        ..HookConfig::default()
+    });
+    sim.carrier_up();
+    deliver(&mut sim, "b1", 11);
+    let first = sim.poll_hook().unwrap();
+    assert_eq!(
+        sim.engine.next_deadline(),
+        Some(sim.now + 30 * SEC),
+        "the verdict's deadline wakes the engine"
+    );
+    let mark = sim.mark();
+    sim.advance(30 * SEC - 1);
+    assert!(
+        sim.hook.is_some(),
+        "still with the hook before its deadline"
+    );
+    sim.advance(1);
+    assert!(sim.hook.is_none(), "refused at its deadline");
+    assert!(sim.log[mark..].iter().any(|(_, out)| matches!(
+        out,
+        Out::Event(Event::Diagnostic { message, .. })
+            if message.contains("did not settle within 30000 ms")
+    )));
+    assert!(
+        releases_since(&sim, mark).is_empty(),
+        "nothing acknowledged"
+    );
+    assert!(acks_since(&sim, mark).is_empty());
+
+    // The late verdict on the refused batch changes nothing.
+    let late = sim.mark();
+    sim.input(Input::HookResult {
+        batch_id: first.id,
+        result: Ok(()),
+    });
+    assert!(shape(&sim, late).is_empty(), "a late verdict is stale");
+
+    // Offered again after the refusal backoff, and committed this time.
+    sim.advance(SEC);
+    let again = sim.poll_hook().expect("offered again after the backoff");
+    assert_eq!(ids(&again), ["b1"]);
+    assert_ne!(again.id, first.id);
+    let mark = sim.mark();
+    sim.hook_result(true);
+    assert_eq!(
+        shape(&sim, mark),
+        ["commit", "release", "ack", "message_received"]
+    );
 }

@@ -101,14 +101,41 @@ fn idempotent_ids() {
     let id = sim.send_with(BOB, Priority::High, ContentType::Text, Some("order-42"));
     assert_eq!(id, "order-42");
     let puts = sim.mark();
-    let again = sim.submit(request(
-        BOB,
-        Priority::Low,
-        ContentType::Text,
-        Some("order-42"),
-    ));
-    assert_eq!(again, SendOutcome::Duplicate("order-42".into()));
+    let again = sim.submit(request(BOB, Priority::Low, ContentType::Text, "order-42"));
+    assert!(!again, "a duplicate takes no entry");
     assert_eq!(sim.mark(), puts, "a duplicate changes nothing");
+}
+
+#[test]
+fn an_id_already_delivered_is_a_no_op_in_the_same_input() {
+    let mut sim = Sim::with_defaults();
+    sim.carrier_up();
+    let mut req = request(BOB, Priority::High, ContentType::Text, "order-7");
+    req.settled = Some(Settlement::Delivered);
+    let mark = sim.mark();
+    assert!(!sim.submit(req));
+    assert_eq!(sim.mark(), mark, "no store op, event or transmit");
+    assert_eq!(sim.status("order-7"), None);
+}
+
+#[test]
+fn an_id_that_failed_is_accepted_again() {
+    let mut sim = Sim::with_defaults();
+    sim.carrier_up();
+    let mut req = request(BOB, Priority::High, ContentType::Text, "order-8");
+    req.settled = Some(Settlement::Failed(FailReason::MaxRetriesExceeded));
+    let mark = sim.mark();
+    assert!(sim.submit(req), "a failed id takes a new entry");
+    assert_eq!(
+        sim.outbox_frames_since(mark).len(),
+        1,
+        "and is sent at once"
+    );
+    sim.advance(SEC);
+    assert!(matches!(
+        sim.terminal("order-8"),
+        Some((_, Event::MessageDelivered { .. }))
+    ));
 }
 
 #[test]
@@ -313,7 +340,10 @@ fn a_frame_the_carrier_never_wrote_is_a_failed_send_when_it_goes_down() {
     assert_eq!(sim.status(&id), Some(EntryState::Queued));
 
     // A late report about the dead attempt is ignored.
-    sim.engine.handle_written(&stale.0, stale.1, sim.now);
+    sim.input(Input::Written {
+        id: stale.0.clone(),
+        send_seq: stale.1,
+    });
     assert_eq!(sim.status(&id), Some(EntryState::Queued));
 
     sim.net = Net::honest();

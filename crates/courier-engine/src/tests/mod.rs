@@ -22,8 +22,8 @@ use courier_proto::{ContentType, Message, Priority};
 
 use crate::{
     Carrier, CarrierAnswer, Config, Engine, EntryState, Event, HookBatch, HookMessage, InboundKey,
-    InboundOrigin, Millis, OutboxRecord, PendingInbound, PresenceChange, ProcessedKey, SendOutcome,
-    SendRequest, Settlement, StoreOp, Transmit, TransmitKind,
+    InboundOrigin, Input, Millis, OutboxRecord, PendingInbound, PresenceChange, ProcessedKey,
+    Restore, SendRequest, Settlement, StoreOp, Transmit, TransmitKind,
 };
 
 pub(crate) const ALICE: &str = "alice";
@@ -238,23 +238,39 @@ impl Sim {
         content_type: ContentType,
         id: Option<&str>,
     ) -> String {
-        match self.submit(request(recipient, priority, content_type, id)) {
-            SendOutcome::Accepted(id) | SendOutcome::Duplicate(id) => id,
-        }
+        let id = id.map_or_else(|| self.mint(), str::to_owned);
+        self.submit(request(recipient, priority, content_type, &id));
+        id
     }
 
-    pub(crate) fn submit(&mut self, req: SendRequest) -> SendOutcome {
+    /// An id as the runtime mints one for a send without its own.
+    pub(crate) fn mint(&mut self) -> String {
         self.minted += 1;
-        let minted = format!("m{}", self.minted);
-        let outcome = self.engine.send(req, || minted, self.now);
+        format!("m{}", self.minted)
+    }
+
+    /// Hands `req` to the engine; true when it took a new outbox entry (a Put of its id came
+    /// out), false when the send was a no-op.
+    pub(crate) fn submit(&mut self, req: SendRequest) -> bool {
+        let id = req.id.clone();
+        let mark = self.mark();
+        self.input(Input::Send(req));
+        self.log[mark..]
+            .iter()
+            .any(|(_, out)| matches!(out, Out::Store(StoreOp::Put(r)) if r.message.id == id))
+    }
+
+    /// Feeds one input to the engine and executes its outputs like the runtime.
+    pub(crate) fn input(&mut self, input: Input) {
+        self.engine.handle(input, self.now);
         self.after_call();
-        outcome
     }
 
     pub(crate) fn carrier_up(&mut self) -> usize {
         self.internet_up = true;
         let mark = self.mark();
-        self.engine.handle_carrier_up(Carrier::Relay, self.now);
+        self.engine
+            .handle(Input::CarrierUp(Carrier::Relay), self.now);
         self.after_call_counting(mark)
     }
 
@@ -262,31 +278,28 @@ impl Sim {
         self.internet_up = false;
         // Frames the carrier had not written die with it.
         self.unwritten.retain(|(_, _, c)| *c != Carrier::Relay);
-        self.engine.handle_carrier_down(Carrier::Relay, self.now);
-        self.after_call();
+        self.input(Input::CarrierDown(Carrier::Relay));
     }
 
     /// The gateway carrier is bound; returns the outbox frames sent.
     pub(crate) fn gateway_up(&mut self) -> usize {
         self.gateway_up = true;
         let mark = self.mark();
-        self.engine.handle_carrier_up(Carrier::Gateway, self.now);
+        self.engine
+            .handle(Input::CarrierUp(Carrier::Gateway), self.now);
         self.after_call_counting(mark)
     }
 
     pub(crate) fn gateway_down(&mut self) {
         self.gateway_up = false;
         self.unwritten.retain(|(_, _, c)| *c != Carrier::Gateway);
-        self.engine.handle_carrier_down(Carrier::Gateway, self.now);
-        self.after_call();
+        self.input(Input::CarrierDown(Carrier::Gateway));
     }
 
     /// The app registers local carrier `name`.
     pub(crate) fn local_up(&mut self, name: &str) {
         self.links.entry(name.to_owned()).or_default();
-        self.engine
-            .handle_carrier_up(Carrier::Local(name.to_owned()), self.now);
-        self.after_call();
+        self.input(Input::CarrierUp(Carrier::Local(name.to_owned())));
     }
 
     /// Local carrier `name` goes away with its links.
@@ -294,8 +307,7 @@ impl Sim {
         self.links.remove(name);
         let carrier = Carrier::Local(name.to_owned());
         self.unwritten.retain(|(_, _, c)| *c != carrier);
-        self.engine.handle_carrier_down(carrier, self.now);
-        self.after_call();
+        self.input(Input::CarrierDown(carrier));
     }
 
     /// `peer` comes in range of local carrier `name`; returns the outbox frames sent.
@@ -304,8 +316,11 @@ impl Sim {
             peers.insert(peer.to_owned());
         }
         let mark = self.mark();
-        self.engine
-            .handle_neighbor_discovered(peer, Carrier::Local(name.to_owned()), self.now);
+        let input = Input::NeighborDiscovered {
+            peer: peer.to_owned(),
+            carrier: name.to_owned(),
+        };
+        self.engine.handle(input, self.now);
         self.after_call_counting(mark)
     }
 
@@ -318,21 +333,28 @@ impl Sim {
         let frames = &self.frames;
         self.unwritten
             .retain(|(id, _, c)| !(*c == carrier && frames[id].recipient == peer));
-        self.engine.handle_neighbor_lost(peer, carrier, self.now);
-        self.after_call();
+        self.input(Input::NeighborLost {
+            peer: peer.to_owned(),
+            carrier: name.to_owned(),
+        });
     }
 
     /// The relay reports `peer`'s presence; returns the outbox frames sent.
     pub(crate) fn presence(&mut self, peer: &str, online: bool) -> usize {
         let mark = self.mark();
-        self.engine.handle_presence(peer, online, self.now);
+        let input = Input::Presence {
+            peer: peer.to_owned(),
+            online,
+            last_seen_ms: None,
+        };
+        self.engine.handle(input, self.now);
         self.after_call_counting(mark)
     }
 
     /// One `handle_timeout` at the current time; returns the outbox frames it sent.
     pub(crate) fn timeout(&mut self) -> usize {
         let mark = self.mark();
-        self.engine.handle_timeout(self.now);
+        self.engine.handle(Input::Timeout, self.now);
         self.after_call_counting(mark)
     }
 
@@ -347,8 +369,11 @@ impl Sim {
     pub(crate) fn fail_unwritten(&mut self, index: usize, reason: &str) {
         if index < self.unwritten.len() {
             let (id, seq, _) = self.unwritten.remove(index);
-            self.engine.handle_send_failed(&id, seq, reason, self.now);
-            self.after_call();
+            self.input(Input::SendFailed {
+                id,
+                send_seq: seq,
+                reason: reason.to_owned(),
+            });
         }
     }
 
@@ -359,9 +384,11 @@ impl Sim {
     }
 
     pub(crate) fn answer_seq(&mut self, id: &str, send_seq: u64, answer: CarrierAnswer) {
-        self.engine
-            .handle_relay_answer(id, send_seq, answer, self.now);
-        self.after_call();
+        self.input(Input::Answer {
+            id: id.to_owned(),
+            send_seq,
+            answer,
+        });
     }
 
     /// The recipient's end-to-end ACK of the last frame sent for `id`, arriving now.
@@ -399,8 +426,10 @@ impl Sim {
             }
             self.journal.insert(seq, (message.clone(), origin.clone()));
         }
-        self.engine.handle_inbound(message, origin, self.now);
-        self.after_call();
+        self.input(Input::Inbound {
+            message: Box::new(message),
+            origin,
+        });
     }
 
     /// The relay connection comes up with `mailbox_v1`: carrier up, then the drain starts.
@@ -408,8 +437,7 @@ impl Sim {
         if !self.internet_up {
             self.carrier_up();
         }
-        self.engine.handle_drain_started(Carrier::Relay, self.now);
-        self.after_call();
+        self.input(Input::DrainStarted(Carrier::Relay));
     }
 
     /// The relay writes every journal frame not released yet (its drain), in seq order.
@@ -423,14 +451,15 @@ impl Sim {
     }
 
     pub(crate) fn drain_complete(&mut self, count: u64) {
-        self.engine
-            .handle_drain_complete(Carrier::Relay, count, self.now);
-        self.after_call();
+        self.input(Input::DrainComplete {
+            carrier: Carrier::Relay,
+            count,
+        });
     }
 
     /// The runtime asks for the next hook batch; every row in it must already be in the store.
     pub(crate) fn poll_hook(&mut self) -> Option<HookBatch> {
-        let batch = self.engine.poll_hook()?;
+        let batch = self.engine.poll_hook(self.now)?;
         assert!(
             self.hook.is_none(),
             "a second batch while one is with the hook"
@@ -481,33 +510,44 @@ impl Sim {
             Err("disk full".to_owned())
         };
         let mark = self.mark();
-        let committed = self.engine.handle_hook_result(batch.id, result, self.now);
+        self.engine.handle(
+            Input::HookResult {
+                batch_id: batch.id,
+                result,
+            },
+            self.now,
+        );
         self.committing = true;
         self.after_call();
         self.committing = false;
-        if ok {
-            let keys: Vec<&InboundKey> = committed.iter().map(|m| &m.key).collect();
-            let expected: Vec<&InboundKey> = batch.messages.iter().map(|m| &m.key).collect();
-            assert_eq!(keys, expected, "the committed messages are the batch");
-            let ops: Vec<&StoreOp> = self.log[mark..]
-                .iter()
-                .filter_map(|(_, out)| match out {
-                    Out::Store(op) => Some(op),
-                    _ => None,
-                })
-                .collect();
-            assert!(
-                matches!(ops.first(), Some(StoreOp::CommitInbound { keys: k, .. }) if k.iter().collect::<Vec<_>>() == keys),
-                "the batch commits in its step"
-            );
-        } else {
-            assert!(committed.is_empty());
+        let received: Vec<InboundKey> = self.log[mark..]
+            .iter()
+            .filter_map(|(_, out)| match out {
+                Out::Event(event) => event.received_key(),
+                _ => None,
+            })
+            .collect();
+        if !ok {
+            assert!(received.is_empty(), "a refused batch reached the app");
+            return Vec::new();
         }
-        for message in &committed {
-            self.note_received(&message.key.sender, &message.key.message_id);
+        let expected: Vec<InboundKey> = batch.messages.iter().map(|m| m.key.clone()).collect();
+        assert_eq!(received, expected, "the committed messages are the batch");
+        let ops: Vec<&StoreOp> = self.log[mark..]
+            .iter()
+            .filter_map(|(_, out)| match out {
+                Out::Store(op) => Some(op),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            matches!(ops.first(), Some(StoreOp::CommitInbound { keys: k, .. }) if *k == expected),
+            "the batch commits in its step"
+        );
+        for message in &batch.messages {
             self.dispatched.push((self.now, message.clone()));
         }
-        committed
+        batch.messages
     }
 
     /// The runtime with a hook that commits every batch at once.
@@ -530,13 +570,11 @@ impl Sim {
         self.watching.clear();
         // The hook's batch died with the process.
         self.hook = None;
-        let records = self.rows.values().cloned().collect();
-        self.engine
-            .restore(records, self.processed.clone(), self.now);
-        // Both loads happen at start, before the runtime drains the first outputs.
-        let pending = self.inbound_rows.values().cloned().collect();
-        self.engine.restore_inbound(pending, self.now);
-        self.after_call();
+        self.input(Input::Restore(Restore {
+            outbox: self.rows.values().cloned().collect(),
+            processed: self.processed.clone(),
+            inbound: self.inbound_rows.values().cloned().collect(),
+        }));
     }
 
     /// Moves the clock forward, feeding the engine its deadlines and the scheduled arrivals.
@@ -573,7 +611,7 @@ impl Sim {
                     self.inbound(message, origin);
                 }
             } else {
-                self.engine.handle_timeout(self.now);
+                self.engine.handle(Input::Timeout, self.now);
                 self.after_call();
             }
         }
@@ -736,20 +774,32 @@ impl Sim {
     }
 
     fn write(&mut self, (id, send_seq, carrier): (String, u64, Carrier)) -> VecDeque<Handed> {
-        self.engine.handle_written(&id, send_seq, self.now);
+        let written = Input::Written {
+            id: id.clone(),
+            send_seq,
+        };
+        self.engine.handle(written, self.now);
         let mut more = self.after_call_collect();
         let (reached_recipient, ack_after) = match self.net_of(&carrier) {
             Some(net) if net.refuse => {
                 let reason = "relay refused the message";
-                self.engine
-                    .handle_send_failed(&id, send_seq, reason, self.now);
+                let failed = Input::SendFailed {
+                    id: id.clone(),
+                    send_seq,
+                    reason: reason.to_owned(),
+                };
+                self.engine.handle(failed, self.now);
                 more.extend(self.after_call_collect());
                 (false, None)
             }
             Some(net) => match net.answer {
                 Some(answer) => {
-                    self.engine
-                        .handle_relay_answer(&id, send_seq, answer, self.now);
+                    let answered = Input::Answer {
+                        id: id.clone(),
+                        send_seq,
+                        answer,
+                    };
+                    self.engine.handle(answered, self.now);
                     more.extend(self.after_call_collect());
                     (answer == CarrierAnswer::Live, net.ack_after)
                 }
@@ -840,11 +890,7 @@ impl Sim {
                         "MarkProcessed with a hook"
                     );
                     self.processed.push(key.clone());
-                    self.processed_keys.insert(InboundKey {
-                        chat: key.chat.clone(),
-                        sender: key.sender.clone(),
-                        message_id: key.message_id.clone(),
-                    });
+                    self.processed_keys.insert(key.key.clone());
                 }
                 StoreOp::BufferInbound(rows) => {
                     assert!(!rows.is_empty(), "an empty BufferInbound");
@@ -883,9 +929,7 @@ impl Sim {
                         }
                         self.processed_keys.insert(key.clone());
                         self.processed.push(ProcessedKey {
-                            chat: key.chat.clone(),
-                            sender: key.sender.clone(),
-                            message_id: key.message_id.clone(),
+                            key: key.clone(),
                             at: *at,
                         });
                     }
@@ -904,7 +948,33 @@ impl Sim {
             self.log.push((self.now, Out::Store(op)));
         }
         let mut terminal = BTreeSet::new();
-        while let Some(event) = self.engine.poll_event() {
+        let mut frames = VecDeque::new();
+        let events: Vec<Event> = std::iter::from_fn(|| self.engine.poll_event()).collect();
+        if self.config.durability_hook.is_some() {
+            assert!(
+                !events
+                    .iter()
+                    .any(|e| matches!(e, Event::MessageReceived { .. })),
+                "with a hook, message_received only follows the hook's commit"
+            );
+        }
+        let transmits: Vec<Transmit> = std::iter::from_fn(|| self.engine.poll_transmit()).collect();
+        let after: Vec<Event> =
+            std::iter::from_fn(|| self.engine.poll_event_after_transmits()).collect();
+        let events = events.into_iter().map(Out::Event);
+        let transmits = transmits.into_iter().map(Out::Transmit);
+        let after = after.into_iter().map(Out::Event);
+        for out in events.chain(transmits).chain(after) {
+            let event = match out {
+                Out::Transmit(transmit) => {
+                    self.released(&transmit);
+                    self.route(&transmit, &mut frames);
+                    self.log.push((self.now, Out::Transmit(transmit)));
+                    continue;
+                }
+                Out::Event(event) => event,
+                Out::Store(_) => unreachable!("store ops were drained first"),
+            };
             match &event {
                 Event::MessageDelivered { message_id, .. }
                 | Event::MessageFailed { message_id, .. } => {
@@ -927,12 +997,6 @@ impl Sim {
             settled, terminal,
             "every terminal event comes with its Settle"
         );
-        let mut frames = VecDeque::new();
-        while let Some(transmit) = self.engine.poll_transmit() {
-            self.released(&transmit);
-            self.route(&transmit, &mut frames);
-            self.log.push((self.now, Out::Transmit(transmit)));
-        }
         while let Some(change) = self.engine.poll_presence() {
             match &change {
                 PresenceChange::Watch(peer) => {
@@ -946,6 +1010,10 @@ impl Sim {
                 }
             }
             self.presence_log.push((self.now, change));
+        }
+        // A batch the hook held past its deadline was refused by the engine.
+        if self.hook.as_ref().map(|b| b.id) != self.engine.batch_with_hook() {
+            self.hook = None;
         }
         self.check();
         frames
@@ -1114,10 +1182,11 @@ pub(crate) fn request(
     recipient: &str,
     priority: Priority,
     content_type: ContentType,
-    id: Option<&str>,
+    id: &str,
 ) -> SendRequest {
     SendRequest {
-        id: id.map(str::to_owned),
+        id: id.to_owned(),
+        settled: None,
         recipient: recipient.to_owned(),
         content: "hello".to_owned(),
         content_type,
@@ -1163,6 +1232,9 @@ pub(crate) fn event_id(event: &Event) -> Option<&str> {
         Event::MessageReceived { .. }
         | Event::Diagnostic { .. }
         | Event::InboundDrainCompleted { .. }
+        | Event::PresenceUpdated { .. }
+        | Event::NeighborDiscovered { .. }
+        | Event::NeighborLost { .. }
         | Event::SecurityWarning { .. } => None,
     }
 }

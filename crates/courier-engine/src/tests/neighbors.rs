@@ -100,7 +100,10 @@ fn the_discovery_flush_sends_a_batch_and_leaves_the_rest_due() {
 
 #[test]
 fn the_discovery_flush_pulls_retries_forward_keeping_their_counts() {
-    let mut sim = Sim::with_defaults();
+    let mut config = Config::new("chat");
+    // The link's failure is reported by the test, not by the send deadline.
+    config.app_send_timeout_ms = HOUR;
+    let mut sim = Sim::new(config);
     sim.net = Net::silent_peer();
     sim.carrier_up();
     let id = sim.send(BOB);
@@ -182,8 +185,13 @@ fn unregistering_a_carrier_loses_its_links() {
 fn a_neighbor_on_an_unregistered_carrier_is_ignored() {
     let mut sim = Sim::with_defaults();
     sim.links.insert("wifi".into(), BTreeSet::new());
-    sim.engine
-        .handle_neighbor_discovered(BOB, Carrier::Local("wifi".into()), 0);
+    sim.engine.handle(
+        Input::NeighborDiscovered {
+            peer: BOB.to_owned(),
+            carrier: "wifi".to_owned(),
+        },
+        0,
+    );
     sim.links.clear();
     let id = sim.send(BOB);
     assert!(sim.outbox_frames_since(0).is_empty());
@@ -237,7 +245,8 @@ fn a_copy_carried_for_another_recipient_is_neither_delivered_nor_acknowledged() 
         carried.recipient = "off1qysluvwl5922yctzd0u9gpr06gn3k7ldfvgtwgvn".to_owned();
         let mark = sim.mark();
         sim.inbound(carried, over_ble.clone());
-        sim.engine.handle_account_name(ALICE.to_owned());
+        sim.engine
+            .handle(Input::AccountName(ALICE.to_owned()), sim.now);
         let mut carried = message_from(BOB, "for-carol");
         carried.recipient = CAROL.to_owned();
         sim.inbound(carried, over_ble.clone());
@@ -302,9 +311,57 @@ fn a_message_named_to_an_account_is_ours_until_a_relay_names_our_account() {
     sim.inbound(named.clone(), over_ble.clone());
     assert!(received(&sim, mark));
 
-    sim.engine.handle_account_name("alice-phone".to_owned());
+    sim.engine
+        .handle(Input::AccountName("alice-phone".to_owned()), sim.now);
     named.id = "m2".into();
     let mark = sim.mark();
     sim.inbound(named, over_ble);
     assert!(received(&sim, mark), "our own account name");
+}
+
+#[test]
+fn an_app_carrier_send_that_never_reports_fails_at_its_deadline_and_goes_again() {
+    let mut sim = Sim::with_defaults();
+    sim.local_up(BLE);
+    sim.local.write = false;
+    sim.discover(BOB, BLE);
+    let id = sim.send(BOB);
+    assert_eq!(sim.unwritten.len(), 1, "handed to the app carrier");
+    assert_eq!(sim.engine.next_deadline(), Some(sim.now + 15 * SEC));
+    sim.advance(15 * SEC - 1);
+    assert_eq!(sim.status(&id), Some(EntryState::InFlight));
+    sim.advance(1);
+    assert!(sim.events_of(&id).any(|(_, e)| matches!(
+        e,
+        Event::MessageDeferred { reason, .. } if reason == "app carrier send timed out"
+    )));
+    // A late report of the dead attempt is stale; the retry is a new attempt.
+    let stale = sim.unwritten.remove(0);
+    sim.input(Input::Written {
+        id: stale.0,
+        send_seq: stale.1,
+    });
+    assert_ne!(sim.status(&id), Some(EntryState::InFlight));
+    sim.local.write = true;
+    sim.advance(2 * SEC);
+    assert!(matches!(
+        sim.terminal(&id),
+        Some((_, Event::MessageDelivered { .. }))
+    ));
+}
+
+#[test]
+fn relay_sends_have_no_engine_deadline() {
+    let mut sim = Sim::with_defaults();
+    sim.net.write = false;
+    sim.carrier_up();
+    let id = sim.send(BOB);
+    assert_eq!(sim.unwritten.len(), 1);
+    assert_eq!(
+        sim.engine.next_deadline(),
+        None,
+        "the relay carrier bounds its own writes and answers"
+    );
+    sim.advance(HOUR);
+    assert_eq!(sim.status(&id), Some(EntryState::InFlight));
 }

@@ -99,8 +99,12 @@ fn a_peer_that_enters_and_leaves_between_polls_is_not_announced() {
     // Verdict and delivery inside one engine call would be the same; here the runtime has not
     // polled in between.
     let seq = sim.send_seqs[&id];
-    sim.engine
-        .handle_relay_answer(&id, seq, CarrierAnswer::Unreachable, sim.now);
+    let answer = Input::Answer {
+        id: id.clone(),
+        send_seq: seq,
+        answer: CarrierAnswer::Unreachable,
+    };
+    sim.engine.handle(answer, sim.now);
     let (ack, origin) = {
         let frame = &sim.frames[&id];
         let ack = frame.ack("peer-ack".into(), sim.now, "internet");

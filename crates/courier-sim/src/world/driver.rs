@@ -1,10 +1,154 @@
-//! One device's driver step, in `courier-client`'s order: apply the queued commands, commit the
-//! store ops with the step's terminal events held and the previous step's recorded as
-//! dispatched, resolve the sends, dispatch the events, execute the transmits, dispatch what
-//! follows a hook verdict, hand the next batch to the hook, pass on watchlist changes. A crash
-//! can cut it anywhere.
+//! One device's driver step: `courier_engine::step`, the very code the client driver runs, with
+//! this world as its host. The inputs are applied, then the step's stages are carried out in
+//! the engine's order, and a crash can cut it between any two of them (`CrashPoint`).
+
+use std::ops::ControlFlow;
+
+use courier_engine::step::{Host, Step};
+use courier_engine::{HookBatch, Input, PresenceChange};
 
 use super::*;
+
+impl From<Event> for AppEvent {
+    fn from(event: Event) -> Self {
+        Self::Engine(event)
+    }
+}
+
+/// The world as one device's step host: each stage is the world's model of the runtime, and
+/// the planned crash point ends the step there.
+struct StepHost<'w> {
+    world: &'w mut World,
+    p: usize,
+    crash: Option<CrashPoint>,
+    accepted: Vec<String>,
+    /// The step's terminal events, held with the commit.
+    held: Vec<String>,
+    /// `message_received`s not dispatched yet: lost if the process dies before they are.
+    undispatched: Vec<InboundKey>,
+    /// (store ops, events) of the commit, for the world's reproducibility digest.
+    sizes: (u64, u64),
+}
+
+impl StepHost<'_> {
+    fn crash_if(&self, point: CrashPoint) -> ControlFlow<CrashPoint> {
+        if self.crash == Some(point) {
+            ControlFlow::Break(point)
+        } else {
+            ControlFlow::Continue(())
+        }
+    }
+
+    fn dispatch_all(&mut self, events: Vec<AppEvent>) {
+        for event in events {
+            if let AppEvent::Engine(received) = &event {
+                if let Some(key) = received.received_key() {
+                    if let Some(i) = self.undispatched.iter().position(|k| *k == key) {
+                        self.undispatched.remove(i);
+                    }
+                }
+            }
+            self.world.dispatch(self.p, event);
+        }
+    }
+}
+
+impl Host<AppEvent> for StepHost<'_> {
+    type Stop = CrashPoint;
+
+    fn commit(
+        &mut self,
+        ops: Vec<StoreOp>,
+        events: &[AppEvent],
+        after_transmits: &[AppEvent],
+    ) -> ControlFlow<CrashPoint> {
+        self.crash_if(CrashPoint::BeforeCommit)?;
+        let p = self.p;
+        let all = || events.iter().chain(after_transmits);
+        let reports = Reports {
+            held: all().filter_map(AppEvent::terminal).collect(),
+            done: std::mem::take(&mut self.world.peers[p].run.as_mut().expect("running").reported),
+        };
+        self.held = reports.held.iter().map(|(id, _)| id.clone()).collect();
+        self.undispatched = all()
+            .filter_map(|event| match event {
+                AppEvent::Engine(event) => event.received_key(),
+                AppEvent::Replayed(_) => None,
+            })
+            .collect();
+        self.sizes = (ops.len() as u64, events.len() as u64);
+        self.world.commit(p, &ops, &reports);
+        ControlFlow::Continue(())
+    }
+
+    fn resolve(&mut self, _: &Engine, _: &[PresenceChange]) -> ControlFlow<CrashPoint> {
+        self.crash_if(CrashPoint::AfterCommit)?;
+        let name = self.world.peers[self.p].name().to_owned();
+        for id in std::mem::take(&mut self.accepted) {
+            let store = &self.world.peers[self.p].store;
+            let durable = store.outbox.contains_key(&id) || store.settled.contains_key(&id);
+            self.world.ledger.on_resolved(&name, &id, durable);
+            self.world.peers[self.p].app.owed.remove(&id);
+            self.world.counts.accepted += 1;
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn dispatch(&mut self, events: Vec<AppEvent>) -> ControlFlow<CrashPoint> {
+        self.crash_if(CrashPoint::AfterResolve)?;
+        self.dispatch_all(events);
+        let held = std::mem::take(&mut self.held);
+        self.world.peers[self.p]
+            .run
+            .as_mut()
+            .expect("running")
+            .reported = held;
+        ControlFlow::Continue(())
+    }
+
+    fn transmit(&mut self, transmits: Vec<Transmit>) -> ControlFlow<CrashPoint> {
+        self.crash_if(CrashPoint::AfterEvents)?;
+        let world = &mut *self.world;
+        world.counts.max_transmits_per_step =
+            world.counts.max_transmits_per_step.max(transmits.len());
+        let (ops, events) = self.sizes;
+        world.mix(&[
+            self.p as u64,
+            world.now,
+            ops,
+            events,
+            transmits.len() as u64,
+        ]);
+        let cut = if self.crash == Some(CrashPoint::MidTransmits) {
+            world.rng.index(transmits.len() + 1)
+        } else {
+            usize::MAX
+        };
+        for (i, transmit) in transmits.into_iter().enumerate() {
+            if i == cut {
+                return ControlFlow::Break(CrashPoint::MidTransmits);
+            }
+            world.transmit(self.p, transmit);
+        }
+        self.crash_if(CrashPoint::MidTransmits)
+    }
+
+    fn dispatch_after_transmits(&mut self, events: Vec<AppEvent>) -> ControlFlow<CrashPoint> {
+        self.crash_if(CrashPoint::AfterTransmits)?;
+        self.dispatch_all(events);
+        ControlFlow::Continue(())
+    }
+
+    fn offer_hook(&mut self, batch: HookBatch) -> ControlFlow<CrashPoint> {
+        self.world.hook_gets(self.p, batch);
+        ControlFlow::Continue(())
+    }
+
+    fn presence(&mut self, changes: Vec<PresenceChange>) -> ControlFlow<CrashPoint> {
+        self.world.presence_changes(self.p, changes);
+        ControlFlow::Continue(())
+    }
+}
 
 impl World {
     pub(super) fn step(&mut self, p: usize) {
@@ -25,219 +169,75 @@ impl World {
         }
         run.step_at = None;
         let crash = run.crash_at.take();
-        let cmds = std::mem::take(&mut run.inbox);
+        let inputs = std::mem::take(&mut run.inbox);
+        let replays = std::mem::take(&mut run.replays);
+        // The engine leaves the device for the step, so the world can host it.
+        let placeholder = Engine::new(peer.spec.config.clone(), String::new());
+        let mut engine = std::mem::replace(&mut run.engine, placeholder);
         self.counts.steps += 1;
-        let mut out = StepOut::default();
-        out.events
-            .extend(run.replays.drain(..).map(AppEvent::Replayed));
-        for cmd in cmds {
-            self.apply(p, cmd, &mut out);
+        let mut step = Step::default();
+        let mut accepted = Vec::new();
+        for event in replays {
+            step.emit(&mut engine, AppEvent::Replayed(event));
         }
-        let run = self.peers[p].run.as_mut().expect("running");
-        if let Some((batch, deadline)) = run.hook {
-            if deadline <= now {
-                run.hook = None;
-                let reason = "the hook did not settle in time".to_owned();
-                self.hook_result(p, batch, Err(reason), &mut out);
-            }
+        for input in inputs {
+            self.apply(p, &mut engine, &mut step, input, &mut accepted);
         }
-        let run = self.peers[p].run.as_mut().expect("running");
-        run.engine.handle_timeout(now);
-        while let Some(event) = run.engine.poll_event() {
-            out.events.push(AppEvent::Engine(event));
-        }
-        if crash == Some(CrashPoint::BeforeCommit) {
-            return self.crash_in_step(p, CrashPoint::BeforeCommit, out);
-        }
-        let ops: Vec<StoreOp> = std::iter::from_fn(|| run.engine.poll_store()).collect();
-        let reports = Reports {
-            held: out.events.iter().filter_map(AppEvent::terminal).collect(),
-            done: std::mem::take(&mut run.reported),
-        };
-        self.commit(p, &ops, &reports);
-        if crash == Some(CrashPoint::AfterCommit) {
-            return self.crash_in_step(p, CrashPoint::AfterCommit, out);
-        }
-        let name = self.peers[p].name().to_owned();
-        for id in std::mem::take(&mut out.accepted) {
-            let store = &self.peers[p].store;
-            let durable = store.outbox.contains_key(&id) || store.settled.contains_key(&id);
-            self.ledger.on_resolved(&name, &id, durable);
-            self.peers[p].app.owed.remove(&id);
-            self.counts.accepted += 1;
-        }
-        if crash == Some(CrashPoint::AfterResolve) {
-            return self.crash_in_step(p, CrashPoint::AfterResolve, out);
-        }
-        let events = std::mem::take(&mut out.events);
-        let event_count = events.len();
-        for event in events {
-            self.dispatch(p, event);
-        }
-        let run = self.peers[p].run.as_mut().expect("running");
-        run.reported = reports.held.into_iter().map(|(id, _)| id).collect();
-        if crash == Some(CrashPoint::AfterEvents) {
-            return self.crash_in_step(p, CrashPoint::AfterEvents, out);
-        }
-        let run = self.peers[p].run.as_mut().expect("running");
-        let transmits: Vec<Transmit> = std::iter::from_fn(|| run.engine.poll_transmit()).collect();
-        self.counts.max_transmits_per_step =
-            self.counts.max_transmits_per_step.max(transmits.len());
-        self.mix(&[
-            p as u64,
-            now,
-            ops.len() as u64,
-            event_count as u64,
-            transmits.len() as u64,
-        ]);
-        let cut = if crash == Some(CrashPoint::MidTransmits) {
-            self.rng.index(transmits.len() + 1)
-        } else {
-            usize::MAX
-        };
-        for (i, transmit) in transmits.into_iter().enumerate() {
-            if i == cut {
-                return self.crash_in_step(p, CrashPoint::MidTransmits, out);
-            }
-            self.transmit(p, transmit);
-        }
-        if matches!(
+        let mut host = StepHost {
+            world: self,
+            p,
             crash,
-            Some(CrashPoint::MidTransmits | CrashPoint::AfterTransmits)
-        ) {
-            return self.crash_in_step(p, crash.expect("matched"), out);
+            accepted,
+            held: Vec::new(),
+            undispatched: Vec::new(),
+            sizes: (0, 0),
+        };
+        let flow = step.finish(&mut engine, now, &mut host);
+        let undispatched = std::mem::take(&mut host.undispatched);
+        self.peers[p].run.as_mut().expect("running").engine = engine;
+        match flow {
+            ControlFlow::Continue(()) => self.check_bounds(p),
+            ControlFlow::Break(point) => self.crash_in_step(p, point, undispatched),
         }
-        for event in std::mem::take(&mut out.after) {
-            self.dispatch(p, AppEvent::Engine(event));
-        }
-        self.offer_hook(p);
-        self.presence_changes(p);
-        self.check_bounds(p);
     }
 
     /// The process dies at `point` of a step: what the step had not dispatched yet is lost
     /// (after the commit, the store already holds its effects, and its terminal events with it).
-    pub(super) fn crash_in_step(&mut self, p: usize, point: CrashPoint, out: StepOut) {
+    fn crash_in_step(&mut self, p: usize, point: CrashPoint, undispatched: Vec<InboundKey>) {
         self.counts.step_crashes[point as usize] += 1;
         self.trace(|w| format!("{} crashes inside a step, {point:?}", w.peers[p].name()));
         if point != CrashPoint::BeforeCommit {
             let name = self.peers[p].name().to_owned();
-            let engine_events = out.events.iter().filter_map(|e| match e {
-                AppEvent::Engine(event) => Some(event),
-                AppEvent::Replayed(_) => None,
-            });
-            for event in engine_events.chain(&out.after) {
-                if let Event::MessageReceived {
-                    message,
-                    chat,
-                    sender,
-                    ..
-                } = event
-                {
-                    let key = InboundKey {
-                        chat: chat.clone(),
-                        sender: sender.clone(),
-                        message_id: message.id.clone(),
-                    };
-                    self.ledger.on_received_lost(&name, &key);
-                }
+            for key in &undispatched {
+                self.ledger.on_received_lost(&name, key);
             }
         }
         self.crash(p);
     }
 
-    pub(super) fn apply(&mut self, p: usize, cmd: Cmd, out: &mut StepOut) {
-        let now = self.now;
-        self.next_id += 1;
-        let minted = format!("{}-m{}", self.peers[p].spec.alias, self.next_id);
-        if self.verbose {
-            let line = format!("{} <- {}", self.peers[p].name(), describe_cmd(&cmd));
-            self.trace(|_| line);
-        }
-        let peer = &mut self.peers[p];
-        let run = peer.run.as_mut().expect("running");
-        let engine = &mut run.engine;
-        match cmd {
-            Cmd::Send(req) => {
-                let delivered = req.id.as_ref().filter(|id| {
-                    peer.store
-                        .settled
-                        .get(*id)
-                        .is_some_and(|row| row.settlement == Settlement::Delivered)
-                });
-                if let Some(id) = delivered {
-                    // An id already delivered is a no-op returning that id (delivery.md 2).
-                    out.accepted.push(id.clone());
-                } else {
-                    match engine.send(req, || minted, now) {
-                        SendOutcome::Accepted(id) | SendOutcome::Duplicate(id) => {
-                            out.accepted.push(id)
-                        }
-                    }
-                }
-            }
-            Cmd::CarrierUp(carrier) => engine.handle_carrier_up(carrier, now),
-            Cmd::CarrierDown(carrier) => engine.handle_carrier_down(carrier, now),
-            Cmd::Written { id, send_seq } => engine.handle_written(&id, send_seq, now),
-            Cmd::SendFailed {
-                id,
-                send_seq,
-                reason,
-            } => engine.handle_send_failed(&id, send_seq, reason, now),
-            Cmd::CarrierAnswer {
-                id,
-                send_seq,
-                answer,
-            } => engine.handle_relay_answer(&id, send_seq, answer, now),
-            Cmd::Inbound { message, origin } => engine.handle_inbound(*message, origin, now),
-            Cmd::DrainStarted => engine.handle_drain_started(Carrier::Relay, now),
-            Cmd::DrainComplete { count } => {
-                engine.handle_drain_complete(Carrier::Relay, count, now)
-            }
-            Cmd::HookResult { batch_id, result } => {
-                if run.hook.is_some_and(|(id, _)| id == batch_id) {
-                    run.hook = None;
-                }
-                self.hook_result(p, batch_id, result, out);
-            }
-            Cmd::Presence { peer, online } => engine.handle_presence(&peer, online, now),
-            Cmd::NeighborDiscovered(peer) => {
-                engine.handle_neighbor_discovered(&peer, Carrier::Local(BLE.to_owned()), now)
-            }
-            Cmd::NeighborLost(peer) => {
-                engine.handle_neighbor_lost(&peer, Carrier::Local(BLE.to_owned()), now)
-            }
-        }
-        let run = self.peers[p].run.as_mut().expect("running");
-        while let Some(event) = run.engine.poll_event() {
-            out.events.push(AppEvent::Engine(event));
-        }
-    }
-
-    /// The hook's verdict: what the engine reports with it follows the step's transmits.
-    pub(super) fn hook_result(
+    /// One input of the step. A send carries what the store remembers of its id, as the client
+    /// driver adds it.
+    fn apply(
         &mut self,
         p: usize,
-        batch_id: u64,
-        result: Result<(), String>,
-        out: &mut StepOut,
+        engine: &mut Engine,
+        step: &mut Step<AppEvent>,
+        mut input: Input,
+        accepted: &mut Vec<String>,
     ) {
-        let now = self.now;
-        let run = self.peers[p].run.as_mut().expect("running");
-        while let Some(event) = run.engine.poll_event() {
-            out.events.push(AppEvent::Engine(event));
+        if self.verbose {
+            let line = format!("{} <- {}", self.peers[p].name(), describe_input(&input));
+            self.trace(|_| line);
         }
-        for m in run.engine.handle_hook_result(batch_id, result, now) {
-            out.after.push(Event::MessageReceived {
-                chat: m.key.chat,
-                sender: m.key.sender,
-                transport: m.transport,
-                message: m.message,
-            });
+        if let Input::Send(req) = &mut input {
+            req.settled = self.peers[p]
+                .store
+                .settled
+                .get(&req.id)
+                .map(|row| row.settlement.clone());
+            accepted.push(req.id.clone());
         }
-        while let Some(event) = run.engine.poll_event() {
-            out.after.push(event);
-        }
+        step.apply(engine, input, self.now);
     }
 
     /// Checks the step's ops against the ledger, then applies them and the terminal-event
@@ -381,7 +381,7 @@ impl World {
                             session.unanswered.insert((id.clone(), send_seq));
                         }
                         self.peers[p].push(
-                            Cmd::Written {
+                            Input::Written {
                                 id: id.clone(),
                                 send_seq,
                             },
@@ -430,7 +430,7 @@ impl World {
                 match (kind, to) {
                     (TransmitKind::Outbox { message, send_seq }, Some(q)) => {
                         let id = message.id.clone();
-                        self.peers[p].push(Cmd::Written { id, send_seq }, now);
+                        self.peers[p].push(Input::Written { id, send_seq }, now);
                         self.send_local(p, q, message);
                     }
                     (TransmitKind::Outbox { message, send_seq }, None) => {
@@ -450,23 +450,14 @@ impl World {
         }
     }
 
-    /// Hands the next batch to the application's durability hook, which answers at random.
-    pub(super) fn offer_hook(&mut self, p: usize) {
-        let now = self.now;
+    /// The application's durability hook gets `batch`, and answers at random.
+    fn hook_gets(&mut self, p: usize, batch: HookBatch) {
         let inc = self.peers[p].incarnation;
         let name = self.peers[p].name().to_owned();
         let peer = &mut self.peers[p];
         let Some(profile) = peer.spec.hook else {
-            return;
+            violated(format!("{name} offered a batch without a hook"));
         };
-        let run = peer.run.as_mut().expect("running");
-        if run.hook.is_some() {
-            return;
-        }
-        let Some(batch) = run.engine.poll_hook() else {
-            return;
-        };
-        run.hook = Some((batch.id, now + peer.spec.hook_timeout_ms));
         let max = peer
             .spec
             .config
@@ -562,22 +553,20 @@ impl World {
         }
     }
 
-    pub(super) fn presence_changes(&mut self, p: usize) {
+    /// The step's watchlist changes go to the relay, when connected.
+    fn presence_changes(&mut self, p: usize, changes: Vec<PresenceChange>) {
         let run = self.peers[p].run.as_mut().expect("running");
         let conn = run
             .session
             .as_ref()
             .filter(|s| s.authenticated)
             .map(|s| s.conn);
-        let mut frames = Vec::new();
-        while let Some(change) = run.engine.poll_presence() {
-            frames.push(match change {
-                courier_engine::PresenceChange::Watch(peer) => ToRelay::Watch(vec![peer]),
-                courier_engine::PresenceChange::Unwatch(peer) => ToRelay::Unwatch(vec![peer]),
-            });
-        }
         if let Some(conn) = conn {
-            for frame in frames {
+            for change in changes {
+                let frame = match change {
+                    PresenceChange::Watch(peer) => ToRelay::Watch(vec![peer]),
+                    PresenceChange::Unwatch(peer) => ToRelay::Unwatch(vec![peer]),
+                };
                 self.send_to_relay(conn, frame);
             }
         }
@@ -592,8 +581,9 @@ impl World {
         reason: &'static str,
     ) {
         let now = self.now;
+        let reason = reason.to_owned();
         self.peers[p].push(
-            Cmd::SendFailed {
+            Input::SendFailed {
                 id,
                 send_seq,
                 reason,
@@ -603,10 +593,10 @@ impl World {
     }
 }
 
-fn describe_cmd(cmd: &Cmd) -> String {
-    match cmd {
-        Cmd::Send(req) => format!("send {:?} to {}", req.id, req.recipient),
-        Cmd::Inbound { message, origin } => format!(
+fn describe_input(input: &Input) -> String {
+    match input {
+        Input::Send(req) => format!("send {:?} to {}", req.id, req.recipient),
+        Input::Inbound { message, origin } => format!(
             "inbound {} from {} via {} seq {:?}{}",
             message.id,
             origin.stamped_sender,
@@ -640,7 +630,7 @@ fn describe_transmit(t: &Transmit) -> String {
             message.ack_for().unwrap_or_default(),
             message.recipient
         ),
-        TransmitKind::ReleaseFrame { seq } => format!("hop ack {seq}"),
+        TransmitKind::ReleaseFrame { seq } => format!("release {seq}"),
     };
     format!("{} {kind} (peer {:?})", t.carrier, t.peer)
 }

@@ -68,7 +68,7 @@ impl World {
         run.backoff_ms = (backoff * 2).min(MAX_BACKOFF);
         self.conn_owner.remove(&session.conn);
         if session.authenticated {
-            self.peers[p].push(Cmd::CarrierDown(Carrier::Relay), now);
+            self.peers[p].push(Input::CarrierDown(Carrier::Relay), now);
         }
         for (id, send_seq) in session.unanswered {
             self.send_failed(p, id, send_seq, "connection lost");
@@ -166,9 +166,9 @@ impl World {
                 session.authenticated = true;
                 run.backoff_ms = SEC;
                 if mailbox {
-                    cmds.push(Cmd::DrainStarted);
+                    cmds.push(Input::DrainStarted(Carrier::Relay));
                 }
-                cmds.push(Cmd::CarrierUp(Carrier::Relay));
+                cmds.push(Input::CarrierUp(Carrier::Relay));
                 let list = run.engine.presence_watchlist();
                 if !list.is_empty() {
                     watch = Some(list);
@@ -178,7 +178,7 @@ impl World {
                 seq,
                 sender,
                 message,
-            } => cmds.push(Cmd::Inbound {
+            } => cmds.push(Input::Inbound {
                 message,
                 origin: InboundOrigin {
                     carrier: Carrier::Relay,
@@ -198,7 +198,7 @@ impl World {
                     } else {
                         CarrierAnswer::Live
                     };
-                    cmds.push(Cmd::CarrierAnswer {
+                    cmds.push(Input::Answer {
                         id: message_id,
                         send_seq,
                         answer,
@@ -210,7 +210,7 @@ impl World {
                 tag: Some(send_seq),
             } => {
                 if session.unanswered.remove(&(message_id.clone(), send_seq)) {
-                    cmds.push(Cmd::CarrierAnswer {
+                    cmds.push(Input::Answer {
                         id: message_id,
                         send_seq,
                         answer: CarrierAnswer::Unreachable,
@@ -218,8 +218,15 @@ impl World {
                 }
             }
             ToClient::Sent { tag: None, .. } | ToClient::Unreachable { tag: None, .. } => {}
-            ToClient::DrainComplete { count } => cmds.push(Cmd::DrainComplete { count }),
-            ToClient::Presence { peer, online } => cmds.push(Cmd::Presence { peer, online }),
+            ToClient::DrainComplete { count } => cmds.push(Input::DrainComplete {
+                carrier: Carrier::Relay,
+                count,
+            }),
+            ToClient::Presence { peer, online } => cmds.push(Input::Presence {
+                peer,
+                online,
+                last_seen_ms: None,
+            }),
         }
         for cmd in cmds {
             peer.push(cmd, now);
@@ -249,10 +256,22 @@ impl World {
                 let known = run.neighbors.contains(&y);
                 if active && !known {
                     run.neighbors.insert(y);
-                    peer.push(Cmd::NeighborDiscovered(name), now);
+                    peer.push(
+                        Input::NeighborDiscovered {
+                            peer: name,
+                            carrier: BLE.to_owned(),
+                        },
+                        now,
+                    );
                 } else if !active && known {
                     run.neighbors.remove(&y);
-                    peer.push(Cmd::NeighborLost(name), now);
+                    peer.push(
+                        Input::NeighborLost {
+                            peer: name,
+                            carrier: BLE.to_owned(),
+                        },
+                        now,
+                    );
                 }
             }
         }

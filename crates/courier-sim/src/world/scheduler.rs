@@ -111,10 +111,10 @@ impl World {
                 if run.ble {
                     run.ble = false;
                     run.neighbors.clear();
-                    peer.push(Cmd::CarrierDown(carrier), now);
+                    peer.push(Input::CarrierDown(carrier), now);
                 } else {
                     run.ble = true;
-                    peer.push(Cmd::CarrierUp(carrier), now);
+                    peer.push(Input::CarrierUp(carrier), now);
                 }
                 self.sync_links();
             }
@@ -142,10 +142,11 @@ impl World {
             Priority::High,
             Priority::Critical,
         ]);
-        let id = self.rng.chance(500).then(|| {
-            self.next_id += 1;
-            format!("{}-c{}", self.peers[p].spec.alias, self.next_id)
-        });
+        // An app-chosen id half the time; otherwise one the runtime mints, as the client does.
+        let app_chosen = self.rng.chance(500);
+        self.next_id += 1;
+        let tag = if app_chosen { "c" } else { "m" };
+        let id = format!("{}-{tag}{}", self.peers[p].spec.alias, self.next_id);
         let len = self.rng.range(1, 120) as usize;
         let content = if self.rng.chance(20) {
             POISON.to_owned()
@@ -154,6 +155,7 @@ impl World {
         };
         let req = SendRequest {
             id: id.clone(),
+            settled: None,
             recipient,
             content,
             content_type,
@@ -172,10 +174,10 @@ impl World {
         });
         let now = self.now;
         let peer = &mut self.peers[p];
-        if let Some(id) = id {
+        if app_chosen {
             peer.app.owed.insert(id, req.clone());
         }
-        peer.push(Cmd::Send(req), now);
+        peer.push(Input::Send(req), now);
     }
 
     /// The app sends again under one of its own ids: a no-op while the message is in the
@@ -194,7 +196,8 @@ impl World {
         }
         let (id, recipient) = self.rng.pick(&mine).clone();
         let req = SendRequest {
-            id: Some(id.clone()),
+            id: id.clone(),
+            settled: None,
             recipient,
             content: "again".to_owned(),
             content_type: ContentType::Text,
@@ -206,7 +209,7 @@ impl World {
         let now = self.now;
         let peer = &mut self.peers[p];
         peer.app.owed.insert(id, req.clone());
-        peer.push(Cmd::Send(req), now);
+        peer.push(Input::Send(req), now);
     }
 
     /// Starts the device's process from its store (also the first start, from an empty one),
@@ -219,16 +222,20 @@ impl World {
         let peer = &mut self.peers[p];
         let config = peer.spec.config.clone();
         let mut engine = Engine::new(config.clone(), peer.spec.name.clone());
-        let processed =
-            peer.store
-                .load_processed(now, config.dedup_retention_ms(), config.dedup_max_entries);
-        engine.restore(peer.store.load_outbox(), processed, now);
-        engine.restore_inbound(peer.store.load_pending(), now);
+        let restore = Restore {
+            processed: peer.store.load_processed(
+                now,
+                config.dedup_retention_ms(),
+                config.dedup_max_entries,
+            ),
+            outbox: peer.store.load_outbox(),
+            inbound: peer.store.load_pending(),
+        };
+        engine.handle(Input::Restore(restore), now);
         let mut run = Running {
             engine,
             inbox: Vec::new(),
             step_at: Some(now),
-            hook: None,
             session: None,
             connecting: false,
             backoff_ms: SEC,
@@ -247,15 +254,15 @@ impl World {
         if peer.has_ble {
             run.ble = true;
             run.inbox
-                .push(Cmd::CarrierUp(Carrier::Local(BLE.to_owned())));
+                .push(Input::CarrierUp(Carrier::Local(BLE.to_owned())));
         }
         peer.run = Some(run);
         let owed: Vec<SendRequest> = peer.app.owed.values().cloned().collect();
         for req in owed {
             if self.honest || self.rng.chance(700) {
-                self.peers[p].push(Cmd::Send(req), now);
-            } else if let Some(id) = &req.id {
-                self.peers[p].app.owed.remove(id);
+                self.peers[p].push(Input::Send(req), now);
+            } else {
+                self.peers[p].app.owed.remove(&req.id);
             }
         }
         self.trace(|w| format!("{} starts", w.peers[p].name()));
@@ -299,7 +306,7 @@ impl World {
             run.crash_at = None;
             if peer.has_ble && !run.ble {
                 run.ble = true;
-                peer.push(Cmd::CarrierUp(Carrier::Local(BLE.to_owned())), now);
+                peer.push(Input::CarrierUp(Carrier::Local(BLE.to_owned())), now);
             }
         }
         self.sync_links();

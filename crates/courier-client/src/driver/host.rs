@@ -1,0 +1,221 @@
+//! How the driver carries out a step's stages (`courier_engine::step::Host`): SQLite for the
+//! commit, the sink for events and hook batches, the carrier tasks for transmits.
+
+use std::collections::HashSet;
+use std::ops::ControlFlow;
+
+use courier_engine::step::Host;
+use courier_engine::{Carrier, Engine, HookBatch, PresenceChange, StoreOp, Transmit, TransmitKind};
+use courier_proto::{ClientFrame, Message};
+use tokio::sync::{mpsc as tokio_mpsc, oneshot};
+
+use super::{EventSink, Published};
+use crate::carrier::gateway::GatewayOut;
+use crate::carrier::relay::RelayOut;
+use crate::carrier::Submit;
+use crate::error::ClientError;
+use crate::event::ClientEvent;
+use crate::store::{Reports, Store};
+
+type Reply = oneshot::Sender<Result<String, ClientError>>;
+
+/// A step whose commit failed: nothing of it was written, and its sends are refused.
+pub(super) struct CommitFailed {
+    pub message: String,
+    pub accepted: Vec<(String, Reply)>,
+}
+
+pub(super) struct StepHost<'a> {
+    pub store: &'a mut Store,
+    pub sink: &'a EventSink,
+    pub relay: Option<&'a tokio_mpsc::UnboundedSender<RelayOut>>,
+    pub gateway: Option<&'a tokio_mpsc::UnboundedSender<GatewayOut>>,
+    pub published: &'a Published,
+    pub reported: &'a mut Vec<String>,
+    pub unconfirmed: &'a mut Option<HashSet<String>>,
+    pub accepted: Vec<(String, Reply)>,
+    /// The ids of the step's terminal events, held in storage until their dispatch is recorded.
+    pub held: Vec<String>,
+}
+
+impl Host<ClientEvent> for StepHost<'_> {
+    type Stop = CommitFailed;
+
+    fn commit(
+        &mut self,
+        ops: Vec<StoreOp>,
+        events: &[ClientEvent],
+        after_transmits: &[ClientEvent],
+    ) -> ControlFlow<CommitFailed> {
+        let reports = Reports {
+            held: events
+                .iter()
+                .chain(after_transmits)
+                .filter_map(terminal_report)
+                .collect(),
+            done: std::mem::take(self.reported),
+        };
+        match self.store.commit_step(&ops, &reports) {
+            Ok(()) => {
+                self.held = reports.held.into_iter().map(|(id, _)| id).collect();
+                ControlFlow::Continue(())
+            }
+            Err(e) => {
+                // Still owed: nothing of the failed transaction was written.
+                *self.reported = reports.done;
+                ControlFlow::Break(CommitFailed {
+                    message: e.to_string(),
+                    accepted: std::mem::take(&mut self.accepted),
+                })
+            }
+        }
+    }
+
+    fn resolve(
+        &mut self,
+        engine: &Engine,
+        watchlist: &[PresenceChange],
+    ) -> ControlFlow<CommitFailed> {
+        if let Ok(mut stats) = self.published.stats.lock() {
+            *stats = engine.stats();
+        }
+        if !watchlist.is_empty() {
+            if let Ok(mut published) = self.published.watchlist.lock() {
+                *published = engine.presence_watchlist();
+            }
+        }
+        for (id, reply) in self.accepted.drain(..) {
+            let _ = reply.send(Ok(id));
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn dispatch(&mut self, events: Vec<ClientEvent>) -> ControlFlow<CommitFailed> {
+        for event in events {
+            (self.sink)(event);
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn transmit(&mut self, transmits: Vec<Transmit>) -> ControlFlow<CommitFailed> {
+        for transmit in transmits {
+            self.route(transmit);
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn dispatch_after_transmits(&mut self, events: Vec<ClientEvent>) -> ControlFlow<CommitFailed> {
+        self.dispatch(events)?;
+        let held = std::mem::take(&mut self.held);
+        match self.unconfirmed {
+            Some(unconfirmed) => unconfirmed.extend(held),
+            None => *self.reported = held,
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn offer_hook(&mut self, batch: HookBatch) -> ControlFlow<CommitFailed> {
+        (self.sink)(ClientEvent::HookCall {
+            batch_id: batch.id,
+            messages: batch.messages,
+        });
+        ControlFlow::Continue(())
+    }
+
+    fn presence(&mut self, changes: Vec<PresenceChange>) -> ControlFlow<CommitFailed> {
+        if let Some(relay) = self.relay {
+            for change in changes {
+                let _ = relay.send(match change {
+                    PresenceChange::Watch(peer) => RelayOut::Watch(peer),
+                    PresenceChange::Unwatch(peer) => RelayOut::Unwatch(peer),
+                });
+            }
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+impl StepHost<'_> {
+    /// Hands a transmit to its carrier: the relay or gateway task, or the facade for an app
+    /// carrier.
+    fn route(&mut self, transmit: Transmit) {
+        match transmit.carrier {
+            Carrier::Relay => {
+                let Some(relay) = self.relay else { return };
+                let out = match addressed(transmit.kind) {
+                    Addressed::Frame(frame) => RelayOut::Submit(frame),
+                    Addressed::ReleaseFrame(seq) => RelayOut::ReleaseFrame { seq },
+                };
+                let _ = relay.send(out);
+            }
+            Carrier::Gateway => {
+                let Some(gateway) = self.gateway else { return };
+                // Only the relay journals frames: the engine releases none of a gateway's.
+                if let Addressed::Frame(frame) = addressed(transmit.kind) {
+                    let _ = gateway.send(GatewayOut::Submit(frame));
+                }
+            }
+            Carrier::Local(name) => {
+                // App carriers move the end-to-end Message itself; there is no journal to release.
+                let (message, report) = match transmit.kind {
+                    TransmitKind::Outbox { message, send_seq } => {
+                        let report = Some((message.id.clone(), send_seq));
+                        (message, report)
+                    }
+                    TransmitKind::DeliveryAck { message } => (message, None),
+                    TransmitKind::ReleaseFrame { .. } => return,
+                };
+                let peer = transmit.peer.unwrap_or_else(|| message.recipient.clone());
+                (self.sink)(ClientEvent::LocalTransmit {
+                    carrier: name,
+                    peer,
+                    frame: message.encode(),
+                    report,
+                });
+            }
+        }
+    }
+}
+
+/// A transmit for an addressed carrier: an end-to-end frame, or the release of relay journal
+/// frame `seq`.
+enum Addressed {
+    Frame(Submit),
+    ReleaseFrame(u64),
+}
+
+fn addressed(kind: TransmitKind) -> Addressed {
+    match kind {
+        TransmitKind::Outbox { message, send_seq } => Addressed::Frame(Submit::Outbox {
+            id: message.id.clone(),
+            send_seq,
+            recipient: message.recipient.clone(),
+            frame: send_frame(&message),
+        }),
+        TransmitKind::DeliveryAck { message } => Addressed::Frame(Submit::Ack {
+            frame: send_frame(&message),
+        }),
+        TransmitKind::ReleaseFrame { seq } => Addressed::ReleaseFrame(seq),
+    }
+}
+
+fn send_frame(message: &Message) -> String {
+    ClientFrame::SendMessage {
+        recipient: message.recipient.clone(),
+        content: message.encode(),
+        message_id: message.id.clone(),
+        reply_to_msg: message.reply_to_msg.clone(),
+    }
+    .encode()
+}
+
+/// A terminal event's `(message id, JSON)`, held in storage until it has been dispatched.
+fn terminal_report(event: &ClientEvent) -> Option<(String, String)> {
+    let id = event.terminal_message_id()?.to_owned();
+    let json = match event {
+        // Held again as it was: it is reported once this dispatch is recorded.
+        ClientEvent::Replayed { json, .. } => json.to_string(),
+        _ => event.to_json().to_string(),
+    };
+    Some((id, json))
+}

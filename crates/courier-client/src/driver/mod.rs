@@ -1,0 +1,536 @@
+//! The driver: one thread that owns the engine and the store (the only writer). It turns what
+//! happened into engine inputs, stamps them with the time, and carries each step out in the
+//! engine's order (`courier_engine::step`, `docs/architecture.md#the-step`): many concurrent
+//! commands become one step, and so one commit. It decides nothing about delivery.
+
+mod host;
+
+use std::collections::HashSet;
+use std::ops::ControlFlow;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use courier_engine::step::Step;
+use courier_engine::{
+    Carrier, Config, DiagnosticLevel, Engine, Input, Millis, Restore, SendRequest, Stats,
+};
+use tokio::sync::{mpsc as tokio_mpsc, oneshot};
+
+use crate::carrier::gateway::GatewayOut;
+use crate::carrier::relay::RelayOut;
+use crate::error::ClientError;
+use crate::event::ClientEvent;
+use crate::store::{MessageStatus, Reports, Store, StoreError};
+
+use host::{CommitFailed, StepHost};
+
+/// Commands handled in one step at most; the rest wait for the next step.
+const MAX_STEP: usize = 4096;
+
+pub type EventSink = Box<dyn Fn(ClientEvent) + Send + 'static>;
+
+pub enum Command {
+    /// An engine input, applied in the order it arrives.
+    Engine(Input),
+    /// `sendMessage`, answered once the step that took it is committed. The driver adds what
+    /// storage remembers of the id (`SendRequest::settled`), which the engine judges.
+    Send {
+        req: SendRequest,
+        reply: oneshot::Sender<Result<String, ClientError>>,
+    },
+    Status {
+        id: String,
+        reply: oneshot::Sender<Result<MessageStatus, ClientError>>,
+    },
+    /// A runtime event, dispatched in order with the engine's.
+    Emit(ClientEvent),
+    /// The application's listeners ran for this message's terminal event ([`Receipts`]).
+    TerminalSeen {
+        message_id: String,
+    },
+    /// Answered once every command queued before it has been applied: how a carrier keeps
+    /// what it has read and not yet handed over bounded (`carrier::intake`).
+    Barrier(oneshot::Sender<()>),
+    Stop {
+        reply: oneshot::Sender<()>,
+    },
+}
+
+impl From<Input> for Command {
+    fn from(input: Input) -> Self {
+        Self::Engine(input)
+    }
+}
+
+/// The sending side of the driver's queue; cheap to clone, never blocks.
+#[derive(Clone)]
+pub struct DriverTx(mpsc::Sender<Command>);
+
+impl DriverTx {
+    /// Sends a command; after the driver stopped there is nobody to tell, so it is dropped.
+    pub fn send(&self, cmd: Command) {
+        let _ = self.0.send(cmd);
+    }
+
+    /// Sends an engine input.
+    pub fn input(&self, input: Input) {
+        self.send(Command::Engine(input));
+    }
+}
+
+pub fn channel() -> (DriverTx, mpsc::Receiver<Command>) {
+    let (tx, rx) = mpsc::channel();
+    (DriverTx(tx), rx)
+}
+
+pub fn now_ms() -> Millis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as Millis)
+        .unwrap_or(0)
+}
+
+/// An engine loaded with what storage holds.
+pub fn restored_engine(
+    store: &mut Store,
+    config: &Config,
+    local_identity: &str,
+    now: Millis,
+) -> Result<Engine, StoreError> {
+    let restore = Restore {
+        outbox: store.load_outbox()?,
+        processed: store.load_processed(
+            now,
+            config.dedup_retention_ms(),
+            config.dedup_max_entries,
+        )?,
+        inbound: store.load_pending_inbound()?,
+    };
+    let mut engine = Engine::new(config.clone(), local_identity.to_owned());
+    engine.handle(Input::Restore(restore), now);
+    Ok(engine)
+}
+
+/// What the driver publishes for the app's synchronous getters, before it dispatches a step's
+/// events: a getter never answers from a state older than the last event dispatched.
+#[derive(Clone, Default)]
+pub struct Published {
+    pub stats: Arc<Mutex<Stats>>,
+    /// The engine's presence watchlist, for `internetPresenceWatchlist()`.
+    pub watchlist: Arc<Mutex<Vec<String>>>,
+}
+
+pub struct Driver {
+    engine: Engine,
+    store: Store,
+    rx: mpsc::Receiver<Command>,
+    sink: EventSink,
+    relay: Option<tokio_mpsc::UnboundedSender<RelayOut>>,
+    gateway: Option<tokio_mpsc::UnboundedSender<GatewayOut>>,
+    published: Published,
+    retention: Retention,
+    config: Config,
+    local_identity: String,
+    /// Messages whose terminal events reached the application since the last commit; the next
+    /// commit (or `stop()`) records it, so a restart does not emit them again.
+    reported: Vec<String>,
+    /// `Some` when the application confirms each terminal event once its listeners ran
+    /// ([`Receipts`]): the messages whose events were dispatched and not confirmed yet. `None`
+    /// when the sink handles events before it returns, so a dispatch is a report.
+    unconfirmed: Option<HashSet<String>>,
+}
+
+/// Where the driver's outputs go and how it is told things.
+pub struct Wiring {
+    pub rx: mpsc::Receiver<Command>,
+    pub sink: EventSink,
+    pub relay: Option<tokio_mpsc::UnboundedSender<RelayOut>>,
+    pub gateway: Option<tokio_mpsc::UnboundedSender<GatewayOut>>,
+    pub published: Published,
+    /// Whether the app confirms terminal events with [`Receipts`].
+    pub receipts: bool,
+}
+
+/// How the application confirms that a terminal event reached its listeners, when its sink
+/// only queues events for another thread (the Node binding's JS thread). Until confirmed, the
+/// event stays held in storage and the next start emits it again.
+#[derive(Clone)]
+pub struct Receipts(DriverTx);
+
+impl Receipts {
+    pub fn new(driver: DriverTx) -> Self {
+        Self(driver)
+    }
+
+    /// The terminal event of `message_id` reached the application's listeners.
+    pub fn seen(&self, message_id: String) {
+        self.0.send(Command::TerminalSeen { message_id });
+    }
+}
+
+/// How long `stop()` waits for the application to confirm the terminal events it was already
+/// handed (its listeners are free to run while it awaits `stop()`), so that a clean stop does
+/// not leave them to be replayed.
+const RECEIPT_WAIT_AT_STOP: Duration = Duration::from_secs(2);
+
+/// How long settled outcomes and inbound dedup records are kept, and how many at most.
+pub struct Retention {
+    pub age_ms: u64,
+    pub max_settled: usize,
+    pub max_processed: usize,
+}
+
+/// Pruning runs at most this often, and only when the driver wakes for other work anyway.
+const PRUNE_EVERY_MS: u64 = 3_600_000;
+pub const MAX_SETTLED: usize = 100_000;
+
+/// What a step owes its callers besides its outputs.
+#[derive(Default)]
+struct Owed {
+    accepted: Vec<(String, oneshot::Sender<Result<String, ClientError>>)>,
+    /// A relay frame was processed in this step: if the commit fails, it was neither stored nor
+    /// acked, and only a new session makes the relay write it again.
+    relay_inbound: bool,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Driver {
+    pub fn new(
+        engine: Engine,
+        store: Store,
+        config: Config,
+        local_identity: String,
+        wiring: Wiring,
+    ) -> Self {
+        let Wiring {
+            rx,
+            sink,
+            relay,
+            gateway,
+            published,
+            receipts,
+        } = wiring;
+        if let Ok(mut stats) = published.stats.lock() {
+            *stats = engine.stats();
+        }
+        Self {
+            retention: Retention {
+                age_ms: config.dedup_retention_ms(),
+                max_settled: MAX_SETTLED,
+                max_processed: config.dedup_max_entries,
+            },
+            engine,
+            store,
+            rx,
+            sink,
+            relay,
+            gateway,
+            published,
+            config,
+            local_identity,
+            reported: Vec::new(),
+            unconfirmed: receipts.then(HashSet::new),
+        }
+    }
+
+    pub fn run(mut self) {
+        let mut next_prune = 0;
+        loop {
+            let first = match self.wait() {
+                Ok(cmd) => cmd,
+                Err(()) => return,
+            };
+            let now = now_ms();
+            let mut step = Step::default();
+            let mut owed = Owed::default();
+            let batch: Vec<Command> = first
+                .into_iter()
+                .chain(self.rx.try_iter().take(MAX_STEP))
+                .collect();
+            for cmd in batch {
+                self.apply(cmd, now, &mut step, &mut owed);
+            }
+            let stop = owed.stop.take();
+            self.finish(step, owed, now);
+            if now >= next_prune {
+                next_prune = now + PRUNE_EVERY_MS;
+                self.prune(now);
+            }
+            if let Some(reply) = stop {
+                self.await_receipts();
+                self.record_reports_at_stop();
+                let _ = self.store.maybe_checkpoint();
+                let _ = reply.send(());
+                return;
+            }
+        }
+    }
+
+    fn apply(&mut self, cmd: Command, now: Millis, step: &mut Step<ClientEvent>, owed: &mut Owed) {
+        match cmd {
+            Command::Engine(input) => {
+                if let Input::Inbound { origin, .. } = &input {
+                    owed.relay_inbound |= origin.carrier == Carrier::Relay;
+                }
+                step.apply(&mut self.engine, input, now);
+            }
+            Command::Send { mut req, reply } => match self.store.settled(&req.id) {
+                Ok(settled) => {
+                    req.settled = settled.map(|record| record.outcome);
+                    // Answered after the commit, a duplicate included: it may name an entry
+                    // accepted earlier in this very step, durable only once the step commits.
+                    owed.accepted.push((req.id.clone(), reply));
+                    step.apply(&mut self.engine, Input::Send(req), now);
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e.into()));
+                }
+            },
+            Command::Status { id, reply } => {
+                // Every step commits before it answers, so storage is as current as the engine.
+                let _ = reply.send(self.store.status(&id).map_err(ClientError::from));
+            }
+            Command::Emit(event) => step.emit(&mut self.engine, event),
+            Command::Barrier(reply) => {
+                let _ = reply.send(());
+            }
+            Command::TerminalSeen { message_id } => self.confirm(message_id),
+            Command::Stop { reply } => owed.stop = Some(reply),
+        }
+    }
+
+    /// Carries the step out; a failed commit makes it change nothing.
+    fn finish(&mut self, step: Step<ClientEvent>, owed: Owed, now: Millis) {
+        let Owed {
+            accepted,
+            relay_inbound,
+            ..
+        } = owed;
+        let mut host = StepHost {
+            store: &mut self.store,
+            sink: &self.sink,
+            relay: self.relay.as_ref(),
+            gateway: self.gateway.as_ref(),
+            published: &self.published,
+            reported: &mut self.reported,
+            unconfirmed: &mut self.unconfirmed,
+            accepted,
+            held: Vec::new(),
+        };
+        let outcome = step.finish(&mut self.engine, now, &mut host);
+        if let ControlFlow::Break(CommitFailed { message, accepted }) = outcome {
+            self.roll_back();
+            for (_, reply) in accepted {
+                let _ = reply.send(Err(ClientError::Storage(format!(
+                    "commit failed: {message}"
+                ))));
+            }
+            (self.sink)(ClientEvent::Diagnostic {
+                level: DiagnosticLevel::Error,
+                message: format!("storage commit failed: {message}"),
+                target: "courier_client::store",
+            });
+            if relay_inbound {
+                if let Some(relay) = &self.relay {
+                    let _ = relay.send(RelayOut::Redeliver);
+                }
+            }
+        }
+        let _ = self.store.maybe_checkpoint();
+    }
+
+    /// A dispatched terminal event reached the application: the next commit records it.
+    fn confirm(&mut self, message_id: String) {
+        if let Some(unconfirmed) = &mut self.unconfirmed {
+            if unconfirmed.remove(&message_id) {
+                self.reported.push(message_id);
+            }
+        }
+    }
+
+    /// At `stop()`: takes the confirmations of terminal events already dispatched, for at most
+    /// [`RECEIPT_WAIT_AT_STOP`]. The client is stopping, so any other command goes unanswered
+    /// (a send's caller sees `ERR_NOT_STARTED`, as for every command after the stop).
+    fn await_receipts(&mut self) {
+        let deadline = Instant::now() + RECEIPT_WAIT_AT_STOP;
+        while self.unconfirmed.as_ref().is_some_and(|u| !u.is_empty()) {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return;
+            };
+            match self.rx.recv_timeout(left) {
+                Ok(Command::TerminalSeen { message_id }) => self.confirm(message_id),
+                Ok(_) => {}
+                Err(_) => return,
+            }
+        }
+    }
+
+    fn record_reports_at_stop(&mut self) {
+        let done = Reports {
+            held: Vec::new(),
+            done: std::mem::take(&mut self.reported),
+        };
+        if let Err(e) = self.store.commit_step(&[], &done) {
+            (self.sink)(ClientEvent::Diagnostic {
+                level: DiagnosticLevel::Warn,
+                message: format!(
+                    "cannot record dispatched terminal events ({e}); the next start emits them again"
+                ),
+                target: "courier_client::store",
+            });
+        }
+    }
+
+    /// Blocks until a command arrives or the engine's next deadline; `Ok(None)` means due work.
+    fn wait(&self) -> Result<Option<Command>, ()> {
+        match self.engine.next_deadline() {
+            None => self.rx.recv().map(Some).map_err(|_| ()),
+            Some(deadline) => {
+                let now = now_ms();
+                if deadline <= now {
+                    return Ok(None);
+                }
+                match self.rx.recv_timeout(Duration::from_millis(deadline - now)) {
+                    Ok(cmd) => Ok(Some(cmd)),
+                    Err(RecvTimeoutError::Timeout) => Ok(None),
+                    Err(RecvTimeoutError::Disconnected) => Err(()),
+                }
+            }
+        }
+    }
+
+    /// A failed commit leaves the engine ahead of storage. Rebuilding it from storage — the state
+    /// at the end of the last committed step — makes the failed step change nothing; its events
+    /// and transmits are dropped with the old engine. The carriers and the relay account are
+    /// not storage's: the new engine hears them from the old one. A batch the hook holds
+    /// belonged to the old engine, so its verdict is stale.
+    fn roll_back(&mut self) {
+        let now = now_ms();
+        match restored_engine(&mut self.store, &self.config, &self.local_identity, now) {
+            Ok(mut engine) => {
+                if let Some(account) = self.engine.account() {
+                    engine.handle(Input::AccountName(account.to_owned()), now);
+                }
+                for carrier in self.engine.carriers() {
+                    engine.handle(Input::CarrierUp(carrier.clone()), now);
+                }
+                self.engine = engine;
+            }
+            Err(e) => (self.sink)(ClientEvent::Diagnostic {
+                level: DiagnosticLevel::Error,
+                message: format!("cannot reload storage after a failed commit: {e}"),
+                target: "courier_client::store",
+            }),
+        }
+    }
+
+    fn prune(&mut self, now: Millis) {
+        let older_than = now.saturating_sub(self.retention.age_ms);
+        let settled = self
+            .store
+            .prune_settled(older_than, self.retention.max_settled);
+        let processed = self
+            .store
+            .prune_processed(older_than, self.retention.max_processed);
+        if let Err(e) = settled.and(processed) {
+            (self.sink)(ClientEvent::Diagnostic {
+                level: DiagnosticLevel::Warn,
+                message: format!("pruning old delivery records failed: {e}"),
+                target: "courier_client::store",
+            });
+        }
+    }
+}
+
+pub fn mint_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc as std_mpsc;
+
+    use courier_proto::{ContentType, Priority};
+
+    use super::*;
+
+    fn request(content: String) -> SendRequest {
+        SendRequest {
+            id: mint_id(),
+            settled: None,
+            recipient: "bob".into(),
+            content,
+            content_type: ContentType::Text,
+            priority: Priority::Medium,
+            metadata: Default::default(),
+            binary_content: None,
+        }
+    }
+
+    fn send(tx: &DriverTx, content: String) -> Result<String, ClientError> {
+        let (reply, rx) = oneshot::channel();
+        tx.send(Command::Send {
+            req: request(content),
+            reply,
+        });
+        rx.blocking_recv().expect("the driver answers every send")
+    }
+
+    #[test]
+    fn a_failed_commit_rejects_the_send_and_changes_nothing() {
+        let store = Store::open_memory().unwrap();
+        store.cap_size_for_faults(4).unwrap();
+        let config = Config::new("test");
+        let (tx, rx) = channel();
+        let (events_tx, events) = std_mpsc::channel();
+        let published = Published::default();
+        let wiring = Wiring {
+            rx,
+            sink: Box::new(move |e| {
+                let _ = events_tx.send(e);
+            }),
+            relay: None,
+            gateway: None,
+            published: published.clone(),
+            receipts: false,
+        };
+        let engine = Engine::new(config.clone(), "alice".into());
+        let driver = Driver::new(engine, store, config, "alice".into(), wiring);
+        let thread = std::thread::spawn(move || driver.run());
+
+        let kept = send(&tx, "small".into()).expect("a send that fits is accepted");
+        let big = "x".repeat(200_000);
+        let err = send(&tx, big).expect_err("a send the disk cannot hold is refused");
+        assert_eq!(err.code(), "ERR_STORAGE");
+
+        let (reply, status) = oneshot::channel();
+        tx.send(Command::Status {
+            id: kept.clone(),
+            reply,
+        });
+        assert_eq!(
+            status.blocking_recv().unwrap().unwrap(),
+            MessageStatus::Queued
+        );
+        assert_eq!(
+            published.stats.lock().unwrap().outbox_regular,
+            1,
+            "the refused send left no entry"
+        );
+        let deferred: Vec<_> = events
+            .try_iter()
+            .filter(|e| matches!(e, ClientEvent::Engine(e) if matches!(&**e, courier_engine::Event::MessageDeferred { .. })))
+            .collect();
+        assert_eq!(
+            deferred.len(),
+            1,
+            "only the accepted send produced an event"
+        );
+
+        let (reply, stopped) = oneshot::channel();
+        tx.send(Command::Stop { reply });
+        stopped.blocking_recv().unwrap();
+        thread.join().unwrap();
+    }
+}
