@@ -9,7 +9,7 @@
 //! `StoreOp::BufferInbound` in the call that received it (so before anything else of that step
 //! is flushed, and long before the hook sees it) and joins a batch:
 //!
-//! - **open** — the relay drain's batch being filled (`handle_drain_started` until
+//! - **open** — the relay drain's batch being filled (`Input::DrainStarted` until
 //!   `DrainComplete`, on the draining carrier only). It closes at `batch_max_messages`, at
 //!   `batch_max_bytes` of content (a message that would push it over starts the next batch),
 //!   `batch_max_age_ms` after its first message, and is forced by `DrainComplete`, a disconnect

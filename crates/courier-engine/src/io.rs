@@ -1,6 +1,6 @@
 //! The engine's inputs and outputs as data. The runtime executes outputs and reports back, which
 //! is how "the ACK timer starts on the wire" stays exact: a `Transmit` is only a request until
-//! the runtime calls `Engine::handle_written`.
+//! the runtime reports `Input::Written`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -80,7 +80,7 @@ pub struct InboundOrigin {
     pub carrier: Carrier,
     /// The identity the relay stamped (`MessageReceived.sender`), or a local carrier's peer id.
     pub stamped_sender: String,
-    /// `MessageReceived.sender_account` [ext], when the relay sent it.
+    /// `MessageReceived.sender_account` (ours, not the published contract), when the relay sent it.
     pub sender_account: Option<String>,
     /// The relay journal `seq`, to be acknowledged with a frame release once processed.
     pub seq: Option<u64>,
@@ -109,7 +109,7 @@ pub enum PresenceChange {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum TransmitKind {
-    /// An outbox entry's (re)send. Report with `handle_written` / `handle_send_failed`, quoting
+    /// An outbox entry's (re)send. Report with `Input::Written` / `Input::SendFailed`, quoting
     /// `send_seq`; reports for an older `send_seq` are stale and ignored.
     Outbox { message: Message, send_seq: u64 },
     /// A delivery ACK: the end-to-end ACK Message back to the sender (fire and forget: a lost

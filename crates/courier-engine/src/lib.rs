@@ -1,12 +1,16 @@
 //! Sans-IO delivery engine of offline-courier.
 //!
-//! Inputs are `handle_*` calls that each carry `now`; outputs are polled as data
-//! (`poll_transmit`, `poll_event`, `poll_store`) and `next_deadline` says when the engine next
-//! needs `handle_timeout`. It never reads a clock, spawns, sleeps or touches storage or sockets.
-//! After each call the runtime commits the drained store ops, then dispatches the events, then
-//! executes the transmits; with an inbound durability hook it then asks `poll_hook` for the next
-//! batch and reports the hook's verdict with `handle_hook_result` (see `durable` for the
-//! pipeline: buffering, drain batches, refusals, redelivery, retention, bounds).
+//! One door in: every input is a value of [`Input`] (an app send, a carrier's report, a frame,
+//! the clock) handed to [`Engine::handle`] with `now`. Outputs are polled as data:
+//! [`Engine::poll_store`], [`Engine::poll_event`], [`Engine::poll_transmit`],
+//! [`Engine::poll_event_after_transmits`], [`Engine::poll_hook`], [`Engine::poll_presence`], and
+//! [`Engine::next_deadline`] says when `Input::Timeout` is next needed. The engine never reads a
+//! clock, spawns, sleeps or touches storage or sockets. The order in which a runtime drains the
+//! outputs is a correctness property, so it is written once, in [`step`], and every runtime
+//! (the client driver, the simulator) runs that code (`docs/architecture.md#the-step`). The
+//! durability hook's pipeline is described in the `hook` module: buffering, drain batches,
+//! refusals, redelivery, retention, bounds. Terms are those of `docs/glossary.md`; the rules are
+//! explained in `docs/delivery.md`.
 //!
 //! # Life of an outbox entry
 //!
@@ -30,14 +34,14 @@
 //!   being refreshed by probes, so the absolute cap is what ends it). Media chunks are not
 //!   parked: they keep their pending ACK and are offered to neighbors.
 //!
-//! Carrier choice, edges, offers and the carry-forward rule are described in the `engine`
-//! module; the watchlist rules in `presence`.
+//! Carrier choice, offers and the carry-forward rule are described in `engine::routing`, edges
+//! in `engine::phases`, the watchlist rules in `presence`.
 //!
 //! # Counters in events
 //!
 //! - `message_sent.attempt` = `ack_attempts + 1`: the ladder attempt the write belongs to.
-//! - `message_retrying.retry_count` = the retry being scheduled, counted from 0 (the seed's
-//!   "Retry 0: 1s"): `next_retry_at = now + backoff_ms(retry_count)`. Afterwards
+//! - `message_retrying.retry_count` = the retry being scheduled, counted from 0 ("Retry 0:
+//!   1s"): `next_retry_at = now + backoff_ms(retry_count)`. Afterwards
 //!   `ack_attempts = retry_count + 1`.
 //! - `message_deferred.retry_count` = transport failures before this one since the relay last
 //!   accepted or answered the frame (0 at accept); when a timer is set,
@@ -59,7 +63,7 @@
 //!    dropped.
 //! 4. Only the ACK timeout of a ladder attempt spends the ACK budget. `ack_attempts` is
 //!    persisted; timed probes carry it forward, and only a reachability edge re-driving a
-//!    parked entry resets it (the seed's fresh budget). Every write, whatever caused the send,
+//!    parked entry resets it (a fresh budget). Every write, whatever caused the send,
 //!    arms a fresh ACK timer.
 //! 5. An ACK settles an entry only when the connection that carried it is the entry's recipient
 //!    (over a local carrier: the peer id) and the ACK claims to come from it too. A neighbor

@@ -351,7 +351,7 @@ impl Sim {
         self.after_call_counting(mark)
     }
 
-    /// One `handle_timeout` at the current time; returns the outbox frames it sent.
+    /// One `Input::Timeout` at the current time; returns the outbox frames it sent.
     pub(crate) fn timeout(&mut self) -> usize {
         let mark = self.mark();
         self.engine.handle(Input::Timeout, self.now);
