@@ -83,8 +83,12 @@ pub(crate) enum Phase {
 
 #[derive(Debug, Clone)]
 pub(crate) struct Entry {
-    /// Built once at accept; every transmission sends exactly this.
+    /// Built once at accept, under the app's id; every transmission sends exactly this, under
+    /// `wire_id`.
     pub message: Message,
+    /// The id the message travels under (`docs/protocol.md#message-ids`), derived from the app's
+    /// id; the runtime's reports and the recipient's ACK name it.
+    pub wire_id: String,
     pub created_at: Millis,
     pub window_start: Millis,
     pub ack_attempts: u32,
@@ -103,6 +107,13 @@ pub(crate) struct Entry {
 impl Entry {
     pub(crate) fn class(&self) -> Class {
         Class::of(self.message.content_type)
+    }
+
+    /// The message as it goes on the wire.
+    pub(crate) fn wire_message(&self) -> Message {
+        let mut message = self.message.clone();
+        message.id.clone_from(&self.wire_id);
+        message
     }
 
     pub(crate) fn expires_at(&self, config: &Config) -> Millis {
@@ -153,7 +164,10 @@ impl Entry {
 #[derive(Debug, Default)]
 pub(crate) struct Outbox {
     entries: HashMap<Key, Entry>,
+    /// By the app's id: sends, status, settlement.
     ids: HashMap<String, Key>,
+    /// By the wire id: the runtime's reports and the recipient's ACK.
+    wire_ids: HashMap<String, Key>,
     /// Every entry of each recipient (edges, the neighbor flush, parking bookkeeping).
     recipients: HashMap<String, BTreeSet<Key>>,
     classes: [BTreeSet<Key>; 2],
@@ -161,8 +175,14 @@ pub(crate) struct Outbox {
 }
 
 impl Outbox {
+    /// The entry the app named `id`.
     pub(crate) fn key_of(&self, id: &str) -> Option<Key> {
         self.ids.get(id).copied()
+    }
+
+    /// The entry that travels as `wire_id`.
+    pub(crate) fn key_of_wire(&self, wire_id: &str) -> Option<Key> {
+        self.wire_ids.get(wire_id).copied()
     }
 
     pub(crate) fn get(&self, key: Key) -> Option<&Entry> {
@@ -178,6 +198,7 @@ impl Outbox {
         let key = Key(self.next_key);
         self.next_key += 1;
         self.ids.insert(entry.message.id.clone(), key);
+        self.wire_ids.insert(entry.wire_id.clone(), key);
         self.recipients
             .entry(entry.message.recipient.clone())
             .or_default()
@@ -190,6 +211,7 @@ impl Outbox {
     pub(crate) fn remove(&mut self, key: Key) -> Option<Entry> {
         let entry = self.entries.remove(&key)?;
         self.ids.remove(&entry.message.id);
+        self.wire_ids.remove(&entry.wire_id);
         if let Some(keys) = self.recipients.get_mut(&entry.message.recipient) {
             keys.remove(&key);
             if keys.is_empty() {
@@ -228,11 +250,21 @@ impl Outbox {
     #[cfg(test)]
     pub(crate) fn check(&self) {
         assert_eq!(self.ids.len(), self.entries.len(), "id index out of step");
+        assert_eq!(
+            self.wire_ids.len(),
+            self.entries.len(),
+            "wire id index out of step"
+        );
         for (key, entry) in &self.entries {
             assert_eq!(
                 self.ids.get(&entry.message.id),
                 Some(key),
                 "id index out of step"
+            );
+            assert_eq!(
+                self.wire_ids.get(&entry.wire_id),
+                Some(key),
+                "wire id index out of step"
             );
             assert!(
                 self.classes[entry.class().index()].contains(key),

@@ -35,7 +35,10 @@ impl Engine {
             self.lamport = self
                 .lamport
                 .max(record.message.lamport_clock.min(MAX_LAMPORT));
-            if self.outbox.key_of(&record.message.id).is_some() {
+            let wire_id = courier_proto::wire_id(&record.message.id);
+            if self.outbox.key_of(&record.message.id).is_some()
+                || self.outbox.key_of_wire(&wire_id).is_some()
+            {
                 self.diagnostic(
                     DiagnosticLevel::Warn,
                     format!("restore: duplicate outbox row {}", record.message.id),
@@ -50,6 +53,7 @@ impl Engine {
             }
             let parked = record.state == EntryState::Parked;
             let entry = Entry {
+                wire_id,
                 phase: Phase::Queued {
                     at: now,
                     expires_at: outbox::expires_at(record.created_at, now, &self.config),
@@ -87,7 +91,12 @@ impl Engine {
             metadata,
             binary_content,
         } = req;
-        if settled == Some(Settlement::Delivered) || self.outbox.key_of(&id).is_some() {
+        let wire_id = courier_proto::wire_id(&id);
+        // Two app ids with one wire id would be one message on the wire: the second is a
+        // duplicate of the first.
+        let known =
+            self.outbox.key_of(&id).is_some() || self.outbox.key_of_wire(&wire_id).is_some();
+        if settled == Some(Settlement::Delivered) || known {
             return;
         }
         self.make_room(Class::of(content_type), now);
@@ -113,6 +122,7 @@ impl Engine {
             reply_context: None,
         };
         let entry = Entry {
+            wire_id,
             message,
             created_at: now,
             window_start: now,
@@ -186,7 +196,7 @@ impl Engine {
     /// The carrier wrote attempt `send_seq`: the ACK timer starts now
     /// (`docs/delivery.md#ack-ladder`).
     pub(super) fn written(&mut self, id: &str, send_seq: u64, now: Millis) {
-        if let Some(key) = self.outbox.key_of(id) {
+        if let Some(key) = self.outbox.key_of_wire(id) {
             let handed = self.outbox.get(key).is_some_and(
                 |entry| matches!(entry.phase, Phase::Handed { send_seq: s, .. } if s == send_seq),
             );

@@ -62,8 +62,11 @@ impl Engine {
                         });
                     }
                     if message.requires_ack {
-                        let ack =
-                            message.ack(inbound::ack_id(&message.id), now, origin.carrier.name());
+                        let ack = message.ack(
+                            ack_id(&message.sender, &message.id),
+                            now,
+                            origin.carrier.name(),
+                        );
                         self.ack_back(&origin, ack);
                     }
                     self.release_frame(&origin);
@@ -193,7 +196,7 @@ impl Engine {
         now: Millis,
     ) {
         // No entry: a repeat ACK for something already settled, or never ours. Nothing to do.
-        let Some(key) = self.outbox.key_of(acked) else {
+        let Some(key) = self.outbox.key_of_wire(acked) else {
             return;
         };
         let Some(entry) = self.outbox.get(key) else {
@@ -264,7 +267,7 @@ impl Engine {
         } else {
             ack = message
                 .requires_ack
-                .then(|| message.ack(inbound::ack_id(&message.id), now, &transport));
+                .then(|| message.ack(ack_id(&message.sender, &message.id), now, &transport));
             if self.hook.is_none() && self.dedup.first_sighting(&key, now) {
                 self.store.push_back(StoreOp::MarkProcessed(ProcessedKey {
                     key: key.clone(),
@@ -314,7 +317,11 @@ impl Engine {
             return;
         };
         let message = &pending.message;
-        let ack = message.ack(inbound::ack_id(&message.id), now, pending.carrier.name());
+        let ack = message.ack(
+            ack_id(&message.sender, &message.id),
+            now,
+            pending.carrier.name(),
+        );
         self.transmits.push_back(Transmit {
             carrier,
             peer,

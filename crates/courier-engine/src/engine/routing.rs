@@ -123,7 +123,7 @@ impl Engine {
         let Some(entry) = self.outbox.get(key) else {
             return;
         };
-        let message = entry.message.clone();
+        let message = entry.wire_message();
         let parked = entry.park.is_some();
         self.last_send_seq += 1;
         let send_seq = self.last_send_seq;
@@ -174,7 +174,7 @@ impl Engine {
                 carrier,
                 peer,
                 kind: TransmitKind::Outbox {
-                    message: entry.message.clone(),
+                    message: entry.wire_message(),
                     send_seq: self.last_send_seq,
                 },
             });
@@ -212,8 +212,9 @@ impl Engine {
         }
     }
 
+    /// The entry whose current attempt is `send_seq` of wire id `id`, as the runtime reports it.
     pub(super) fn current_attempt(&self, id: &str, send_seq: u64) -> Option<Key> {
-        let key = self.outbox.key_of(id)?;
+        let key = self.outbox.key_of_wire(id)?;
         (self.outbox.get(key)?.current_send_seq() == Some(send_seq)).then_some(key)
     }
 }

@@ -108,7 +108,12 @@ fn a_new_message_is_processed_then_acknowledged() {
     assert_eq!(sim.processed[0].at, 1000);
 
     let ack = sent_ack(&sim, mark).unwrap();
-    assert_eq!(ack.id, "ack-b1");
+    assert_eq!(
+        ack.id,
+        courier_proto::ack_id(BOB, "b1"),
+        "a UUID, like every wire id"
+    );
+    assert!(courier_proto::is_wire_id(&ack.id));
     assert_eq!((ack.sender.as_str(), ack.recipient.as_str()), (ALICE, BOB));
     assert_eq!(ack.ack_for(), Some("b1"));
     assert_eq!(ack.metadata["ack_hop_count"], "2");
@@ -140,7 +145,7 @@ fn a_redelivery_is_acknowledged_again_but_not_dispatched() {
     assert_eq!(shape(&sim, mark), ["ack", "hop_ack"]);
     assert_eq!(
         sent_ack(&sim, mark).unwrap().id,
-        "ack-b1",
+        courier_proto::ack_id(BOB, "b1"),
         "the same ACK id, so the relay keeps one copy"
     );
 }

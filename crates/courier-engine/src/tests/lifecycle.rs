@@ -243,12 +243,12 @@ fn equal_retry_times_go_by_priority() {
     let mark = sim.mark();
     sim.carrier_up();
     sim.advance(0);
-    let order: Vec<&str> = sim
+    let order: Vec<String> = sim
         .outbox_frames_since(mark)
         .iter()
-        .map(|(_, m)| m.id.as_str())
+        .map(|(_, m)| sim.app_id(&m.id))
         .collect();
-    assert_eq!(order, [&critical, &high, &medium, &low]);
+    assert_eq!(order, [critical, high, medium, low]);
 }
 
 #[test]
@@ -267,12 +267,12 @@ fn earlier_retry_times_go_first_whatever_the_priority() {
     sim.net.write = true;
     let mark = sim.mark();
     sim.advance(10 * SEC);
-    let order: Vec<(Millis, &str)> = sim
+    let order: Vec<(Millis, String)> = sim
         .outbox_frames_since(mark)
         .iter()
-        .map(|(at, m)| (*at, m.id.as_str()))
+        .map(|(at, m)| (*at, sim.app_id(&m.id)))
         .collect();
-    assert_eq!(order, [(2500, low.as_str()), (3 * SEC, critical.as_str())]);
+    assert_eq!(order, [(2500, low), (3 * SEC, critical)]);
 }
 
 #[test]
@@ -341,7 +341,7 @@ fn a_frame_the_carrier_never_wrote_is_a_failed_send_when_it_goes_down() {
 
     // A late report about the dead attempt is ignored.
     sim.input(Input::Written {
-        id: stale.0.clone(),
+        id: courier_proto::wire_id(&stale.0),
         send_seq: stale.1,
     });
     assert_eq!(sim.status(&id), Some(EntryState::Queued));

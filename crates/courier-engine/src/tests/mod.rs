@@ -139,7 +139,9 @@ pub(crate) struct Sim {
     arrival_seq: u64,
     relay_seq: u64,
     minted: u64,
-    /// The last frame transmitted for each id: what the recipient would acknowledge.
+    /// The app id of each wire id the engine may put on the wire.
+    app_ids: BTreeMap<String, String>,
+    /// The last frame transmitted for each (app) id: what the recipient would acknowledge.
     pub frames: BTreeMap<String, Message>,
     /// The latest attempt handed out for each id.
     pub send_seqs: BTreeMap<String, u64>,
@@ -201,6 +203,7 @@ impl Sim {
             arrival_seq: 0,
             relay_seq: 0,
             minted: 0,
+            app_ids: BTreeMap::new(),
             frames: BTreeMap::new(),
             send_seqs: BTreeMap::new(),
             acked_by_recipient: BTreeSet::new(),
@@ -253,6 +256,7 @@ impl Sim {
     /// out), false when the send was a no-op.
     pub(crate) fn submit(&mut self, req: SendRequest) -> bool {
         let id = req.id.clone();
+        self.app_ids.insert(courier_proto::wire_id(&id), id.clone());
         let mark = self.mark();
         self.input(Input::Send(req));
         self.log[mark..]
@@ -370,7 +374,7 @@ impl Sim {
         if index < self.unwritten.len() {
             let (id, seq, _) = self.unwritten.remove(index);
             self.input(Input::SendFailed {
-                id,
+                id: courier_proto::wire_id(&id),
                 send_seq: seq,
                 reason: reason.to_owned(),
             });
@@ -385,7 +389,7 @@ impl Sim {
 
     pub(crate) fn answer_seq(&mut self, id: &str, send_seq: u64, answer: CarrierAnswer) {
         self.input(Input::Answer {
-            id: id.to_owned(),
+            id: courier_proto::wire_id(id),
             send_seq,
             answer,
         });
@@ -701,7 +705,7 @@ impl Sim {
                     carrier,
                     peer,
                     kind: TransmitKind::Outbox { message, .. },
-                }) if message.id == id => Some((carrier.clone(), peer.clone())),
+                }) if self.app_id(&message.id) == id => Some((carrier.clone(), peer.clone())),
                 _ => None,
             })
             .collect()
@@ -728,6 +732,14 @@ impl Sim {
 
     pub(crate) fn terminal_count(&self, id: &str) -> u32 {
         self.terminal.get(id).copied().unwrap_or(0)
+    }
+
+    /// The app id of a message that went on the wire as `wire_id`.
+    pub(crate) fn app_id(&self, wire_id: &str) -> String {
+        self.app_ids
+            .get(wire_id)
+            .unwrap_or_else(|| panic!("{wire_id} is no wire id of a message sent here"))
+            .clone()
     }
 
     // ---- the world's side ------------------------------------------------------------------
@@ -774,8 +786,9 @@ impl Sim {
     }
 
     fn write(&mut self, (id, send_seq, carrier): (String, u64, Carrier)) -> VecDeque<Handed> {
+        let wire_id = courier_proto::wire_id(&id);
         let written = Input::Written {
-            id: id.clone(),
+            id: wire_id.clone(),
             send_seq,
         };
         self.engine.handle(written, self.now);
@@ -784,7 +797,7 @@ impl Sim {
             Some(net) if net.refuse => {
                 let reason = "relay refused the message";
                 let failed = Input::SendFailed {
-                    id: id.clone(),
+                    id: wire_id.clone(),
                     send_seq,
                     reason: reason.to_owned(),
                 };
@@ -795,7 +808,7 @@ impl Sim {
             Some(net) => match net.answer {
                 Some(answer) => {
                     let answered = Input::Answer {
-                        id: id.clone(),
+                        id: wire_id.clone(),
                         send_seq,
                         answer,
                     };
@@ -1088,30 +1101,35 @@ impl Sim {
         let TransmitKind::Outbox { message, send_seq } = &transmit.kind else {
             return;
         };
-        self.frames.insert(message.id.clone(), message.clone());
+        assert!(
+            courier_proto::is_wire_id(&message.id),
+            "{} went on the wire",
+            message.id
+        );
+        let id = self.app_id(&message.id);
+        self.frames.insert(id.clone(), message.clone());
         match (&transmit.carrier, transmit.peer.as_deref()) {
             (Carrier::Local(name), Some(peer)) if peer != message.recipient => {
                 self.offers
-                    .push((self.now, name.clone(), peer.to_owned(), message.id.clone()));
+                    .push((self.now, name.clone(), peer.to_owned(), id));
             }
             // The relay carries the attempts: a gateway frame is a carry-only copy, which the
             // gateway hands to the recipient if it is attached there.
             (Carrier::Gateway, None) if self.internet_up => {
-                self.gateway_offers
-                    .push((self.now, message.id.clone(), *send_seq));
+                self.gateway_offers.push((self.now, id.clone(), *send_seq));
                 let gateway = self.gateway;
                 let reaches =
                     !gateway.refuse && gateway.answer.is_none_or(|a| a == CarrierAnswer::Live);
                 if let (true, Some(after)) = (reaches, gateway.ack_after) {
-                    let arrival = self.addressed_ack(&message.id, Carrier::Gateway);
+                    let arrival = self.addressed_ack(&id, Carrier::Gateway);
                     self.schedule_ack(arrival, after);
                 }
             }
             (carrier, _) => {
                 if carrier.is_addressed() {
-                    self.send_seqs.insert(message.id.clone(), *send_seq);
+                    self.send_seqs.insert(id.clone(), *send_seq);
                 }
-                frames.push_back((message.id.clone(), *send_seq, carrier.clone()));
+                frames.push_back((id, *send_seq, carrier.clone()));
             }
         }
     }

@@ -338,7 +338,7 @@ fn an_app_carrier_send_that_never_reports_fails_at_its_deadline_and_goes_again()
     // A late report of the dead attempt is stale; the retry is a new attempt.
     let stale = sim.unwritten.remove(0);
     sim.input(Input::Written {
-        id: stale.0,
+        id: courier_proto::wire_id(&stale.0),
         send_seq: stale.1,
     });
     assert_ne!(sim.status(&id), Some(EntryState::InFlight));

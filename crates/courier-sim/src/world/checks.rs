@@ -18,7 +18,7 @@ impl World {
                 "{sender} saw {id} delivered to {recipient}, who does not exist"
             ));
         };
-        let key = key_of(sender, id);
+        let key = key_of(sender, &courier_proto::wire_id(id));
         let peer = &self.peers[q];
         if !peer.store.is_processed(&key) {
             violated(format!(
@@ -194,7 +194,7 @@ impl World {
             if rec.settled != Some(Settlement::Delivered) {
                 continue;
             }
-            let key = key_of(sender, id);
+            let key = key_of(sender, &courier_proto::wire_id(id));
             let Some(q) = self.scn.index_of(&rec.recipient) else {
                 continue;
             };

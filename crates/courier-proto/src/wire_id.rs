@@ -1,0 +1,80 @@
+//! Ids on the wire (`docs/protocol.md#message-ids`). Every id a client puts on the wire is a
+//! lowercase hyphenated UUID: clients written to the published contract parse `id` as a UUID
+//! and drop anything else. Both mappings are name-based (v5), so they are deterministic: a
+//! re-sent message keeps its wire id and a re-ACK repeats the first ACK's id, which is what lets
+//! the relay and the recipient deduplicate them, and no id state has to survive a restart.
+
+use uuid::Uuid;
+
+/// Namespace of the wire ids of app-chosen message ids.
+const APP_IDS: Uuid = Uuid::from_u128(0xdfc4dbce_7ed4_4e89_8199_17bfa2d83651);
+/// Namespace of the ids of delivery ACKs.
+const ACK_IDS: Uuid = Uuid::from_u128(0xd9e2537b_669c_4505_a362_b5e6894eb24d);
+
+/// Whether `id` is already a wire id: a UUID in its lowercase hyphenated spelling.
+pub fn is_wire_id(id: &str) -> bool {
+    Uuid::try_parse(id).is_ok_and(|uuid| uuid.hyphenated().to_string() == id)
+}
+
+/// The wire id of a message the app named `id`: the id itself when it is already a wire id (an
+/// engine-minted v4 UUID, or an app's own UUID), else the name-based UUID of it.
+pub fn wire_id(id: &str) -> String {
+    if is_wire_id(id) {
+        id.to_owned()
+    } else {
+        Uuid::new_v5(&APP_IDS, id.as_bytes()).to_string()
+    }
+}
+
+/// The id of the delivery ACK for message `message_id` from `sender`. The sender is part of
+/// the name: two senders' messages may share an id, and their ACKs must not.
+pub fn ack_id(sender: &str, message_id: &str) -> String {
+    let mut name = Vec::with_capacity(sender.len() + 1 + message_id.len());
+    name.extend_from_slice(sender.as_bytes());
+    // Not an identifier character, so no two (sender, id) pairs share a name.
+    name.push(b'\n');
+    name.extend_from_slice(message_id.as_bytes());
+    Uuid::new_v5(&ACK_IDS, &name).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wire_id_maps_to_itself() {
+        let minted = Uuid::new_v4().to_string();
+        assert!(is_wire_id(&minted));
+        assert_eq!(wire_id(&minted), minted);
+    }
+
+    #[test]
+    fn any_other_id_maps_to_one_uuid_deterministically() {
+        for id in [
+            "order-42",
+            "ORDER-42",
+            "x",
+            "DFC4DBCE-7ED4-4E89-8199-17BFA2D83651",
+        ] {
+            let wire = wire_id(id);
+            assert!(is_wire_id(&wire), "{wire}");
+            assert_ne!(wire, id);
+            assert_eq!(wire_id(id), wire, "deterministic");
+        }
+        assert_ne!(wire_id("order-42"), wire_id("order-43"));
+        assert_ne!(
+            wire_id("DFC4DBCE-7ED4-4E89-8199-17BFA2D83651"),
+            wire_id("dfc4dbce-7ed4-4e89-8199-17bfa2d83651"),
+            "an uppercase UUID is an app's own spelling, not a wire id"
+        );
+    }
+
+    #[test]
+    fn ack_ids_are_uuids_per_sender_and_message() {
+        let a = ack_id("alice", "m1");
+        assert!(is_wire_id(&a));
+        assert_eq!(ack_id("alice", "m1"), a, "a re-ACK repeats the id");
+        assert_ne!(ack_id("bob", "m1"), a);
+        assert_ne!(ack_id("alice", "m2"), a);
+    }
+}
