@@ -23,7 +23,7 @@ export declare class NativeGateway {
 }
 
 export declare class NativeProtocol {
-  /** Validates the whole configuration (JSON text); throws `[ERR_CONFIG] path message`. */
+  /** Validates the whole configuration (JSON text); throws `ERR_CONFIG` `path message`. */
   constructor(configJson: string)
   /** Configuration warnings worth a log line (for example a lifetime beyond the signature window). */
   get warnings(): Array<string>

@@ -1,9 +1,12 @@
 // The public API's contract: typed errors with stable codes, validation that names the path.
 import assert from 'node:assert/strict'
+import { createRequire } from 'node:module'
 import { test } from 'node:test'
 
 import { Protocol, ProtocolError } from '../js/index.js'
 import { peerConfig, startRelay, tempDir } from './helpers.mjs'
+
+const native = createRequire(import.meta.url)('../index.js')
 
 const base = (dir) => ({ appId: 'test', storage: { path: `${dir}/p.db` } })
 
@@ -36,6 +39,33 @@ test('invalid configs throw ERR_CONFIG naming the offending path', (t) => {
   throwsCode(() => new Protocol({ ...base(dir), transports: { internet: { url: 'ws://example.com', authToken: 'x' } } }), 'ERR_CONFIG', /loopback/)
   throwsCode(() => new Protocol({ ...base(dir), transports: { internet: { url: 'ws://127.0.0.1:1' } } }), 'ERR_CONFIG', /authToken/)
   throwsCode(() => new Protocol(null), 'ERR_CONFIG')
+})
+
+test('native errors carry their code as data, and the message is only the message', async (t) => {
+  const dir = tempDir(t)
+  const nativeCode = (e) => ({ code: e.code, message: e.message })
+  assert.throws(() => new native.NativeProtocol('{"appId": "test"}'), (e) => {
+    assert.deepEqual(nativeCode(e), { code: 'ERR_CONFIG', message: 'storage is required (set storage.path or storage.memory)' })
+    return true
+  })
+  const p = new native.NativeProtocol(JSON.stringify(base(dir)))
+  assert.throws(() => p.stats(), (e) => {
+    assert.deepEqual(nativeCode(e), { code: 'ERR_NOT_STARTED', message: 'the protocol is not started' })
+    return true
+  })
+  // A rejected native Promise carries its code the same way.
+  await assert.rejects(p.getMessageStatus('m'), (e) => {
+    assert.deepEqual(nativeCode(e), { code: 'ERR_NOT_STARTED', message: 'the protocol is not started' })
+    return true
+  })
+  await assert.rejects(native.NativeRelay.startFromArgs(['--listen', 'nowhere']), (e) => {
+    assert.equal(e.code, 'ERR_CONFIG')
+    assert.doesNotMatch(e.message, /ERR_/)
+    return true
+  })
+  // Through the facade: a ProtocolError with the same code and message.
+  await rejectsCode(new Protocol(base(dir)).getMessageStatus('m'), 'ERR_NOT_STARTED', /^the protocol is not started$/)
+  throwsCode(() => new Protocol({ appId: 'test' }), 'ERR_CONFIG', /^storage is required/)
 })
 
 test('the three presets of the delivery guide are accepted as written', (t) => {

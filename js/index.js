@@ -6,8 +6,6 @@
 
 const native = require('../index.js')
 
-const CODE_PATTERN = /^\[(ERR_[A-Z_]+)\] ([\s\S]*)$/
-
 class ProtocolError extends Error {
   constructor(code, message) {
     super(message)
@@ -16,11 +14,13 @@ class ProtocolError extends Error {
   }
 }
 
+// The native side sets each error's stable code as its `code`; anything else (napi-rs's own
+// argument conversion errors, whose codes are napi statuses) is an internal error.
 function toProtocolError(e) {
   if (e instanceof ProtocolError) return e
-  const match = CODE_PATTERN.exec(e && e.message)
-  if (match) return new ProtocolError(match[1], match[2])
-  return new ProtocolError('ERR_INTERNAL', String((e && e.message) || e))
+  const message = String((e && e.message) || e)
+  if (typeof e?.code === 'string' && e.code.startsWith('ERR_')) return new ProtocolError(e.code, message)
+  return new ProtocolError('ERR_INTERNAL', message)
 }
 
 async function call(promise) {

@@ -19,7 +19,7 @@ async function main(args) {
   try {
     server = gateway ? await native.NativeGateway.startFromArgs(args) : await native.NativeRelay.startFromArgs(args)
   } catch (e) {
-    process.stderr.write(`${name}: ${String(e.message).replace(/^\[ERR_[A-Z_]+\] /, '')}\n`)
+    process.stderr.write(`${name}: ${e.message}\n`)
     process.stderr.write(`Run ${name} --help for the options.\n`)
     process.exitCode = 2
     return

@@ -3,10 +3,9 @@
 use std::path::PathBuf;
 
 use courier_relay::{cli, MailboxLimits, RateLimit, RelayConfig, RelayHandle, Storage, TlsConfig};
-use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
-use crate::coded;
+use crate::error::{coded, Code, Result, Settled};
 use crate::running::Running;
 
 #[napi(object)]
@@ -42,7 +41,7 @@ fn non_negative(name: &str, v: Option<i64>, default: u64) -> Result<u64> {
         None => Ok(default),
         Some(v) if v >= 1 => Ok(v as u64),
         Some(_) => Err(coded(
-            "ERR_CONFIG",
+            Code::CONFIG,
             format!("mailbox.{name} must be a positive integer"),
         )),
     }
@@ -51,7 +50,7 @@ fn non_negative(name: &str, v: Option<i64>, default: u64) -> Result<u64> {
 fn relay_config(o: NativeRelayOptions) -> Result<RelayConfig> {
     let listen = o.listen.parse().map_err(|_| {
         coded(
-            "ERR_CONFIG",
+            Code::CONFIG,
             format!(
                 "listen must be an address like 127.0.0.1:0, got {:?}",
                 o.listen
@@ -63,7 +62,7 @@ fn relay_config(o: NativeRelayOptions) -> Result<RelayConfig> {
         None => Storage::Memory,
     };
     if o.jwt_secret.is_empty() {
-        return Err(coded("ERR_CONFIG", "jwtSecret must not be empty"));
+        return Err(coded(Code::CONFIG, "jwtSecret must not be empty"));
     }
     let mut config = RelayConfig::new(listen, storage, o.jwt_secret.into_bytes());
     config.mailbox = if o.mailbox_enabled {
@@ -89,7 +88,7 @@ fn relay_config(o: NativeRelayOptions) -> Result<RelayConfig> {
     config.tls = match (o.tls_cert, o.tls_key) {
         (Some(cert_pem), Some(key_pem)) => Some(TlsConfig { cert_pem, key_pem }),
         (None, None) => None,
-        _ => return Err(coded("ERR_CONFIG", "tls needs both cert and key")),
+        _ => return Err(coded(Code::CONFIG, "tls needs both cert and key")),
     };
     Ok(config)
 }
@@ -97,7 +96,7 @@ fn relay_config(o: NativeRelayOptions) -> Result<RelayConfig> {
 async fn start_relay(config: RelayConfig) -> Result<NativeRelay> {
     let handle = courier_relay::start(config)
         .await
-        .map_err(|e| coded("ERR_RELAY", e))?;
+        .map_err(|e| coded(Code::RELAY, e))?;
     Ok(NativeRelay {
         url: handle.url(),
         port: handle.port(),
@@ -107,18 +106,25 @@ async fn start_relay(config: RelayConfig) -> Result<NativeRelay> {
 
 #[napi]
 impl NativeRelay {
-    #[napi(factory)]
-    pub async fn start(options: NativeRelayOptions) -> Result<NativeRelay> {
-        start_relay(relay_config(options)?).await
+    #[napi(ts_return_type = "Promise<NativeRelay>")]
+    pub async fn start(options: NativeRelayOptions) -> Settled<NativeRelay> {
+        match relay_config(options) {
+            Ok(config) => start_relay(config).await,
+            Err(e) => Err(e),
+        }
+        .into()
     }
 
     /// Starts a relay from `courier-relay` command-line arguments.
-    #[napi(factory)]
-    pub async fn start_from_args(args: Vec<String>) -> Result<NativeRelay> {
-        match cli::parse(&args).map_err(|e| coded("ERR_CONFIG", e))? {
-            cli::CliCommand::Run(config) => start_relay(config).await,
-            cli::CliCommand::Help => Err(coded("ERR_CONFIG", "--help has no relay to start")),
+    #[napi(ts_return_type = "Promise<NativeRelay>")]
+    pub async fn start_from_args(args: Vec<String>) -> Settled<NativeRelay> {
+        let config = cli::parse(&args).map_err(|e| coded(Code::CONFIG, e));
+        match config {
+            Ok(cli::CliCommand::Run(config)) => start_relay(config).await,
+            Ok(cli::CliCommand::Help) => Err(coded(Code::CONFIG, "--help has no relay to start")),
+            Err(e) => Err(e),
         }
+        .into()
     }
 
     #[napi(getter)]
@@ -145,12 +151,9 @@ impl NativeRelay {
         .to_string())
     }
 
-    #[napi]
-    pub async fn stop(&self) -> Result<()> {
-        if let Some(handle) = self.handle.take()? {
-            handle.stop().await;
-        }
-        Ok(())
+    #[napi(ts_return_type = "Promise<void>")]
+    pub async fn stop(&self) -> Settled<()> {
+        self.handle.stop(RelayHandle::stop).await
     }
 }
 
@@ -167,5 +170,5 @@ pub fn issue_token(secret: String, account: String, expires_in_sec: Option<u32>)
         &account,
         u64::from(expires_in_sec.unwrap_or(86_400)),
     )
-    .map_err(|e| coded("ERR_INVALID_ARGUMENT", e))
+    .map_err(|e| coded(Code::INVALID_ARGUMENT, e))
 }
