@@ -39,8 +39,7 @@ export declare class NativeProtocol {
    */
   sendMessage(input: NativeSendInput): Promise<string>
   getMessageStatus(id: string): Promise<string>
-  /** Counts, as JSON text. */
-  stats(): string
+  stats(): NativeStats
   internetStatusChanged(online: boolean): void
   registerTransport(name: string): void
   neighborDiscovered(peerId: string, transport: string): void
@@ -62,7 +61,7 @@ export declare class NativeRelay {
   static startFromArgs(args: Array<string>): Promise<NativeRelay>
   get url(): string
   get port(): number
-  stats(): string
+  stats(): NativeRelayStats
   stop(): Promise<void>
 }
 
@@ -90,6 +89,21 @@ export interface NativeRelayOptions {
   tlsKey?: string
 }
 
+/**
+ * `stats()` of a relay: `RelayStats` in `js/index.d.ts`. Counts cross as JS numbers, exact up
+ * to 2^53.
+ */
+export interface NativeRelayStats {
+  /** Authenticated connections (at most one per account). */
+  connections: number
+  /** Accounts that ever authenticated. */
+  accounts: number
+  /** Stored frames not yet acknowledged or expired. */
+  storedFrames: number
+  /** Presence watches held for connected clients. */
+  watches: number
+}
+
 export interface NativeSendInput {
   recipient: string
   content?: string
@@ -98,6 +112,24 @@ export interface NativeSendInput {
   priority?: string
   contentType?: string
   metadata?: Record<string, string>
+}
+
+/** `stats()`: `ProtocolStats` in `js/index.d.ts`. Counts cross as JS numbers, exact up to 2^53. */
+export interface NativeStats {
+  /** Messages in the outbox. */
+  outboxRegular: number
+  outboxMedia: number
+  /** Messages handed to a carrier or awaiting their end-to-end ACK. */
+  pendingAcks: number
+  /** Queued messages that are not parked. */
+  retryQueue: number
+  /** Parked messages: the recipient is unreachable, or the relay holds them in custody. */
+  parked: number
+  /**
+   * Carriers available now: the relay, the gateway once attached, and each registered local
+   * transport.
+   */
+  carriersUp: number
 }
 
 export declare function relayCliHelp(): string

@@ -1,5 +1,6 @@
 // The public API's contract: typed errors with stable codes, validation that names the path.
 import assert from 'node:assert/strict'
+import { writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import { test } from 'node:test'
 
@@ -66,6 +67,22 @@ test('native errors carry their code as data, and the message is only the messag
   // Through the facade: a ProtocolError with the same code and message.
   await rejectsCode(new Protocol(base(dir)).getMessageStatus('m'), 'ERR_NOT_STARTED', /^the protocol is not started$/)
   throwsCode(() => new Protocol({ appId: 'test' }), 'ERR_CONFIG', /^storage is required/)
+})
+
+test('stats cross from the native side as plain objects of numbers', async (t) => {
+  const dir = tempDir(t)
+  const secretFile = `${dir}/secret`
+  writeFileSync(secretFile, 'stats-secret')
+  const relay = await native.NativeRelay.startFromArgs(['--listen', '127.0.0.1:0', '--memory', '--jwt-secret-file', secretFile])
+  t.after(() => relay.stop())
+  assert.deepEqual(relay.stats(), { connections: 0, accounts: 0, storedFrames: 0, watches: 0 })
+
+  const p = new native.NativeProtocol(JSON.stringify(base(dir)))
+  await p.start(() => {})
+  t.after(() => p.stop())
+  const stats = p.stats()
+  assert.equal(Object.getPrototypeOf(stats), Object.prototype)
+  assert.deepEqual(stats, { outboxRegular: 0, outboxMedia: 0, pendingAcks: 0, retryQueue: 0, parked: 0, carriersUp: 0 })
 })
 
 test('the three presets of the delivery guide are accepted as written', (t) => {

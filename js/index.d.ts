@@ -1,4 +1,5 @@
 /// <reference types="node" />
+import type { NativeRelayStats, NativeStats } from '../index.js'
 // Typings of the offline-courier public API (the contract is `api.md`).
 
 /** Stable error codes carried by every `ProtocolError`. */
@@ -211,16 +212,8 @@ export type ProtocolEvent =
   | InboundDrainCompletedEvent
   | DiagnosticEvent
 
-export interface ProtocolStats {
-  outboxRegular: number
-  outboxMedia: number
-  pendingAcks: number
-  retryQueue: number
-  parked: number
-  preSessionQueue: number
-  /** Carriers available now: the relay, the gateway once attached, and each registered local transport. */
-  carriersUp: number
-}
+/** Counts of what the engine holds right now (declared with the native binding). */
+export type ProtocolStats = NativeStats
 
 /** An app-supplied local carrier (BLE, Wi-Fi Direct, a socket…). */
 export interface LocalTransport {
@@ -276,13 +269,8 @@ export interface RelayOptions {
   tls?: { cert: string; key: string }
 }
 
-export interface RelayStats {
-  connections: number
-  accounts: number
-  storedFrames: number
-  /** Presence watches held for connected clients. */
-  watches: number
-}
+/** A relay's counts for monitoring (declared with the native binding). */
+export type RelayStats = NativeRelayStats
 
 export interface RelayHandle {
   /** `ws://host:port` (or `wss://localhost:port` with TLS). */

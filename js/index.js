@@ -152,7 +152,7 @@ class Protocol {
 
   /** Counts of what the engine holds right now. */
   stats() {
-    return JSON.parse(callSync(() => this.#native.stats()))
+    return callSync(() => this.#native.stats())
   }
 
   /** An OS hint: `true` reconnects now and flushes, `false` marks the relay carrier down. */
@@ -410,7 +410,7 @@ function wrapRelay(handle) {
     url: handle.url,
     port: handle.port,
     stop: () => call(handle.stop()),
-    stats: () => JSON.parse(callSync(() => handle.stats())),
+    stats: () => callSync(() => handle.stats()),
   }
 }
 

@@ -36,6 +36,23 @@ pub struct NativeSendInput {
     pub metadata: Option<HashMap<String, String>>,
 }
 
+/// `stats()`: `ProtocolStats` in `js/index.d.ts`. Counts cross as JS numbers, exact up to 2^53.
+#[napi(object)]
+pub struct NativeStats {
+    /// Messages in the outbox.
+    pub outbox_regular: f64,
+    pub outbox_media: f64,
+    /// Messages handed to a carrier or awaiting their end-to-end ACK.
+    pub pending_acks: f64,
+    /// Queued messages that are not parked.
+    pub retry_queue: f64,
+    /// Parked messages: the recipient is unreachable, or the relay holds them in custody.
+    pub parked: f64,
+    /// Carriers available now: the relay, the gateway once attached, and each registered local
+    /// transport.
+    pub carriers_up: f64,
+}
+
 /// Where a `Protocol` stands; `Starting` makes a concurrent second `start()` fail with
 /// `ERR_ALREADY_STARTED` instead of racing for the storage lock.
 enum State {
@@ -132,20 +149,17 @@ impl NativeProtocol {
         status.await.into()
     }
 
-    /// Counts, as JSON text.
     #[napi]
-    pub fn stats(&self) -> Result<String> {
+    pub fn stats(&self) -> Result<NativeStats> {
         let s = self.started()?.stats();
-        Ok(serde_json::json!({
-            "outboxRegular": s.outbox_regular,
-            "outboxMedia": s.outbox_media,
-            "pendingAcks": s.pending_acks,
-            "retryQueue": s.retry_queue,
-            "parked": s.parked,
-            "preSessionQueue": s.pre_session_queue,
-            "carriersUp": s.carriers_up,
+        Ok(NativeStats {
+            outbox_regular: s.outbox_regular as f64,
+            outbox_media: s.outbox_media as f64,
+            pending_acks: s.pending_acks as f64,
+            retry_queue: s.retry_queue as f64,
+            parked: s.parked as f64,
+            carriers_up: s.carriers_up as f64,
         })
-        .to_string())
     }
 
     #[napi]

@@ -29,6 +29,20 @@ pub struct NativeRelayOptions {
     pub tls_key: Option<String>,
 }
 
+/// `stats()` of a relay: `RelayStats` in `js/index.d.ts`. Counts cross as JS numbers, exact up
+/// to 2^53.
+#[napi(object)]
+pub struct NativeRelayStats {
+    /// Authenticated connections (at most one per account).
+    pub connections: f64,
+    /// Accounts that ever authenticated.
+    pub accounts: f64,
+    /// Stored frames not yet acknowledged or expired.
+    pub stored_frames: f64,
+    /// Presence watches held for connected clients.
+    pub watches: f64,
+}
+
 #[napi]
 pub struct NativeRelay {
     handle: Running<RelayHandle>,
@@ -138,17 +152,16 @@ impl NativeRelay {
     }
 
     #[napi]
-    pub fn stats(&self) -> Result<String> {
+    pub fn stats(&self) -> Result<NativeRelayStats> {
         let s = self
             .handle
             .with("the relay is stopped", RelayHandle::stats)?;
-        Ok(serde_json::json!({
-            "connections": s.connections,
-            "accounts": s.accounts,
-            "storedFrames": s.stored_frames,
-            "watches": s.watches,
+        Ok(NativeRelayStats {
+            connections: s.connections as f64,
+            accounts: s.accounts as f64,
+            stored_frames: s.stored_frames as f64,
+            watches: s.watches as f64,
         })
-        .to_string())
     }
 
     #[napi(ts_return_type = "Promise<void>")]
