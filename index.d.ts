@@ -10,8 +10,8 @@
 export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-wasip1'
 
 export declare class NativeGateway {
-  /** Binds `listen` (`127.0.0.1:0` picks a free port) and serves until `stop()`. */
-  static start(listen: string): Promise<NativeGateway>
+  /** `options`: `GatewayOptions` as JSON text, validated here. Serves until `stop()`. */
+  static start(options: string): Promise<NativeGateway>
   /** Starts a gateway from the arguments that follow `courier-relay gateway`. */
   static startFromArgs(args: Array<string>): Promise<NativeGateway>
   /** `host:port`, as `transports.gateway.address` takes it. */
@@ -56,7 +56,8 @@ export declare class NativeProtocol {
 }
 
 export declare class NativeRelay {
-  static start(options: NativeRelayOptions): Promise<NativeRelay>
+  /** `options`: `RelayOptions` as JSON text, validated here. */
+  static start(options: string): Promise<NativeRelay>
   /** Starts a relay from `courier-relay` command-line arguments. */
   static startFromArgs(args: Array<string>): Promise<NativeRelay>
   get url(): string
@@ -69,25 +70,6 @@ export declare function gatewayCliHelp(): string
 
 /** An HS256 JWT for `account`, valid for `expiresInSec` (default one day). */
 export declare function issueToken(secret: string, account: string, expiresInSec?: number | undefined | null): string
-
-export interface NativeRelayMailbox {
-  maxMessages?: number
-  maxBytes?: number
-  ttlMs?: number
-}
-
-export interface NativeRelayOptions {
-  listen: string
-  storagePath?: string
-  jwtSecret: string
-  /** `false` disables store-and-forward; absent or an object enables it. */
-  mailboxEnabled: boolean
-  mailbox?: NativeRelayMailbox
-  rateBurst?: number
-  ratePerSec?: number
-  tlsCert?: string
-  tlsKey?: string
-}
 
 /**
  * `stats()` of a relay: `RelayStats` in `js/index.d.ts`. Counts cross as JS numbers, exact up

@@ -214,3 +214,54 @@ test('storage.identitySealKey seals the identity: the same key opens it, a missi
   assert.equal(last.localAddress(), address)
   await last.stop()
 })
+
+test('Relay.start and Gateway.start options are validated natively, naming the path', async (t) => {
+  const { Relay, Gateway } = await import('../js/index.js')
+  const base = { storage: { memory: true }, jwtSecret: 'options-secret' }
+  for (const [options, pattern] of [
+    [null, /^options must be an object$/],
+    [{ ...base, mailbx: {} }, /^mailbx is not a known option$/],
+    [{ ...base, JwtSecret: 'x' }, /^JwtSecret is not a known option \(did you mean jwtSecret\?\)$/],
+    [{ jwtSecret: 's' }, /^storage is required/],
+    [{ ...base, storage: {} }, /^storage must set exactly one of path or memory$/],
+    [{ ...base, storage: { path: 'a.db', memory: true } }, /^storage must set exactly one of path or memory, not both$/],
+    [{ ...base, jwtSecret: '' }, /^jwtSecret must be a non-empty string$/],
+    [{ ...base, listen: 'nowhere' }, /^listen must be an address like 127\.0\.0\.1:0/],
+    [{ ...base, listen: 8080 }, /^listen must be a string$/],
+    [{ ...base, mailbox: true }, /^mailbox must be false or an object$/],
+    [{ ...base, mailbox: { maxmessages: 5 } }, /^mailbox\.maxmessages is not a known option \(did you mean maxMessages\?\)$/],
+    [{ ...base, mailbox: { maxMessages: 0 } }, /^mailbox\.maxMessages must be a positive integer$/],
+    [{ ...base, mailbox: { maxBytes: 1.5 } }, /^mailbox\.maxBytes must be a positive integer$/],
+    [{ ...base, mailbox: { ttlMs: NaN } }, /^mailbox\.ttlMs must be a positive integer$/],
+    [{ ...base, mailbox: { ttlMs: 2 ** 60 } }, /^mailbox\.ttlMs must be at most 9007199254740992$/],
+    [{ ...base, rateLimit: { burst: 2 ** 32 } }, /^rateLimit\.burst must be at most 4294967295$/],
+    [{ ...base, rateLimit: { perSec: -1 } }, /^rateLimit\.perSec must be a positive integer$/],
+    [{ ...base, rateLimit: 5 }, /^rateLimit must be an object$/],
+    [{ ...base, tls: { cert: 'pem' } }, /^tls\.key is required/],
+  ]) {
+    await rejectsCode(Relay.start(options), 'ERR_CONFIG', pattern)
+  }
+  for (const [options, pattern] of [
+    ['127.0.0.1:0', /^options must be an object$/],
+    [{ Listen: '127.0.0.1:0' }, /^Listen is not a known option \(did you mean listen\?\)$/],
+    [{ listen: 4242 }, /^listen must be a string$/],
+    [{ listen: 'localhost' }, /^listen must be an address like 127\.0\.0\.1:0/],
+  ]) {
+    await rejectsCode(Gateway.start(options), 'ERR_CONFIG', pattern)
+  }
+
+  // Every option at once, with a Buffer secret; null is the same as leaving a key out.
+  const relay = await Relay.start({
+    listen: '127.0.0.1:0',
+    storage: { memory: true },
+    jwtSecret: Buffer.from('options-secret'),
+    mailbox: { maxMessages: 10, maxBytes: 1024, ttlMs: 60_000 },
+    rateLimit: { burst: 10, perSec: 5 },
+    tls: null,
+  })
+  t.after(() => relay.stop())
+  assert.match(relay.url, /^ws:\/\/127\.0\.0\.1:\d+$/)
+  const gateway = await Gateway.start()
+  t.after(() => gateway.stop())
+  assert.match(gateway.address, /^127\.0\.0\.1:\d+$/)
+})

@@ -4,6 +4,7 @@
 
 use std::fmt::Display;
 
+use courier_client::config::ConfigError;
 use courier_client::error::ClientError;
 use napi::bindgen_prelude::{ToNapiValue, Unknown};
 use napi::sys;
@@ -35,6 +36,10 @@ pub fn coded(code: Code, message: impl Display) -> Error {
 
 pub fn client_error(e: ClientError) -> Error {
     coded(Code(e.code()), e)
+}
+
+pub fn config_error(e: ConfigError) -> Error {
+    client_error(e.into())
 }
 
 /// What an `async fn` of the binding returns. napi-rs rejects the Promise of an `async fn`

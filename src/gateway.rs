@@ -5,7 +5,8 @@ use courier_relay::cli::{self, Command, GatewayCommand};
 use courier_relay::{start_gateway, GatewayConfig, GatewayHandle};
 use napi_derive::napi;
 
-use crate::error::{coded, Code, Result, Settled};
+use crate::error::{coded, config_error, Code, Result, Settled};
+use crate::options::gateway_config;
 use crate::running::Running;
 
 #[napi]
@@ -17,17 +18,11 @@ pub struct NativeGateway {
 
 #[napi]
 impl NativeGateway {
-    /// Binds `listen` (`127.0.0.1:0` picks a free port) and serves until `stop()`.
+    /// `options`: `GatewayOptions` as JSON text, validated here. Serves until `stop()`.
     #[napi(ts_return_type = "Promise<NativeGateway>")]
-    pub async fn start(listen: String) -> Settled<NativeGateway> {
-        let listen = listen.parse().map_err(|_| {
-            coded(
-                Code::CONFIG,
-                format!("listen must be an address like 127.0.0.1:0, got {listen:?}"),
-            )
-        });
-        match listen {
-            Ok(listen) => serve(GatewayConfig::new(listen)).await,
+    pub async fn start(options: String) -> Settled<NativeGateway> {
+        match gateway_config(&options).map_err(config_error) {
+            Ok(config) => serve(config).await,
             Err(e) => Err(e),
         }
         .into()

@@ -19,6 +19,7 @@ use crate::error::{client_error, coded, Code, Result, Settled};
 
 mod error;
 pub mod gateway;
+mod options;
 pub mod relay;
 mod running;
 
