@@ -7,7 +7,7 @@ import { test } from 'node:test'
 import { Protocol, ProtocolError } from '../js/index.js'
 import { peerConfig, startRelay, tempDir } from './helpers.mjs'
 
-const native = createRequire(import.meta.url)('../index.js')
+const native = createRequire(import.meta.url)('../native.js')
 
 const base = (dir) => ({ appId: 'test', storage: { path: `${dir}/p.db` } })
 

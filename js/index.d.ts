@@ -1,5 +1,5 @@
 /// <reference types="node" />
-import type { NativeRelayStats, NativeStats } from '../index.js'
+import type { NativeRelayStats, NativeStats } from '../native.js'
 // Typings of the offline-courier public API (the contract is `api.md`).
 
 /** Stable error codes carried by every `ProtocolError`. */
