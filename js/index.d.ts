@@ -67,7 +67,6 @@ export interface ProtocolConfig {
       address?: string
     }
   }
-  encryption?: { /** End-to-end encryption is not in this build: only `false` is accepted. */ enabled?: boolean }
   reliability?: {
     ack?: {
       /** ACK timeout from the moment the frame is written to a carrier. Default 10000. */
@@ -86,13 +85,10 @@ export interface ProtocolConfig {
       backoffMultiplier?: number
       /** Sliding outbox lifetime; the absolute cap is 4x. Default 604800000 (7 days). */
       outboxMaxLifetimeMs?: number
-      /** Lifetime of a message waiting for an end-to-end session. Default 604800000. */
-      pendingMessageMaxLifetimeMs?: number
     }
     /** Bounded timed probes for unreachable recipients, then edge-driven only. Default `false`. */
     edgeDrivenUnreachableDm?: boolean
   }
-  group?: { relayBroadcastEnabled?: boolean }
   /**
    * Opt-in at-least-once inbound delivery: nothing is acknowledged to the relay or the sender
    * until this hook's Promise resolves for the batch holding the message. A throw, a rejection,
@@ -146,8 +142,6 @@ export type MessageFailedReason =
   | 'Max retries exceeded'
   | 'Outbox lifetime exceeded'
   | 'Outbox capacity exceeded'
-  | 'Pending session lifetime exceeded'
-  | 'Pending session queue capacity exceeded'
 /** Terminal failure. */
 /** `replayed: true`: see {@link MessageDeliveredEvent}. */
 export interface MessageFailedEvent { type: 'message_failed'; messageId: string; recipient: string; reason: MessageFailedReason; retryCount: number; replayed?: true }
@@ -164,7 +158,6 @@ export interface MessageReceivedEvent {
   transport: string
   hopCount: number
   metadata: Record<string, string>
-  encrypted: boolean
 }
 /** The relay says the recipient cannot be reached now: the message is parked (not failed) and re-driven on reachability edges and probes. Non-terminal; may repeat. */
 export interface MessageUndeliverableEvent { type: 'message_undeliverable'; messageId: string; recipient: string; reason: string; fileId?: string }

@@ -424,7 +424,9 @@ fn validate_send(input: SendInput) -> Result<SendRequest, ClientError> {
     }
     let size = input.content.len() + input.binary_len;
     if size > MAX_CONTENT_BYTES {
-        return invalid(format!("content is {size} bytes; the limit is {MAX_CONTENT_BYTES} (use sendMedia for large payloads)"));
+        return invalid(format!(
+            "content is {size} bytes; the limit is {MAX_CONTENT_BYTES}"
+        ));
     }
     if is_reserved_content(&input.content) {
         return invalid("content starts with a prefix reserved for the engine".into());

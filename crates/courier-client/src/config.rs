@@ -169,7 +169,6 @@ pub struct ProtocolConfig {
     pub gateway: Option<GatewayConfig>,
     /// Built from `appId` and `reliability.*`; every other field at `Config::new` defaults.
     pub engine: Config,
-    pub group_relay_broadcast: bool,
     /// `inboundDurabilityHook` was given (the JS facade passes `true` in place of the function).
     pub has_durability_hook: bool,
     pub inbound_durability_hook_timeout_ms: u64,
@@ -182,9 +181,7 @@ const ROOT_KEYS: &[&str] = &[
     "appId",
     "storage",
     "transports",
-    "encryption",
     "reliability",
-    "group",
     "inboundDurabilityHook",
     "inboundDurabilityHookTimeoutMs",
     "logLevel",
@@ -210,15 +207,6 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
         None => (None, None),
     };
 
-    if let Some(encryption) = root.section("encryption", &["enabled"])? {
-        if encryption.bool("enabled")? == Some(true) {
-            return Err(encryption.error(
-                "enabled",
-                "end-to-end encryption is not available in this build",
-            ));
-        }
-    }
-
     let mut engine = Config::new(app_id);
     if let Some(reliability) =
         root.section("reliability", &["ack", "retry", "edgeDrivenUnreachableDm"])?
@@ -236,11 +224,6 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
     // identity.md §4.2: v1 control signatures prove no freshness, so they are refused unless
     // the app opts in.
     engine.accept_legacy_control_v1 = root.bool("acceptLegacyControlV1")?.unwrap_or(false);
-
-    let group_relay_broadcast = match root.section("group", &["relayBroadcastEnabled"])? {
-        Some(group) => group.bool("relayBroadcastEnabled")?.unwrap_or(true),
-        None => true,
-    };
 
     let has_durability_hook = match root.get("inboundDurabilityHook") {
         None => false,
@@ -271,7 +254,6 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
         internet,
         gateway,
         engine,
-        group_relay_broadcast,
         has_durability_hook,
         inbound_durability_hook_timeout_ms,
         log_level,
@@ -516,7 +498,6 @@ fn parse_reliability(reliability: &Section<'_>, engine: &mut Config) -> Result<(
             "maxDelayMs",
             "backoffMultiplier",
             "outboxMaxLifetimeMs",
-            "pendingMessageMaxLifetimeMs",
         ],
     )? {
         if let Some(v) = retry.non_negative_int("maxRetries", u64::from(u32::MAX))? {
@@ -539,9 +520,6 @@ fn parse_reliability(reliability: &Section<'_>, engine: &mut Config) -> Result<(
         }
         if let Some(v) = retry.positive_int("outboxMaxLifetimeMs", MAX_SAFE_INTEGER)? {
             engine.outbox_max_lifetime_ms = v;
-        }
-        if let Some(v) = retry.positive_int("pendingMessageMaxLifetimeMs", MAX_SAFE_INTEGER)? {
-            engine.pending_message_max_lifetime_ms = v;
         }
     }
     if let Some(v) = reliability.bool("edgeDrivenUnreachableDm")? {
