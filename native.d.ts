@@ -41,6 +41,10 @@ export declare class NativeProtocol {
   getMessageStatus(id: string): Promise<string>
   stats(): NativeStats
   internetStatusChanged(online: boolean): void
+  /**
+   * Registers an app carrier, before or after `start()`; it stays registered across
+   * `stop()` and `start()`.
+   */
   registerTransport(name: string): void
   neighborDiscovered(peerId: string, transport: string): void
   neighborLost(peerId: string, transport: string): void

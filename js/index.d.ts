@@ -231,7 +231,10 @@ export class Protocol {
   stats(): ProtocolStats
   /** OS hint: `true` reconnects now and flushes; `false` marks the relay carrier down. */
   internetStatusChanged(online: boolean): void
-  /** Registers a local carrier under `name` (not `'internet'` or `'gateway'`); it reaches the peers reported as neighbors. */
+  /**
+   * Registers a local carrier under `name` (not `'internet'` or `'gateway'`); it reaches the peers
+   * reported as neighbors. Works before `start()`, and a registration survives `stop()` and `start()`.
+   */
   registerTransport(name: string, transport: LocalTransport): void
   /** A reachability edge: `peerId` is in reach on `transport`; its queued and parked messages go now. */
   neighborDiscovered(peerId: string, transport: string): void

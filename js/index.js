@@ -193,8 +193,9 @@ class Protocol {
   }
 
   /**
-   * Registers an app-supplied local carrier (BLE, Wi-Fi Direct, a socket…). `send(peerId, frame)`
-   * returns a Promise: resolving means the frame was written, rejecting means it was not.
+   * Registers an app-supplied local carrier (BLE, Wi-Fi Direct, a socket…), before or after
+   * `start()`; it stays registered across restarts. `send(peerId, frame)` returns a Promise:
+   * resolving means the frame was written, rejecting means it was not.
    */
   registerTransport(name, transport) {
     if (typeof name !== 'string' || name.length === 0) throw invalid('name must be a non-empty string')

@@ -2,7 +2,7 @@
 //! the crates under `crates/`. Errors cross with their stable code as the JS error's `code`
 //! (`error.rs`), which the `js/` facade turns into `ProtocolError`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use courier_client::client::{Client, SendInput};
@@ -66,6 +66,10 @@ enum State {
 pub struct NativeProtocol {
     config: ProtocolConfig,
     state: Mutex<State>,
+    /// The app carriers registered so far, before or after `start()`: each start registers them
+    /// with its client, so they survive `stop()`. Held while a start moves to `Started`, so a
+    /// registration is applied exactly once, by the start or by the registration.
+    transports: Mutex<BTreeSet<String>>,
 }
 
 #[napi]
@@ -80,6 +84,7 @@ impl NativeProtocol {
         Ok(Self {
             config,
             state: Mutex::new(State::Stopped),
+            transports: Mutex::default(),
         })
     }
 
@@ -169,11 +174,22 @@ impl NativeProtocol {
         Ok(())
     }
 
+    /// Registers an app carrier, before or after `start()`; it stays registered across
+    /// `stop()` and `start()`.
     #[napi]
     pub fn register_transport(&self, name: String) -> Result<()> {
-        self.started()?
-            .register_transport(&name)
-            .map_err(client_error)
+        Client::check_transport_name(&name).map_err(client_error)?;
+        let mut transports = self.lock_transports()?;
+        if transports.contains(&name) {
+            return Err(client_error(ClientError::InvalidArgument(format!(
+                "a transport named {name:?} is already registered"
+            ))));
+        }
+        if let Some(client) = self.current() {
+            client.register_transport(&name).map_err(client_error)?;
+        }
+        transports.insert(name);
+        Ok(())
     }
 
     #[napi]
@@ -294,8 +310,21 @@ impl NativeProtocol {
                 *state = State::Stopped;
             }
         })?;
-        *self.lock()? = State::Started(Arc::new(client));
-        Ok(())
+        let client = Arc::new(client);
+        let applied = self.lock_transports().and_then(|transports| {
+            for name in transports.iter() {
+                client.register_transport(name).map_err(client_error)?;
+            }
+            *self.lock()? = State::Started(client.clone());
+            Ok(())
+        });
+        if applied.is_err() {
+            client.stop().await;
+            if let Ok(mut state) = self.state.lock() {
+                *state = State::Stopped;
+            }
+        }
+        applied
     }
 
     async fn stop_with(&self) -> Result<()> {
@@ -320,6 +349,12 @@ impl NativeProtocol {
         self.state
             .lock()
             .map_err(|_| coded(Code::INTERNAL, "state lock poisoned"))
+    }
+
+    fn lock_transports(&self) -> Result<std::sync::MutexGuard<'_, BTreeSet<String>>> {
+        self.transports
+            .lock()
+            .map_err(|_| coded(Code::INTERNAL, "transport registry poisoned"))
     }
 
     fn current(&self) -> Option<Arc<Client>> {
