@@ -19,3 +19,12 @@ test('the entry points are the facade and every published file exists', () => {
   assert.match(readFileSync(`${root}scripts/build-native.mjs`, 'utf8'), /'--js', 'native\.js', '--dts', 'native\.d\.ts'/)
   assert.match(readFileSync(`${root}js/index.js`, 'utf8'), /require\('\.\.\/native\.js'\)/)
 })
+
+test('the README lists every error code the typings declare', () => {
+  const typings = readFileSync(`${root}js/index.d.ts`, 'utf8')
+  const union = /export type ProtocolErrorCode =([^]*?)\n\n/.exec(typings)[1]
+  const codes = [...union.matchAll(/'(ERR_[A-Z_]+)'/g)].map((m) => m[1])
+  assert.ok(codes.length >= 9, `read ${codes.length} codes from ProtocolErrorCode`)
+  const readme = readFileSync(`${root}README.md`, 'utf8')
+  for (const code of codes) assert.ok(readme.includes(`\`${code}\``), `README does not list ${code}`)
+})

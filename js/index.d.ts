@@ -131,19 +131,17 @@ export interface MessageDeferredEvent { type: 'message_deferred'; messageId: str
 /** The relay took custody (its mailbox holds the message). Not delivery; never becomes a failure by timeout. */
 export interface MessageStoredEvent { type: 'message_stored'; messageId: string; recipient: string }
 export interface MessageRetryingEvent { type: 'message_retrying'; messageId: string; recipient: string; retryCount: number; nextRetryAt: number }
-/** Terminal: the recipient acknowledged the message. */
 /**
- * `replayed: true` marks a terminal event emitted again at `start()` because the process ended
- * after committing it and before recording that the listeners had run for it: key your handling
- * by `messageId`.
+ * Terminal: the recipient acknowledged the message. `replayed: true` marks a terminal event
+ * emitted again at `start()` because the process ended after committing it and before recording
+ * that the listeners had run for it: key your handling by `messageId`.
  */
 export interface MessageDeliveredEvent { type: 'message_delivered'; messageId: string; recipient: string; latencyMs: number; hopCount: number; transport: string; replayed?: true }
 export type MessageFailedReason =
   | 'Max retries exceeded'
   | 'Outbox lifetime exceeded'
   | 'Outbox capacity exceeded'
-/** Terminal failure. */
-/** `replayed: true`: see {@link MessageDeliveredEvent}. */
+/** Terminal failure. `replayed: true`: see {@link MessageDeliveredEvent}. */
 export interface MessageFailedEvent { type: 'message_failed'; messageId: string; recipient: string; reason: MessageFailedReason; retryCount: number; replayed?: true }
 export interface MessageReceivedEvent {
   type: 'message_received'
@@ -159,8 +157,21 @@ export interface MessageReceivedEvent {
   hopCount: number
   metadata: Record<string, string>
 }
-/** The relay says the recipient cannot be reached now: the message is parked (not failed) and re-driven on reachability edges and probes. Non-terminal; may repeat. */
-export interface MessageUndeliverableEvent { type: 'message_undeliverable'; messageId: string; recipient: string; reason: string; fileId?: string }
+/** Why the relay or the gateway could not reach a recipient. */
+export type UndeliverableReasonCode = 'unknown_recipient' | 'offline_no_mailbox' | 'mailbox_full' | 'gateway_unreachable'
+/**
+ * The relay says the recipient cannot be reached now: the message is parked (not failed) and
+ * re-driven on reachability edges and probes. Non-terminal; may repeat. `reasonCode` is the
+ * cause as a stable code; `reason` is text for people.
+ */
+export interface MessageUndeliverableEvent {
+  type: 'message_undeliverable'
+  messageId: string
+  recipient: string
+  reasonCode: UndeliverableReasonCode
+  reason: string
+  fileId?: string
+}
 /** A watched peer came online or went offline (`lastSeenMs` when the relay knows it). */
 export interface PresenceUpdatedEvent { type: 'presence_updated'; peerId: string; online: boolean; lastSeenMs?: number }
 export interface NeighborDiscoveredEvent { type: 'neighbor_discovered'; peerId: string; transport: string }
