@@ -4,7 +4,7 @@ import assert from 'node:assert/strict'
 import { test } from 'node:test'
 
 import { Protocol, Relay } from '../js/index.js'
-import { SECRET, ofType, peerConfig, record, started, tempDir, until, waitFor } from './helpers.mjs'
+import { SECRET, ofType, peerConfig, record, started, tempDir, unsignedControlFrame, until, waitFor } from './helpers.mjs'
 import { PipeCarrier } from './pipe-carrier.mjs'
 
 
@@ -98,12 +98,7 @@ test('local carrier inputs are checked', async (t) => {
   alice.protocol.receiveFrame('pipe', 'mallory', new Uint8Array([1, 2, 3]))
   await waitFor(alice.recorder, (e) => e.type === 'diagnostic' && /mallory/.test(e.message))
   // A control frame without a valid signature is dropped and reported, never delivered.
-  const forged = {
-    id: 'forged-1', sender: 'mallory', recipient: alice.protocol.localAddress(), app_id: 'test', priority: 'high',
-    ttl: 5, hop_count: 0, timestamp: Date.now(), lamport_clock: 1, content_type: 'text', content: '__CONN_REQ__{}',
-    metadata: {}, requires_ack: true, reply_to_msg: null,
-  }
-  alice.protocol.receiveFrame('pipe', 'mallory', JSON.stringify(forged))
+  alice.protocol.receiveFrame('pipe', 'mallory', unsignedControlFrame(alice.protocol.localAddress()))
   const warning = await waitFor(alice.recorder, (e) => e.type === 'security_warning')
   assert.equal(warning.reasonCode, 'UNSIGNED_CONTROL_REJECTED')
   assert.equal(ofType(alice.recorder, 'message_received').length, 0)
