@@ -1,6 +1,6 @@
 /// <reference types="node" />
 import type { NativeRelayStats, NativeStats } from '../native.js'
-// Typings of the offline-courier public API (the contract is `api.md`).
+// Typings of the offline-courier public API.
 
 /** Stable error codes carried by every `ProtocolError`. */
 export type ProtocolErrorCode =
@@ -42,7 +42,7 @@ export interface ProtocolConfig {
   }
   /**
    * Accept control frames signed with the legacy `offline-ctrl-v1` scheme, which proves no
-   * freshness (identity.md §4.2). Default `false`: they are refused with `CONTROL_SIGNATURE_STALE`.
+   * freshness (`docs/protocol.md`, "Control signatures"). Default `false`: they are refused with `CONTROL_SIGNATURE_STALE`.
    */
   acceptLegacyControlV1?: boolean
   transports?: {

@@ -103,12 +103,14 @@ impl std::fmt::Debug for InternetConfig {
 pub struct GatewayConfig {
     /// `host:port` of the gateway daemon.
     pub address: String,
-    /// The `identity.md` §6 clocks in production; tests shorten them.
+    /// The clocks of `docs/protocol.md`, "Gateway client", in production; tests
+    /// shorten them.
     #[doc(hidden)]
     pub timings: GatewayTimings,
 }
 
-/// Where a gateway daemon listens when `transports.gateway` names no address (`identity.md` §6).
+/// Where a gateway daemon listens when `transports.gateway` names no address
+/// (`docs/protocol.md`, "Gateway framing").
 pub const DEFAULT_GATEWAY_ADDRESS: &str = "localhost:4242";
 
 /// `logLevel`.
@@ -221,8 +223,8 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
         );
     }
 
-    // identity.md §4.2: v1 control signatures prove no freshness, so they are refused unless
-    // the app opts in.
+    // v1 control signatures prove no freshness, so they are refused unless the app opts in
+    // (`docs/protocol.md`, "Control signatures").
     engine.accept_legacy_control_v1 = root.bool("acceptLegacyControlV1")?.unwrap_or(false);
 
     let has_durability_hook = match root.get("inboundDurabilityHook") {

@@ -117,7 +117,7 @@ fn the_api_example_parses() {
     assert!(!format!("{c:?}").contains(&i.auth_token));
 }
 
-// The three presets of the delivery seed, "Configuration Recommendations", exactly as written.
+// The three presets of the delivery guide, "Configuration Recommendations", exactly as written.
 
 #[test]
 fn preset_high_reliability() {
@@ -161,7 +161,7 @@ fn preset_battery_constrained() {
 }
 
 #[test]
-fn the_seed_full_reliability_example_parses() {
+fn the_full_reliability_example_parses() {
     let c = ok(with(json!({ "reliability": {
         "ack": { "defaultTimeoutMs": 10000, "maxPendingAcks": 1000 },
         "retry": {
