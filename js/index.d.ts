@@ -288,7 +288,11 @@ export interface RelayHandle {
 }
 
 export const Relay: {
-  /** Starts a relay in this process: the same code as the `courier-relay` command. */
+  /**
+   * Starts a relay in this process: the same code as the `courier-relay` command. Invalid options
+   * reject with `ERR_CONFIG` naming the path, as the `Protocol` config does; a server that cannot
+   * start (the address is in use) rejects with `ERR_RELAY`.
+   */
   start(options: RelayOptions): Promise<RelayHandle>
 }
 
@@ -307,7 +311,10 @@ export interface GatewayHandle {
 }
 
 export const Gateway: {
-  /** Starts a gateway daemon in this process: the same code as `courier-relay gateway`. */
+  /**
+   * Starts a gateway daemon in this process: the same code as `courier-relay gateway`. Options are
+   * checked like `Relay.start`'s.
+   */
   start(options?: GatewayOptions): Promise<GatewayHandle>
 }
 
