@@ -264,4 +264,7 @@ test('Relay.start and Gateway.start options are validated natively, naming the p
   const gateway = await Gateway.start()
   t.after(() => gateway.stop())
   assert.match(gateway.address, /^127\.0\.0\.1:\d+$/)
+  // Valid options, but the address is taken: the server cannot start.
+  await rejectsCode(Relay.start({ ...base, listen: `127.0.0.1:${relay.port}` }), 'ERR_RELAY')
+  await rejectsCode(Gateway.start({ listen: gateway.address }), 'ERR_RELAY')
 })
