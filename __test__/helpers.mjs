@@ -37,6 +37,15 @@ export function peerConfig(name, dir, relayUrl, extra = {}) {
   }
 }
 
+/** A connection-request control frame from `mallory` to `recipient` that carries no signature. */
+export function unsignedControlFrame(recipient) {
+  return JSON.stringify({
+    id: 'forged-1', sender: 'mallory', recipient, app_id: 'test', priority: 'high',
+    ttl: 5, hop_count: 0, timestamp: Date.now(), lamport_clock: 1, content_type: 'text', content: '__CONN_REQ__{}',
+    metadata: {}, requires_ack: true, reply_to_msg: null,
+  })
+}
+
 /** Resolves when `predicate` holds for an event seen (past or future) by `recorder`. */
 export function waitFor(recorder, predicate, { timeoutMs = 10_000, what = 'event' } = {}) {
   return new Promise((resolve, reject) => {

@@ -3,8 +3,8 @@
 import assert from 'node:assert/strict'
 import { test } from 'node:test'
 
-import { Relay } from '../js/index.js'
-import { SECRET, ofType, peerConfig, started, tempDir, waitFor } from './helpers.mjs'
+import { Protocol, Relay } from '../js/index.js'
+import { SECRET, ofType, peerConfig, record, started, tempDir, unsignedControlFrame, until, waitFor } from './helpers.mjs'
 import { PipeCarrier } from './pipe-carrier.mjs'
 
 
@@ -98,13 +98,45 @@ test('local carrier inputs are checked', async (t) => {
   alice.protocol.receiveFrame('pipe', 'mallory', new Uint8Array([1, 2, 3]))
   await waitFor(alice.recorder, (e) => e.type === 'diagnostic' && /mallory/.test(e.message))
   // A control frame without a valid signature is dropped and reported, never delivered.
-  const forged = {
-    id: 'forged-1', sender: 'mallory', recipient: alice.protocol.localAddress(), app_id: 'test', priority: 'high',
-    ttl: 5, hop_count: 0, timestamp: Date.now(), lamport_clock: 1, content_type: 'text', content: '__CONN_REQ__{}',
-    metadata: {}, requires_ack: true, reply_to_msg: null,
-  }
-  alice.protocol.receiveFrame('pipe', 'mallory', JSON.stringify(forged))
+  alice.protocol.receiveFrame('pipe', 'mallory', unsignedControlFrame(alice.protocol.localAddress()))
   const warning = await waitFor(alice.recorder, (e) => e.type === 'security_warning')
   assert.equal(warning.reasonCode, 'UNSIGNED_CONTROL_REJECTED')
   assert.equal(ofType(alice.recorder, 'message_received').length, 0)
+})
+
+test('a transport registered before start() carries messages, and stays registered across stop() and start()', async (t) => {
+  const dir = tempDir(t)
+  const pipe = new PipeCarrier()
+  const alice = new Protocol({ appId: 'test', storage: { path: `${dir}/alice.db` } })
+  const bob = new Protocol({ appId: 'test', storage: { path: `${dir}/bob.db` } })
+  // Apps set their carriers up first; the bad registrations are refused before start() too.
+  pipe.attach('alice', alice)
+  pipe.attach('bob', bob)
+  assert.throws(() => alice.registerTransport('pipe', { send: async () => {} }), (e) => e.code === 'ERR_INVALID_ARGUMENT' && /already registered/.test(e.message))
+  assert.throws(() => alice.registerTransport('internet', { send: async () => {} }), (e) => e.code === 'ERR_INVALID_ARGUMENT' && /built-in/.test(e.message))
+  const aliceEvents = record(alice)
+  const bobEvents = record(bob)
+  await alice.start()
+  t.after(() => alice.stop())
+  await bob.start()
+  t.after(() => bob.stop())
+  // stats() follows the driver, which applies the registration just after start() resolved.
+  await until(() => alice.stats().carriersUp === 1, { what: 'the pipe carrier up' })
+  pipe.link()
+
+  const first = await alice.sendMessage('bob', 'over a carrier set up before start')
+  const received = await waitFor(bobEvents, (e) => e.type === 'message_received' && e.messageId === first)
+  assert.equal(received.transport, 'pipe')
+  const delivered = await waitFor(aliceEvents, (e) => e.type === 'message_delivered' && e.messageId === first)
+  assert.equal(delivered.transport, 'pipe')
+
+  await alice.stop()
+  await alice.start()
+  await until(() => alice.stats().carriersUp === 1, { what: 'the pipe carrier up again' })
+  assert.throws(() => alice.registerTransport('pipe', { send: async () => {} }), (e) => e.code === 'ERR_INVALID_ARGUMENT')
+  pipe.link()
+  const second = await alice.sendMessage('bob', 'after a restart')
+  const again = await waitFor(bobEvents, (e) => e.type === 'message_received' && e.messageId === second)
+  assert.equal(again.transport, 'pipe')
+  await waitFor(aliceEvents, (e) => e.type === 'message_delivered' && e.messageId === second && e.transport === 'pipe')
 })

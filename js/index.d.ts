@@ -1,5 +1,6 @@
 /// <reference types="node" />
-// Typings of the offline-courier public API (the contract is `api.md`).
+import type { NativeRelayStats, NativeStats } from '../native.js'
+// Typings of the offline-courier public API.
 
 /** Stable error codes carried by every `ProtocolError`. */
 export type ProtocolErrorCode =
@@ -41,7 +42,7 @@ export interface ProtocolConfig {
   }
   /**
    * Accept control frames signed with the legacy `offline-ctrl-v1` scheme, which proves no
-   * freshness (identity.md §4.2). Default `false`: they are refused with `CONTROL_SIGNATURE_STALE`.
+   * freshness (`docs/protocol.md`, "Control signatures"). Default `false`: they are refused with `CONTROL_SIGNATURE_STALE`.
    */
   acceptLegacyControlV1?: boolean
   transports?: {
@@ -66,7 +67,6 @@ export interface ProtocolConfig {
       address?: string
     }
   }
-  encryption?: { /** End-to-end encryption is not in this build: only `false` is accepted. */ enabled?: boolean }
   reliability?: {
     ack?: {
       /** ACK timeout from the moment the frame is written to a carrier. Default 10000. */
@@ -85,13 +85,10 @@ export interface ProtocolConfig {
       backoffMultiplier?: number
       /** Sliding outbox lifetime; the absolute cap is 4x. Default 604800000 (7 days). */
       outboxMaxLifetimeMs?: number
-      /** Lifetime of a message waiting for an end-to-end session. Default 604800000. */
-      pendingMessageMaxLifetimeMs?: number
     }
     /** Bounded timed probes for unreachable recipients, then edge-driven only. Default `false`. */
     edgeDrivenUnreachableDm?: boolean
   }
-  group?: { relayBroadcastEnabled?: boolean }
   /**
    * Opt-in at-least-once inbound delivery: nothing is acknowledged to the relay or the sender
    * until this hook's Promise resolves for the batch holding the message. A throw, a rejection,
@@ -134,21 +131,17 @@ export interface MessageDeferredEvent { type: 'message_deferred'; messageId: str
 /** The relay took custody (its mailbox holds the message). Not delivery; never becomes a failure by timeout. */
 export interface MessageStoredEvent { type: 'message_stored'; messageId: string; recipient: string }
 export interface MessageRetryingEvent { type: 'message_retrying'; messageId: string; recipient: string; retryCount: number; nextRetryAt: number }
-/** Terminal: the recipient acknowledged the message. */
 /**
- * `replayed: true` marks a terminal event emitted again at `start()` because the process ended
- * after committing it and before recording that the listeners had run for it: key your handling
- * by `messageId`.
+ * Terminal: the recipient acknowledged the message. `replayed: true` marks a terminal event
+ * emitted again at `start()` because the process ended after committing it and before recording
+ * that the listeners had run for it: key your handling by `messageId`.
  */
 export interface MessageDeliveredEvent { type: 'message_delivered'; messageId: string; recipient: string; latencyMs: number; hopCount: number; transport: string; replayed?: true }
 export type MessageFailedReason =
   | 'Max retries exceeded'
   | 'Outbox lifetime exceeded'
   | 'Outbox capacity exceeded'
-  | 'Pending session lifetime exceeded'
-  | 'Pending session queue capacity exceeded'
-/** Terminal failure. */
-/** `replayed: true`: see {@link MessageDeliveredEvent}. */
+/** Terminal failure. `replayed: true`: see {@link MessageDeliveredEvent}. */
 export interface MessageFailedEvent { type: 'message_failed'; messageId: string; recipient: string; reason: MessageFailedReason; retryCount: number; replayed?: true }
 export interface MessageReceivedEvent {
   type: 'message_received'
@@ -163,10 +156,22 @@ export interface MessageReceivedEvent {
   transport: string
   hopCount: number
   metadata: Record<string, string>
-  encrypted: boolean
 }
-/** The relay says the recipient cannot be reached now: the message is parked (not failed) and re-driven on reachability edges and probes. Non-terminal; may repeat. */
-export interface MessageUndeliverableEvent { type: 'message_undeliverable'; messageId: string; recipient: string; reason: string; fileId?: string }
+/** Why the relay or the gateway could not reach a recipient. */
+export type UndeliverableReasonCode = 'unknown_recipient' | 'offline_no_mailbox' | 'mailbox_full' | 'gateway_unreachable'
+/**
+ * The relay says the recipient cannot be reached now: the message is parked (not failed) and
+ * re-driven on reachability edges and probes. Non-terminal; may repeat. `reasonCode` is the
+ * cause as a stable code; `reason` is text for people.
+ */
+export interface MessageUndeliverableEvent {
+  type: 'message_undeliverable'
+  messageId: string
+  recipient: string
+  reasonCode: UndeliverableReasonCode
+  reason: string
+  fileId?: string
+}
 /** A watched peer came online or went offline (`lastSeenMs` when the relay knows it). */
 export interface PresenceUpdatedEvent { type: 'presence_updated'; peerId: string; online: boolean; lastSeenMs?: number }
 export interface NeighborDiscoveredEvent { type: 'neighbor_discovered'; peerId: string; transport: string }
@@ -211,16 +216,8 @@ export type ProtocolEvent =
   | InboundDrainCompletedEvent
   | DiagnosticEvent
 
-export interface ProtocolStats {
-  outboxRegular: number
-  outboxMedia: number
-  pendingAcks: number
-  retryQueue: number
-  parked: number
-  preSessionQueue: number
-  /** Carriers available now: the relay, the gateway once attached, and each registered local transport. */
-  carriersUp: number
-}
+/** Counts of what the engine holds right now (declared with the native binding). */
+export type ProtocolStats = NativeStats
 
 /** An app-supplied local carrier (BLE, Wi-Fi Direct, a socket…). */
 export interface LocalTransport {
@@ -245,7 +242,10 @@ export class Protocol {
   stats(): ProtocolStats
   /** OS hint: `true` reconnects now and flushes; `false` marks the relay carrier down. */
   internetStatusChanged(online: boolean): void
-  /** Registers a local carrier under `name` (not `'internet'` or `'gateway'`); it reaches the peers reported as neighbors. */
+  /**
+   * Registers a local carrier under `name` (not `'internet'` or `'gateway'`); it reaches the peers
+   * reported as neighbors. Works before `start()`, and a registration survives `stop()` and `start()`.
+   */
   registerTransport(name: string, transport: LocalTransport): void
   /** A reachability edge: `peerId` is in reach on `transport`; its queued and parked messages go now. */
   neighborDiscovered(peerId: string, transport: string): void
@@ -276,13 +276,8 @@ export interface RelayOptions {
   tls?: { cert: string; key: string }
 }
 
-export interface RelayStats {
-  connections: number
-  accounts: number
-  storedFrames: number
-  /** Presence watches held for connected clients. */
-  watches: number
-}
+/** A relay's counts for monitoring (declared with the native binding). */
+export type RelayStats = NativeRelayStats
 
 export interface RelayHandle {
   /** `ws://host:port` (or `wss://localhost:port` with TLS). */
@@ -293,7 +288,11 @@ export interface RelayHandle {
 }
 
 export const Relay: {
-  /** Starts a relay in this process: the same code as the `courier-relay` command. */
+  /**
+   * Starts a relay in this process: the same code as the `courier-relay` command. Invalid options
+   * reject with `ERR_CONFIG` naming the path, as the `Protocol` config does; a server that cannot
+   * start (the address is in use) rejects with `ERR_RELAY`.
+   */
   start(options: RelayOptions): Promise<RelayHandle>
 }
 
@@ -312,7 +311,10 @@ export interface GatewayHandle {
 }
 
 export const Gateway: {
-  /** Starts a gateway daemon in this process: the same code as `courier-relay gateway`. */
+  /**
+   * Starts a gateway daemon in this process: the same code as `courier-relay gateway`. Options are
+   * checked like `Relay.start`'s.
+   */
   start(options?: GatewayOptions): Promise<GatewayHandle>
 }
 

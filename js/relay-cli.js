@@ -4,7 +4,7 @@
 // `Relay.start` (or, as `npx courier-relay gateway`, the gateway daemon of `Gateway.start`).
 // Stops cleanly on SIGINT / SIGTERM.
 
-const native = require('../index.js')
+const native = require('../native.js')
 
 async function main(args) {
   // `courier-relay gateway …` runs the gateway daemon instead of the relay.
@@ -19,7 +19,7 @@ async function main(args) {
   try {
     server = gateway ? await native.NativeGateway.startFromArgs(args) : await native.NativeRelay.startFromArgs(args)
   } catch (e) {
-    process.stderr.write(`${name}: ${String(e.message).replace(/^\[ERR_[A-Z_]+\] /, '')}\n`)
+    process.stderr.write(`${name}: ${e.message}\n`)
     process.stderr.write(`Run ${name} --help for the options.\n`)
     process.exitCode = 2
     return

@@ -3,10 +3,10 @@
 
 use courier_relay::cli::{self, Command, GatewayCommand};
 use courier_relay::{start_gateway, GatewayConfig, GatewayHandle};
-use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
-use crate::coded;
+use crate::error::{coded, config_error, Code, Result, Settled};
+use crate::options::gateway_config;
 use crate::running::Running;
 
 #[napi]
@@ -18,29 +18,29 @@ pub struct NativeGateway {
 
 #[napi]
 impl NativeGateway {
-    /// Binds `listen` (`127.0.0.1:0` picks a free port) and serves until `stop()`.
-    #[napi(factory)]
-    pub async fn start(listen: String) -> Result<NativeGateway> {
-        let listen = listen.parse().map_err(|_| {
-            coded(
-                "ERR_CONFIG",
-                format!("listen must be an address like 127.0.0.1:0, got {listen:?}"),
-            )
-        })?;
-        serve(GatewayConfig::new(listen)).await
+    /// `options`: `GatewayOptions` as JSON text, validated here. Serves until `stop()`.
+    #[napi(ts_return_type = "Promise<NativeGateway>")]
+    pub async fn start(options: String) -> Settled<NativeGateway> {
+        match gateway_config(&options).map_err(config_error) {
+            Ok(config) => serve(config).await,
+            Err(e) => Err(e),
+        }
+        .into()
     }
 
     /// Starts a gateway from the arguments that follow `courier-relay gateway`.
-    #[napi(factory)]
-    pub async fn start_from_args(args: Vec<String>) -> Result<NativeGateway> {
+    #[napi(ts_return_type = "Promise<NativeGateway>")]
+    pub async fn start_from_args(args: Vec<String>) -> Settled<NativeGateway> {
         let args: Vec<String> = std::iter::once("gateway".to_owned()).chain(args).collect();
-        match cli::parse_command(&args).map_err(|e| coded("ERR_CONFIG", e))? {
-            Command::Gateway(GatewayCommand::Run(config)) => serve(config).await,
-            Command::Gateway(GatewayCommand::Help) => {
-                Err(coded("ERR_CONFIG", "--help has no gateway to start"))
+        match cli::parse_command(&args).map_err(|e| coded(Code::CONFIG, e)) {
+            Ok(Command::Gateway(GatewayCommand::Run(config))) => serve(config).await,
+            Ok(Command::Gateway(GatewayCommand::Help)) => {
+                Err(coded(Code::CONFIG, "--help has no gateway to start"))
             }
-            Command::Relay(_) => Err(coded("ERR_INTERNAL", "not a gateway command line")),
+            Ok(Command::Relay(_)) => Err(coded(Code::INTERNAL, "not a gateway command line")),
+            Err(e) => Err(e),
         }
+        .into()
     }
 
     /// `host:port`, as `transports.gateway.address` takes it.
@@ -62,19 +62,16 @@ impl NativeGateway {
         })
     }
 
-    #[napi]
-    pub async fn stop(&self) -> Result<()> {
-        if let Some(handle) = self.handle.take()? {
-            handle.stop().await;
-        }
-        Ok(())
+    #[napi(ts_return_type = "Promise<void>")]
+    pub async fn stop(&self) -> Settled<()> {
+        self.handle.stop(GatewayHandle::stop).await
     }
 }
 
 async fn serve(config: GatewayConfig) -> Result<NativeGateway> {
     let handle = start_gateway(config)
         .await
-        .map_err(|e| coded("ERR_RELAY", e))?;
+        .map_err(|e| coded(Code::RELAY, e))?;
     Ok(NativeGateway {
         address: handle.local_addr().to_string(),
         port: handle.port(),

@@ -1,8 +1,8 @@
 //! Node-API binding of offline-courier. It converts types and forwards calls; every rule lives in
-//! the crates under `crates/`. Errors cross as `[CODE] message`, which the `js/` facade turns
-//! into `ProtocolError` with a stable `code`.
+//! the crates under `crates/`. Errors cross with their stable code as the JS error's `code`
+//! (`error.rs`), which the `js/` facade turns into `ProtocolError`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use courier_client::client::{Client, SendInput};
@@ -10,21 +10,18 @@ use courier_client::config::{parse_protocol_config, ProtocolConfig};
 use courier_client::driver::{EventSink, Receipts};
 use courier_client::error::ClientError;
 use courier_client::event::ClientEvent;
-use napi::bindgen_prelude::*;
+use napi::bindgen_prelude::{Buffer, Env, PromiseRaw};
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
+use napi::Status;
 use napi_derive::napi;
 
+use crate::error::{client_error, coded, Code, Result, Settled};
+
+mod error;
 pub mod gateway;
+mod options;
 pub mod relay;
 mod running;
-
-fn to_napi(e: ClientError) -> Error {
-    Error::new(Status::GenericFailure, format!("[{}] {}", e.code(), e))
-}
-
-pub(crate) fn coded(code: &str, message: impl std::fmt::Display) -> Error {
-    Error::new(Status::GenericFailure, format!("[{code}] {message}"))
-}
 
 /// Events cross as JSON text: one string per event, parsed by the facade's dispatcher.
 type EventCallback = ThreadsafeFunction<String, (), String, Status, false>;
@@ -40,6 +37,23 @@ pub struct NativeSendInput {
     pub metadata: Option<HashMap<String, String>>,
 }
 
+/// `stats()`: `ProtocolStats` in `js/index.d.ts`. Counts cross as JS numbers, exact up to 2^53.
+#[napi(object)]
+pub struct NativeStats {
+    /// Messages in the outbox.
+    pub outbox_regular: f64,
+    pub outbox_media: f64,
+    /// Messages handed to a carrier or awaiting their end-to-end ACK.
+    pub pending_acks: f64,
+    /// Queued messages that are not parked.
+    pub retry_queue: f64,
+    /// Parked messages: the recipient is unreachable, or the relay holds them in custody.
+    pub parked: f64,
+    /// Carriers available now: the relay, the gateway once attached, and each registered local
+    /// transport.
+    pub carriers_up: f64,
+}
+
 /// Where a `Protocol` stands; `Starting` makes a concurrent second `start()` fail with
 /// `ERR_ALREADY_STARTED` instead of racing for the storage lock.
 enum State {
@@ -52,20 +66,25 @@ enum State {
 pub struct NativeProtocol {
     config: ProtocolConfig,
     state: Mutex<State>,
+    /// The app carriers registered so far, before or after `start()`: each start registers them
+    /// with its client, so they survive `stop()`. Held while a start moves to `Started`, so a
+    /// registration is applied exactly once, by the start or by the registration.
+    transports: Mutex<BTreeSet<String>>,
 }
 
 #[napi]
 impl NativeProtocol {
-    /// Validates the whole configuration (JSON text); throws `[ERR_CONFIG] path message`.
+    /// Validates the whole configuration (JSON text); throws `ERR_CONFIG` `path message`.
     #[napi(constructor)]
     pub fn new(config_json: String) -> Result<Self> {
         let value: serde_json::Value = serde_json::from_str(&config_json)
-            .map_err(|e| coded("ERR_CONFIG", format!("config is not valid JSON: {e}")))?;
-        let config = parse_protocol_config(&value).map_err(|e| to_napi(e.into()))?;
-        Client::check_config(&config).map_err(to_napi)?;
+            .map_err(|e| coded(Code::CONFIG, format!("config is not valid JSON: {e}")))?;
+        let config = parse_protocol_config(&value).map_err(|e| client_error(e.into()))?;
+        Client::check_config(&config).map_err(client_error)?;
         Ok(Self {
             config,
             state: Mutex::new(State::Stopped),
+            transports: Mutex::default(),
         })
     }
 
@@ -75,12 +94,183 @@ impl NativeProtocol {
         self.config.warnings.clone()
     }
 
-    #[napi(ts_args_type = "onEvent: (event: string) => void")]
-    pub async fn start(&self, on_event: EventCallback) -> Result<()> {
+    #[napi(
+        ts_args_type = "onEvent: (event: string) => void",
+        ts_return_type = "Promise<void>"
+    )]
+    pub async fn start(&self, on_event: EventCallback) -> Settled<()> {
+        self.start_with(on_event).await.into()
+    }
+
+    /// Stops carriers and timers and releases storage; the event callback is released with the
+    /// driver, so nothing keeps the process alive afterwards.
+    #[napi(ts_return_type = "Promise<void>")]
+    pub async fn stop(&self) -> Settled<()> {
+        self.stop_with().await.into()
+    }
+
+    /// Queued synchronously (sends keep their call order); the Promise resolves once the message
+    /// is durably in the outbox.
+    #[napi(ts_return_type = "Promise<string>")]
+    pub fn send_message<'env>(
+        &self,
+        env: &'env Env,
+        input: NativeSendInput,
+    ) -> Result<PromiseRaw<'env, Settled<String>>> {
+        let client = self.started()?;
+        let (binary_content, binary_len) = match &input.binary {
+            Some(bytes) => {
+                use base64::Engine as _;
+                (
+                    Some(base64::engine::general_purpose::STANDARD.encode(bytes.as_ref())),
+                    bytes.len(),
+                )
+            }
+            None => (None, 0),
+        };
+        let send = SendInput {
+            recipient: input.recipient,
+            content: input.content.unwrap_or_default(),
+            binary_content,
+            binary_len,
+            id: input.id,
+            priority: input.priority,
+            content_type: input.content_type,
+            metadata: input
+                .metadata
+                .map(|m| m.into_iter().collect::<BTreeMap<_, _>>())
+                .unwrap_or_default(),
+        };
+        let durable = client.enqueue_send(send).map_err(client_error)?;
+        env.spawn_future(async move { Ok(Settled(durable.await.map_err(client_error))) })
+            .map_err(|e| coded(Code::INTERNAL, e.reason))
+    }
+
+    #[napi(ts_return_type = "Promise<string>")]
+    pub async fn get_message_status(&self, id: String) -> Settled<String> {
+        let status = async {
+            let status = self.started()?.status(id).await.map_err(client_error)?;
+            Ok(status.as_str().to_owned())
+        };
+        status.await.into()
+    }
+
+    #[napi]
+    pub fn stats(&self) -> Result<NativeStats> {
+        let s = self.started()?.stats();
+        Ok(NativeStats {
+            outbox_regular: s.outbox_regular as f64,
+            outbox_media: s.outbox_media as f64,
+            pending_acks: s.pending_acks as f64,
+            retry_queue: s.retry_queue as f64,
+            parked: s.parked as f64,
+            carriers_up: s.carriers_up as f64,
+        })
+    }
+
+    #[napi]
+    pub fn internet_status_changed(&self, online: bool) -> Result<()> {
+        self.started()?.internet_status_changed(online);
+        Ok(())
+    }
+
+    /// Registers an app carrier, before or after `start()`; it stays registered across
+    /// `stop()` and `start()`.
+    #[napi]
+    pub fn register_transport(&self, name: String) -> Result<()> {
+        Client::check_transport_name(&name).map_err(client_error)?;
+        let mut transports = self.lock_transports()?;
+        if transports.contains(&name) {
+            return Err(client_error(ClientError::InvalidArgument(format!(
+                "a transport named {name:?} is already registered"
+            ))));
+        }
+        if let Some(client) = self.current() {
+            client.register_transport(&name).map_err(client_error)?;
+        }
+        transports.insert(name);
+        Ok(())
+    }
+
+    #[napi]
+    pub fn neighbor_discovered(&self, peer_id: String, transport: String) -> Result<()> {
+        self.started()?
+            .neighbor_discovered(&peer_id, &transport)
+            .map_err(client_error)
+    }
+
+    #[napi]
+    pub fn neighbor_lost(&self, peer_id: String, transport: String) -> Result<()> {
+        self.started()?
+            .neighbor_lost(&peer_id, &transport)
+            .map_err(client_error)
+    }
+
+    #[napi]
+    pub fn receive_frame(&self, transport: String, peer_id: String, frame: Buffer) -> Result<()> {
+        self.started()?
+            .receive_frame(&transport, &peer_id, frame.as_ref())
+            .map_err(client_error)
+    }
+
+    /// The facade's report on a durability hook call (`__hook_call`).
+    #[napi]
+    pub fn hook_done(&self, batch_id: i64, ok: bool, reason: Option<String>) -> Result<()> {
+        let batch_id = u64::try_from(batch_id)
+            .map_err(|_| coded(Code::INVALID_ARGUMENT, "batchId must not be negative"))?;
+        let result = if ok {
+            Ok(())
+        } else {
+            Err(reason.unwrap_or_else(|| "the hook failed".into()))
+        };
+        self.started()?.hook_done(batch_id, result);
+        Ok(())
+    }
+
+    /// The facade's report on a frame an app carrier was handed (`__local_transmit`).
+    #[napi]
+    pub fn local_transmit_done(
+        &self,
+        message_id: String,
+        send_seq: i64,
+        ok: bool,
+        reason: Option<String>,
+    ) -> Result<()> {
+        let send_seq = u64::try_from(send_seq)
+            .map_err(|_| coded(Code::INVALID_ARGUMENT, "sendSeq must not be negative"))?;
+        let result = if ok {
+            Ok(())
+        } else {
+            Err(reason.unwrap_or_else(|| "the transport's send failed".into()))
+        };
+        self.started()?
+            .local_transmit_done(message_id, send_seq, result);
+        Ok(())
+    }
+
+    /// This device's `off1` address (after `start()`).
+    #[napi]
+    pub fn local_address(&self) -> Result<String> {
+        Ok(self.started()?.local_address().to_owned())
+    }
+
+    #[napi]
+    pub fn internet_presence_watchlist(&self) -> Result<Vec<String>> {
+        Ok(self.started()?.presence_watchlist())
+    }
+
+    #[napi(getter)]
+    pub fn is_started(&self) -> bool {
+        self.current().is_some()
+    }
+}
+
+impl NativeProtocol {
+    async fn start_with(&self, on_event: EventCallback) -> Result<()> {
         {
             let mut state = self.lock()?;
             if !matches!(*state, State::Stopped) {
-                return Err(to_napi(ClientError::AlreadyStarted));
+                return Err(client_error(ClientError::AlreadyStarted));
             }
             *state = State::Starting;
         }
@@ -113,21 +303,31 @@ impl NativeProtocol {
             Client::start_with_receipts(&config, make_sink, &runtime)
         })
         .await
-        .map_err(|e| coded("ERR_INTERNAL", e))
-        .and_then(|r| r.map_err(to_napi));
+        .map_err(|e| coded(Code::INTERNAL, e))
+        .and_then(|r| r.map_err(client_error));
         let client = started.inspect_err(|_| {
             if let Ok(mut state) = self.state.lock() {
                 *state = State::Stopped;
             }
         })?;
-        *self.lock()? = State::Started(Arc::new(client));
-        Ok(())
+        let client = Arc::new(client);
+        let applied = self.lock_transports().and_then(|transports| {
+            for name in transports.iter() {
+                client.register_transport(name).map_err(client_error)?;
+            }
+            *self.lock()? = State::Started(client.clone());
+            Ok(())
+        });
+        if applied.is_err() {
+            client.stop().await;
+            if let Ok(mut state) = self.state.lock() {
+                *state = State::Stopped;
+            }
+        }
+        applied
     }
 
-    /// Stops carriers and timers and releases storage; the event callback is released with the
-    /// driver, so nothing keeps the process alive afterwards.
-    #[napi]
-    pub async fn stop(&self) -> Result<()> {
+    async fn stop_with(&self) -> Result<()> {
         let client = {
             let mut state = self.lock()?;
             match std::mem::replace(&mut *state, State::Stopped) {
@@ -145,156 +345,16 @@ impl NativeProtocol {
         Ok(())
     }
 
-    /// Queued synchronously (sends keep their call order); the Promise resolves once the message
-    /// is durably in the outbox.
-    #[napi(ts_return_type = "Promise<string>")]
-    pub fn send_message<'env>(
-        &self,
-        env: &'env Env,
-        input: NativeSendInput,
-    ) -> Result<PromiseRaw<'env, String>> {
-        let client = self.started()?;
-        let (binary_content, binary_len) = match &input.binary {
-            Some(bytes) => {
-                use base64::Engine as _;
-                (
-                    Some(base64::engine::general_purpose::STANDARD.encode(bytes.as_ref())),
-                    bytes.len(),
-                )
-            }
-            None => (None, 0),
-        };
-        let send = SendInput {
-            recipient: input.recipient,
-            content: input.content.unwrap_or_default(),
-            binary_content,
-            binary_len,
-            id: input.id,
-            priority: input.priority,
-            content_type: input.content_type,
-            metadata: input
-                .metadata
-                .map(|m| m.into_iter().collect::<BTreeMap<_, _>>())
-                .unwrap_or_default(),
-        };
-        let durable = client.enqueue_send(send).map_err(to_napi)?;
-        env.spawn_future(async move { durable.await.map_err(to_napi) })
-    }
-
-    #[napi]
-    pub async fn get_message_status(&self, id: String) -> Result<String> {
-        let client = self.started()?;
-        client
-            .status(id)
-            .await
-            .map(|s| s.as_str().to_owned())
-            .map_err(to_napi)
-    }
-
-    /// Counts, as JSON text.
-    #[napi]
-    pub fn stats(&self) -> Result<String> {
-        let s = self.started()?.stats();
-        Ok(serde_json::json!({
-            "outboxRegular": s.outbox_regular,
-            "outboxMedia": s.outbox_media,
-            "pendingAcks": s.pending_acks,
-            "retryQueue": s.retry_queue,
-            "parked": s.parked,
-            "carriersUp": s.carriers_up,
-        })
-        .to_string())
-    }
-
-    #[napi]
-    pub fn internet_status_changed(&self, online: bool) -> Result<()> {
-        self.started()?.internet_status_changed(online);
-        Ok(())
-    }
-
-    #[napi]
-    pub fn register_transport(&self, name: String) -> Result<()> {
-        self.started()?.register_transport(&name).map_err(to_napi)
-    }
-
-    #[napi]
-    pub fn neighbor_discovered(&self, peer_id: String, transport: String) -> Result<()> {
-        self.started()?
-            .neighbor_discovered(&peer_id, &transport)
-            .map_err(to_napi)
-    }
-
-    #[napi]
-    pub fn neighbor_lost(&self, peer_id: String, transport: String) -> Result<()> {
-        self.started()?
-            .neighbor_lost(&peer_id, &transport)
-            .map_err(to_napi)
-    }
-
-    #[napi]
-    pub fn receive_frame(&self, transport: String, peer_id: String, frame: Buffer) -> Result<()> {
-        self.started()?
-            .receive_frame(&transport, &peer_id, frame.as_ref())
-            .map_err(to_napi)
-    }
-
-    /// The facade's report on a durability hook call (`__hook_call`).
-    #[napi]
-    pub fn hook_done(&self, batch_id: i64, ok: bool, reason: Option<String>) -> Result<()> {
-        let batch_id = u64::try_from(batch_id)
-            .map_err(|_| coded("ERR_INVALID_ARGUMENT", "batchId must not be negative"))?;
-        let result = if ok {
-            Ok(())
-        } else {
-            Err(reason.unwrap_or_else(|| "the hook failed".into()))
-        };
-        self.started()?.hook_done(batch_id, result);
-        Ok(())
-    }
-
-    /// The facade's report on a frame an app carrier was handed (`__local_transmit`).
-    #[napi]
-    pub fn local_transmit_done(
-        &self,
-        message_id: String,
-        send_seq: i64,
-        ok: bool,
-        reason: Option<String>,
-    ) -> Result<()> {
-        let send_seq = u64::try_from(send_seq)
-            .map_err(|_| coded("ERR_INVALID_ARGUMENT", "sendSeq must not be negative"))?;
-        let result = if ok {
-            Ok(())
-        } else {
-            Err(reason.unwrap_or_else(|| "the transport's send failed".into()))
-        };
-        self.started()?
-            .local_transmit_done(message_id, send_seq, result);
-        Ok(())
-    }
-
-    /// This device's `off1` address (after `start()`).
-    #[napi]
-    pub fn local_address(&self) -> Result<String> {
-        Ok(self.started()?.local_address().to_owned())
-    }
-
-    #[napi]
-    pub fn internet_presence_watchlist(&self) -> Result<Vec<String>> {
-        Ok(self.started()?.presence_watchlist())
-    }
-
-    #[napi(getter)]
-    pub fn is_started(&self) -> bool {
-        self.current().is_some()
-    }
-}
-
-impl NativeProtocol {
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, State>> {
         self.state
             .lock()
-            .map_err(|_| coded("ERR_INTERNAL", "state lock poisoned"))
+            .map_err(|_| coded(Code::INTERNAL, "state lock poisoned"))
+    }
+
+    fn lock_transports(&self) -> Result<std::sync::MutexGuard<'_, BTreeSet<String>>> {
+        self.transports
+            .lock()
+            .map_err(|_| coded(Code::INTERNAL, "transport registry poisoned"))
     }
 
     fn current(&self) -> Option<Arc<Client>> {
@@ -306,6 +366,6 @@ impl NativeProtocol {
 
     fn started(&self) -> Result<Arc<Client>> {
         self.current()
-            .ok_or_else(|| to_napi(ClientError::NotStarted))
+            .ok_or_else(|| client_error(ClientError::NotStarted))
     }
 }

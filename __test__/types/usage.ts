@@ -1,5 +1,5 @@
 // Compiled by `tsc --noEmit` in `npm test`: the typings must accept real usage and narrow events.
-import { Gateway, Protocol, ProtocolError, Relay, issueToken, type ProtocolEvent } from '../../js/index.js'
+import { Gateway, Protocol, ProtocolError, Relay, issueToken, type ProtocolEvent, type UndeliverableReasonCode } from '../../js/index.js'
 
 async function main(): Promise<void> {
   const relay = await Relay.start({ listen: '127.0.0.1:0', storage: { memory: true }, jwtSecret: 's3cret' })
@@ -58,7 +58,10 @@ export function carriers(protocol: Protocol): string[] {
   protocol.receiveFrame('ble', 'bob', new Uint8Array([1]))
   protocol.neighborLost('bob', 'ble')
   protocol.onEvent((ev) => {
-    if (ev.type === 'message_undeliverable') console.log(ev.recipient, ev.fileId)
+    if (ev.type === 'message_undeliverable') {
+      const why: UndeliverableReasonCode = ev.reasonCode
+      if (why === 'mailbox_full') console.log(ev.recipient, ev.reason, ev.fileId)
+    }
     if (ev.type === 'presence_updated') console.log(ev.peerId, ev.online, ev.lastSeenMs)
   })
   return protocol.internetPresenceWatchlist()

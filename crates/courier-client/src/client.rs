@@ -246,8 +246,8 @@ impl Client {
             .unwrap_or_default()
     }
 
-    /// Registers an app-supplied carrier; it reaches the peers it reports as neighbors.
-    pub fn register_transport(&self, name: &str) -> Result<(), ClientError> {
+    /// Whether `name` may name an app carrier: an identifier that no built-in carrier uses.
+    pub fn check_transport_name(name: &str) -> Result<(), ClientError> {
         if let Err(e) = validate_identifier(name) {
             return Err(ClientError::InvalidArgument(format!("transport name {e}")));
         }
@@ -259,6 +259,12 @@ impl Client {
                 "transport name {name:?} is a built-in carrier's"
             )));
         }
+        Ok(())
+    }
+
+    /// Registers an app-supplied carrier; it reaches the peers it reports as neighbors.
+    pub fn register_transport(&self, name: &str) -> Result<(), ClientError> {
+        Self::check_transport_name(name)?;
         let mut transports = self.lock_transports()?;
         if !transports.insert(name.to_owned()) {
             return Err(ClientError::InvalidArgument(format!(
@@ -401,7 +407,9 @@ fn validate_send(input: SendInput) -> Result<SendRequest, ClientError> {
     }
     let size = input.content.len() + input.binary_len;
     if size > MAX_CONTENT_BYTES {
-        return invalid(format!("content is {size} bytes; the limit is {MAX_CONTENT_BYTES} (use sendMedia for large payloads)"));
+        return invalid(format!(
+            "content is {size} bytes; the limit is {MAX_CONTENT_BYTES}"
+        ));
     }
     if is_reserved_content(&input.content) {
         return invalid("content starts with a prefix reserved for the engine".into());

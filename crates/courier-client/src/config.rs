@@ -1,14 +1,10 @@
-//! `new Protocol(config)`: validation of the application's config (`api.md`).
+//! `new Protocol(config)`: validation of the application's config (`ProtocolConfig` in
+//! `js/index.d.ts`).
 //!
-//! The whole object is checked synchronously and the first problem is reported as a
-//! [`ConfigError`] whose `path` names the offending key (`reliability.retry.initialDelayMs`)
-//! and whose `message` says what is wrong; `Display` joins them with a space. Unknown keys are
-//! an error at every depth (a typo must not silently fall back to a default). A JSON `null` is
-//! the same as leaving the key out, because the JS binding may turn an `undefined` property
-//! into `null`.
-//!
-//! Numbers: integers are JSON numbers that are whole and at most 2^53 (the largest integer a
-//! JavaScript number holds exactly); `5000` and `5000.0` are the same value.
+//! The whole object is checked synchronously by the strict [`Section`] reader and the first
+//! problem is reported as a [`ConfigError`] whose `path` names the offending key
+//! (`reliability.retry.initialDelayMs`) and whose `message` says what is wrong; `Display` joins
+//! them with a space.
 
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -18,13 +14,13 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 
 use courier_engine::Config;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use zeroize::Zeroizing;
 
 use crate::carrier::gateway::GatewayTimings;
 
-/// Largest integer a JavaScript number represents exactly.
-const MAX_SAFE_INTEGER: u64 = 1 << 53;
+mod section;
+pub use section::{Section, MAX_SAFE_INTEGER};
 
 const THIRTY_DAYS_MS: u64 = 30 * 24 * 3600 * 1000;
 
@@ -107,12 +103,14 @@ impl std::fmt::Debug for InternetConfig {
 pub struct GatewayConfig {
     /// `host:port` of the gateway daemon.
     pub address: String,
-    /// The `identity.md` §6 clocks in production; tests shorten them.
+    /// The clocks of `docs/protocol.md`, "Gateway client", in production; tests
+    /// shorten them.
     #[doc(hidden)]
     pub timings: GatewayTimings,
 }
 
-/// Where a gateway daemon listens when `transports.gateway` names no address (`identity.md` §6).
+/// Where a gateway daemon listens when `transports.gateway` names no address
+/// (`docs/protocol.md`, "Gateway framing").
 pub const DEFAULT_GATEWAY_ADDRESS: &str = "localhost:4242";
 
 /// `logLevel`.
@@ -173,7 +171,6 @@ pub struct ProtocolConfig {
     pub gateway: Option<GatewayConfig>,
     /// Built from `appId` and `reliability.*`; every other field at `Config::new` defaults.
     pub engine: Config,
-    pub group_relay_broadcast: bool,
     /// `inboundDurabilityHook` was given (the JS facade passes `true` in place of the function).
     pub has_durability_hook: bool,
     pub inbound_durability_hook_timeout_ms: u64,
@@ -186,9 +183,7 @@ const ROOT_KEYS: &[&str] = &[
     "appId",
     "storage",
     "transports",
-    "encryption",
     "reliability",
-    "group",
     "inboundDurabilityHook",
     "inboundDurabilityHookTimeoutMs",
     "logLevel",
@@ -197,7 +192,7 @@ const ROOT_KEYS: &[&str] = &[
 
 /// Validates `value` (the config object as JSON) and builds the runtime config.
 pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigError> {
-    let root = Section::root(value, ROOT_KEYS)?;
+    let root = Section::root(value, "config", ROOT_KEYS)?;
     let mut warnings = Vec::new();
 
     let app_id = root
@@ -214,15 +209,6 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
         None => (None, None),
     };
 
-    if let Some(encryption) = root.section("encryption", &["enabled"])? {
-        if encryption.bool("enabled")? == Some(true) {
-            return Err(encryption.error(
-                "enabled",
-                "end-to-end encryption is not available in this build",
-            ));
-        }
-    }
-
     let mut engine = Config::new(app_id);
     if let Some(reliability) =
         root.section("reliability", &["ack", "retry", "edgeDrivenUnreachableDm"])?
@@ -237,14 +223,9 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
         );
     }
 
-    // identity.md §4.2: v1 control signatures prove no freshness, so they are refused unless
-    // the app opts in.
+    // v1 control signatures prove no freshness, so they are refused unless the app opts in
+    // (`docs/protocol.md`, "Control signatures").
     engine.accept_legacy_control_v1 = root.bool("acceptLegacyControlV1")?.unwrap_or(false);
-
-    let group_relay_broadcast = match root.section("group", &["relayBroadcastEnabled"])? {
-        Some(group) => group.bool("relayBroadcastEnabled")?.unwrap_or(true),
-        None => true,
-    };
 
     let has_durability_hook = match root.get("inboundDurabilityHook") {
         None => false,
@@ -252,7 +233,7 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
         Some(_) => return Err(root.error("inboundDurabilityHook", "must be a function")),
     };
     let inbound_durability_hook_timeout_ms = root
-        .int("inboundDurabilityHookTimeoutMs", 1, MAX_SAFE_INTEGER)?
+        .positive_int("inboundDurabilityHookTimeoutMs", MAX_SAFE_INTEGER)?
         .unwrap_or(30_000);
     if has_durability_hook {
         engine.durability_hook = Some(courier_engine::config::HookConfig {
@@ -278,7 +259,6 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
         internet,
         gateway,
         engine,
-        group_relay_broadcast,
         has_durability_hook,
         inbound_durability_hook_timeout_ms,
         log_level,
@@ -289,35 +269,7 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
 fn parse_storage(
     root: &Section<'_>,
 ) -> Result<(StorageConfig, Option<IdentitySealKey>), ConfigError> {
-    let storage = root
-        .section("storage", &["path", "memory", "identitySealKey"])?
-        .ok_or_else(|| {
-            root.error(
-                "storage",
-                "is required (set storage.path or storage.memory)",
-            )
-        })?;
-    let path = storage.string("path")?;
-    let memory = match storage.get("memory") {
-        None => false,
-        Some(Value::Bool(true)) => true,
-        Some(_) => {
-            return Err(storage.error(
-                "memory",
-                "must be true (leave it out and set storage.path for a file store)",
-            ))
-        }
-    };
-    let kind = match (path, memory) {
-        (Some(_), true) => Err(root.error(
-            "storage",
-            "must set exactly one of path or memory, not both",
-        )),
-        (None, false) => Err(root.error("storage", "must set exactly one of path or memory")),
-        (Some(""), false) => Err(storage.error("path", "must be a non-empty string")),
-        (Some(p), false) => Ok(StorageConfig::Path(PathBuf::from(p))),
-        (None, true) => Ok(StorageConfig::Memory),
-    }?;
+    let (kind, storage) = storage_section(root, &["identitySealKey"])?;
     // The JS facade passes the key's bytes as base64.
     let seal_key = match storage.string("identitySealKey")? {
         None => None,
@@ -331,6 +283,44 @@ fn parse_storage(
         }
     };
     Ok((kind, seal_key))
+}
+
+/// The required `storage` of `parent`: exactly one of `{ path }` (a non-empty string) or
+/// `{ memory: true }`, beside the `extra` keys the caller reads from the returned section. The
+/// relay's options take the same `storage`.
+pub fn storage_section<'a>(
+    parent: &Section<'a>,
+    extra: &[&str],
+) -> Result<(StorageConfig, Section<'a>), ConfigError> {
+    let known: Vec<&str> = ["path", "memory"].iter().chain(extra).copied().collect();
+    let storage = parent.section("storage", &known)?.ok_or_else(|| {
+        parent.error(
+            "storage",
+            "is required (set storage.path or storage.memory)",
+        )
+    })?;
+    let path = storage.string("path")?;
+    let memory = match storage.get("memory") {
+        None => false,
+        Some(Value::Bool(true)) => true,
+        Some(_) => {
+            return Err(storage.error(
+                "memory",
+                "must be true (leave it out and set storage.path for a file store)",
+            ))
+        }
+    };
+    let kind = match (path, memory) {
+        (Some(_), true) => Err(parent.error(
+            "storage",
+            "must set exactly one of path or memory, not both",
+        )),
+        (None, false) => Err(parent.error("storage", "must set exactly one of path or memory")),
+        (Some(""), false) => Err(storage.error("path", "must be a non-empty string")),
+        (Some(p), false) => Ok(StorageConfig::Path(PathBuf::from(p))),
+        (None, true) => Ok(StorageConfig::Memory),
+    }?;
+    Ok((kind, storage))
 }
 
 fn parse_internet(
@@ -498,10 +488,10 @@ fn check_pem_certificates(pem: &str) -> Result<(), String> {
 
 fn parse_reliability(reliability: &Section<'_>, engine: &mut Config) -> Result<(), ConfigError> {
     if let Some(ack) = reliability.section("ack", &["defaultTimeoutMs", "maxPendingAcks"])? {
-        if let Some(v) = ack.int("defaultTimeoutMs", 1, MAX_SAFE_INTEGER)? {
+        if let Some(v) = ack.positive_int("defaultTimeoutMs", MAX_SAFE_INTEGER)? {
             engine.ack_timeout_ms = v;
         }
-        if let Some(v) = ack.int("maxPendingAcks", 1, usize::MAX as u64)? {
+        if let Some(v) = ack.positive_int("maxPendingAcks", usize::MAX as u64)? {
             engine.max_pending_acks = v as usize;
         }
     }
@@ -515,13 +505,13 @@ fn parse_reliability(reliability: &Section<'_>, engine: &mut Config) -> Result<(
             "outboxMaxLifetimeMs",
         ],
     )? {
-        if let Some(v) = retry.int("maxRetries", 0, u64::from(u32::MAX))? {
+        if let Some(v) = retry.non_negative_int("maxRetries", u64::from(u32::MAX))? {
             engine.max_retries = v as u32;
         }
-        if let Some(v) = retry.int("initialDelayMs", 1, MAX_SAFE_INTEGER)? {
+        if let Some(v) = retry.positive_int("initialDelayMs", MAX_SAFE_INTEGER)? {
             engine.initial_delay_ms = v;
         }
-        if let Some(v) = retry.int("maxDelayMs", 1, MAX_SAFE_INTEGER)? {
+        if let Some(v) = retry.positive_int("maxDelayMs", MAX_SAFE_INTEGER)? {
             engine.max_delay_ms = v;
         }
         if engine.initial_delay_ms > engine.max_delay_ms {
@@ -533,7 +523,7 @@ fn parse_reliability(reliability: &Section<'_>, engine: &mut Config) -> Result<(
             }
             engine.backoff_multiplier = v;
         }
-        if let Some(v) = retry.int("outboxMaxLifetimeMs", 1, MAX_SAFE_INTEGER)? {
+        if let Some(v) = retry.positive_int("outboxMaxLifetimeMs", MAX_SAFE_INTEGER)? {
             engine.outbox_max_lifetime_ms = v;
         }
     }
@@ -541,138 +531,6 @@ fn parse_reliability(reliability: &Section<'_>, engine: &mut Config) -> Result<(
         engine.edge_driven_unreachable_dm = v;
     }
     Ok(())
-}
-
-/// One JSON object of the config, at `path`, whose keys were checked against the known ones.
-struct Section<'a> {
-    path: String,
-    map: &'a Map<String, Value>,
-}
-
-impl<'a> Section<'a> {
-    fn root(value: &'a Value, known: &[&str]) -> Result<Self, ConfigError> {
-        let Value::Object(map) = value else {
-            return Err(ConfigError::new("config", "must be an object"));
-        };
-        let s = Self {
-            path: String::new(),
-            map,
-        };
-        s.check_keys(known)?;
-        Ok(s)
-    }
-
-    fn child_path(&self, key: &str) -> String {
-        if self.path.is_empty() {
-            key.to_owned()
-        } else {
-            format!("{}.{key}", self.path)
-        }
-    }
-
-    fn error(&self, key: &str, message: impl Into<String>) -> ConfigError {
-        ConfigError::new(self.child_path(key), message)
-    }
-
-    fn check_keys(&self, known: &[&str]) -> Result<(), ConfigError> {
-        for key in self.map.keys() {
-            if known.contains(&key.as_str()) {
-                continue;
-            }
-            let hint = known
-                .iter()
-                .find(|k| k.eq_ignore_ascii_case(key))
-                .map(|k| format!(" (did you mean {k}?)"))
-                .unwrap_or_default();
-            return Err(self.error(key, format!("is not a known option{hint}")));
-        }
-        Ok(())
-    }
-
-    /// The value of `key`; `null` counts as absent.
-    fn get(&self, key: &str) -> Option<&'a Value> {
-        self.map.get(key).filter(|v| !v.is_null())
-    }
-
-    fn section(&self, key: &str, known: &[&str]) -> Result<Option<Section<'a>>, ConfigError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(Value::Object(map)) => {
-                let s = Section {
-                    path: self.child_path(key),
-                    map,
-                };
-                s.check_keys(known)?;
-                Ok(Some(s))
-            }
-            Some(_) => Err(self.error(key, "must be an object")),
-        }
-    }
-
-    fn string(&self, key: &str) -> Result<Option<&'a str>, ConfigError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(_) => Err(self.error(key, "must be a string")),
-        }
-    }
-
-    fn bool(&self, key: &str) -> Result<Option<bool>, ConfigError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(_) => Err(self.error(key, "must be a boolean")),
-        }
-    }
-
-    fn number(&self, key: &str) -> Result<Option<f64>, ConfigError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(Value::Number(n)) => n
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| self.error(key, "must be a number")),
-            Some(_) => Err(self.error(key, "must be a number")),
-        }
-    }
-
-    /// A whole number in `min..=max` (`max` capped at 2^53). `min` is 0 or 1.
-    fn int(&self, key: &str, min: u64, max: u64) -> Result<Option<u64>, ConfigError> {
-        let Some(value) = self.get(key) else {
-            return Ok(None);
-        };
-        let kind = if min == 0 {
-            "must be a non-negative integer"
-        } else {
-            "must be a positive integer"
-        };
-        let max = max.min(MAX_SAFE_INTEGER);
-        let Value::Number(n) = value else {
-            return Err(self.error(key, kind));
-        };
-        let v = if let Some(u) = n.as_u64() {
-            u
-        } else if n.as_i64().is_some() {
-            return Err(self.error(key, kind)); // negative
-        } else {
-            match n.as_f64() {
-                Some(f) if f.is_finite() && f.fract() == 0.0 && f >= 0.0 => {
-                    if f > max as f64 {
-                        return Err(self.error(key, format!("must be at most {max}")));
-                    }
-                    f as u64
-                }
-                _ => return Err(self.error(key, kind)),
-            }
-        };
-        if v < min {
-            return Err(self.error(key, kind));
-        }
-        if v > max {
-            return Err(self.error(key, format!("must be at most {max}")));
-        }
-        Ok(Some(v))
-    }
 }
 
 #[cfg(test)]

@@ -251,7 +251,6 @@ fn engine_event_json(e: &Event) -> Value {
                 "recipient": message.recipient, "chat": chat, "content": message.content,
                 "contentType": message.content_type.as_str(), "timestamp": message.timestamp,
                 "transport": transport, "hopCount": message.hop_count, "metadata": message.metadata,
-                "encrypted": false,
             });
             if let Some(Value::String(b64)) = &message.binary_content {
                 v["binaryContent"] = Value::String(b64.clone());

@@ -83,7 +83,6 @@ fn minimal_config_gets_every_default() {
     assert_eq!(c.storage, StorageConfig::Path(PathBuf::from("alice.db")));
     assert_eq!(c.internet, None);
     assert_eq!(c.engine, Config::new("chat"));
-    assert!(c.group_relay_broadcast);
     assert!(!c.has_durability_hook);
     assert_eq!(c.inbound_durability_hook_timeout_ms, 30_000);
     assert_eq!(c.log_level, LogLevel::Warn);
@@ -118,7 +117,7 @@ fn the_api_example_parses() {
     assert!(!format!("{c:?}").contains(&i.auth_token));
 }
 
-// The three presets of the delivery seed, "Configuration Recommendations", exactly as written.
+// The three presets of the delivery guide, "Configuration Recommendations", exactly as written.
 
 #[test]
 fn preset_high_reliability() {
@@ -162,7 +161,7 @@ fn preset_battery_constrained() {
 }
 
 #[test]
-fn the_seed_full_reliability_example_parses() {
+fn the_full_reliability_example_parses() {
     let c = ok(with(json!({ "reliability": {
         "ack": { "defaultTimeoutMs": 10000, "maxPendingAcks": 1000 },
         "retry": {
@@ -186,7 +185,6 @@ fn every_option_set() {
             "tls": { "caCertificates": pem },
             "autoReconnect": false,
         }},
-        "encryption": { "enabled": false },
         "reliability": {
             "ack": { "defaultTimeoutMs": 1, "maxPendingAcks": 1 },
             "retry": {
@@ -195,7 +193,6 @@ fn every_option_set() {
             },
             "edgeDrivenUnreachableDm": true,
         },
-        "group": { "relayBroadcastEnabled": false },
         "inboundDurabilityHook": true,
         "inboundDurabilityHookTimeoutMs": 1234,
         "logLevel": "trace",
@@ -230,7 +227,6 @@ fn every_option_set() {
             d.dedup_max_entries
         )
     );
-    assert!(!c.group_relay_broadcast);
     assert!(c.has_durability_hook);
     assert_eq!(c.inbound_durability_hook_timeout_ms, 1234);
     assert_eq!(c.log_level, LogLevel::Trace);
@@ -318,16 +314,6 @@ fn unknown_keys_are_errors_at_every_depth() {
         "reliability.backoff",
         "is not a known option",
     );
-    refused(
-        with(json!({ "encryption": { "mls": true } })),
-        "encryption.mls",
-        "is not a known option",
-    );
-    refused(
-        with(json!({ "group": { "broadcast": true } })),
-        "group.broadcast",
-        "is not a known option",
-    );
     // An unknown key wins over a missing required one: the typo is the real problem.
     refused(
         json!({ "appID": "chat", "storage": { "memory": true } }),
@@ -338,13 +324,7 @@ fn unknown_keys_are_errors_at_every_depth() {
 
 #[test]
 fn sections_must_be_objects() {
-    for key in [
-        "storage",
-        "transports",
-        "encryption",
-        "reliability",
-        "group",
-    ] {
+    for key in ["storage", "transports", "reliability"] {
         refused(with(json!({ key: "x" })), key, "must be an object");
     }
     refused(
@@ -670,22 +650,25 @@ fn ca_certificates_must_be_pem() {
     );
 }
 
-// ---- encryption ----
+// ---- keys nothing read ----
 
+/// Keys that were parsed and then ignored are refused like any unknown key: the features that
+/// will read them add them back.
 #[test]
-fn encryption_cannot_be_enabled_in_this_build() {
-    let e = err(with(json!({ "encryption": { "enabled": true } })));
-    assert_eq!(
-        e.to_string(),
-        "encryption.enabled end-to-end encryption is not available in this build"
-    );
-    ok(with(json!({ "encryption": { "enabled": false } })));
-    ok(with(json!({ "encryption": {} })));
-    refused(
-        with(json!({ "encryption": { "enabled": "no" } })),
-        "encryption.enabled",
-        "must be a boolean",
-    );
+fn keys_nothing_read_are_refused_as_unknown() {
+    for (config, path) in [
+        (
+            json!({ "reliability": { "retry": { "pendingMessageMaxLifetimeMs": 1000 } } }),
+            "reliability.retry.pendingMessageMaxLifetimeMs",
+        ),
+        (
+            json!({ "group": { "relayBroadcastEnabled": true } }),
+            "group",
+        ),
+        (json!({ "encryption": { "enabled": false } }), "encryption"),
+    ] {
+        refused(with(config), path, "is not a known option");
+    }
 }
 
 // ---- reliability ----
@@ -831,20 +814,7 @@ fn edge_driven_unreachable_dm() {
     );
 }
 
-// ---- group, hook, log ----
-
-#[test]
-fn group_relay_broadcast() {
-    let cfg = |v: Value| with(json!({ "group": { "relayBroadcastEnabled": v } }));
-    assert!(ok(cfg(json!(true))).group_relay_broadcast);
-    assert!(!ok(cfg(json!(false))).group_relay_broadcast);
-    assert!(ok(with(json!({ "group": {} }))).group_relay_broadcast);
-    refused(
-        cfg(json!(0)),
-        "group.relayBroadcastEnabled",
-        "must be a boolean",
-    );
-}
+// ---- hook, log ----
 
 #[test]
 fn durability_hook() {

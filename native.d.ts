@@ -10,8 +10,8 @@
 export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-wasip1'
 
 export declare class NativeGateway {
-  /** Binds `listen` (`127.0.0.1:0` picks a free port) and serves until `stop()`. */
-  static start(listen: string): Promise<NativeGateway>
+  /** `options`: `GatewayOptions` as JSON text, validated here. Serves until `stop()`. */
+  static start(options: string): Promise<NativeGateway>
   /** Starts a gateway from the arguments that follow `courier-relay gateway`. */
   static startFromArgs(args: Array<string>): Promise<NativeGateway>
   /** `host:port`, as `transports.gateway.address` takes it. */
@@ -23,7 +23,7 @@ export declare class NativeGateway {
 }
 
 export declare class NativeProtocol {
-  /** Validates the whole configuration (JSON text); throws `[ERR_CONFIG] path message`. */
+  /** Validates the whole configuration (JSON text); throws `ERR_CONFIG` `path message`. */
   constructor(configJson: string)
   /** Configuration warnings worth a log line (for example a lifetime beyond the signature window). */
   get warnings(): Array<string>
@@ -39,9 +39,12 @@ export declare class NativeProtocol {
    */
   sendMessage(input: NativeSendInput): Promise<string>
   getMessageStatus(id: string): Promise<string>
-  /** Counts, as JSON text. */
-  stats(): string
+  stats(): NativeStats
   internetStatusChanged(online: boolean): void
+  /**
+   * Registers an app carrier, before or after `start()`; it stays registered across
+   * `stop()` and `start()`.
+   */
   registerTransport(name: string): void
   neighborDiscovered(peerId: string, transport: string): void
   neighborLost(peerId: string, transport: string): void
@@ -57,12 +60,13 @@ export declare class NativeProtocol {
 }
 
 export declare class NativeRelay {
-  static start(options: NativeRelayOptions): Promise<NativeRelay>
+  /** `options`: `RelayOptions` as JSON text, validated here. */
+  static start(options: string): Promise<NativeRelay>
   /** Starts a relay from `courier-relay` command-line arguments. */
   static startFromArgs(args: Array<string>): Promise<NativeRelay>
   get url(): string
   get port(): number
-  stats(): string
+  stats(): NativeRelayStats
   stop(): Promise<void>
 }
 
@@ -71,23 +75,19 @@ export declare function gatewayCliHelp(): string
 /** An HS256 JWT for `account`, valid for `expiresInSec` (default one day). */
 export declare function issueToken(secret: string, account: string, expiresInSec?: number | undefined | null): string
 
-export interface NativeRelayMailbox {
-  maxMessages?: number
-  maxBytes?: number
-  ttlMs?: number
-}
-
-export interface NativeRelayOptions {
-  listen: string
-  storagePath?: string
-  jwtSecret: string
-  /** `false` disables store-and-forward; absent or an object enables it. */
-  mailboxEnabled: boolean
-  mailbox?: NativeRelayMailbox
-  rateBurst?: number
-  ratePerSec?: number
-  tlsCert?: string
-  tlsKey?: string
+/**
+ * `stats()` of a relay: `RelayStats` in `js/index.d.ts`. Counts cross as JS numbers, exact up
+ * to 2^53.
+ */
+export interface NativeRelayStats {
+  /** Authenticated connections (at most one per account). */
+  connections: number
+  /** Accounts that ever authenticated. */
+  accounts: number
+  /** Stored frames not yet acknowledged or expired. */
+  storedFrames: number
+  /** Presence watches held for connected clients. */
+  watches: number
 }
 
 export interface NativeSendInput {
@@ -98,6 +98,24 @@ export interface NativeSendInput {
   priority?: string
   contentType?: string
   metadata?: Record<string, string>
+}
+
+/** `stats()`: `ProtocolStats` in `js/index.d.ts`. Counts cross as JS numbers, exact up to 2^53. */
+export interface NativeStats {
+  /** Messages in the outbox. */
+  outboxRegular: number
+  outboxMedia: number
+  /** Messages handed to a carrier or awaiting their end-to-end ACK. */
+  pendingAcks: number
+  /** Queued messages that are not parked. */
+  retryQueue: number
+  /** Parked messages: the recipient is unreachable, or the relay holds them in custody. */
+  parked: number
+  /**
+   * Carriers available now: the relay, the gateway once attached, and each registered local
+   * transport.
+   */
+  carriersUp: number
 }
 
 export declare function relayCliHelp(): string

@@ -1,0 +1,177 @@
+// Every public event, made to occur with a real relay, a gateway and an app carrier, then
+// checked against js/index.d.ts by compiling each one, as it arrived, with tsc: a key or a value
+// type that differs between the producer (crates/courier-client/src/event.rs) and the typings,
+// an event type the typings do not declare, and a declared event type or key that never occurs
+// all fail this test.
+import assert from 'node:assert/strict'
+import { spawnSync } from 'node:child_process'
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { createRequire } from 'node:module'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { test } from 'node:test'
+import { fileURLToPath } from 'node:url'
+
+import { Gateway, Protocol } from '../js/index.js'
+import { peerConfig, record, startRelay, started, tempDir, unsignedControlFrame, waitFor } from './helpers.mjs'
+
+/** Declared keys no run of this test can produce, and why. */
+const NOT_PRODUCED_HERE = {
+  // Only a process killed between committing a terminal event and dispatching it replays one
+  // (the crash run covers that).
+  message_delivered: ['replayed'],
+  message_failed: ['replayed'],
+  // Media messages, which sendMessage refuses.
+  message_undeliverable: ['fileId'],
+}
+
+/**
+ * Declared keys whose producer is not in this build yet: the samples are compiled without them.
+ * Once an event carries the key, this test fails until the entry is deleted.
+ */
+const AWAITING_PRODUCER = {
+  message_undeliverable: ['reasonCode'],
+}
+
+/** An event as TypeScript source (JSON, except for the bytes of a binary message). */
+function literal(value) {
+  if (value instanceof Uint8Array) return `new Uint8Array(${JSON.stringify([...value])})`
+  if (Array.isArray(value)) return `[${value.map(literal).join(', ')}]`
+  if (value !== null && typeof value === 'object') {
+    return `{ ${Object.entries(value).map(([k, v]) => `${JSON.stringify(k)}: ${literal(v)}`).join(', ')} }`
+  }
+  return JSON.stringify(value)
+}
+
+/** The keys and the JS type of each value: events of one shape need compiling once. */
+const shape = (event) =>
+  Object.keys(event)
+    .sort()
+    .map((k) => `${k}:${event[k] === null ? 'null' : typeof event[k]}`)
+    .join(',')
+
+/** A TypeScript file that compiles only if every event matches its declared type. */
+function typeCheckSource(events) {
+  const byType = new Map()
+  for (const event of events) {
+    if (!byType.has(event.type)) byType.set(event.type, new Map())
+    byType.get(event.type).set(shape(event), event)
+  }
+  const typings = fileURLToPath(new URL('../js/index.js', import.meta.url))
+  const union = (names) => (names.length === 0 ? 'never' : names.map((n) => JSON.stringify(n)).join(' | '))
+  const lines = [
+    `import type { ProtocolEvent } from ${JSON.stringify(typings)}`,
+    `type Declared<T extends ProtocolEvent['type']> = Extract<ProtocolEvent, { type: T }>`,
+    '/** Fails to compile, naming what is left, unless `T` is `never`. */',
+    'type Empty<T extends never> = T',
+    '// Every declared event type occurred.',
+    `export type UnseenTypes = Empty<Exclude<ProtocolEvent['type'], ${union([...byType.keys()])}>>`,
+  ]
+  let n = 0
+  for (const [type, samples] of byType) {
+    const awaiting = AWAITING_PRODUCER[type] ?? []
+    const declared = awaiting.length > 0 ? `Omit<Declared<'${type}'>, ${union(awaiting)}>` : `Declared<'${type}'>`
+    lines.push(`// ${type}: each shape it arrived in is exactly its declared type.`)
+    for (const event of samples.values()) lines.push(`export const sample${n++}: ${declared} = ${literal(event)}`)
+    const seen = new Set([...samples.values()].flatMap((e) => Object.keys(e)))
+    const excused = [...seen, ...(NOT_PRODUCED_HERE[type] ?? []), ...awaiting]
+    lines.push(`export type UnseenKeys_${type} = Empty<Exclude<keyof Declared<'${type}'>, ${union(excused)}>>`)
+  }
+  return `${lines.join('\n')}\n`
+}
+
+function compile(source) {
+  const dir = mkdtempSync(join(tmpdir(), 'courier-events-'))
+  try {
+    writeFileSync(join(dir, 'events.ts'), source)
+    const compilerOptions = { strict: true, noEmit: true, skipLibCheck: true, target: 'es2022', module: 'node16', moduleResolution: 'node16', types: [] }
+    writeFileSync(join(dir, 'tsconfig.json'), JSON.stringify({ compilerOptions, files: ['events.ts'] }))
+    const tsc = createRequire(import.meta.url).resolve('typescript/bin/tsc')
+    return spawnSync(process.execPath, [tsc, '-p', dir], { encoding: 'utf8' })
+  } finally {
+    rmSync(dir, { recursive: true, force: true })
+  }
+}
+
+/** An app carrier that takes every frame and delivers none: sends to it time out unacknowledged. */
+const blackHole = { send: async () => {} }
+
+test('every public event occurs, and each matches its declared type', async (t) => {
+  const dir = tempDir(t)
+  const recorders = []
+  const watch = (peer) => {
+    recorders.push(peer.recorder)
+    return peer
+  }
+
+  // A message to a known peer that is offline is stored by the relay; one to an account the
+  // relay never saw is undeliverable, and parked.
+  const relay = await startRelay(t)
+  const bobBefore = watch(await started(t, peerConfig('bob', dir, relay.url)))
+  await bobBefore.protocol.stop()
+  const alice = watch(await started(t, peerConfig('alice', dir, relay.url, { logLevel: 'info' })))
+  const stored = await alice.protocol.sendMessage('bob', 'kept by the relay')
+  await waitFor(alice.recorder, (e) => e.type === 'message_stored' && e.messageId === stored)
+  // The recipient of a message in the relay's custody is watched; the relay knows when bob left.
+  await waitFor(alice.recorder, (e) => e.type === 'presence_updated' && e.peerId === 'bob' && e.lastSeenMs > 0)
+  const parked = await alice.protocol.sendMessage('nobody-known', 'to nobody')
+  await waitFor(alice.recorder, (e) => e.type === 'message_undeliverable' && e.messageId === parked)
+  await waitFor(alice.recorder, (e) => e.type === 'presence_updated' && e.peerId === 'nobody-known' && !e.online)
+
+  // Bob comes back: the stored message drains, and a live one follows.
+  const bob = watch(await started(t, peerConfig('bob', dir, relay.url)))
+  await waitFor(bob.recorder, (e) => e.type === 'inbound_drain_completed')
+  const binary = await alice.protocol.sendMessage('bob', new Uint8Array([0, 1, 255]), { contentType: 'file', metadata: { k: 'v' } })
+  for (const id of [stored, binary]) {
+    await waitFor(bob.recorder, (e) => e.type === 'message_received' && e.messageId === id, { what: `${id} received` })
+    await waitFor(alice.recorder, (e) => e.type === 'message_delivered' && e.messageId === id, { what: `${id} delivered` })
+  }
+  await waitFor(alice.recorder, (e) => e.type === 'internet_server_message')
+
+  // A device with only an app carrier that loses every frame: the message waits for a carrier,
+  // then times out unacknowledged, then fails.
+  const lonely = new Protocol({
+    appId: 'test',
+    storage: { path: `${dir}/lonely.db` },
+    reliability: { ack: { defaultTimeoutMs: 100 }, retry: { maxRetries: 1, initialDelayMs: 10, maxDelayMs: 10 } },
+  })
+  lonely.registerTransport('void', blackHole)
+  const lonelyEvents = record(lonely)
+  recorders.push(lonelyEvents)
+  await lonely.start()
+  t.after(() => lonely.stop())
+  const lost = await lonely.sendMessage('ghost', 'into the void')
+  await waitFor(lonelyEvents, (e) => e.type === 'message_deferred' && e.messageId === lost)
+  lonely.neighborDiscovered('ghost', 'void')
+  await waitFor(lonelyEvents, (e) => e.type === 'neighbor_discovered' && e.peerId === 'ghost')
+  await waitFor(lonelyEvents, (e) => e.type === 'message_retrying' && e.messageId === lost)
+  await waitFor(lonelyEvents, (e) => e.type === 'message_failed' && e.messageId === lost)
+  lonely.neighborLost('ghost', 'void')
+  await waitFor(lonelyEvents, (e) => e.type === 'neighbor_lost' && e.peerId === 'ghost')
+  // A control frame without a valid signature is reported.
+  lonely.receiveFrame('void', 'mallory', unsignedControlFrame(lonely.localAddress()))
+  await waitFor(lonelyEvents, (e) => e.type === 'security_warning')
+
+  // A device attached to a gateway.
+  const gateway = await Gateway.start()
+  t.after(() => gateway.stop())
+  const attached = watch(
+    await started(t, { appId: 'test', storage: { path: `${dir}/attached.db` }, transports: { gateway: { address: gateway.address } } }, { connect: false }),
+  )
+  await waitFor(attached.recorder, (e) => e.type === 'gateway_status_changed' && e.attached)
+
+  // A second session for alice's account supersedes the first.
+  watch(await started(t, { ...peerConfig('alice', dir, relay.url), storage: { path: `${dir}/alice-phone.db` } }))
+  await waitFor(alice.recorder, (e) => e.type === 'internet_session_superseded')
+
+  const events = recorders.flatMap((r) => r.events)
+  for (const [type, keys] of Object.entries(AWAITING_PRODUCER)) {
+    for (const key of keys) {
+      const carried = events.some((e) => e.type === type && key in e)
+      assert.ok(!carried, `${type} now carries ${key}: delete it from AWAITING_PRODUCER in this file`)
+    }
+  }
+  const source = typeCheckSource(events)
+  const result = compile(source)
+  assert.equal(result.status, 0, `the events do not match js/index.d.ts:\n${result.stdout}${result.stderr}\n${source}`)
+})

@@ -1,0 +1,110 @@
+//! The options of `Relay.start` and `Gateway.start` (`RelayOptions`, `GatewayOptions` in
+//! `js/index.d.ts`), validated by the strict reader of `Protocol`'s config: unknown keys with a
+//! "did you mean", errors naming the path, integers a JS number holds exactly.
+
+use std::net::SocketAddr;
+
+use courier_client::config::{storage_section, ConfigError, Section, StorageConfig};
+use courier_relay::{GatewayConfig, MailboxLimits, RateLimit, RelayConfig, Storage, TlsConfig};
+use serde_json::Value;
+
+/// Where both servers listen unless told otherwise: an ephemeral loopback port.
+const DEFAULT_LISTEN: &str = "127.0.0.1:0";
+
+const RELAY_KEYS: &[&str] = &[
+    "listen",
+    "storage",
+    "jwtSecret",
+    "mailbox",
+    "rateLimit",
+    "tls",
+];
+
+/// `options`: the `RelayOptions` object as JSON text.
+pub fn relay_config(options: &str) -> Result<RelayConfig, ConfigError> {
+    let options = parse(options)?;
+    let root = Section::root(&options, "options", RELAY_KEYS)?;
+    let listen = listen(&root)?;
+    let storage = match storage_section(&root, &[])?.0 {
+        StorageConfig::Path(path) => Storage::Path(path),
+        StorageConfig::Memory => Storage::Memory,
+    };
+    // The facade passes a Buffer secret as its UTF-8 text.
+    let secret = match root.string("jwtSecret")? {
+        Some(secret) if !secret.is_empty() => secret,
+        _ => return Err(root.error("jwtSecret", "must be a non-empty string")),
+    };
+    let mut config = RelayConfig::new(listen, storage, secret.as_bytes().to_vec());
+    config.mailbox = mailbox(&root)?;
+    if let Some(rate) = root.section("rateLimit", &["burst", "perSec"])? {
+        let per_connection = |key| {
+            rate.positive_int(key, u64::from(u32::MAX))
+                .map(|v| v.map(|v| v as u32))
+        };
+        let default = RateLimit::default();
+        config.rate_limit = RateLimit {
+            burst: per_connection("burst")?.unwrap_or(default.burst),
+            per_sec: per_connection("perSec")?.unwrap_or(default.per_sec),
+        };
+    }
+    if let Some(tls) = root.section("tls", &["cert", "key"])? {
+        let pem = |key| {
+            tls.string(key)?
+                .map(str::to_owned)
+                .ok_or_else(|| tls.error(key, "is required (PEM text)"))
+        };
+        config.tls = Some(TlsConfig {
+            cert_pem: pem("cert")?,
+            key_pem: pem("key")?,
+        });
+    }
+    Ok(config)
+}
+
+/// `mailbox`: `false` turns store-and-forward off; absent or an object keeps it on.
+fn mailbox(root: &Section<'_>) -> Result<Option<MailboxLimits>, ConfigError> {
+    match root.get("mailbox") {
+        Some(Value::Bool(false)) => return Ok(None),
+        Some(Value::Object(_)) | None => {}
+        Some(_) => return Err(root.error("mailbox", "must be false or an object")),
+    }
+    let default = MailboxLimits::default();
+    let Some(mailbox) = root.section("mailbox", &["maxMessages", "maxBytes", "ttlMs"])? else {
+        return Ok(Some(default));
+    };
+    let limit = |key, default| {
+        mailbox
+            .positive_int(key, u64::MAX)
+            .map(|v| v.unwrap_or(default))
+    };
+    Ok(Some(MailboxLimits {
+        max_messages: limit("maxMessages", default.max_messages)?,
+        max_bytes: limit("maxBytes", default.max_bytes)?,
+        ttl_ms: limit("ttlMs", default.ttl_ms)?,
+    }))
+}
+
+/// `options`: the `GatewayOptions` object as JSON text.
+pub fn gateway_config(options: &str) -> Result<GatewayConfig, ConfigError> {
+    let options = parse(options)?;
+    let root = Section::root(&options, "options", &["listen"])?;
+    Ok(GatewayConfig::new(listen(&root)?))
+}
+
+/// Options objects cross as JSON text, like `Protocol`'s config.
+fn parse(json: &str) -> Result<Value, ConfigError> {
+    serde_json::from_str(json).map_err(|e| ConfigError {
+        path: "options".to_owned(),
+        message: format!("are not valid JSON: {e}"),
+    })
+}
+
+fn listen(root: &Section<'_>) -> Result<SocketAddr, ConfigError> {
+    let listen = root.string("listen")?.unwrap_or(DEFAULT_LISTEN);
+    listen.parse().map_err(|_| {
+        root.error(
+            "listen",
+            format!("must be an address like 127.0.0.1:0, got {listen:?}"),
+        )
+    })
+}
