@@ -35,6 +35,7 @@ mod connection;
 mod dispatch;
 mod error;
 pub mod gateway;
+mod linger;
 mod mailbox;
 mod presence;
 mod rate;

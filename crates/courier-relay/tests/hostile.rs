@@ -86,6 +86,23 @@ async fn oversized_messages_close_with_1009_however_they_arrive() {
     assert_witness_delivered(&relay).await;
 }
 
+/// After a 1009 the relay reads the rest of the refused message out so the client hears the
+/// code, but only so much: a peer that keeps writing is cut off long before the close linger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reading_out_after_a_refusal_is_bounded_in_bytes() {
+    let relay = TestRelay::start_with(|c| c.timings.close_linger = Duration::from_secs(600)).await;
+    let mut raw = RawClient::connect(relay.handle().local_addr()).await;
+    raw.authenticate("mallory").await;
+    raw.announce_frame(0x1, 1 << 40).await;
+    let chunk = vec![b'x'; 64 * 1024];
+    let cut_off =
+        within(async { while raw.write_fragment(false, 0x0, &chunk).await.is_ok() {} }).await;
+    assert!(cut_off.is_some(), "the relay read on without a bound");
+    relay
+        .wait_stats("the flooding connection to end", |s| s.connections == 0)
+        .await;
+}
+
 /// `depth` nested arrays: `[[[…]]]`.
 fn nested_arrays(depth: usize) -> String {
     format!("{}{}", "[".repeat(depth), "]".repeat(depth))

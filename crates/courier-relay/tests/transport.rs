@@ -88,18 +88,31 @@ async fn unknown_and_invalid_frames_are_answered_and_the_connection_stays() {
     c.sync().await;
 }
 
+/// The relay refuses the message as soon as its header announces more than 1 MiB, while the
+/// client is still writing it: the 1009 must reach the client all the same, never a reset that
+/// destroys it. Repeated, because a reset only destroys it when it wins a race.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_over_1_mib_closes_with_1009() {
-    let relay = TestRelay::start().await;
-    let mut c = relay.online("alice").await;
+    // The relay reads out until the client closes; a linger this long cannot cut that short
+    // however slowly the client writes, and costs nothing when it does not.
+    let relay = TestRelay::start_with(|c| c.timings.close_linger = Duration::from_secs(60)).await;
     let big = format!(
         r#"{{"type":"SendMessage","recipient":"alice","message_id":"m","content":"{}"}}"#,
         "x".repeat(1_048_576)
     );
-    c.send_text(big).await;
-    let (frames, ending) = c.frames_until_end().await;
-    assert!(frames.is_empty(), "{frames:?}");
-    assert_eq!(ending, Ending::Close(1009));
+    let addr = relay.handle().local_addr();
+    for round in 0..200 {
+        // Authenticated, and as the first frame (where the relay still waits for Authenticate).
+        let mut authenticated = Client::connect_with_send_buffer(addr, 65536).await;
+        authenticated.authenticate("alice", false).await;
+        let mut first = Client::connect_with_send_buffer(addr, 65536).await;
+        for c in [&mut authenticated, &mut first] {
+            c.send_text(big.clone()).await;
+            let (frames, ending) = c.frames_until_end().await;
+            assert!(frames.is_empty(), "round {round}: {frames:?}");
+            assert_eq!(ending, Ending::Close(1009), "round {round}");
+        }
+    }
     assert_eq!(relay.stored_frames(), 0);
 }
 

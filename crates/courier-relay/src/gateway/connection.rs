@@ -6,8 +6,8 @@ use std::sync::Arc;
 use courier_proto::limits::RECIPIENT_UNREACHABLE;
 use courier_proto::{Address, Disposition, RelayFrame};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use super::attach::{check_declaration, identify_device_id, Attach};
 use super::line::{next_line, Line};
 use super::{Outbound, Shared, Undelivered, OUTBOX};
+use crate::linger::close_after_reading_out;
 use crate::{now_ms, stopping};
 
 /// What the connection does after a line.
@@ -96,29 +97,11 @@ pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, remote: SocketAddr) {
         conn.shared.unbind(address, id);
     }
     if linger {
-        close_gracefully(
-            conn.write,
-            reader.into_inner(),
-            conn.shared.timings.close_linger,
-        )
-        .await;
+        if let Ok(mut tcp) = reader.into_inner().reunite(conn.write) {
+            close_after_reading_out(&mut tcp, conn.shared.timings.close_linger).await;
+        }
     }
     tracing::debug!(connection = id, %remote, "gateway connection closed");
-}
-
-/// Sends FIN, then reads and discards until the peer closes too (or the linger passes), so
-/// unread input does not turn the close into a reset that could destroy the last line.
-async fn close_gracefully(
-    mut write: OwnedWriteHalf,
-    mut read: OwnedReadHalf,
-    linger: std::time::Duration,
-) {
-    let _ = write.shutdown().await;
-    let _ = tokio::time::timeout(linger, async {
-        let mut sink = [0u8; 8192];
-        while matches!(read.read(&mut sink).await, Ok(n) if n > 0) {}
-    })
-    .await;
 }
 
 impl Conn {

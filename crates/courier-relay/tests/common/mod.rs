@@ -179,6 +179,22 @@ impl Client {
         Self::from_ws(ws)
     }
 
+    /// A client whose socket holds at most `bytes` of unsent data: a large message is still
+    /// being written when the relay has read its header, not already queued in the kernel.
+    pub async fn connect_with_send_buffer(addr: std::net::SocketAddr, bytes: u32) -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_send_buffer_size(bytes).unwrap();
+        let tcp = socket.connect(addr).await.unwrap();
+        let (ws, _) = within(tokio_tungstenite::client_async(
+            format!("ws://{addr}"),
+            MaybeTlsStream::Plain(tcp),
+        ))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+        Self::from_ws(ws)
+    }
+
     pub fn from_ws(ws: Ws) -> Self {
         Self {
             ws,
