@@ -3,6 +3,7 @@
 //! ordering invariants this loop keeps.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use courier_proto::limits::close;
 use courier_proto::RelayFrame;
@@ -90,7 +91,14 @@ where
         timings.ping_interval,
     );
     ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let grace = tokio::time::sleep(timings.drain_grace);
+    // Only a connection that opted in is held for the grace, in which it may still declare its
+    // address (docs/protocol.md, Mailbox and offline drain). Any other one's traffic flows at
+    // once.
+    let grace = tokio::time::sleep(if opted_in {
+        timings.drain_grace
+    } else {
+        Duration::ZERO
+    });
     tokio::pin!(grace);
 
     loop {

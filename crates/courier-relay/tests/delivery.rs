@@ -468,6 +468,36 @@ async fn without_the_opt_in_frames_carry_no_seq_and_are_released_once_written() 
     );
 }
 
+/// Only an opted-in connection is held for the drain grace (docs/protocol.md, Mailbox and
+/// offline drain). A client written to the published contract, which sends nothing after
+/// Authenticate, gets its frames at once: with a grace far longer than any wait of the tests,
+/// a frame arriving at all shows it was not held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_without_the_opt_in_is_never_held_for_the_grace() {
+    let relay = TestRelay::start_with(|c| c.timings.drain_grace = Duration::from_secs(120)).await;
+    relay.register("bob").await;
+    let mut alice = relay.client().await;
+    alice.authenticate("alice", true).await;
+    assert_sent(
+        &alice.send_and_answer("bob", "m1", "kept").await,
+        "m1",
+        "bob",
+        "stored",
+    );
+    let mut bob = RawClient::connect(relay.handle().local_addr()).await;
+    bob.authenticate_published("bob").await;
+    let stored = Received::from(bob.next_relay_frame().await);
+    assert_eq!((stored.seq, stored.message_id.as_str()), (None, "m1"));
+    assert_sent(
+        &alice.send_and_answer("bob", "m2", "now").await,
+        "m2",
+        "bob",
+        "live",
+    );
+    let live = Received::from(bob.next_relay_frame().await);
+    assert_eq!((live.seq, live.message_id.as_str()), (None, "m2"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_session_displaces_the_old_one_and_takes_its_unacked_frames() {
     let relay = TestRelay::start().await;

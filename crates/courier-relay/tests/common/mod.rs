@@ -634,16 +634,40 @@ impl RawClient {
         Some((opcode, payload))
     }
 
+    /// Authenticates as our client does, opted in to `mailbox_v1`.
     pub async fn authenticate(&mut self, account: &str) {
-        let auth = json!({"type": "Authenticate", "token": token(account), "client_capabilities": ["mailbox_v1"]});
+        self.authenticate_with(json!({"type": "Authenticate", "token": token(account), "client_capabilities": ["mailbox_v1"]}))
+            .await;
+    }
+
+    /// Authenticates as a client written to the published contract: no `client_capabilities`.
+    pub async fn authenticate_published(&mut self, account: &str) {
+        self.authenticate_with(json!({"type": "Authenticate", "token": token(account)}))
+            .await;
+    }
+
+    async fn authenticate_with(&mut self, auth: Value) {
         self.send_frame(0x1, auth.to_string().as_bytes()).await;
-        let (opcode, payload) = self.read_frame().await.expect("Authenticated");
-        assert_eq!(opcode, 0x1);
-        let frame = RelayFrame::decode(std::str::from_utf8(&payload).unwrap()).unwrap();
+        let frame = self.next_relay_frame().await;
         assert!(
             matches!(frame, RelayFrame::Authenticated { .. }),
             "{frame:?}"
         );
+    }
+
+    /// The next text frame, decoded (Pings are skipped, never answered).
+    pub async fn next_relay_frame(&mut self) -> RelayFrame {
+        loop {
+            match self.read_frame().await {
+                Some((0x1, payload)) => {
+                    let text = std::str::from_utf8(&payload).expect("UTF-8 text frame");
+                    return RelayFrame::decode(text)
+                        .unwrap_or_else(|e| panic!("bad relay frame {text}: {e}"));
+                }
+                Some((0x9, _)) => continue,
+                other => panic!("a text frame expected, got {other:?}"),
+            }
+        }
     }
 
     /// Every frame the relay sends until it closes the TCP connection, which it must do within
