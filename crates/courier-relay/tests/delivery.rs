@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use courier_proto::{ClientFrame, RelayFrame};
+use serde_json::json;
 
 /// A realistic content: a serialized Message with quotes, escapes and non-ASCII text.
 const CONTENT: &str = r#"{"id":"m1","sender":"off1x","content":"h\u00e9llo \"w\u00f6rld\"\n","priority":"high","metadata":{}}"#;
@@ -496,6 +497,63 @@ async fn a_connection_without_the_opt_in_is_never_held_for_the_grace() {
     );
     let live = Received::from(bob.next_relay_frame().await);
     assert_eq!((live.seq, live.message_id.as_str()), (None, "m2"));
+}
+
+/// Custody is said in our `disposition` and in the published `pushed`/`stored`, so a client
+/// written to the published contract reads it too; a live answer says `disposition` only
+/// (docs/protocol.md, Sending).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_message_sent_carries_the_published_custody_fields() {
+    let relay = TestRelay::start().await;
+    relay.register("bob").await;
+    let mut alice = RawClient::connect(relay.handle().local_addr()).await;
+    alice.authenticate_published("alice").await;
+    let send = |message_id: &str| json!({"type": "SendMessage", "recipient": "bob", "content": "x", "message_id": message_id});
+    alice.send_json(send("m1")).await;
+    let stored = alice.next_json().await;
+    assert_eq!(
+        (
+            &stored["type"],
+            &stored["message_id"],
+            &stored["disposition"],
+            &stored["pushed"],
+            &stored["stored"]
+        ),
+        (
+            &json!("MessageSent"),
+            &json!("m1"),
+            &json!("stored"),
+            &json!(true),
+            &json!(true)
+        ),
+        "{stored}"
+    );
+
+    let mut bob = relay.client().await;
+    bob.authenticate("bob", true).await;
+    assert_eq!(bob.drain().await.1, 1);
+    alice.send_json(send("m2")).await;
+    let live = alice.next_json().await;
+    let mut fields: Vec<&str> = live
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    fields.sort_unstable();
+    assert_eq!(
+        fields,
+        [
+            "disposition",
+            "message_id",
+            "recipient",
+            "timestamp",
+            "type"
+        ],
+        "{live}"
+    );
+    assert_eq!(live["disposition"], "live");
+    assert_eq!(bob.received().await.message_id, "m2");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -647,7 +647,7 @@ impl RawClient {
     }
 
     async fn authenticate_with(&mut self, auth: Value) {
-        self.send_frame(0x1, auth.to_string().as_bytes()).await;
+        self.send_json(auth).await;
         let frame = self.next_relay_frame().await;
         assert!(
             matches!(frame, RelayFrame::Authenticated { .. }),
@@ -655,19 +655,28 @@ impl RawClient {
         );
     }
 
-    /// The next text frame, decoded (Pings are skipped, never answered).
-    pub async fn next_relay_frame(&mut self) -> RelayFrame {
+    /// The next text frame as JSON, exactly as the relay wrote it (Pings are skipped, never
+    /// answered).
+    pub async fn next_json(&mut self) -> Value {
         loop {
             match self.read_frame().await {
                 Some((0x1, payload)) => {
-                    let text = std::str::from_utf8(&payload).expect("UTF-8 text frame");
-                    return RelayFrame::decode(text)
-                        .unwrap_or_else(|e| panic!("bad relay frame {text}: {e}"));
+                    return serde_json::from_slice(&payload).expect("a JSON text frame")
                 }
                 Some((0x9, _)) => continue,
                 other => panic!("a text frame expected, got {other:?}"),
             }
         }
+    }
+
+    /// The next text frame, decoded.
+    pub async fn next_relay_frame(&mut self) -> RelayFrame {
+        let json = self.next_json().await.to_string();
+        RelayFrame::decode(&json).unwrap_or_else(|e| panic!("bad relay frame {json}: {e}"))
+    }
+
+    pub async fn send_json(&mut self, frame: Value) {
+        self.send_frame(0x1, frame.to_string().as_bytes()).await;
     }
 
     /// Every frame the relay sends until it closes the TCP connection, which it must do within
