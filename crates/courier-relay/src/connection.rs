@@ -21,7 +21,7 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
-use crate::auth::{encode_challenge, new_challenge, AuthFailure};
+use crate::auth::{encode_challenge, AuthFailure};
 use crate::dispatch::{Flow, Session};
 use crate::linger::{read_out_websocket, Input};
 use crate::mailbox::DeliveryQueue;
@@ -123,7 +123,7 @@ where
 {
     let Authed { account, opted_in } = authed;
     // Drawn before anything changes state, so a failing generator displaces nobody.
-    let ready = match ctx.timings.fixed_address_challenge.or_else(new_challenge) {
+    let ready = match ctx.timings.challenge() {
         None => {
             tracing::error!("the system random generator failed");
             None

@@ -159,12 +159,7 @@ impl Conn {
             );
             return Step::Continue;
         };
-        let challenge = self
-            .shared
-            .timings
-            .fixed_challenge
-            .or_else(crate::auth::new_challenge);
-        let Some(challenge) = challenge else {
+        let Some(challenge) = self.shared.timings.challenge() else {
             tracing::error!("the system random source failed; closing the connection");
             return Step::Close;
         };

@@ -41,10 +41,21 @@ pub struct GatewayTimings {
     /// How long a closing connection keeps reading (and discarding) so the peer gets a clean
     /// end of stream rather than a reset.
     pub close_linger: Duration,
-    /// Test hook: every connection gets these bytes as its challenge instead of 32 fresh
-    /// CSPRNG bytes, so a test can replay a proof across connections. Never in production.
-    #[doc(hidden)]
+    /// Test hook (feature `test-hooks`): every connection gets these bytes as its challenge
+    /// instead of 32 fresh CSPRNG bytes, so a test can replay a proof across connections.
+    #[cfg(feature = "test-hooks")]
     pub fixed_challenge: Option<[u8; CHALLENGE_LEN]>,
+}
+
+impl GatewayTimings {
+    /// A connection's challenge; `None` when the system random generator fails.
+    pub(crate) fn challenge(&self) -> Option<[u8; CHALLENGE_LEN]> {
+        #[cfg(feature = "test-hooks")]
+        if self.fixed_challenge.is_some() {
+            return self.fixed_challenge;
+        }
+        crate::auth::new_challenge()
+    }
 }
 
 impl Default for GatewayTimings {
@@ -54,6 +65,7 @@ impl Default for GatewayTimings {
             declare_deadline: Duration::from_secs(10),
             write_timeout: Duration::from_secs(10),
             close_linger: Duration::from_secs(1),
+            #[cfg(feature = "test-hooks")]
             fixed_challenge: None,
         }
     }
