@@ -22,13 +22,11 @@ use crate::RelayError;
 
 pub mod attach;
 mod connection;
-pub mod line;
 
 /// Default listen address (`identity.md` §6: `localhost:4242`).
 pub const DEFAULT_LISTEN: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 4242);
 
-/// Connections served at once; further sockets are closed at accept.
 /// The gateway's clocks. Production uses the defaults; tests shorten them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GatewayTimings {
