@@ -123,6 +123,67 @@ pub enum Disposition {
     Stored,
 }
 
+/// `MessageSent`'s two spellings of one fact. Ours is `disposition` [ext]; a relay written to the
+/// published contract says custody as `stored: true` (with `pushed: true`) and has no
+/// `disposition`. Our relay writes both for a stored frame, so either kind of client reads it;
+/// a live one carries `disposition` only. Read: `disposition` when present, else `stored: true`
+/// is custody; a frame whose two spellings disagree is invalid rather than guessed at.
+mod custody {
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::Disposition;
+
+    #[derive(Serialize)]
+    struct Written {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        disposition: Option<Disposition>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pushed: Option<bool>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        stored: Option<bool>,
+    }
+
+    /// `pushed` is not read: it adds nothing to `stored` for a sender.
+    #[derive(Deserialize)]
+    struct Read {
+        #[serde(default)]
+        disposition: Option<Disposition>,
+        #[serde(default)]
+        stored: Option<bool>,
+    }
+
+    pub fn serialize<S: Serializer>(
+        disposition: &Option<Disposition>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        let custody = (*disposition == Some(Disposition::Stored)).then_some(true);
+        Written {
+            disposition: *disposition,
+            pushed: custody,
+            stored: custody,
+        }
+        .serialize(serializer)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<Disposition>, D::Error> {
+        let Read {
+            disposition,
+            stored,
+        } = Read::deserialize(deserializer)?;
+        match (disposition, stored) {
+            (Some(Disposition::Live), Some(true)) | (Some(Disposition::Stored), Some(false)) => {
+                Err(D::Error::custom("`disposition` and `stored` disagree"))
+            }
+            (Some(disposition), _) => Ok(Some(disposition)),
+            (None, Some(true)) => Ok(Some(Disposition::Stored)),
+            (None, Some(false) | None) => Ok(None),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RateLimitInfo {
     pub burst: u32,
@@ -171,7 +232,9 @@ pub enum RelayFrame {
         message_id: String,
         recipient: String,
         timestamp: u64,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        /// On the wire as our `disposition` and, for custody, the published `pushed: true,
+        /// stored: true` too; read from either (`custody`). `None`: the relay said neither.
+        #[serde(flatten, with = "custody")]
         disposition: Option<Disposition>,
     },
     DeliveryError {
@@ -435,13 +498,78 @@ mod tests {
             f,
             RelayFrame::PresenceStatus { online: false, .. }
         ));
-        let sent = RelayFrame::MessageSent {
+    }
+
+    fn message_sent(disposition: Option<Disposition>) -> RelayFrame {
+        RelayFrame::MessageSent {
             message_id: "m".into(),
             recipient: "bob".into(),
             timestamp: 5,
-            disposition: Some(Disposition::Stored),
+            disposition,
+        }
+    }
+
+    fn wire(frame: &RelayFrame) -> Value {
+        serde_json::from_str(&frame.encode()).unwrap()
+    }
+
+    #[test]
+    fn custody_is_written_in_both_spellings_and_a_live_answer_in_ours_only() {
+        let stored = message_sent(Some(Disposition::Stored));
+        assert_eq!(
+            wire(&stored),
+            serde_json::json!({"type": "MessageSent", "message_id": "m", "recipient": "bob",
+                "timestamp": 5, "disposition": "stored", "pushed": true, "stored": true})
+        );
+        let live = message_sent(Some(Disposition::Live));
+        assert_eq!(
+            wire(&live),
+            serde_json::json!({"type": "MessageSent", "message_id": "m", "recipient": "bob",
+                "timestamp": 5, "disposition": "live"})
+        );
+        for frame in [stored, live, message_sent(None)] {
+            assert_eq!(RelayFrame::decode(&frame.encode()).unwrap(), frame);
+        }
+    }
+
+    #[test]
+    fn custody_is_read_from_either_spelling() {
+        let decode = |fields: &str| {
+            RelayFrame::decode(&format!(
+                r#"{{"type":"MessageSent","message_id":"m","recipient":"bob","timestamp":5{fields}}}"#
+            ))
         };
-        assert_eq!(RelayFrame::decode(&sent.encode()).unwrap(), sent);
-        assert!(sent.encode().contains("\"disposition\":\"stored\""));
+        let ours = decode(r#","disposition":"stored""#);
+        let published = decode(r#","pushed":true,"stored":true"#);
+        assert_eq!(ours, Ok(message_sent(Some(Disposition::Stored))));
+        assert_eq!(published, Ok(message_sent(Some(Disposition::Stored))));
+        assert_eq!(
+            decode(r#","stored":true"#),
+            Ok(message_sent(Some(Disposition::Stored)))
+        );
+        // The published contract's answer without custody, and one that says nothing.
+        assert_eq!(
+            decode(r#","pushed":true,"stored":false"#),
+            Ok(message_sent(None))
+        );
+        assert_eq!(decode(r#","stored":null"#), Ok(message_sent(None)));
+        assert_eq!(decode(""), Ok(message_sent(None)));
+        assert_eq!(
+            decode(r#","disposition":"live","pushed":false,"stored":false"#),
+            Ok(message_sent(Some(Disposition::Live)))
+        );
+        for contradiction in [
+            r#","disposition":"live","stored":true"#,
+            r#","disposition":"stored","stored":false"#,
+        ] {
+            assert!(
+                matches!(decode(contradiction), Err(DecodeError::Invalid { .. })),
+                "{contradiction}"
+            );
+        }
+        assert!(matches!(
+            decode(r#","stored":"yes""#),
+            Err(DecodeError::Invalid { .. })
+        ));
     }
 }

@@ -5,6 +5,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use courier_proto::proof::CHALLENGE_LEN;
+
+use crate::auth::new_challenge;
 use crate::RelayError;
 
 /// Where the relay keeps accounts and the journal.
@@ -87,11 +90,22 @@ pub struct Timings {
     pub close_linger: Duration,
     /// Bound on the relay's own work for one SendMessage, under the 10 s answer rule (§6).
     pub answer_deadline: Duration,
-    /// Test hook: every connection gets these bytes as its `address_challenge` instead of 32
-    /// fresh CSPRNG bytes, so a test can replay pinned proof vectors (§4.4). Never set it in
-    /// production: a fixed challenge lets a proof seen once be replayed on any connection.
-    #[doc(hidden)]
-    pub fixed_address_challenge: Option<[u8; 32]>,
+    /// Test hook (feature `test-hooks`): every connection gets these bytes as its
+    /// `address_challenge` instead of 32 fresh CSPRNG bytes, so a test can replay pinned proof
+    /// vectors (docs/protocol.md, Vectors).
+    #[cfg(feature = "test-hooks")]
+    pub fixed_challenge: Option<[u8; CHALLENGE_LEN]>,
+}
+
+impl Timings {
+    /// A connection's `address_challenge`; `None` when the system random generator fails.
+    pub(crate) fn challenge(&self) -> Option<[u8; CHALLENGE_LEN]> {
+        #[cfg(feature = "test-hooks")]
+        if self.fixed_challenge.is_some() {
+            return self.fixed_challenge;
+        }
+        new_challenge()
+    }
 }
 
 impl Default for Timings {
@@ -105,7 +119,8 @@ impl Default for Timings {
             supersede_wait: Duration::from_secs(5),
             close_linger: Duration::from_secs(2),
             answer_deadline: Duration::from_secs(8),
-            fixed_address_challenge: None,
+            #[cfg(feature = "test-hooks")]
+            fixed_challenge: None,
         }
     }
 }

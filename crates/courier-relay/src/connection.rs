@@ -21,12 +21,13 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
-use crate::auth::{encode_challenge, new_challenge, AuthFailure};
+use crate::auth::{encode_challenge, AuthFailure};
 use crate::dispatch::{Flow, Session};
+use crate::linger::{read_out_websocket, Input};
 use crate::mailbox::DeliveryQueue;
 use crate::rate::TokenBucket;
 use crate::router::{Peer, SupersedeAck};
-use crate::writer::{self, Outbound};
+use crate::writer::{self, Outbound, Sink};
 use crate::{now_ms, stopping, Ctx};
 
 /// Answers the reader may queue ahead of the writer before it waits.
@@ -122,18 +123,24 @@ where
 {
     let Authed { account, opted_in } = authed;
     // Drawn before anything changes state, so a failing generator displaces nobody.
-    let challenge = ctx.timings.fixed_address_challenge.or_else(new_challenge);
-    let Some(challenge) = challenge else {
-        tracing::error!("the system random generator failed");
-        close_and_linger(&mut ws, close::INTERNAL, ctx.timings.close_linger).await;
+    let ready = match ctx.timings.challenge() {
+        None => {
+            tracing::error!("the system random generator failed");
+            None
+        }
+        Some(challenge) => match ctx.store.ensure_account(&account, now_ms()).await {
+            Ok(()) => Some(challenge),
+            Err(e) => {
+                tracing::error!(%account, error = %e, "cannot persist the account");
+                None
+            }
+        },
+    };
+    let Some(challenge) = ready else {
+        let linger = ctx.timings.close_linger;
+        close_and_read_out(&mut ws, close::INTERNAL, Input::Parsing, linger).await;
         return;
     };
-
-    if let Err(e) = ctx.store.ensure_account(&account, now_ms()).await {
-        tracing::error!(%account, error = %e, "cannot persist the account");
-        close_and_linger(&mut ws, close::INTERNAL, ctx.timings.close_linger).await;
-        return;
-    }
     let (queue, deliveries) = DeliveryQueue::new();
     let (peer, superseded) = Peer::new(ctx.next_connection_id(), account.clone(), queue);
     let peer = Arc::new(peer);
@@ -169,7 +176,9 @@ where
         .await
         .is_err()
     {
-        end_session(&ctx, &peer).await;
+        if let Some(at) = leave(&ctx, &peer) {
+            record_last_seen(&ctx, &account, at).await;
+        }
         return;
     }
     tracing::debug!(%remote, %account, opted_in, "authenticated");
@@ -193,33 +202,37 @@ where
     );
     let reader = Reader {
         ctx: Arc::clone(&ctx),
+        peer,
         stream,
         out,
         writer: WriterTask(writer),
     };
-    reader.run(session, superseded).await;
-    end_session(&ctx, &peer).await;
+    if let Some(at) = reader.run(session, superseded).await {
+        record_last_seen(&ctx, &account, at).await;
+    }
     tracing::debug!(%remote, %account, "connection ended");
 }
 
-/// The connection is over: its watches end, and if it was the account's last connection the
-/// account goes offline (its watchers hear it) and the time is persisted as its last_seen.
-async fn end_session(ctx: &Ctx, peer: &Peer) {
+/// The connection stops being the account's: its watches end, and if it was the account's
+/// connection the account goes offline (its watchers hear it); returns when it did. Called
+/// before the socket closes, so a client that saw its connection end never finds the relay
+/// still routing to it.
+fn leave(ctx: &Ctx, peer: &Peer) -> Option<u64> {
     let now = now_ms();
-    if !ctx.router.unregister(peer, now) {
-        return;
-    }
+    ctx.router.unregister(peer, now).then_some(now)
+}
+
+/// Persists when the account went offline as its last_seen.
+async fn record_last_seen(ctx: &Ctx, account: &str, at: u64) {
     let recorded = tokio::time::timeout(
         ctx.timings.answer_deadline,
-        ctx.store.record_last_seen(&peer.account, now),
+        ctx.store.record_last_seen(account, at),
     )
     .await;
     match recorded {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            tracing::warn!(account = %peer.account, error = %e, "last_seen not persisted")
-        }
-        Err(_) => tracing::warn!(account = %peer.account, "persisting last_seen timed out"),
+        Ok(Err(e)) => tracing::warn!(%account, error = %e, "last_seen not persisted"),
+        Err(_) => tracing::warn!(%account, "persisting last_seen timed out"),
     }
 }
 
@@ -246,13 +259,13 @@ where
         let failure = match event {
             AuthEvent::Timeout => AuthFailure::AuthTimeout,
             AuthEvent::Shutdown => {
-                close_and_linger(ws, close::GOING_AWAY, linger).await;
+                close_and_read_out(ws, close::GOING_AWAY, Input::Parsing, linger).await;
                 return None;
             }
             AuthEvent::Message(None) => return None,
             AuthEvent::Message(Some(Err(e))) => {
                 if let Some(code) = close_code_for(&e) {
-                    close_and_linger(ws, code, linger).await;
+                    close_and_read_out(ws, code, Input::Failed, linger).await;
                 }
                 return None;
             }
@@ -280,7 +293,7 @@ where
                 },
                 Message::Binary(_) => AuthFailure::NotAuthenticated,
                 Message::Close(_) => {
-                    linger_read(ws, linger).await;
+                    answer_peer_close(ws, linger).await;
                     return None;
                 }
                 Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => continue,
@@ -291,24 +304,29 @@ where
             reason: failure.reason().to_owned(),
         };
         if ws.send(Message::text(refusal.encode())).await.is_ok() {
-            close_and_linger(ws, close::AUTH_FAILED, linger).await;
+            close_and_read_out(ws, close::AUTH_FAILED, Input::Parsing, linger).await;
         }
         return None;
     }
 }
 
-async fn close_and_linger<S>(ws: &mut WebSocketStream<S>, code: u16, linger: Duration)
-where
+/// Closes with `code` and reads the socket out (`linger.rs`), so the code reaches a peer that
+/// is still writing.
+async fn close_and_read_out<S>(
+    ws: &mut WebSocketStream<S>,
+    code: u16,
+    input: Input,
+    linger: Duration,
+) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     if ws.send(close_message(code)).await.is_ok() {
-        linger_read(ws, linger).await;
+        read_out_websocket(ws, input, linger).await;
     }
 }
 
-/// Reads (and discards) until the peer answers our Close, so the Close reaches it before the
-/// TCP connection goes away.
-async fn linger_read<St>(stream: &mut St, linger: Duration)
+/// The peer closed first: reading on writes the reply tungstenite queued and ends the stream.
+async fn answer_peer_close<St>(stream: &mut St, linger: Duration)
 where
     St: futures_util::Stream<Item = Result<Message, WsError>> + Unpin,
 {
@@ -318,23 +336,37 @@ where
     .await;
 }
 
-enum End {
-    /// Close with this code, then linger for the peer's reply.
-    Close(u16),
+enum End<S> {
+    /// Close with this code, then read the socket out.
+    Close(u16, Input),
     Superseded(Option<SupersedeAck>),
     /// No Pong or other message for `dead_after`: best-effort 4008, no waiting (§1).
     Dead,
+    /// The peer sent Close.
+    PeerClosed,
     /// The peer went away or the socket failed.
     Gone,
-    /// The writer stopped (socket error, or it closed the connection itself).
-    WriterStopped,
+    /// The writer stopped: on a socket error, or after it wrote a Close itself (then with the
+    /// sink, to read the socket out; the writer closes only for reasons of its own, never on
+    /// the peer's input).
+    WriterStopped(Option<Sink<S>>),
 }
 
 /// The writer task, aborted when its connection task ends or is dropped (e.g. aborted at
 /// shutdown), so no writer outlives its connection.
-struct WriterTask(tokio::task::JoinHandle<()>);
+struct WriterTask<S>(tokio::task::JoinHandle<Option<Sink<S>>>);
 
-impl Drop for WriterTask {
+impl<S> WriterTask<S> {
+    /// The writer's end, if it comes within `wait`: its sink when it wrote a Close.
+    async fn stopped(&mut self, wait: Duration) -> Option<Sink<S>> {
+        match tokio::time::timeout(wait, &mut self.0).await {
+            Ok(Ok(sink)) => sink,
+            Ok(Err(_)) | Err(_) => None,
+        }
+    }
+}
+
+impl<S> Drop for WriterTask<S> {
     fn drop(&mut self) {
         self.0.abort();
     }
@@ -342,25 +374,31 @@ impl Drop for WriterTask {
 
 struct Reader<S> {
     ctx: Arc<Ctx>,
+    peer: Arc<Peer>,
     stream: futures_util::stream::SplitStream<WebSocketStream<S>>,
     out: mpsc::Sender<Outbound>,
-    writer: WriterTask,
+    writer: WriterTask<S>,
 }
 
 impl<S> Reader<S>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    async fn run(mut self, mut session: Session, mut superseded: oneshot::Receiver<SupersedeAck>) {
+    /// Reads until the connection ends; returns when the account went offline with it.
+    async fn run(
+        mut self,
+        mut session: Session,
+        mut superseded: oneshot::Receiver<SupersedeAck>,
+    ) -> Option<u64> {
         let timings = self.ctx.timings;
         let mut shutdown = self.ctx.shutdown.clone();
         let mut last_heard = Instant::now();
         let end = loop {
             let event = tokio::select! {
                 biased;
-                () = stopping(&mut shutdown) => Err(End::Close(close::GOING_AWAY)),
+                () = stopping(&mut shutdown) => Err(End::Close(close::GOING_AWAY, Input::Parsing)),
                 ack = &mut superseded => Err(End::Superseded(ack.ok())),
-                _ = &mut self.writer.0 => Err(End::WriterStopped),
+                sink = &mut self.writer.0 => Err(End::WriterStopped(sink.ok().flatten())),
                 () = tokio::time::sleep_until(last_heard + timings.dead_after) => Err(End::Dead),
                 message = self.stream.next() => Ok(message),
             };
@@ -368,7 +406,7 @@ where
                 Err(end) => break end,
                 Ok(None) => break End::Gone,
                 Ok(Some(Err(e))) => match close_code_for(&e) {
-                    Some(code) => break End::Close(code),
+                    Some(code) => break End::Close(code, Input::Failed),
                     None => break End::Gone,
                 },
                 Ok(Some(Ok(message))) => message,
@@ -388,33 +426,36 @@ where
             let handled = tokio::select! {
                 biased;
                 handled = handling => handled,
-                () = stopping(&mut shutdown) => break End::Close(close::GOING_AWAY),
+                () = stopping(&mut shutdown) => break End::Close(close::GOING_AWAY, Input::Parsing),
                 ack = &mut superseded => break End::Superseded(ack.ok()),
                 () = tokio::time::sleep_until(last_heard + timings.dead_after) => break End::Dead,
             };
             let Some(flow) = handled else {
-                // A Close: tungstenite queued the reply; reading on flushes it and ends the
-                // stream.
-                linger_read(&mut self.stream, timings.close_linger).await;
-                break End::Gone;
+                break End::PeerClosed;
             };
             match flow {
                 Flow::Continue => {}
-                Flow::Close(code) => break End::Close(code),
-                Flow::WriterGone => break End::WriterStopped,
+                Flow::Close(code) => break End::Close(code, Input::Parsing),
+                Flow::WriterGone => {
+                    break End::WriterStopped(self.writer.stopped(timings.close_linger).await)
+                }
             }
         };
         // The session holds a sender too; the writer must see the channel close.
         drop(session);
-        self.finish(end).await;
+        self.finish(end).await
     }
 
-    async fn finish(mut self, end: End) {
+    async fn finish(mut self, end: End<S>) -> Option<u64> {
         let linger = self.ctx.timings.close_linger;
-        match end {
-            End::Close(code) => {
-                if self.out.send(Outbound::Close(code)).await.is_ok() {
-                    linger_read(&mut self.stream, linger).await;
+        let offline = leave(&self.ctx, &self.peer);
+        let closed = match end {
+            End::Close(code, input) => {
+                // Bounded: a writer stuck on a peer that does not read never takes the Close.
+                let queued = tokio::time::timeout(linger, self.out.send(Outbound::Close(code)));
+                match queued.await {
+                    Ok(Ok(())) => self.writer.stopped(linger).await.map(|sink| (sink, input)),
+                    Ok(Err(_)) | Err(_) => None,
                 }
             }
             End::Superseded(ack) => {
@@ -424,23 +465,37 @@ where
                 let _ = self.out.send(Outbound::Frame(superseded)).await;
                 let _ = self.out.send(Outbound::Close(close::SUPERSEDED)).await;
                 // The new connection is answered only once the old one has closed.
-                let wait = self.ctx.timings.supersede_wait;
-                let _ = tokio::time::timeout(wait, &mut self.writer.0).await;
+                let sink = self.writer.stopped(self.ctx.timings.supersede_wait).await;
                 if let Some(ack) = ack {
                     let _ = ack.send(());
                 }
-                linger_read(&mut self.stream, linger).await;
+                sink.map(|sink| (sink, Input::Parsing))
             }
             End::Dead => {
                 let _ = self.out.try_send(Outbound::Close(close::KEEPALIVE_TIMEOUT));
+                None
             }
-            End::Gone => {}
-            End::WriterStopped => linger_read(&mut self.stream, linger).await,
-        }
+            End::PeerClosed => {
+                // tungstenite queued the reply; reading on writes it and ends the stream.
+                answer_peer_close(&mut self.stream, linger).await;
+                None
+            }
+            End::Gone => None,
+            End::WriterStopped(sink) => sink.map(|sink| (sink, Input::Parsing)),
+        };
         drop(self.out);
-        // A writer stuck on a socket that no longer drains is aborted when `self` drops.
-        if !self.writer.0.is_finished() {
-            let _ = tokio::time::timeout(linger, &mut self.writer.0).await;
+        match closed {
+            Some((sink, input)) => {
+                if let Ok(mut ws) = self.stream.reunite(sink) {
+                    read_out_websocket(&mut ws, input, linger).await;
+                }
+            }
+            // A writer stuck on a socket that no longer drains is aborted when `self` drops.
+            None if !self.writer.0.is_finished() => {
+                let _ = tokio::time::timeout(linger, &mut self.writer.0).await;
+            }
+            None => {}
         }
+        offline
     }
 }

@@ -11,6 +11,9 @@ pub enum RelayError {
     },
     #[error("relay storage: {0}")]
     Storage(#[from] rusqlite::Error),
+    /// The database was written by a newer relay; it is left untouched.
+    #[error("the database has schema version {found}; this relay knows up to {supported}")]
+    NewerSchema { found: u32, supported: u32 },
     #[error("cannot start the storage thread: {0}")]
     StorageThread(std::io::Error),
     #[error("TLS setup: {0}")]

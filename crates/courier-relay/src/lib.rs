@@ -35,6 +35,7 @@ mod connection;
 mod dispatch;
 mod error;
 pub mod gateway;
+mod linger;
 mod mailbox;
 mod presence;
 mod rate;
@@ -53,7 +54,6 @@ use auth::TokenVerifier;
 use router::Router;
 use store::Store;
 
-/// Connections served at once; further sockets are closed at accept.
 /// Milliseconds since the Unix epoch (the protocol's time unit).
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()

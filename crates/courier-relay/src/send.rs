@@ -83,11 +83,38 @@ pub async fn account_of(ctx: &Ctx, recipient: Recipient<'_>) -> Result<Option<St
     }
 }
 
-fn unreachable(recipient: String, message_id: String, detail: &str) -> RelayFrame {
+/// Why a recipient is unreachable: the detail after `recipient_unreachable: ` in a
+/// DeliveryError's reason (docs/protocol.md, Sending).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unreachable {
+    /// The identifier names no known account or bound address.
+    UnknownRecipient,
+    /// Known, not connected, and nothing can keep the frame for it.
+    OfflineNoMailbox,
+    /// Keeping the frame would pass the recipient's mailbox limits.
+    MailboxFull,
+}
+
+impl Unreachable {
+    fn detail(self) -> &'static str {
+        match self {
+            Self::UnknownRecipient => "unknown_recipient",
+            Self::OfflineNoMailbox => "offline_no_mailbox",
+            Self::MailboxFull => "mailbox_full",
+        }
+    }
+}
+
+/// The unreachable verdict on one SendMessage, of the relay and the gateway daemon alike.
+pub fn recipient_unreachable(
+    message_id: String,
+    recipient: String,
+    why: Unreachable,
+) -> RelayFrame {
     RelayFrame::DeliveryError {
         message_id: Some(message_id),
         recipient,
-        reason: format!("{RECIPIENT_UNREACHABLE}: {detail}"),
+        reason: format!("{RECIPIENT_UNREACHABLE}: {}", why.detail()),
     }
 }
 
@@ -136,7 +163,7 @@ pub async fn send_message(
     let accepted_ms = envelope.accepted_ms;
     let resolved = resolve_recipient(&recipient);
     let Some(named) = resolved.named() else {
-        return unreachable(recipient, message_id, "unknown_recipient");
+        return recipient_unreachable(message_id, recipient, Unreachable::UnknownRecipient);
     };
     let ctx = &session.ctx;
     let deadline = ctx.timings.answer_deadline;
@@ -145,7 +172,9 @@ pub async fn send_message(
         // No mailbox: hand the frame straight to the recipient's socket, or refuse.
         let account = match account_of(ctx, resolved).await {
             Ok(Some(account)) => account,
-            Ok(None) => return unreachable(recipient, message_id, "unknown_recipient"),
+            Ok(None) => {
+                return recipient_unreachable(message_id, recipient, Unreachable::UnknownRecipient)
+            }
             Err(e) => {
                 tracing::error!(error = %e, "address look-up failed");
                 return internal(message_id);
@@ -159,11 +188,15 @@ pub async fn send_message(
             {
                 return sent(recipient, message_id, accepted_ms, Disposition::Live);
             }
-            return unreachable(recipient, message_id, "offline_no_mailbox");
+            return recipient_unreachable(message_id, recipient, Unreachable::OfflineNoMailbox);
         }
         return match tokio::time::timeout(deadline, ctx.store.account_exists(&account)).await {
-            Ok(Ok(true)) => unreachable(recipient, message_id, "offline_no_mailbox"),
-            Ok(Ok(false)) => unreachable(recipient, message_id, "unknown_recipient"),
+            Ok(Ok(true)) => {
+                recipient_unreachable(message_id, recipient, Unreachable::OfflineNoMailbox)
+            }
+            Ok(Ok(false)) => {
+                recipient_unreachable(message_id, recipient, Unreachable::UnknownRecipient)
+            }
             Ok(Err(e)) => {
                 tracing::error!(error = %e, "account lookup failed");
                 internal(message_id)
@@ -179,9 +212,11 @@ pub async fn send_message(
             AppendOutcome::Accepted { disposition, .. } | AppendOutcome::Duplicate { disposition },
         )) => sent(recipient, message_id, accepted_ms, disposition),
         Ok(Ok(AppendOutcome::UnknownRecipient)) => {
-            unreachable(recipient, message_id, "unknown_recipient")
+            recipient_unreachable(message_id, recipient, Unreachable::UnknownRecipient)
         }
-        Ok(Ok(AppendOutcome::MailboxFull)) => unreachable(recipient, message_id, "mailbox_full"),
+        Ok(Ok(AppendOutcome::MailboxFull)) => {
+            recipient_unreachable(message_id, recipient, Unreachable::MailboxFull)
+        }
         Ok(Err(e)) => {
             tracing::error!(error = %e, "journal append failed");
             internal(message_id)

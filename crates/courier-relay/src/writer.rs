@@ -3,6 +3,7 @@
 //! ordering invariants this loop keeps.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use courier_proto::limits::close;
 use courier_proto::RelayFrame;
@@ -31,10 +32,15 @@ pub enum Outbound {
     Close(u16),
 }
 
-type Sink<S> = SplitSink<WebSocketStream<S>, Message>;
+pub type Sink<S> = SplitSink<WebSocketStream<S>, Message>;
 
-/// The socket failed; the connection is over.
-struct Broken;
+/// Why the writer stopped.
+enum Stop {
+    /// The socket failed, or the connection task stopped feeding the writer.
+    Broken,
+    /// A Close frame is written: the socket is left to the connection task to read out.
+    Closed,
+}
 
 enum Step {
     Presence,
@@ -57,6 +63,8 @@ struct Writer<S> {
     flow: Outflow,
 }
 
+/// Writes until the connection ends; returns the sink once it wrote a Close frame, so the
+/// connection task can read the socket out (`linger.rs`).
 pub async fn run<S>(
     sink: Sink<S>,
     mut control: mpsc::Receiver<Outbound>,
@@ -64,7 +72,8 @@ pub async fn run<S>(
     peer: Arc<Peer>,
     ctx: Arc<Ctx>,
     opted_in: bool,
-) where
+) -> Option<Sink<S>>
+where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let journaled = ctx.mailbox.is_some();
@@ -82,7 +91,14 @@ pub async fn run<S>(
         timings.ping_interval,
     );
     ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let grace = tokio::time::sleep(timings.drain_grace);
+    // Only a connection that opted in is held for the grace, in which it may still declare its
+    // address (docs/protocol.md, Mailbox and offline drain). Any other one's traffic flows at
+    // once.
+    let grace = tokio::time::sleep(if opted_in {
+        timings.drain_grace
+    } else {
+        Duration::ZERO
+    });
     tokio::pin!(grace);
 
     loop {
@@ -103,28 +119,26 @@ pub async fn run<S>(
         };
         let result = match step {
             Step::Presence => writer.presence().await,
-            Step::Control(None) => return,
+            Step::Control(None) | Step::Deliver(None) => Err(Stop::Broken),
             Step::Control(Some(Outbound::Frame(frame))) => {
                 writer.send(Message::text(frame.encode())).await
             }
             Step::Control(Some(Outbound::StartDrain)) | Step::StartDrain => {
                 writer.start_drain().await
             }
-            Step::Control(Some(Outbound::Close(code))) => {
-                writer.close(code).await;
-                return;
-            }
+            Step::Control(Some(Outbound::Close(code))) => writer.close(code).await,
             Step::Ping => writer.send(Message::Ping(Bytes::new())).await,
             Step::ReadJournal => writer.read_journal().await,
             Step::Lagged => {
                 writer.catch_up_if_lagged();
                 Ok(())
             }
-            Step::Deliver(None) => return,
             Step::Deliver(Some(envelope)) => writer.deliver(&envelope).await,
         };
-        if result.is_err() {
-            return;
+        match result {
+            Ok(()) => {}
+            Err(Stop::Broken) => return None,
+            Err(Stop::Closed) => return Some(writer.sink),
         }
     }
 }
@@ -133,12 +147,12 @@ impl<S> Writer<S>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    async fn send(&mut self, message: Message) -> Result<(), Broken> {
-        self.sink.send(message).await.map_err(|_| Broken)
+    async fn send(&mut self, message: Message) -> Result<(), Stop> {
+        self.sink.send(message).await.map_err(|_| Stop::Broken)
     }
 
     /// Writes every queued PresenceStatus (§10).
-    async fn presence(&mut self) -> Result<(), Broken> {
+    async fn presence(&mut self) -> Result<(), Stop> {
         let frames = self.peer.watchlist.take();
         if frames.is_empty() {
             return Ok(());
@@ -147,17 +161,19 @@ where
             self.sink
                 .feed(Message::text(frame.encode()))
                 .await
-                .map_err(|_| Broken)?;
+                .map_err(|_| Stop::Broken)?;
         }
-        self.sink.flush().await.map_err(|_| Broken)
+        self.sink.flush().await.map_err(|_| Stop::Broken)
     }
 
-    async fn close(&mut self, code: u16) {
+    /// Writes Close; the writer stops either way.
+    async fn close(&mut self, code: u16) -> Result<(), Stop> {
         let frame = CloseFrame {
             code: CloseCode::from(code),
             reason: "".into(),
         };
-        let _ = self.sink.send(Message::Close(Some(frame))).await;
+        self.send(Message::Close(Some(frame))).await?;
+        Err(Stop::Closed)
     }
 
     fn catch_up_if_lagged(&mut self) {
@@ -167,7 +183,7 @@ where
     }
 
     /// Fixes S (§8) and switches to reading the journal up to it.
-    async fn start_drain(&mut self) -> Result<(), Broken> {
+    async fn start_drain(&mut self) -> Result<(), Stop> {
         if self.flow.phase != Phase::AwaitingDrain {
             return Ok(());
         }
@@ -181,7 +197,7 @@ where
     }
 
     /// One bounded journal read: the drain up to S, or a catch-up after lag.
-    async fn read_journal(&mut self) -> Result<(), Broken> {
+    async fn read_journal(&mut self) -> Result<(), Stop> {
         let (up_to, draining) = match self.flow.phase {
             Phase::Draining { bound, .. } => (bound, true),
             Phase::Live { catching_up: true } => {
@@ -225,7 +241,7 @@ where
             }
             self.feed(envelope).await?;
         }
-        self.sink.flush().await.map_err(|_| Broken)?;
+        self.sink.flush().await.map_err(|_| Stop::Broken)?;
         if let Phase::Draining { count, .. } = &mut self.flow.phase {
             if draining {
                 *count += written;
@@ -235,20 +251,20 @@ where
         Ok(())
     }
 
-    async fn deliver(&mut self, envelope: &Envelope) -> Result<(), Broken> {
+    async fn deliver(&mut self, envelope: &Envelope) -> Result<(), Stop> {
         self.peer.queue.taken(envelope);
         if !self.flow.accept_queued(envelope) {
             return Ok(());
         }
         self.feed(envelope).await?;
-        self.sink.flush().await.map_err(|_| Broken)?;
+        self.sink.flush().await.map_err(|_| Stop::Broken)?;
         self.release_written().await;
         Ok(())
     }
 
     /// Queues one frame on the socket. It counts as written from here: a client may ack it
     /// before this task gets to run again.
-    async fn feed(&mut self, envelope: &Envelope) -> Result<(), Broken> {
+    async fn feed(&mut self, envelope: &Envelope) -> Result<(), Stop> {
         if let Some(seq) = envelope.seq {
             self.peer.queue.mark_written(seq);
         }
@@ -256,7 +272,7 @@ where
         self.sink
             .feed(Message::text(frame.encode()))
             .await
-            .map_err(|_| Broken)
+            .map_err(|_| Stop::Broken)
     }
 
     /// Without the opt-in a journaled frame is released as soon as it is written (§2.2).
@@ -280,9 +296,8 @@ where
 
     /// The journal cannot be read: close with 1011 so the client reconnects and gets a fresh
     /// drain rather than a gap.
-    async fn storage_failed(&mut self, error: StoreError) -> Result<(), Broken> {
+    async fn storage_failed(&mut self, error: StoreError) -> Result<(), Stop> {
         tracing::error!(account = %self.peer.account, %error, "journal read failed");
-        self.close(close::INTERNAL).await;
-        Err(Broken)
+        self.close(close::INTERNAL).await
     }
 }

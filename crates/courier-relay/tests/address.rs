@@ -191,8 +191,12 @@ async fn the_pinned_k1_frame_is_declared() {
     let zoe = relay_proof_payload("zoë", &seq_challenge());
     assert_eq!(zoe[21..29], hex("00000004 7a6fc3ab")[..]);
 
-    let relay =
-        TestRelay::start_with(|c| c.timings.fixed_address_challenge = Some(seq_challenge())).await;
+    // No grace-period drain: the declaration's answer must come first (drain rule a).
+    let relay = TestRelay::start_with(|c| {
+        c.timings.fixed_challenge = Some(seq_challenge());
+        c.timings.drain_grace = Duration::from_secs(60);
+    })
+    .await;
     let (mut c, challenge) = connect(&relay, "alice").await;
     assert_eq!(challenge, SEQ_CHALLENGE_B64);
     // The frame exactly as §4.4 prints it.

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use courier_proto::{ClientFrame, RelayFrame};
+use serde_json::json;
 
 /// A realistic content: a serialized Message with quotes, escapes and non-ASCII text.
 const CONTENT: &str = r#"{"id":"m1","sender":"off1x","content":"h\u00e9llo \"w\u00f6rld\"\n","priority":"high","metadata":{}}"#;
@@ -358,7 +359,6 @@ async fn expired_frames_are_purged_undelivered() {
         "bob",
         "stored",
     );
-    assert_eq!(relay.stored_frames(), 1);
     relay
         .wait_stats("the purge", |s| s.stored_frames == 0)
         .await;
@@ -467,6 +467,93 @@ async fn without_the_opt_in_frames_carry_no_seq_and_are_released_once_written() 
         0,
         "written frames are not redelivered"
     );
+}
+
+/// Only an opted-in connection is held for the drain grace (docs/protocol.md, Mailbox and
+/// offline drain). A client written to the published contract, which sends nothing after
+/// Authenticate, gets its frames at once: with a grace far longer than any wait of the tests,
+/// a frame arriving at all shows it was not held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_without_the_opt_in_is_never_held_for_the_grace() {
+    let relay = TestRelay::start_with(|c| c.timings.drain_grace = Duration::from_secs(120)).await;
+    relay.register("bob").await;
+    let mut alice = relay.client().await;
+    alice.authenticate("alice", true).await;
+    assert_sent(
+        &alice.send_and_answer("bob", "m1", "kept").await,
+        "m1",
+        "bob",
+        "stored",
+    );
+    let mut bob = RawClient::connect(relay.handle().local_addr()).await;
+    bob.authenticate_published("bob").await;
+    let stored = Received::from(bob.next_relay_frame().await);
+    assert_eq!((stored.seq, stored.message_id.as_str()), (None, "m1"));
+    assert_sent(
+        &alice.send_and_answer("bob", "m2", "now").await,
+        "m2",
+        "bob",
+        "live",
+    );
+    let live = Received::from(bob.next_relay_frame().await);
+    assert_eq!((live.seq, live.message_id.as_str()), (None, "m2"));
+}
+
+/// Custody is said in our `disposition` and in the published `pushed`/`stored`, so a client
+/// written to the published contract reads it too; a live answer says `disposition` only
+/// (docs/protocol.md, Sending).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_message_sent_carries_the_published_custody_fields() {
+    let relay = TestRelay::start().await;
+    relay.register("bob").await;
+    let mut alice = RawClient::connect(relay.handle().local_addr()).await;
+    alice.authenticate_published("alice").await;
+    let send = |message_id: &str| json!({"type": "SendMessage", "recipient": "bob", "content": "x", "message_id": message_id});
+    alice.send_json(send("m1")).await;
+    let stored = alice.next_json().await;
+    assert_eq!(
+        (
+            &stored["type"],
+            &stored["message_id"],
+            &stored["disposition"],
+            &stored["pushed"],
+            &stored["stored"]
+        ),
+        (
+            &json!("MessageSent"),
+            &json!("m1"),
+            &json!("stored"),
+            &json!(true),
+            &json!(true)
+        ),
+        "{stored}"
+    );
+
+    let mut bob = relay.client().await;
+    bob.authenticate("bob", true).await;
+    assert_eq!(bob.drain().await.1, 1);
+    alice.send_json(send("m2")).await;
+    let live = alice.next_json().await;
+    let mut fields: Vec<&str> = live
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    fields.sort_unstable();
+    assert_eq!(
+        fields,
+        [
+            "disposition",
+            "message_id",
+            "recipient",
+            "timestamp",
+            "type"
+        ],
+        "{live}"
+    );
+    assert_eq!(live["disposition"], "live");
+    assert_eq!(bob.received().await.message_id, "m2");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

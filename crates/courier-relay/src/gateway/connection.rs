@@ -3,24 +3,28 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use courier_proto::limits::RECIPIENT_UNREACHABLE;
+use courier_proto::lines::{LineBuffer, LineTooLong};
 use courier_proto::{Address, Disposition, RelayFrame};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::attach::{check_declaration, identify_device_id, Attach};
-use super::line::{next_line, Line};
 use super::{Outbound, Shared, Undelivered, OUTBOX};
+use crate::linger::close_after_reading_out;
+use crate::send::{recipient_unreachable, Unreachable};
 use crate::{now_ms, stopping};
+
+/// Bytes read from the socket at once; lines are assembled from them (`LineBuffer`).
+const READ_CHUNK: usize = 8 * 1024;
 
 /// What the connection does after a line.
 enum Step {
     Continue,
-    /// Close (after a best-effort linger so the last line is read).
+    /// Close, after reading the socket out (`linger.rs`) so the last line is read.
     Close,
 }
 
@@ -37,8 +41,7 @@ struct Conn {
 
 pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, remote: SocketAddr) {
     let id = shared.next_connection_id();
-    let (read, write) = tcp.into_split();
-    let mut reader = BufReader::new(read);
+    let (mut read, write) = tcp.into_split();
     let (queue, mut inbox) = mpsc::channel(OUTBOX);
     let mut shutdown = shared.shutdown.clone();
     let mut conn = Conn {
@@ -51,7 +54,8 @@ pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, remote: SocketAddr) {
         state: Attach::AwaitIdentify,
     };
     tracing::debug!(connection = id, %remote, "gateway connection");
-    let mut partial = Vec::new();
+    let mut lines = LineBuffer::default();
+    let mut chunk = vec![0u8; READ_CHUNK];
     let linger = loop {
         let deadline = conn.deadline;
         let expired = async move {
@@ -79,16 +83,15 @@ pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, remote: SocketAddr) {
                     break true;
                 }
             },
-            read = next_line(&mut reader, &mut partial) => match read {
-                Ok(Line::Complete(bytes)) => match conn.handle(&bytes).await {
-                    Step::Continue => {}
-                    Step::Close => break true,
-                },
-                Ok(Line::TooLong) => {
-                    tracing::info!(connection = id, %remote, "line over 1 MiB; closing");
-                    break true;
+            read = read.read(&mut chunk) => match read {
+                Ok(0) | Err(_) => break false,
+                Ok(n) => {
+                    lines.push(&chunk[..n]);
+                    match conn.handle_lines(&mut lines).await {
+                        Step::Continue => {}
+                        Step::Close => break true,
+                    }
                 }
-                Ok(Line::Eof) | Err(_) => break false,
             },
         }
     };
@@ -96,29 +99,11 @@ pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, remote: SocketAddr) {
         conn.shared.unbind(address, id);
     }
     if linger {
-        close_gracefully(
-            conn.write,
-            reader.into_inner(),
-            conn.shared.timings.close_linger,
-        )
-        .await;
+        if let Ok(mut tcp) = read.reunite(conn.write) {
+            close_after_reading_out(&mut tcp, conn.shared.timings.close_linger).await;
+        }
     }
     tracing::debug!(connection = id, %remote, "gateway connection closed");
-}
-
-/// Sends FIN, then reads and discards until the peer closes too (or the linger passes), so
-/// unread input does not turn the close into a reset that could destroy the last line.
-async fn close_gracefully(
-    mut write: OwnedWriteHalf,
-    mut read: OwnedReadHalf,
-    linger: std::time::Duration,
-) {
-    let _ = write.shutdown().await;
-    let _ = tokio::time::timeout(linger, async {
-        let mut sink = [0u8; 8192];
-        while matches!(read.read(&mut sink).await, Ok(n) if n > 0) {}
-    })
-    .await;
 }
 
 impl Conn {
@@ -132,6 +117,24 @@ impl Conn {
             tokio::time::timeout(timeout, self.write.write_all(&bytes)).await,
             Ok(Ok(()))
         )
+    }
+
+    /// Handles every complete line read so far, in order.
+    async fn handle_lines(&mut self, lines: &mut LineBuffer) -> Step {
+        loop {
+            match lines.pop() {
+                Ok(Some(line)) => {
+                    if let Step::Close = self.handle(&line).await {
+                        return Step::Close;
+                    }
+                }
+                Ok(None) => return Step::Continue,
+                Err(LineTooLong) => {
+                    tracing::info!(connection = self.id, remote = %self.remote, "line over 1 MiB; closing");
+                    return Step::Close;
+                }
+            }
+        }
     }
 
     async fn handle(&mut self, bytes: &[u8]) -> Step {
@@ -176,12 +179,7 @@ impl Conn {
             );
             return Step::Continue;
         };
-        let challenge = self
-            .shared
-            .timings
-            .fixed_challenge
-            .or_else(crate::auth::new_challenge);
-        let Some(challenge) = challenge else {
+        let Some(challenge) = self.shared.timings.challenge() else {
             tracing::error!("the system random source failed; closing the connection");
             return Step::Close;
         };
@@ -280,12 +278,12 @@ impl Conn {
                         disposition: Some(Disposition::Live),
                     },
                     Err(Undelivered::Offline) => {
-                        unreachable(message_id, recipient, "offline_no_mailbox")
+                        recipient_unreachable(message_id, recipient, Unreachable::OfflineNoMailbox)
                     }
                 }
             }
             // Not a canonical address: it names no device (identity.md §2).
-            Err(_) => unreachable(message_id, recipient, "unknown_recipient"),
+            Err(_) => recipient_unreachable(message_id, recipient, Unreachable::UnknownRecipient),
         };
         self.answer(&answer).await
     }
@@ -296,13 +294,5 @@ impl Conn {
         } else {
             Step::Close
         }
-    }
-}
-
-fn unreachable(message_id: String, recipient: String, detail: &str) -> RelayFrame {
-    RelayFrame::DeliveryError {
-        message_id: Some(message_id),
-        recipient,
-        reason: format!("{RECIPIENT_UNREACHABLE}: {detail}"),
     }
 }

@@ -22,13 +22,11 @@ use crate::RelayError;
 
 pub mod attach;
 mod connection;
-pub mod line;
 
 /// Default listen address (`identity.md` §6: `localhost:4242`).
 pub const DEFAULT_LISTEN: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 4242);
 
-/// Connections served at once; further sockets are closed at accept.
 /// The gateway's clocks. Production uses the defaults; tests shorten them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GatewayTimings {
@@ -41,10 +39,21 @@ pub struct GatewayTimings {
     /// How long a closing connection keeps reading (and discarding) so the peer gets a clean
     /// end of stream rather than a reset.
     pub close_linger: Duration,
-    /// Test hook: every connection gets these bytes as its challenge instead of 32 fresh
-    /// CSPRNG bytes, so a test can replay a proof across connections. Never in production.
-    #[doc(hidden)]
+    /// Test hook (feature `test-hooks`): every connection gets these bytes as its challenge
+    /// instead of 32 fresh CSPRNG bytes, so a test can replay a proof across connections.
+    #[cfg(feature = "test-hooks")]
     pub fixed_challenge: Option<[u8; CHALLENGE_LEN]>,
+}
+
+impl GatewayTimings {
+    /// A connection's challenge; `None` when the system random generator fails.
+    pub(crate) fn challenge(&self) -> Option<[u8; CHALLENGE_LEN]> {
+        #[cfg(feature = "test-hooks")]
+        if self.fixed_challenge.is_some() {
+            return self.fixed_challenge;
+        }
+        crate::auth::new_challenge()
+    }
 }
 
 impl Default for GatewayTimings {
@@ -54,6 +63,7 @@ impl Default for GatewayTimings {
             declare_deadline: Duration::from_secs(10),
             write_timeout: Duration::from_secs(10),
             close_linger: Duration::from_secs(1),
+            #[cfg(feature = "test-hooks")]
             fixed_challenge: None,
         }
     }

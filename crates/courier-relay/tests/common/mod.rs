@@ -179,6 +179,22 @@ impl Client {
         Self::from_ws(ws)
     }
 
+    /// A client whose socket holds at most `bytes` of unsent data: a large message is still
+    /// being written when the relay has read its header, not already queued in the kernel.
+    pub async fn connect_with_send_buffer(addr: std::net::SocketAddr, bytes: u32) -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_send_buffer_size(bytes).unwrap();
+        let tcp = socket.connect(addr).await.unwrap();
+        let (ws, _) = within(tokio_tungstenite::client_async(
+            format!("ws://{addr}"),
+            MaybeTlsStream::Plain(tcp),
+        ))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+        Self::from_ws(ws)
+    }
+
     pub fn from_ws(ws: Ws) -> Self {
         Self {
             ws,
@@ -618,16 +634,49 @@ impl RawClient {
         Some((opcode, payload))
     }
 
+    /// Authenticates as our client does, opted in to `mailbox_v1`.
     pub async fn authenticate(&mut self, account: &str) {
-        let auth = json!({"type": "Authenticate", "token": token(account), "client_capabilities": ["mailbox_v1"]});
-        self.send_frame(0x1, auth.to_string().as_bytes()).await;
-        let (opcode, payload) = self.read_frame().await.expect("Authenticated");
-        assert_eq!(opcode, 0x1);
-        let frame = RelayFrame::decode(std::str::from_utf8(&payload).unwrap()).unwrap();
+        self.authenticate_with(json!({"type": "Authenticate", "token": token(account), "client_capabilities": ["mailbox_v1"]}))
+            .await;
+    }
+
+    /// Authenticates as a client written to the published contract: no `client_capabilities`.
+    pub async fn authenticate_published(&mut self, account: &str) {
+        self.authenticate_with(json!({"type": "Authenticate", "token": token(account)}))
+            .await;
+    }
+
+    async fn authenticate_with(&mut self, auth: Value) {
+        self.send_json(auth).await;
+        let frame = self.next_relay_frame().await;
         assert!(
             matches!(frame, RelayFrame::Authenticated { .. }),
             "{frame:?}"
         );
+    }
+
+    /// The next text frame as JSON, exactly as the relay wrote it (Pings are skipped, never
+    /// answered).
+    pub async fn next_json(&mut self) -> Value {
+        loop {
+            match self.read_frame().await {
+                Some((0x1, payload)) => {
+                    return serde_json::from_slice(&payload).expect("a JSON text frame")
+                }
+                Some((0x9, _)) => continue,
+                other => panic!("a text frame expected, got {other:?}"),
+            }
+        }
+    }
+
+    /// The next text frame, decoded.
+    pub async fn next_relay_frame(&mut self) -> RelayFrame {
+        let json = self.next_json().await.to_string();
+        RelayFrame::decode(&json).unwrap_or_else(|e| panic!("bad relay frame {json}: {e}"))
+    }
+
+    pub async fn send_json(&mut self, frame: Value) {
+        self.send_frame(0x1, frame.to_string().as_bytes()).await;
     }
 
     /// Every frame the relay sends until it closes the TCP connection, which it must do within

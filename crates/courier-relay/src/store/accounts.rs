@@ -1,0 +1,65 @@
+//! Accounts: persisted at their first authentication, and when each one's last connection
+//! ended (its last_seen), so presence survives a relay restart.
+
+use std::collections::HashMap;
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::worker::{Applied, Delta};
+use super::{from_sql, to_sql};
+
+/// Persists the account at its first successful authentication.
+pub(super) fn ensure(conn: &Connection, name: &str, now_ms: u64) -> rusqlite::Result<Applied<()>> {
+    let created = conn
+        .prepare_cached("INSERT OR IGNORE INTO accounts (name, created_ms) VALUES (?1, ?2)")?
+        .execute(params![name, to_sql(now_ms)])?;
+    Ok(Applied::value(()).counting(Delta {
+        accounts: i64::from(created > 0),
+        frames: 0,
+    }))
+}
+
+pub(super) fn exists(conn: &Connection, name: &str) -> rusqlite::Result<Applied<bool>> {
+    let found = conn
+        .prepare_cached("SELECT 1 FROM accounts WHERE name = ?1")?
+        .query_row([name], |_| Ok(()))
+        .optional()?;
+    Ok(Applied::value(found.is_some()))
+}
+
+/// Never moves last_seen back, so records committed out of order keep the latest.
+pub(super) fn record_last_seen(
+    conn: &Connection,
+    account: &str,
+    ms: u64,
+) -> rusqlite::Result<Applied<()>> {
+    conn.prepare_cached(
+        "UPDATE accounts SET last_seen_ms = MAX(COALESCE(last_seen_ms, 0), ?2) WHERE name = ?1",
+    )?
+    .execute(params![account, to_sql(ms)])?;
+    Ok(Applied::value(()))
+}
+
+/// The persisted last_seen of each of `accounts` that has one.
+pub(super) fn last_seen(
+    conn: &Connection,
+    accounts: Vec<String>,
+) -> rusqlite::Result<Applied<HashMap<String, u64>>> {
+    let mut found = HashMap::new();
+    for account in accounts {
+        if let Some(ms) = last_seen_of(conn, &account)? {
+            found.insert(account, ms);
+        }
+    }
+    Ok(Applied::value(found))
+}
+
+pub(super) fn last_seen_of(conn: &Connection, account: &str) -> rusqlite::Result<Option<u64>> {
+    let ms: Option<i64> = conn
+        .prepare_cached(
+            "SELECT last_seen_ms FROM accounts WHERE name = ?1 AND last_seen_ms IS NOT NULL",
+        )?
+        .query_row([account], |r| r.get(0))
+        .optional()?;
+    Ok(ms.map(from_sql))
+}

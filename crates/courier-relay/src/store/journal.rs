@@ -1,0 +1,235 @@
+//! The per-account journal (docs/protocol.md, Inbound delivery; Mailbox and offline drain):
+//! appending with `seq` and the mailbox limits, the drain's reads, releases by ack, and the
+//! purge of expired frames.
+//!
+//! Counters per account (`last_seq`, `msg_count`, `byte_count`) live in the `accounts` row and
+//! change in the same transaction as the journal, so `seq` is never reused (it does not depend
+//! on which rows still exist) and the mailbox limits are checked without scanning the journal.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use courier_proto::Disposition;
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::addresses::bound_account;
+use super::worker::{Applied, Delta};
+use super::{from_sql, to_sql, AppendOutcome, Named, Release};
+use crate::config::MailboxLimits;
+use crate::mailbox::Envelope;
+
+/// One journal read returns at most this many frames / content bytes (at least one frame).
+const FETCH_FRAMES: i64 = 64;
+const FETCH_BYTES: usize = 4 * 1024 * 1024;
+
+fn disposition(live: bool) -> Disposition {
+    if live {
+        Disposition::Live
+    } else {
+        Disposition::Stored
+    }
+}
+
+/// Journals `envelope` for the account `recipient` names (an address through its binding, in
+/// this transaction: the frame belongs to the account the address named at acceptance) and,
+/// once durable, offers it to that account's connection.
+pub(super) fn append(
+    conn: &Connection,
+    recipient: Named,
+    mut envelope: Envelope,
+    limits: &MailboxLimits,
+) -> rusqlite::Result<Applied<AppendOutcome>> {
+    let recipient = match recipient {
+        Named::Account(account) => account,
+        Named::Address(address) => match bound_account(conn, &address)? {
+            Some(account) => account,
+            None => return Ok(Applied::value(AppendOutcome::UnknownRecipient)),
+        },
+    };
+    let account: Option<(i64, i64, i64)> = conn
+        .prepare_cached("SELECT last_seq, msg_count, byte_count FROM accounts WHERE name = ?1")?
+        .query_row([&recipient], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?;
+    let Some((last_seq, msg_count, byte_count)) = account else {
+        return Ok(Applied::value(AppendOutcome::UnknownRecipient));
+    };
+    let duplicate = conn
+        .prepare_cached(
+            "SELECT 1 FROM journal WHERE account = ?1 AND sender = ?2 AND message_id = ?3",
+        )?
+        .query_row(
+            params![recipient, envelope.sender, envelope.message_id],
+            |_| Ok(()),
+        )
+        .optional()?;
+    if duplicate.is_some() {
+        return Ok(Applied::then(move |router| AppendOutcome::Duplicate {
+            disposition: disposition(router.is_connected(&recipient)),
+        }));
+    }
+    let bytes = to_sql(envelope.content.len() as u64);
+    let over_count = from_sql(msg_count).saturating_add(1) > limits.max_messages;
+    let over_bytes = from_sql(byte_count).saturating_add(from_sql(bytes)) > limits.max_bytes;
+    if over_count || over_bytes {
+        return Ok(Applied::value(AppendOutcome::MailboxFull));
+    }
+    let seq = last_seq + 1;
+    conn.prepare_cached(
+        "INSERT INTO journal (account, seq, sender, sender_account, message_id, content, bytes,
+                              reply_to_msg, accepted_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+    )?
+    .execute(params![
+        recipient,
+        seq,
+        envelope.sender,
+        envelope.sender_account,
+        envelope.message_id,
+        envelope.content,
+        bytes,
+        envelope.reply_to_msg,
+        to_sql(envelope.accepted_ms),
+    ])?;
+    conn.prepare_cached(
+        "UPDATE accounts SET last_seq = ?2, msg_count = msg_count + 1, byte_count = byte_count + ?3
+         WHERE name = ?1",
+    )?
+    .execute(params![recipient, seq, bytes])?;
+    let seq = from_sql(seq);
+    envelope.seq = Some(seq);
+    let envelope = Arc::new(envelope);
+    let accepted = Applied::then(move |router| AppendOutcome::Accepted {
+        seq,
+        disposition: disposition(router.offer_journaled(&recipient, &envelope)),
+    });
+    Ok(accepted.counting(Delta {
+        accounts: 0,
+        frames: 1,
+    }))
+}
+
+/// The account's highest journaled seq: the drain bound S.
+pub(super) fn highest_seq(conn: &Connection, account: &str) -> rusqlite::Result<Applied<u64>> {
+    let seq: Option<i64> = conn
+        .prepare_cached("SELECT last_seq FROM accounts WHERE name = ?1")?
+        .query_row([account], |r| r.get(0))
+        .optional()?;
+    Ok(Applied::value(seq.map_or(0, from_sql)))
+}
+
+/// Unexpired frames with `after < seq ≤ up_to`, in seq order, one bounded batch.
+pub(super) fn fetch(
+    conn: &Connection,
+    account: &str,
+    after: u64,
+    up_to: u64,
+    not_before_ms: u64,
+) -> rusqlite::Result<Applied<Vec<Arc<Envelope>>>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT seq, sender, sender_account, message_id, content, reply_to_msg, accepted_ms
+         FROM journal
+         WHERE account = ?1 AND seq > ?2 AND seq <= ?3 AND accepted_ms >= ?4
+         ORDER BY seq LIMIT ?5",
+    )?;
+    let rows = stmt.query_map(
+        params![
+            account,
+            to_sql(after),
+            to_sql(up_to),
+            to_sql(not_before_ms),
+            FETCH_FRAMES
+        ],
+        |r| {
+            Ok(Envelope {
+                seq: Some(from_sql(r.get(0)?)),
+                sender: r.get(1)?,
+                sender_account: r.get(2)?,
+                message_id: r.get(3)?,
+                content: r.get(4)?,
+                reply_to_msg: r.get(5)?,
+                accepted_ms: from_sql(r.get(6)?),
+            })
+        },
+    )?;
+    let mut frames = Vec::new();
+    let mut bytes = 0usize;
+    for row in rows {
+        let envelope = row?;
+        bytes += envelope.content.len();
+        frames.push(Arc::new(envelope));
+        if bytes >= FETCH_BYTES {
+            break;
+        }
+    }
+    Ok(Applied::value(frames))
+}
+
+/// Deletes what an ack releases.
+pub(super) fn release(
+    conn: &Connection,
+    account: &str,
+    release: Release,
+) -> rusqlite::Result<Applied<()>> {
+    let (sql, seq) = match release {
+        Release::One(seq) => (
+            "DELETE FROM journal WHERE account = ?1 AND seq = ?2 RETURNING bytes",
+            seq,
+        ),
+        Release::UpTo(seq) => (
+            "DELETE FROM journal WHERE account = ?1 AND seq <= ?2 RETURNING bytes",
+            seq,
+        ),
+    };
+    let mut stmt = conn.prepare_cached(sql)?;
+    let mut count = 0i64;
+    let mut bytes = 0i64;
+    let mut rows = stmt.query(params![account, to_sql(seq)])?;
+    while let Some(row) = rows.next()? {
+        count += 1;
+        bytes += row.get::<_, i64>(0)?;
+    }
+    drop(rows);
+    uncount(conn, account, count, bytes)?;
+    Ok(Applied::value(()).counting(Delta {
+        accounts: 0,
+        frames: -count,
+    }))
+}
+
+/// Deletes frames accepted before `older_than_ms`; answers how many.
+pub(super) fn purge(conn: &Connection, older_than_ms: u64) -> rusqlite::Result<Applied<u64>> {
+    let mut per_account: HashMap<String, (i64, i64)> = HashMap::new();
+    {
+        let mut stmt = conn.prepare_cached(
+            "DELETE FROM journal WHERE accepted_ms < ?1 RETURNING account, bytes",
+        )?;
+        let mut rows = stmt.query([to_sql(older_than_ms)])?;
+        while let Some(row) = rows.next()? {
+            let entry = per_account.entry(row.get(0)?).or_default();
+            entry.0 += 1;
+            entry.1 += row.get::<_, i64>(1)?;
+        }
+    }
+    let mut total = 0i64;
+    for (account, (count, bytes)) in &per_account {
+        uncount(conn, account, *count, *bytes)?;
+        total += count;
+    }
+    Ok(Applied::value(from_sql(total)).counting(Delta {
+        accounts: 0,
+        frames: -total,
+    }))
+}
+
+/// Takes deleted frames off the account's mailbox counters.
+fn uncount(conn: &Connection, account: &str, count: i64, bytes: i64) -> rusqlite::Result<()> {
+    if count == 0 {
+        return Ok(());
+    }
+    conn.prepare_cached(
+        "UPDATE accounts SET msg_count = MAX(msg_count - ?2, 0), byte_count = MAX(byte_count - ?3, 0)
+         WHERE name = ?1",
+    )?
+    .execute(params![account, count, bytes])?;
+    Ok(())
+}

@@ -1,0 +1,321 @@
+//! Accounts and the per-account journal in SQLite, each account's last_seen, and the address
+//! bindings (`off1` address → the account that last declared it); see docs/protocol.md
+//! (Authentication, Inbound delivery, Mailbox and offline drain, Presence, Address declaration).
+//!
+//! [`Store`] is the handle the connection tasks call; every call is one request to the store
+//! thread (`worker.rs`), which commits requests in groups and answers none before its commit is
+//! durable (`synchronous=FULL`): not the sender (MessageSent), not the recipient (the frame is
+//! offered to its queue only after the commit), not a drain read. The work of each request is
+//! one function in the module that owns its tables: `accounts.rs`, `journal.rs`,
+//! `addresses.rs`; `schema.rs` brings any older database up to date at open.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use courier_proto::Disposition;
+use rusqlite::Connection;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::{MailboxLimits, Storage};
+use crate::mailbox::Envelope;
+use crate::presence::Watchlist;
+use crate::router::Router;
+use crate::RelayError;
+
+mod accounts;
+mod addresses;
+mod journal;
+mod schema;
+mod worker;
+
+use worker::{Delta, Msg, Op, Reply, Worker};
+
+/// Requests waiting for the store thread; senders wait for room beyond this.
+const QUEUE: usize = 4096;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("the relay store is closed")]
+    Closed,
+    #[error("relay store: {0}")]
+    Sqlite(String),
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        Self::Sqlite(e.to_string())
+    }
+}
+
+/// What acks release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    One(u64),
+    UpTo(u64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppendOutcome {
+    Accepted {
+        seq: u64,
+        disposition: Disposition,
+    },
+    /// The recipient's journal already holds this (sender, message_id) unacked.
+    Duplicate {
+        disposition: Disposition,
+    },
+    UnknownRecipient,
+    MailboxFull,
+}
+
+/// A recipient or watched identifier as the store resolves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Named {
+    /// An account name: stands for itself (whether it exists is the journal's answer).
+    Account(String),
+    /// A canonical `off1` address: resolves through its binding, unknown without one.
+    Address(String),
+}
+
+/// Figures for monitoring, kept by the store thread after each commit.
+#[derive(Default)]
+struct Counters {
+    accounts: AtomicU64,
+    frames: AtomicU64,
+}
+
+impl Counters {
+    fn add(&self, delta: Delta) {
+        add(&self.accounts, delta.accounts);
+        add(&self.frames, delta.frames);
+    }
+}
+
+fn add(counter: &AtomicU64, delta: i64) {
+    if delta >= 0 {
+        counter.fetch_add(delta.unsigned_abs(), Ordering::Relaxed);
+    } else {
+        let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+            Some(v.saturating_sub(delta.unsigned_abs()))
+        });
+    }
+}
+
+fn to_sql(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn from_sql(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+/// Handle to the store thread. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    tx: mpsc::Sender<Msg>,
+    counters: Arc<Counters>,
+}
+
+impl Store {
+    /// Opens (creating or upgrading if needed) the database and starts the store thread.
+    /// Blocking.
+    pub fn open(storage: &Storage, router: Arc<Router>) -> Result<Self, RelayError> {
+        let (mut conn, file_backed) = match storage {
+            Storage::Path(path) => (Connection::open(path)?, true),
+            Storage::Memory => (Connection::open_in_memory()?, false),
+        };
+        if file_backed {
+            let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+            if !mode.eq_ignore_ascii_case("wal") {
+                return Err(RelayError::Config(format!(
+                    "the database could not be switched to WAL mode (it is {mode})"
+                )));
+            }
+            // MessageSent promises the frame survives a crash, not only a process kill.
+            conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA wal_autocheckpoint=0;")?;
+        }
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        schema::migrate(&mut conn)?;
+        let accounts: i64 = conn.query_row("SELECT COUNT(*) FROM accounts", [], |r| r.get(0))?;
+        let frames: i64 = conn.query_row("SELECT COUNT(*) FROM journal", [], |r| r.get(0))?;
+        let counters = Arc::new(Counters {
+            accounts: AtomicU64::new(from_sql(accounts)),
+            frames: AtomicU64::new(from_sql(frames)),
+        });
+
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let worker = Worker {
+            conn,
+            router,
+            counters: Arc::clone(&counters),
+            file_backed,
+            writes_since_checkpoint: 0,
+        };
+        std::thread::Builder::new()
+            .name("courier-relay-store".into())
+            .spawn(move || worker.run(rx))
+            .map_err(RelayError::StorageThread)?;
+        Ok(Self { tx, counters })
+    }
+
+    pub fn accounts(&self) -> u64 {
+        self.counters.accounts.load(Ordering::Relaxed)
+    }
+
+    pub fn stored_frames(&self) -> u64 {
+        self.counters.frames.load(Ordering::Relaxed)
+    }
+
+    /// Sends the request `op` builds around its reply channel and waits for the answer.
+    async fn call<T>(&self, op: impl FnOnce(Reply<T>) -> Op) -> Result<T, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Msg::Op(op(reply)))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Persists the account at its first successful authentication.
+    pub async fn ensure_account(&self, name: &str, now_ms: u64) -> Result<(), StoreError> {
+        let name = name.to_owned();
+        self.call(|reply| Op::EnsureAccount {
+            name,
+            now_ms,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn account_exists(&self, name: &str) -> Result<bool, StoreError> {
+        let name = name.to_owned();
+        self.call(|reply| Op::AccountExists { name, reply }).await
+    }
+
+    /// Journals `envelope` for the account `recipient` names (an address is resolved in the
+    /// same transaction; its `seq` is assigned here) and, once durable, offers it to that
+    /// account's connection.
+    pub async fn append(
+        &self,
+        recipient: Named,
+        envelope: Envelope,
+        limits: MailboxLimits,
+    ) -> Result<AppendOutcome, StoreError> {
+        self.call(|reply| Op::Append {
+            recipient,
+            envelope,
+            limits,
+            reply,
+        })
+        .await
+    }
+
+    /// The account's highest journaled seq: the drain bound S.
+    pub async fn highest_seq(&self, account: &str) -> Result<u64, StoreError> {
+        let account = account.to_owned();
+        self.call(|reply| Op::HighestSeq { account, reply }).await
+    }
+
+    /// Unexpired journal frames with `after < seq ≤ up_to`, in seq order, one bounded batch.
+    pub async fn fetch(
+        &self,
+        account: &str,
+        after: u64,
+        up_to: u64,
+        not_before_ms: u64,
+    ) -> Result<Vec<Arc<Envelope>>, StoreError> {
+        let account = account.to_owned();
+        self.call(|reply| Op::Fetch {
+            account,
+            after,
+            up_to,
+            not_before_ms,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn release(&self, account: &str, release: Release) -> Result<(), StoreError> {
+        let account = account.to_owned();
+        self.call(|reply| Op::Release {
+            account,
+            release,
+            reply,
+        })
+        .await
+    }
+
+    /// Deletes frames accepted before `older_than_ms`; returns how many.
+    pub async fn purge(&self, older_than_ms: u64) -> Result<u64, StoreError> {
+        self.call(|reply| Op::Purge {
+            older_than_ms,
+            reply,
+        })
+        .await
+    }
+
+    /// Records that the account's last connection ended at `ms`. Never moves last_seen back,
+    /// so records committed out of order keep the latest.
+    pub async fn record_last_seen(&self, account: &str, ms: u64) -> Result<(), StoreError> {
+        let account = account.to_owned();
+        self.call(|reply| Op::RecordLastSeen { account, ms, reply })
+            .await
+    }
+
+    /// The persisted last_seen of each account that has one.
+    pub async fn last_seen(
+        &self,
+        accounts: Vec<String>,
+    ) -> Result<HashMap<String, u64>, StoreError> {
+        self.call(|reply| Op::LastSeen { accounts, reply }).await
+    }
+
+    /// Binds `address` (canonical) to `account`, replacing any earlier binding (the latest
+    /// successful declaration wins). Once durable, watches on the address follow it.
+    pub async fn bind_address(
+        &self,
+        address: &str,
+        account: &str,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        let (address, account) = (address.to_owned(), account.to_owned());
+        self.call(|reply| Op::BindAddress {
+            address,
+            account,
+            now_ms,
+            reply,
+        })
+        .await
+    }
+
+    /// The account `address` (canonical) is bound to, if any connection ever declared it.
+    pub async fn resolve_address(&self, address: &str) -> Result<Option<String>, StoreError> {
+        let address = address.to_owned();
+        self.call(|reply| Op::ResolveAddress { address, reply })
+            .await
+    }
+
+    /// Resolves each watched identifier (`None`: names nothing) and, in commit order with
+    /// respect to bindings, registers the watches on `watchlist` with their first statuses.
+    pub async fn watch(
+        &self,
+        watchlist: Arc<Watchlist>,
+        targets: Vec<(String, Option<Named>)>,
+    ) -> Result<(), StoreError> {
+        self.call(|reply| Op::Watch {
+            watchlist,
+            targets,
+            reply,
+        })
+        .await
+    }
+
+    /// Finishes queued requests, checkpoints and closes the database.
+    pub async fn shutdown(&self) {
+        let (done, finished) = oneshot::channel();
+        if self.tx.send(Msg::Shutdown(done)).await.is_ok() {
+            let _ = finished.await;
+        }
+    }
+}

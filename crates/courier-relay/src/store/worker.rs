@@ -1,0 +1,352 @@
+//! The store thread: the only owner of the connection and the only writer. It takes every
+//! request queued since its last commit and runs them in one transaction (group commit), each in
+//! its own savepoint so one failing request does not undo the others, and answers none of them
+//! before the transaction is durable.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use rusqlite::{Connection, Transaction};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{accounts, addresses, journal};
+use super::{AppendOutcome, Counters, Named, Release, StoreError};
+use crate::config::MailboxLimits;
+use crate::mailbox::Envelope;
+use crate::presence::Watchlist;
+use crate::router::Router;
+
+/// Requests per transaction.
+const MAX_BATCH: usize = 512;
+/// WAL checkpoints run when the store is idle after this many write transactions, and
+/// regardless after the second figure so a never-idle relay still bounds its WAL.
+const CHECKPOINT_IDLE: u32 = 64;
+const CHECKPOINT_FORCED: u32 = 4096;
+
+/// Where a request's answer goes.
+pub(super) type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+
+/// A request to the store thread, with the channel its answer, of its own type, goes back on.
+pub(super) enum Op {
+    EnsureAccount {
+        name: String,
+        now_ms: u64,
+        reply: Reply<()>,
+    },
+    AccountExists {
+        name: String,
+        reply: Reply<bool>,
+    },
+    Append {
+        recipient: Named,
+        envelope: Envelope,
+        limits: MailboxLimits,
+        reply: Reply<AppendOutcome>,
+    },
+    BindAddress {
+        address: String,
+        account: String,
+        now_ms: u64,
+        reply: Reply<()>,
+    },
+    ResolveAddress {
+        address: String,
+        reply: Reply<Option<String>>,
+    },
+    Watch {
+        watchlist: Arc<Watchlist>,
+        targets: Vec<(String, Option<Named>)>,
+        reply: Reply<()>,
+    },
+    HighestSeq {
+        account: String,
+        reply: Reply<u64>,
+    },
+    Fetch {
+        account: String,
+        after: u64,
+        up_to: u64,
+        not_before_ms: u64,
+        reply: Reply<Vec<Arc<Envelope>>>,
+    },
+    Release {
+        account: String,
+        release: Release,
+        reply: Reply<()>,
+    },
+    Purge {
+        older_than_ms: u64,
+        reply: Reply<u64>,
+    },
+    RecordLastSeen {
+        account: String,
+        ms: u64,
+        reply: Reply<()>,
+    },
+    LastSeen {
+        accounts: Vec<String>,
+        reply: Reply<HashMap<String, u64>>,
+    },
+}
+
+impl Op {
+    /// Whether the request changes the database (counted towards the next checkpoint).
+    fn writes(&self) -> bool {
+        matches!(
+            self,
+            Op::EnsureAccount { .. }
+                | Op::Append { .. }
+                | Op::BindAddress { .. }
+                | Op::Release { .. }
+                | Op::Purge { .. }
+                | Op::RecordLastSeen { .. }
+        )
+    }
+}
+
+pub(super) enum Msg {
+    Op(Op),
+    /// Finish what is queued, checkpoint, close; then say so.
+    Shutdown(oneshot::Sender<()>),
+}
+
+/// Accounts and journal frames one request added (negative: removed), for the counters.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Delta {
+    pub accounts: i64,
+    pub frames: i64,
+}
+
+/// One request's work inside the transaction, and what it leaves for after the commit.
+pub(super) struct Applied<T> {
+    delta: Delta,
+    /// The answer, made once the commit is durable: it may act on the router (offer a frame to
+    /// its recipient, move or register watches), which nobody may see before then.
+    answer: Box<dyn FnOnce(&Router) -> T>,
+}
+
+impl<T: 'static> Applied<T> {
+    /// An answer known now, with nothing left to do.
+    pub fn value(value: T) -> Self {
+        Self::then(move |_| value)
+    }
+
+    /// An answer made after the commit.
+    pub fn then(answer: impl FnOnce(&Router) -> T + 'static) -> Self {
+        Self {
+            delta: Delta::default(),
+            answer: Box::new(answer),
+        }
+    }
+
+    pub fn counting(self, delta: Delta) -> Self {
+        Self { delta, ..self }
+    }
+
+    fn finish(self, router: &Router, counters: &Counters) -> T {
+        counters.add(self.delta);
+        (self.answer)(router)
+    }
+}
+
+/// Answers one request once its transaction has ended: with the commit's error, with its own,
+/// or with what it left for after the commit.
+type Settle = Box<dyn FnOnce(&Result<(), StoreError>, &Router, &Counters)>;
+
+fn settle<T: 'static>(reply: Reply<T>, applied: Result<Applied<T>, StoreError>) -> Settle {
+    Box::new(move |committed, router, counters| {
+        let answer = match committed {
+            Ok(()) => applied.map(|applied| applied.finish(router, counters)),
+            Err(e) => Err(e.clone()),
+        };
+        let _ = reply.send(answer);
+    })
+}
+
+/// Runs `work` in a savepoint of `tx`: undone alone if it fails.
+fn savepoint<T>(
+    tx: Result<&mut Transaction<'_>, &StoreError>,
+    work: impl FnOnce(&Connection) -> rusqlite::Result<Applied<T>>,
+) -> Result<Applied<T>, StoreError> {
+    let mut sp = tx.map_err(StoreError::clone)?.savepoint()?;
+    match work(&sp) {
+        Ok(applied) => {
+            sp.commit()?;
+            Ok(applied)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "journal request failed");
+            let _ = sp.rollback();
+            Err(e.into())
+        }
+    }
+}
+
+/// Applies `op` (one function per operation, in the modules named for what they own) and
+/// returns how to answer it.
+fn apply(tx: Result<&mut Transaction<'_>, &StoreError>, op: Op) -> Settle {
+    match op {
+        Op::EnsureAccount {
+            name,
+            now_ms,
+            reply,
+        } => settle(reply, savepoint(tx, |c| accounts::ensure(c, &name, now_ms))),
+        Op::AccountExists { name, reply } => {
+            settle(reply, savepoint(tx, |c| accounts::exists(c, &name)))
+        }
+        Op::Append {
+            recipient,
+            envelope,
+            limits,
+            reply,
+        } => settle(
+            reply,
+            savepoint(tx, |c| journal::append(c, recipient, envelope, &limits)),
+        ),
+        Op::BindAddress {
+            address,
+            account,
+            now_ms,
+            reply,
+        } => settle(
+            reply,
+            savepoint(tx, |c| addresses::bind(c, address, account, now_ms)),
+        ),
+        Op::ResolveAddress { address, reply } => {
+            settle(reply, savepoint(tx, |c| addresses::resolve(c, &address)))
+        }
+        Op::Watch {
+            watchlist,
+            targets,
+            reply,
+        } => settle(
+            reply,
+            savepoint(tx, |c| addresses::watch(c, watchlist, targets)),
+        ),
+        Op::HighestSeq { account, reply } => {
+            settle(reply, savepoint(tx, |c| journal::highest_seq(c, &account)))
+        }
+        Op::Fetch {
+            account,
+            after,
+            up_to,
+            not_before_ms,
+            reply,
+        } => settle(
+            reply,
+            savepoint(tx, |c| {
+                journal::fetch(c, &account, after, up_to, not_before_ms)
+            }),
+        ),
+        Op::Release {
+            account,
+            release,
+            reply,
+        } => settle(
+            reply,
+            savepoint(tx, |c| journal::release(c, &account, release)),
+        ),
+        Op::Purge {
+            older_than_ms,
+            reply,
+        } => settle(reply, savepoint(tx, |c| journal::purge(c, older_than_ms))),
+        Op::RecordLastSeen { account, ms, reply } => settle(
+            reply,
+            savepoint(tx, |c| accounts::record_last_seen(c, &account, ms)),
+        ),
+        Op::LastSeen { accounts, reply } => {
+            settle(reply, savepoint(tx, |c| accounts::last_seen(c, accounts)))
+        }
+    }
+}
+
+pub(super) struct Worker {
+    pub conn: Connection,
+    pub router: Arc<Router>,
+    pub counters: Arc<Counters>,
+    pub file_backed: bool,
+    pub writes_since_checkpoint: u32,
+}
+
+impl Worker {
+    pub fn run(mut self, mut rx: mpsc::Receiver<Msg>) {
+        let mut ops = Vec::with_capacity(MAX_BATCH);
+        loop {
+            let Some(first) = rx.blocking_recv() else {
+                self.close();
+                return;
+            };
+            let mut shutdown = None;
+            match first {
+                Msg::Op(op) => ops.push(op),
+                Msg::Shutdown(done) => shutdown = Some(done),
+            }
+            while shutdown.is_none() && ops.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(Msg::Op(op)) => ops.push(op),
+                    Ok(Msg::Shutdown(done)) => shutdown = Some(done),
+                    Err(_) => break,
+                }
+            }
+            if !ops.is_empty() {
+                self.execute(&mut ops);
+            }
+            if let Some(done) = shutdown {
+                // Requests still queued are dropped; their callers see `Closed`.
+                rx.close();
+                self.close();
+                // Only now: `stop()` promises the database is closed when it returns.
+                let _ = done.send(());
+                return;
+            }
+            let idle = rx.is_empty();
+            if (idle && self.writes_since_checkpoint >= CHECKPOINT_IDLE)
+                || self.writes_since_checkpoint >= CHECKPOINT_FORCED
+            {
+                self.checkpoint("PASSIVE");
+            }
+        }
+    }
+
+    fn checkpoint(&mut self, mode: &str) {
+        self.writes_since_checkpoint = 0;
+        if !self.file_backed {
+            return;
+        }
+        let sql = format!("PRAGMA wal_checkpoint({mode})");
+        if let Err(e) = self.conn.query_row(&sql, [], |_| Ok(())) {
+            tracing::warn!(error = %e, "WAL checkpoint failed");
+        }
+    }
+
+    /// Folds the WAL into the database and closes the connection.
+    fn close(mut self) {
+        self.checkpoint("TRUNCATE");
+        if let Err((_, e)) = self.conn.close() {
+            tracing::warn!(error = %e, "closing the database failed");
+        }
+    }
+
+    /// One transaction for the batch. Nobody hears an answer before it is durable.
+    fn execute(&mut self, ops: &mut Vec<Op>) {
+        let writes = ops.iter().any(Op::writes);
+        let mut began = self.conn.transaction().map_err(StoreError::from);
+        if let Err(e) = &began {
+            tracing::error!(error = %e, "cannot begin a journal transaction");
+        }
+        let settles: Vec<Settle> = ops
+            .drain(..)
+            .map(|op| apply(began.as_mut().map_err(|e| &*e), op))
+            .collect();
+        let committed = began.and_then(|tx| tx.commit().map_err(StoreError::from));
+        match &committed {
+            Ok(()) if writes => self.writes_since_checkpoint += 1,
+            Ok(()) => {}
+            Err(e) => tracing::error!(error = %e, "journal commit failed"),
+        }
+        // Durable from here on: answers and offers go out, in commit order.
+        for settle in settles {
+            settle(&committed, &self.router, &self.counters);
+        }
+    }
+}
