@@ -158,7 +158,8 @@ export interface MessageReceivedEvent {
   metadata: Record<string, string>
 }
 /** Why the relay or the gateway could not reach a recipient. */
-export type UndeliverableReasonCode = 'unknown_recipient' | 'offline_no_mailbox' | 'mailbox_full' | 'gateway_unreachable'
+/** Why the relay or gateway said the recipient cannot be reached; `unspecified` when its verdict named no known cause. */
+export type UndeliverableReasonCode = 'unknown_recipient' | 'offline_no_mailbox' | 'mailbox_full' | 'unspecified'
 /**
  * The relay says the recipient cannot be reached now: the message is parked (not failed) and
  * re-driven on reachability edges and probes. Non-terminal; may repeat. `reasonCode` is the

@@ -43,9 +43,6 @@ const invalid = (message) => new ProtocolError('ERR_INVALID_ARGUMENT', message)
 const isPlainObject = (v) => v !== null && typeof v === 'object' && !Array.isArray(v)
 const SEND_OPTIONS = new Set(['priority', 'id', 'contentType', 'metadata'])
 const DEFAULT_EVENT_BUFFER = 10_000
-// An app carrier's send() that neither resolves nor rejects within this is a failed send, so a
-// hung carrier can never strand a message.
-const LOCAL_SEND_TIMEOUT_MS = 15_000
 
 /** Binary content crosses from Rust as base64 beside the text `content`; apps see bytes. */
 function contentOf(m) {
@@ -69,14 +66,6 @@ function eventFromJson(json) {
  */
 function toJson(value) {
   return JSON.stringify(value, (_, v) => (typeof v === 'number' && !Number.isFinite(v) ? String(v) : v)) ?? 'null'
-}
-
-function withTimeout(promise, ms, what) {
-  let timer
-  const timeout = new Promise((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`${what} did not settle within ${ms} ms`)), ms)
-  })
-  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer))
 }
 
 function frameBytes(frame, what) {
@@ -246,14 +235,14 @@ class Protocol {
       }
     }
     if (!transport) return report(false, `no transport named ${carrier}`)
-    withTimeout(
-      Promise.resolve().then(() => transport.send(peer, new Uint8Array(Buffer.from(frame, 'utf8')))),
-      LOCAL_SEND_TIMEOUT_MS,
-      `transport ${carrier} send`,
-    ).then(
-      () => report(true, null),
-      (e) => report(false, String((e && e.message) || e)),
-    )
+    // A send that never settles is failed by the engine's app-carrier send deadline
+    // (docs/delivery.md); its late report is then stale.
+    Promise.resolve()
+      .then(() => transport.send(peer, new Uint8Array(Buffer.from(frame, 'utf8'))))
+      .then(
+        () => report(true, null),
+        (e) => report(false, String((e && e.message) || e)),
+      )
   }
 
   /**

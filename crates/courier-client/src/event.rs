@@ -200,12 +200,13 @@ fn engine_event_json(e: &Event) -> Value {
         Event::MessageUndeliverable {
             message_id,
             recipient,
+            reason_code,
             reason,
             file_id,
         } => {
             let mut v = json!({
                 "type": "message_undeliverable", "messageId": message_id, "recipient": recipient,
-                "reason": reason,
+                "reasonCode": reason_code.as_str(), "reason": reason,
             });
             if let Some(file_id) = file_id {
                 v["fileId"] = Value::String(file_id.clone());

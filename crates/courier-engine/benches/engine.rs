@@ -18,7 +18,7 @@ use courier_engine::{
     Carrier, CarrierAnswer, Config, Engine, InboundOrigin, Input, SendRequest, StoreOp,
     TransmitKind,
 };
-use courier_proto::{ContentType, Message, Priority};
+use courier_proto::{ContentType, Message, Priority, UnreachableCause};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 
 const BACKLOG: usize = 10_000;
@@ -218,7 +218,8 @@ fn answer_unreachable(engine: &mut Engine, now: u64, next_at: &mut HashMap<Strin
             break;
         }
         for (id, send_seq) in frames {
-            written_and_answered(engine, id, send_seq, CarrierAnswer::Unreachable, now);
+            let answer = CarrierAnswer::Unreachable(UnreachableCause::OfflineNoMailbox);
+            written_and_answered(engine, id, send_seq, answer, now);
             answered += 1;
         }
         while let Some(op) = engine.poll_store() {

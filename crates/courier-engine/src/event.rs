@@ -1,6 +1,6 @@
 //! Application events (`api.md` Events). The runtime converts them to JS objects.
 
-use courier_proto::{Message, Priority};
+use courier_proto::{Message, Priority, UnreachableCause};
 
 use crate::io::{FailReason, InboundKey, Millis};
 
@@ -31,11 +31,12 @@ pub enum Event {
         recipient: String,
     },
     /// The relay reported the recipient unreachable: the message is parked (non-terminal, repeats
-    /// per verdict). `reason` is a fixed local string, never the relay's text; `file_id` names
-    /// the transfer of a media chunk.
+    /// per verdict). `reason_code` is the relay's cause; `reason` is a fixed local string, never
+    /// the relay's text; `file_id` names the transfer of a media chunk.
     MessageUndeliverable {
         message_id: String,
         recipient: String,
+        reason_code: UnreachableCause,
         reason: String,
         file_id: Option<String>,
     },

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use courier_proto::{ContentType, Message, Priority};
+use courier_proto::{ContentType, Message, Priority, UnreachableCause};
 use serde::{Deserialize, Serialize};
 
 /// Epoch milliseconds. The engine never reads a clock; every input carries `now`.
@@ -70,8 +70,9 @@ pub enum CarrierAnswer {
     Live,
     /// `MessageSent{disposition:"stored"}`: the relay's mailbox holds it (custody, not delivery).
     Stored,
-    /// `DeliveryError{recipient_unreachable…}`: the verdict that the recipient cannot be reached.
-    Unreachable,
+    /// `DeliveryError{recipient_unreachable…}`: the verdict that the recipient cannot be
+    /// reached, and why.
+    Unreachable(UnreachableCause),
 }
 
 /// Where an inbound message came from, as the carrier (not the message) says.

@@ -18,6 +18,7 @@ pub mod message;
 pub mod proof;
 pub mod security;
 pub mod signing;
+pub mod unreachable;
 pub mod wire_id;
 
 pub use address::{Address, AddressError};
@@ -37,4 +38,5 @@ pub use proof::{
     AddressDeclError, DeclareError, GatewayDeclaration,
 };
 pub use signing::{payload, DOMAINS};
+pub use unreachable::UnreachableCause;
 pub use wire_id::{ack_id, is_wire_id, wire_id};

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use courier_proto::ident::is_address_form;
-use courier_proto::limits::{MAX_FRAME_BYTES, RECIPIENT_UNREACHABLE};
+use courier_proto::limits::MAX_FRAME_BYTES;
+use courier_proto::UnreachableCause;
 use courier_proto::{Address, Disposition, RelayFrame};
 
 use crate::dispatch::{error_frame, identifier_size_ok, Session};
@@ -83,38 +84,16 @@ pub async fn account_of(ctx: &Ctx, recipient: Recipient<'_>) -> Result<Option<St
     }
 }
 
-/// Why a recipient is unreachable: the detail after `recipient_unreachable: ` in a
-/// DeliveryError's reason (docs/protocol.md, Sending).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unreachable {
-    /// The identifier names no known account or bound address.
-    UnknownRecipient,
-    /// Known, not connected, and nothing can keep the frame for it.
-    OfflineNoMailbox,
-    /// Keeping the frame would pass the recipient's mailbox limits.
-    MailboxFull,
-}
-
-impl Unreachable {
-    fn detail(self) -> &'static str {
-        match self {
-            Self::UnknownRecipient => "unknown_recipient",
-            Self::OfflineNoMailbox => "offline_no_mailbox",
-            Self::MailboxFull => "mailbox_full",
-        }
-    }
-}
-
 /// The unreachable verdict on one SendMessage, of the relay and the gateway daemon alike.
 pub fn recipient_unreachable(
     message_id: String,
     recipient: String,
-    why: Unreachable,
+    why: UnreachableCause,
 ) -> RelayFrame {
     RelayFrame::DeliveryError {
         message_id: Some(message_id),
         recipient,
-        reason: format!("{RECIPIENT_UNREACHABLE}: {}", why.detail()),
+        reason: why.reason(),
     }
 }
 
@@ -163,7 +142,7 @@ pub async fn send_message(
     let accepted_ms = envelope.accepted_ms;
     let resolved = resolve_recipient(&recipient);
     let Some(named) = resolved.named() else {
-        return recipient_unreachable(message_id, recipient, Unreachable::UnknownRecipient);
+        return recipient_unreachable(message_id, recipient, UnreachableCause::UnknownRecipient);
     };
     let ctx = &session.ctx;
     let deadline = ctx.timings.answer_deadline;
@@ -173,7 +152,11 @@ pub async fn send_message(
         let account = match account_of(ctx, resolved).await {
             Ok(Some(account)) => account,
             Ok(None) => {
-                return recipient_unreachable(message_id, recipient, Unreachable::UnknownRecipient)
+                return recipient_unreachable(
+                    message_id,
+                    recipient,
+                    UnreachableCause::UnknownRecipient,
+                )
             }
             Err(e) => {
                 tracing::error!(error = %e, "address look-up failed");
@@ -188,14 +171,18 @@ pub async fn send_message(
             {
                 return sent(recipient, message_id, accepted_ms, Disposition::Live);
             }
-            return recipient_unreachable(message_id, recipient, Unreachable::OfflineNoMailbox);
+            return recipient_unreachable(
+                message_id,
+                recipient,
+                UnreachableCause::OfflineNoMailbox,
+            );
         }
         return match tokio::time::timeout(deadline, ctx.store.account_exists(&account)).await {
             Ok(Ok(true)) => {
-                recipient_unreachable(message_id, recipient, Unreachable::OfflineNoMailbox)
+                recipient_unreachable(message_id, recipient, UnreachableCause::OfflineNoMailbox)
             }
             Ok(Ok(false)) => {
-                recipient_unreachable(message_id, recipient, Unreachable::UnknownRecipient)
+                recipient_unreachable(message_id, recipient, UnreachableCause::UnknownRecipient)
             }
             Ok(Err(e)) => {
                 tracing::error!(error = %e, "account lookup failed");
@@ -212,10 +199,10 @@ pub async fn send_message(
             AppendOutcome::Accepted { disposition, .. } | AppendOutcome::Duplicate { disposition },
         )) => sent(recipient, message_id, accepted_ms, disposition),
         Ok(Ok(AppendOutcome::UnknownRecipient)) => {
-            recipient_unreachable(message_id, recipient, Unreachable::UnknownRecipient)
+            recipient_unreachable(message_id, recipient, UnreachableCause::UnknownRecipient)
         }
         Ok(Ok(AppendOutcome::MailboxFull)) => {
-            recipient_unreachable(message_id, recipient, Unreachable::MailboxFull)
+            recipient_unreachable(message_id, recipient, UnreachableCause::MailboxFull)
         }
         Ok(Err(e)) => {
             tracing::error!(error = %e, "journal append failed");

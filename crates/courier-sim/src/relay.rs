@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use courier_engine::Millis;
-use courier_proto::Message;
+use courier_proto::{Message, UnreachableCause};
 
 pub type ConnId = u64;
 
@@ -50,6 +50,7 @@ pub enum ToClient {
     Unreachable {
         message_id: String,
         tag: Option<u64>,
+        cause: UnreachableCause,
     },
     DrainComplete {
         count: u64,
@@ -249,13 +250,14 @@ impl Relay {
     ) {
         let message_id = message.id.clone();
         let recipient = message.recipient.clone();
-        let unreachable = ToClient::Unreachable {
+        let unreachable = |cause| ToClient::Unreachable {
             message_id: message_id.clone(),
             tag,
+            cause,
         };
         if !self.known.contains(&recipient) {
             self.counts.unknown_recipient += 1;
-            out.push((conn, unreachable));
+            out.push((conn, unreachable(UnreachableCause::UnknownRecipient)));
             return;
         }
         let live = self.online.get(&recipient).copied();
@@ -279,7 +281,7 @@ impl Relay {
                 }
                 None => {
                     self.counts.offline_no_mailbox += 1;
-                    out.push((conn, unreachable));
+                    out.push((conn, unreachable(UnreachableCause::OfflineNoMailbox)));
                 }
             }
             return;
@@ -297,7 +299,7 @@ impl Relay {
         let held: usize = journal.values().map(|f| f.bytes).sum();
         if journal.len() >= limits.max_messages || held + bytes > limits.max_bytes {
             self.counts.mailbox_full += 1;
-            out.push((conn, unreachable));
+            out.push((conn, unreachable(UnreachableCause::MailboxFull)));
             return;
         }
         let next = self.next_seq.entry(recipient.clone()).or_insert(0);

@@ -8,8 +8,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use courier_engine::{CarrierAnswer, Input};
-use courier_proto::limits::RECIPIENT_UNREACHABLE;
-use courier_proto::{Disposition, RelayFrame};
+use courier_proto::{Disposition, RelayFrame, UnreachableCause};
 
 use crate::driver::DriverTx;
 
@@ -95,7 +94,7 @@ impl Answers {
         recipient: &str,
         reason: &str,
     ) {
-        let unreachable = reason.starts_with(RECIPIENT_UNREACHABLE);
+        let unreachable = UnreachableCause::of_reason(reason);
         let ids: Vec<String> = match message_id {
             Some(id) => vec![id],
             None => self
@@ -106,12 +105,12 @@ impl Answers {
                 .collect(),
         };
         for id in ids {
-            if unreachable {
+            if let Some(cause) = unreachable {
                 if let Some(u) = self.unanswered.remove(&id) {
                     driver.input(Input::Answer {
                         id,
                         send_seq: u.send_seq,
-                        answer: CarrierAnswer::Unreachable,
+                        answer: CarrierAnswer::Unreachable(cause),
                     });
                 }
             } else {

@@ -243,7 +243,7 @@ impl Engine {
         match answer {
             CarrierAnswer::Live => self.set_park(key, None),
             CarrierAnswer::Stored => self.enter_custody(key, now),
-            CarrierAnswer::Unreachable => self.on_unreachable(key, now),
+            CarrierAnswer::Unreachable(cause) => self.on_unreachable(key, cause, now),
         }
     }
 

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
-use courier_proto::{ack_id, Address, ContentType, Message};
+use courier_proto::{ack_id, Address, ContentType, Message, UnreachableCause};
 use serde_json::Value;
 
 use crate::ack::{self, AfterTimeout};

@@ -46,9 +46,9 @@ impl Engine {
         }
     }
 
-    /// The relay's unreachable verdict for the entry's current attempt (`delivery.md` item 7:
-    /// exactly this message).
-    pub(super) fn on_unreachable(&mut self, key: Key, now: Millis) {
+    /// The relay's unreachable verdict for the entry's current attempt: it parks exactly this
+    /// message (`docs/delivery.md#parking`).
+    pub(super) fn on_unreachable(&mut self, key: Key, cause: UnreachableCause, now: Millis) {
         let Some(entry) = self.outbox.get(key) else {
             return;
         };
@@ -57,6 +57,7 @@ impl Engine {
         self.events.push_back(Event::MessageUndeliverable {
             message_id: entry.message.id.clone(),
             recipient: recipient.clone(),
+            reason_code: cause,
             reason: REASON_UNREACHABLE.to_owned(),
             file_id: file_id(&entry.message),
         });

@@ -61,7 +61,7 @@ const ANSWERS: [Option<CarrierAnswer>; 6] = [
     Some(CarrierAnswer::Live),
     Some(CarrierAnswer::Live),
     Some(CarrierAnswer::Stored),
-    Some(CarrierAnswer::Unreachable),
+    Some(UNREACHABLE),
     None,
 ];
 
@@ -253,11 +253,8 @@ fn run(seed: u64, hook: bool) -> BTreeSet<&'static str> {
             }
             75..=77 => {
                 if let Some(id) = random_key(&mut rng, sim.rows.keys()) {
-                    let answer = rng.pick(&[
-                        CarrierAnswer::Live,
-                        CarrierAnswer::Stored,
-                        CarrierAnswer::Unreachable,
-                    ]);
+                    let answer =
+                        rng.pick(&[CarrierAnswer::Live, CarrierAnswer::Stored, UNREACHABLE]);
                     sim.answer(&id, answer);
                 }
             }

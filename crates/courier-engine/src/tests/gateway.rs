@@ -94,7 +94,7 @@ fn the_gateway_takes_over_when_the_relay_drops() {
 #[test]
 fn a_gateway_verdict_parks_and_probes_over_the_gateway() {
     let mut sim = Sim::with_defaults();
-    sim.gateway = Net::relay(CarrierAnswer::Unreachable);
+    sim.gateway = Net::relay(UNREACHABLE);
     sim.gateway_up();
     let id = sim.send(BOB);
     assert_eq!(sim.status(&id), Some(EntryState::Parked));
@@ -116,7 +116,7 @@ fn a_gateway_verdict_parks_and_probes_over_the_gateway() {
 #[test]
 fn a_message_the_relay_parks_is_offered_over_the_gateway_and_settled_from_there() {
     let mut sim = Sim::with_defaults();
-    sim.net = Net::relay(CarrierAnswer::Unreachable);
+    sim.net = Net::relay(UNREACHABLE);
     sim.carrier_up();
     sim.gateway_up();
     let mark = sim.mark();
@@ -136,8 +136,8 @@ fn a_message_the_relay_parks_is_offered_over_the_gateway_and_settled_from_there(
 #[test]
 fn every_probe_of_a_relay_parked_message_is_offered_over_the_gateway() {
     let mut sim = Sim::with_defaults();
-    sim.net = Net::relay(CarrierAnswer::Unreachable);
-    sim.gateway = Net::relay(CarrierAnswer::Unreachable);
+    sim.net = Net::relay(UNREACHABLE);
+    sim.gateway = Net::relay(UNREACHABLE);
     sim.carrier_up();
     sim.gateway_up();
     let id = sim.send(BOB);

@@ -35,6 +35,9 @@ pub(crate) const SEC: Millis = 1000;
 pub(crate) const MIN: Millis = 60 * SEC;
 pub(crate) const HOUR: Millis = 60 * MIN;
 pub(crate) const DAY: Millis = 24 * HOUR;
+/// The relay's unreachable verdict as most scenarios hear it.
+pub(crate) const UNREACHABLE: CarrierAnswer =
+    CarrierAnswer::Unreachable(courier_proto::UnreachableCause::OfflineNoMailbox);
 
 /// One engine output, in the order the runtime acts on a call's outputs.
 #[derive(Debug, Clone)]

@@ -65,7 +65,7 @@ fn without_relay_or_link_the_send_is_deferred_until_a_neighbor_appears() {
 #[test]
 fn the_discovery_flush_sends_a_batch_and_leaves_the_rest_due() {
     let mut sim = Sim::with_defaults();
-    sim.net = Net::relay(CarrierAnswer::Unreachable);
+    sim.net = Net::relay(UNREACHABLE);
     sim.carrier_up();
     let ids: Vec<String> = (0..45).map(|_| sim.send(BOB)).collect();
     let other = sim.send(CAROL);
@@ -201,7 +201,7 @@ fn a_neighbor_on_an_unregistered_carrier_is_ignored() {
 #[test]
 fn a_write_on_a_direct_link_takes_a_parked_message_onto_the_ladder() {
     let mut sim = Sim::with_defaults();
-    sim.net = Net::relay(CarrierAnswer::Unreachable);
+    sim.net = Net::relay(UNREACHABLE);
     sim.carrier_up();
     let id = sim.send(BOB);
     sim.local_up(BLE);

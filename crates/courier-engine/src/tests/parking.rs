@@ -20,7 +20,7 @@ fn undeliverable(sim: &Sim, id: &str) -> Vec<Millis> {
 
 fn parked_sim(config: Config) -> Sim {
     let mut sim = Sim::new(config);
-    sim.net = Net::relay(CarrierAnswer::Unreachable);
+    sim.net = Net::relay(UNREACHABLE);
     sim.carrier_up();
     sim
 }
@@ -55,11 +55,12 @@ fn a_verdict_parks_the_message() {
         Event::MessageUndeliverable {
             message_id: id.clone(),
             recipient: BOB.into(),
+            reason_code: courier_proto::UnreachableCause::OfflineNoMailbox,
             reason: "recipient unreachable".into(),
             file_id: None,
         }
     );
-    // message_sent, then message_undeliverable: the seed's "offline recipient" sequence.
+    // message_sent, then message_undeliverable: the offline recipient's sequence.
     let kinds: Vec<&str> = sim
         .events_of(&id)
         .map(|(_, e)| match e {
@@ -292,7 +293,7 @@ fn a_third_party_ack_settles_neither_in_flight_nor_parked() {
     sim.local_up(BLE);
     sim.discover(CAROL, BLE);
     sim.carrier_up();
-    sim.net = Net::relay(CarrierAnswer::Unreachable);
+    sim.net = Net::relay(UNREACHABLE);
     let parked = sim.send(BOB);
     sim.net = Net::silent_peer();
     let in_flight = sim.send(BOB);
@@ -339,7 +340,7 @@ fn a_parked_message_is_offered_to_neighbors_on_every_park() {
 }
 
 fn parked_send(sim: &mut Sim) -> String {
-    sim.net = Net::relay(CarrierAnswer::Unreachable);
+    sim.net = Net::relay(UNREACHABLE);
     sim.carrier_up();
     let id = sim.send(BOB);
     assert_eq!(sim.status(&id), Some(EntryState::Parked));
@@ -461,7 +462,7 @@ fn a_media_chunk_is_not_parked_but_keeps_its_pending_ack() {
     let mut sim = Sim::with_defaults();
     sim.local_up(BLE);
     sim.discover(CAROL, BLE);
-    sim.net = Net::relay(CarrierAnswer::Unreachable);
+    sim.net = Net::relay(UNREACHABLE);
     sim.carrier_up();
     let id = sim.send_with(BOB, Priority::Medium, ContentType::FileChunk, None);
     assert_eq!(
@@ -509,14 +510,14 @@ fn stale_relay_answers_are_ignored() {
     sim.advance(11 * SEC); // ACK timeout at 10 s, retry 0 at 11 s
     let second = sim.send_seqs[&id];
     assert_ne!(first, second);
-    sim.answer_seq(&id, first, CarrierAnswer::Unreachable);
+    sim.answer_seq(&id, first, UNREACHABLE);
     assert_eq!(
         sim.status(&id),
         Some(EntryState::InFlight),
         "an old attempt's verdict"
     );
     assert!(undeliverable(&sim, &id).is_empty());
-    sim.answer_seq(&id, second, CarrierAnswer::Unreachable);
+    sim.answer_seq(&id, second, UNREACHABLE);
     assert_eq!(sim.status(&id), Some(EntryState::Parked));
 }
 
@@ -526,7 +527,7 @@ fn parked_and_custody_share_the_ladder_and_the_count() {
     sim.carrier_up();
     sim.net = Net::relay(CarrierAnswer::Stored);
     let stored = sim.send(BOB);
-    sim.net = Net::relay(CarrierAnswer::Unreachable);
+    sim.net = Net::relay(UNREACHABLE);
     let parked = sim.send(BOB);
     assert_eq!(sim.engine.stats().parked, 2);
     assert_eq!(sim.rows[&stored].next_at, Some(15 * SEC));
@@ -654,4 +655,29 @@ fn an_idle_engine_wakes_only_for_due_probes() {
     // At the 600 s cap: each message probed every 10 minutes, probes of one recipient spread.
     assert_eq!(probes, 50 * 6);
     assert!(wakeups <= probes);
+}
+
+#[test]
+fn message_undeliverable_carries_the_relays_cause() {
+    use courier_proto::UnreachableCause;
+    for cause in [
+        UnreachableCause::UnknownRecipient,
+        UnreachableCause::OfflineNoMailbox,
+        UnreachableCause::MailboxFull,
+        UnreachableCause::Unspecified,
+    ] {
+        let mut sim = Sim::with_defaults();
+        sim.net = Net::relay(CarrierAnswer::Unreachable(cause));
+        sim.carrier_up();
+        let id = sim.send(BOB);
+        sim.advance(0);
+        let codes: Vec<UnreachableCause> = sim
+            .events_of(&id)
+            .filter_map(|(_, e)| match e {
+                Event::MessageUndeliverable { reason_code, .. } => Some(*reason_code),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(codes, [cause]);
+    }
 }

@@ -10,7 +10,7 @@ fn changes(sim: &Sim) -> Vec<(Millis, PresenceChange)> {
 #[test]
 fn watch_and_unwatch_are_emitted_once_each() {
     let mut sim = Sim::with_defaults();
-    sim.net = Net::relay(CarrierAnswer::Unreachable);
+    sim.net = Net::relay(UNREACHABLE);
     sim.carrier_up();
     let first = sim.send(BOB);
     let second = sim.send(BOB);
@@ -41,7 +41,7 @@ fn the_watchlist_holds_parked_and_custody_recipients_not_in_flight_ones() {
     sim.send("dave");
     sim.net = Net::relay(CarrierAnswer::Stored);
     sim.send(CAROL);
-    sim.net = Net::relay(CarrierAnswer::Unreachable);
+    sim.net = Net::relay(UNREACHABLE);
     sim.send(BOB);
     assert_eq!(sim.engine.presence_watchlist(), [BOB, CAROL]);
     assert_eq!(sim.watching, [BOB, CAROL].map(String::from).into());
@@ -50,7 +50,7 @@ fn the_watchlist_holds_parked_and_custody_recipients_not_in_flight_ones() {
 #[test]
 fn the_watchlist_does_not_depend_on_the_connection() {
     let mut sim = Sim::with_defaults();
-    sim.net = Net::relay(CarrierAnswer::Unreachable);
+    sim.net = Net::relay(UNREACHABLE);
     sim.carrier_up();
     sim.send(BOB);
     let to_carol = sim.send(CAROL);
@@ -77,7 +77,7 @@ fn the_watchlist_is_not_capped_by_the_engine() {
     let mut config = Config::new("chat");
     config.outbox_max_entries = 2000;
     let mut sim = Sim::new(config);
-    sim.net = Net::relay(CarrierAnswer::Unreachable);
+    sim.net = Net::relay(UNREACHABLE);
     sim.carrier_up();
     sim.checks = false; // O(outbox) per call: checked once the backlog is built
     for n in 0..1100 {
@@ -102,7 +102,7 @@ fn a_peer_that_enters_and_leaves_between_polls_is_not_announced() {
     let answer = Input::Answer {
         id: id.clone(),
         send_seq: seq,
-        answer: CarrierAnswer::Unreachable,
+        answer: UNREACHABLE,
     };
     sim.engine.handle(answer, sim.now);
     let (ack, origin) = {

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use courier_proto::lines::{LineBuffer, LineTooLong};
-use courier_proto::{Address, Disposition, RelayFrame};
+use courier_proto::{Address, Disposition, RelayFrame, UnreachableCause};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use super::attach::{check_declaration, identify_device_id, Attach};
 use super::{Outbound, Shared, Undelivered, OUTBOX};
 use crate::linger::close_after_reading_out;
-use crate::send::{recipient_unreachable, Unreachable};
+use crate::send::recipient_unreachable;
 use crate::{now_ms, stopping};
 
 /// Bytes read from the socket at once; lines are assembled from them (`LineBuffer`).
@@ -277,13 +277,17 @@ impl Conn {
                         timestamp,
                         disposition: Some(Disposition::Live),
                     },
-                    Err(Undelivered::Offline) => {
-                        recipient_unreachable(message_id, recipient, Unreachable::OfflineNoMailbox)
-                    }
+                    Err(Undelivered::Offline) => recipient_unreachable(
+                        message_id,
+                        recipient,
+                        UnreachableCause::OfflineNoMailbox,
+                    ),
                 }
             }
             // Not a canonical address: it names no device (identity.md §2).
-            Err(_) => recipient_unreachable(message_id, recipient, Unreachable::UnknownRecipient),
+            Err(_) => {
+                recipient_unreachable(message_id, recipient, UnreachableCause::UnknownRecipient)
+            }
         };
         self.answer(&answer).await
     }

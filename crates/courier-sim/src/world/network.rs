@@ -208,12 +208,13 @@ impl World {
             ToClient::Unreachable {
                 message_id,
                 tag: Some(send_seq),
+                cause,
             } => {
                 if session.unanswered.remove(&(message_id.clone(), send_seq)) {
                     cmds.push(Input::Answer {
                         id: message_id,
                         send_seq,
-                        answer: CarrierAnswer::Unreachable,
+                        answer: CarrierAnswer::Unreachable(cause),
                     });
                 }
             }
