@@ -1,4 +1,5 @@
-//! `off1` addresses (`identity.md` §2): bech32m over `0x01 ‖ SHA-256(public key)[0..20]`.
+//! `off1` addresses (`docs/protocol.md#addresses`): bech32m over
+//! `0x01 ‖ SHA-256(public key)[0..20]`.
 //!
 //! Exactly one string names each address. The parser refuses everything a lenient bech32 decoder
 //! would also accept (all-uppercase, the bech32 checksum, non-zero padding, over-long data), since
@@ -30,8 +31,8 @@ const MAX_BECH32_LEN: usize = 90;
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Address([u8; ADDRESS_HASH_LEN]);
 
-/// Why a string is not an address. Each of the six rules of `identity.md` §2 has its variant;
-/// `Malformed` covers strings that are not bech32 at all.
+/// Why a string is not an address. Each of the six rules of `docs/protocol.md#addresses` has its
+/// variant; `Malformed` covers strings that are not bech32 at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum AddressError {
     #[error("not a bech32 string")]

@@ -1,4 +1,4 @@
-//! Control-frame signatures (`identity.md` §4).
+//! Control-frame signatures (`docs/protocol.md#control-signatures`).
 //!
 //! A Message whose `content` starts with a reserved internal prefix is a control frame and must be
 //! signed by the key its `sender` address derives from, except the data-plane prefixes, which are
@@ -93,8 +93,9 @@ pub fn sign_control(message: &mut Message, key: &IdentityKey, signed_at_ms: u64)
     metadata.insert(META_CTRL_TS.to_owned(), signed_at_ms.to_string());
 }
 
-/// Verifies a received control frame (`identity.md` §4.2, steps 1–5 in order). `now_ms` is the
-/// receiver's wall clock; `accept_legacy_v1` is the profile's `acceptLegacyControlV1`.
+/// Verifies a received control frame (`docs/protocol.md#control-signatures`, verification steps 1–5
+/// in order). `now_ms` is the receiver's wall clock; `accept_legacy_v1` is the profile's
+/// `acceptLegacyControlV1`.
 pub fn verify_control(
     message: &Message,
     now_ms: u64,
@@ -159,9 +160,9 @@ pub fn control_signed_at(message: &Message) -> Option<u64> {
         .and_then(|t| parse_signed_at(t))
 }
 
-/// Whether a signed control frame has aged out of the receivers' window (`identity.md` §4.3):
-/// the engine settles it as failed ("Control signature expired") instead of transmitting it once
-/// `now − signed_at ≥ 30 d`.
+/// Whether a signed control frame has aged out of the receivers' window
+/// (`docs/protocol.md#control-signatures`, v2 freshness): the engine settles it as failed ("Control
+/// signature expired") instead of transmitting it once `now − signed_at ≥ 30 d`.
 pub fn control_signature_expired(message: &Message, now_ms: u64) -> bool {
     control_signed_at(message)
         .is_some_and(|signed_at| now_ms.saturating_sub(signed_at) >= CONTROL_MAX_AGE_MS)

@@ -1,5 +1,5 @@
-//! Relay wire frames (`relay-protocol.md` §14.1). One frame is one UTF-8 JSON object with a
-//! PascalCase `type`; unknown fields are ignored and `null` reads as an absent optional field.
+//! Relay wire frames (`docs/protocol.md#frame-reference`). One frame is one UTF-8 JSON object with
+//! a PascalCase `type`; unknown fields are ignored and `null` reads as an absent optional field.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -377,7 +377,7 @@ impl RelayFrame {
 }
 
 /// Why a text message is not a usable frame; the three cases get different answers
-/// (`relay-protocol.md` §1).
+/// (`docs/protocol.md#transport`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
     /// Not a JSON object, or no string `type`.

@@ -1,4 +1,4 @@
-//! Identifier and account-name rules (`relay-protocol.md` §5).
+//! Identifier and account-name rules (`docs/protocol.md#identifiers`).
 
 use crate::limits::MAX_IDENTIFIER_BYTES;
 

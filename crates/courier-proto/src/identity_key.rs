@@ -1,5 +1,6 @@
-//! The Ed25519 identity key (`identity.md` §1): it derives the address, signs control frames and
-//! both address proofs. Pure Ed25519 (RFC 8032, no prehash, no context), verified strictly.
+//! The Ed25519 identity key (`docs/protocol.md#identity-key`): it derives the address, signs
+//! control frames and both address proofs. Pure Ed25519 (RFC 8032, no prehash, no context),
+//! verified strictly.
 
 use std::fmt;
 
@@ -84,9 +85,9 @@ impl fmt::Debug for IdentityKey {
     }
 }
 
-/// Strict Ed25519 verification (`identity.md` §1): refuses S ≥ L, a public key or R of small
-/// order (ed25519-dalek's `verify_strict`), and a public key that is not the canonical encoding
-/// of its point. Never panics; any bad input is simply `false`.
+/// Strict Ed25519 verification (`docs/protocol.md#identity-key`): refuses S ≥ L, a public key or R
+/// of small order (ed25519-dalek's `verify_strict`), and a public key that is not the canonical
+/// encoding of its point. Never panics; any bad input is simply `false`.
 pub fn verify_strict(
     public_key: &[u8; PUBLIC_KEY_LEN],
     payload: &[u8],

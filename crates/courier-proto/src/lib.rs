@@ -1,7 +1,8 @@
-//! Shared vocabulary of offline-courier: the relay wire frames (`relay-protocol.md` §14.1), the
-//! end-to-end `Message` (§9), identifier rules (§5), the protocol's fixed limits, and the identity
-//! layer of `identity.md`: the Ed25519 identity key, `off1` addresses, canonical signing payloads,
-//! control-frame signatures and the relay and gateway address proofs.
+//! Shared vocabulary of offline-courier (`docs/protocol.md`): the relay wire frames
+//! (`docs/protocol.md#frame-reference`), the end-to-end `Message`
+//! (`docs/protocol.md#end-to-end-message`), identifier rules (`docs/protocol.md#identifiers`), the
+//! protocol's fixed limits, and the identity layer: the Ed25519 identity key, `off1` addresses,
+//! canonical signing payloads, control-frame signatures and the relay and gateway address proofs.
 //!
 //! This crate does no I/O. Everything that arrives from the network is decoded here first, so
 //! every bound on untrusted input is checked in one place and decoding never panics.

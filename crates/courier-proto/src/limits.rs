@@ -1,4 +1,5 @@
-//! Fixed protocol constants (`relay-protocol.md` §14.4, `delivery.md` "Limits").
+//! Fixed protocol constants (`docs/protocol.md#constants`) and the send limits of
+//! `docs/delivery.md#send-validation`.
 
 /// Largest WebSocket message either side sends or accepts, after reassembly.
 pub const MAX_FRAME_BYTES: usize = 1_048_576;
@@ -13,7 +14,7 @@ pub const MAX_CAPABILITY_BYTES: usize = 128;
 /// Malformed frames a relay tolerates on one connection; the 16th closes it with 4002.
 pub const MAX_MALFORMED_FRAMES: u32 = 16;
 
-/// Capability tokens (`relay-protocol.md` §3).
+/// Capability tokens (`docs/protocol.md#capabilities`).
 pub const CAP_ADDRESS_ROUTING: &str = "address_routing_v1";
 pub const CAP_GROUP_DELIVERY: &str = "group_delivery_v3";
 pub const CAP_MAILBOX: &str = "mailbox_v1";
@@ -22,7 +23,7 @@ pub const CAP_PRESENCE_WATCH: &str = "presence_watch_v1";
 /// The prefix of a `DeliveryError.reason` that is the unreachable verdict.
 pub const RECIPIENT_UNREACHABLE: &str = "recipient_unreachable";
 
-/// Close codes (`relay-protocol.md` §14.2).
+/// Close codes (`docs/protocol.md#close-codes`).
 pub mod close {
     pub const NORMAL: u16 = 1000;
     pub const GOING_AWAY: u16 = 1001;

@@ -1,6 +1,6 @@
-//! Newline-delimited framing (`identity.md` §6): one UTF-8 JSON object per `\n`-terminated line
-//! of at most 1 MiB. The caller pushes the bytes it read and pops complete lines, so the limit is
-//! enforced as bytes arrive, before a line is complete.
+//! Newline-delimited framing (`docs/protocol.md#gateway-framing`): one UTF-8 JSON object per
+//! `\n`-terminated line of at most 1 MiB. The caller pushes the bytes it read and pops complete
+//! lines, so the limit is enforced as bytes arrive, before a line is complete.
 
 use crate::limits::MAX_FRAME_BYTES;
 

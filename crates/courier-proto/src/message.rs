@@ -1,4 +1,4 @@
-//! The end-to-end `Message` carried in `SendMessage.content` (`relay-protocol.md` §9).
+//! The end-to-end `Message` carried in `SendMessage.content` (`docs/protocol.md#message-json`).
 
 use std::collections::BTreeMap;
 
@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::ident::{validate_identifier, IdentError};
 
-/// Reserved metadata keys (§9.1); applications may not set them.
+/// Reserved metadata keys (`docs/protocol.md#message-json`); applications may not set them.
 pub const META_ACK_FOR: &str = "ack_for";
 pub const META_ACK_HOP_COUNT: &str = "ack_hop_count";
 pub const META_ACK_TRANSPORT: &str = "ack_transport";
@@ -68,7 +68,7 @@ pub enum ContentType {
 }
 
 impl ContentType {
-    /// Unknown names decode as `File` (§9.1).
+    /// Unknown names decode as `File` (`docs/protocol.md#message-json`).
     pub fn parse_lenient(s: &str) -> Self {
         match s {
             "text" => Self::Text,
@@ -186,13 +186,14 @@ impl Message {
         Ok(())
     }
 
-    /// The id this message acknowledges, when it is an end-to-end ACK (§9.2).
+    /// The id this message acknowledges, when it is a delivery ACK
+    /// (`docs/protocol.md#delivery-ack`).
     pub fn ack_for(&self) -> Option<&str> {
         self.metadata.get(META_ACK_FOR).map(String::as_str)
     }
 
-    /// The end-to-end ACK for this message, sent by its recipient (§9.2). `id` is the ACK's own
-    /// fresh id; `now_ms` its timestamp.
+    /// The delivery ACK for this message, sent by its recipient (`docs/protocol.md#delivery-ack`).
+    /// `id` is the ACK's own id; `now_ms` its timestamp.
     pub fn ack(&self, id: String, now_ms: u64, transport: &str) -> Message {
         let mut metadata = BTreeMap::new();
         metadata.insert(META_ACK_FOR.to_owned(), self.id.clone());

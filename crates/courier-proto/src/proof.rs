@@ -1,7 +1,8 @@
-//! Address proofs: the relay declaration (`relay-protocol.md` §4, `identity.md` §5) and the
-//! gateway attach (`identity.md` §6). Both sign `domain ‖ u32be(len s) ‖ s ‖ challenge(32)`, over
-//! the relay-resolved account name and over the device's own address respectively, each under its
-//! own domain so a proof harvested by one kind of peer never replays against the other.
+//! Address proofs: the relay declaration (`docs/protocol.md#address-declaration`, its bytes in
+//! `docs/protocol.md#proof-bytes`) and the gateway attach (`docs/protocol.md#gateway-attach`). Both
+//! sign `domain ‖ u32be(len s) ‖ s ‖ challenge(32)`, over the relay-resolved account name and over
+//! the device's own address respectively, each under its own domain so a proof harvested by one
+//! kind of peer never replays against the other.
 
 use crate::address::Address;
 use crate::encoding::b64_decode_fixed;
@@ -38,9 +39,10 @@ pub fn decode_challenge(b64: &str) -> Option<[u8; CHALLENGE_LEN]> {
     b64_decode_fixed(b64)
 }
 
-/// Why a client does not declare its address on a connection (`relay-protocol.md` §4.3): each is
-/// a silent skip with this one diagnostic reason. The last three are for the client's own steps
-/// (loading the key, signing, writing the frame); nothing in this crate returns them.
+/// Why a client does not declare its address on a connection
+/// (`docs/protocol.md#client-declaration`): each is a silent skip with this one diagnostic reason.
+/// The last three are for the client's own steps (loading the key, signing, writing the frame);
+/// nothing in this crate returns them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum DeclareError {
     #[error("capability_absent")]
@@ -60,7 +62,7 @@ pub enum DeclareError {
 }
 
 impl DeclareError {
-    /// The diagnostic reason, as the spec spells it.
+    /// The diagnostic reason, as `docs/protocol.md#client-declaration` spells it.
     pub fn reason(self) -> &'static str {
         match self {
             Self::CapabilityAbsent => "capability_absent",
@@ -95,8 +97,8 @@ pub fn declare_address_frame(
     })
 }
 
-/// The whole client gate of `relay-protocol.md` §4.3 over the fields of one `Authenticated`:
-/// the relay must advertise `address_routing_v1` (compared byte for byte), then as
+/// The whole client gate (`docs/protocol.md#client-declaration`) over the fields of one
+/// `Authenticated`: the relay must advertise `address_routing_v1` (compared byte for byte), then as
 /// [`declare_address_frame`].
 pub fn declare_address_after_auth(
     key: &IdentityKey,
@@ -111,7 +113,7 @@ pub fn declare_address_after_auth(
 }
 
 /// Why a peer refuses a declaration; `reason()` is the `AddressError.reason` the relay sends
-/// (`relay-protocol.md` §14.3).
+/// (`docs/protocol.md#errors-and-reasons`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum AddressDeclError {
     /// Key not 32 bytes, signature not 64 bytes, or address not canonical.
@@ -144,9 +146,9 @@ impl AddressDeclError {
     }
 }
 
-/// The relay's checks of `relay-protocol.md` §4.2 steps 1–3, in order, for a `DeclareAddress`
-/// read on a connection authenticated as `account` that was sent `challenge`. Returns the address
-/// to bind. Refusing a second declaration (step 4) is the caller's.
+/// The relay's checks 1–3 of `docs/protocol.md#relay-checks`, in order, for a `DeclareAddress` read
+/// on a connection authenticated as `account` that was sent `challenge`. Returns the address to
+/// bind. Refusing a second declaration (step 4) is the caller's.
 pub fn verify_declaration(
     account: &str,
     challenge: &[u8; CHALLENGE_LEN],
@@ -159,9 +161,10 @@ pub fn verify_declaration(
     })
 }
 
-/// The gateway's checks before `AddressDeclared` (`identity.md` §6): the relay's three, over the
-/// gateway proof bytes with the challenge minted for this connection, then the address must be
-/// the `Identify.device_id`. That the challenge was never accepted before is the caller's.
+/// The gateway's checks before `AddressDeclared` (`docs/protocol.md#gateway-attach`): the relay's
+/// three, over the gateway proof bytes with the challenge minted for this connection, then the
+/// address must be the `Identify.device_id`. That the challenge was never accepted before is the
+/// caller's.
 pub fn verify_gateway_declaration(
     device_id: &str,
     challenge: &[u8; CHALLENGE_LEN],
@@ -200,7 +203,7 @@ fn verify_proof(
     Ok(declared)
 }
 
-/// What a device sends in the gateway `DeclareAddress` line (`identity.md` §6).
+/// What a device sends in the gateway `DeclareAddress` line (`docs/protocol.md#gateway-attach`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GatewayDeclaration {
     pub address: String,

@@ -1,12 +1,12 @@
-//! `security_warning` reason codes (`identity.md` §4.5). A warning carries one of these, the
-//! peer it concerns and a fixed local reason; remote text never reaches it.
+//! `security_warning` reason codes (`docs/protocol.md#security-warnings`). A warning carries one of
+//! these, the peer it concerns and a fixed local reason; remote text never reaches it.
 
 pub const UNSIGNED_CONTROL_REJECTED: &str = "UNSIGNED_CONTROL_REJECTED";
 pub const CONTROL_SIGNATURE_INVALID: &str = "CONTROL_SIGNATURE_INVALID";
 pub const SENDER_ADDRESS_MISMATCH: &str = "SENDER_ADDRESS_MISMATCH";
 pub const CONTROL_SIGNATURE_STALE: &str = "CONTROL_SIGNATURE_STALE";
 /// The relay-stamped sender of a gated control frame differs from `Message.sender`
-/// (`relay-protocol.md` §7.2 step 3).
+/// (`docs/protocol.md#control-signatures`, verification step 1).
 pub const TRANSPORT_IDENTITY_MISMATCH: &str = "TRANSPORT_IDENTITY_MISMATCH";
 pub const RELAY_ADDRESS_BINDING_MISMATCH: &str = "RELAY_ADDRESS_BINDING_MISMATCH";
 pub const RELAY_ADDRESS_DECLARATION_REFUSED: &str = "RELAY_ADDRESS_DECLARATION_REFUSED";

@@ -1,4 +1,4 @@
-//! Canonical signing payloads and the domain registry (`identity.md` §3).
+//! Canonical signing payloads and the domain registry (`docs/protocol.md#signing-payloads`).
 //!
 //! `payload(domain, f1 … fn) = domain ‖ u32be(len f1) ‖ f1 ‖ … ‖ u32be(len fn) ‖ fn`. The domain
 //! carries no length, so no registered domain may be a prefix of another: a first field could
