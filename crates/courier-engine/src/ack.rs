@@ -8,7 +8,7 @@
 use crate::config::Config;
 use crate::io::Millis;
 
-/// The ACK timer of a frame starts when the carrier wrote it (`delivery.md` item 4).
+/// The ACK timer of a frame starts when the carrier wrote it (`docs/delivery.md#ack-timer`).
 pub(crate) fn deadline(config: &Config, written_at: Millis) -> Millis {
     written_at.saturating_add(config.ack_timeout_ms)
 }
@@ -22,7 +22,7 @@ pub(crate) fn attempt_number(ack_attempts: u32) -> u32 {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AfterTimeout {
-    /// Retry number `retry_count` (0 for the first retry, as in the seed's table) goes at `at`,
+    /// Retry number `retry_count` (counted from 0, `docs/delivery.md#backoff`) goes at `at`,
     /// `backoff_ms(retry_count)` from now; the entry's `ack_attempts` becomes `retry_count + 1`.
     Retry { retry_count: u32, at: Millis },
     /// All `max_retries` retries were spent: the entry fails with `retry_count = ack_attempts`.

@@ -1,7 +1,7 @@
 //! Validated engine configuration. Parsing and validation of the user's JSON config (with
 //! error paths) happen in `courier-client`; by the time a `Config` exists it is sound.
 
-/// Delivery settings; defaults are those of the delivery seed.
+/// Delivery settings; the defaults are those of `docs/delivery.md#defaults`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// `appId`: namespace of this app's messages (copied into every Message).
@@ -32,11 +32,11 @@ pub struct Config {
     /// `None` keeps the default at-most-once path.
     pub durability_hook: Option<HookConfig>,
     /// Accept `offline-ctrl-v1` control signatures (no freshness proof); off by default
-    /// (`identity.md` §4.2).
+    /// (`docs/protocol.md#control-signatures`).
     pub accept_legacy_control_v1: bool,
 }
 
-/// Batching and retry of the inbound durability pipeline (`inbound-durability-hook.md`).
+/// Batching and retry of the durability hook pipeline (`docs/delivery.md#durability-hook`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct HookConfig {
     /// A drain batch is handed to the hook at the first of these (400 / 4 MiB / 3 s).
@@ -46,7 +46,7 @@ pub struct HookConfig {
     /// A refused batch is offered again after this backoff (doubling to the ceiling).
     pub retry_initial_ms: u64,
     pub retry_max_ms: u64,
-    /// Buffered rows older than this are removed with a trace (`delivery.md` item 13).
+    /// Buffered rows older than this are removed with a trace (`docs/delivery.md#retention`).
     pub retention_ms: u64,
     /// A batch the hook has not settled within this long counts as refused.
     pub timeout_ms: u64,

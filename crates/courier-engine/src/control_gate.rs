@@ -1,8 +1,8 @@
-//! The gate for signature-gated control frames on the way in (`identity.md` §4.2,
-//! `relay-protocol.md` §7.2 step 3). A frame whose content starts with a reserved internal prefix
-//! (data-plane exclusions aside) must come from the identity its carrier vouches for and carry a
-//! valid, fresh control signature; anything else is dropped before dedup, never ACKed end to end,
-//! and reported once per (peer, code).
+//! The gate for signature-gated control frames on the way in (`docs/delivery.md#control-frames`,
+//! verification in `docs/protocol.md#control-signatures`). A frame whose content starts with a
+//! reserved internal prefix (data-plane exclusions aside) must come from the identity its carrier
+//! vouches for and carry a valid, fresh control signature; anything else is dropped before dedup,
+//! never given a delivery ACK, and reported once per (peer, code).
 
 use std::collections::HashSet;
 
@@ -55,7 +55,8 @@ impl ControlGate {
                 Err(e) => e.code(),
             }
         };
-        // The claimed sender, or nothing when it is not even an address (§4.2).
+        // The claimed sender, or nothing when it is not even an address
+        // (`docs/protocol.md#security-warnings`).
         let peer = Address::parse(&message.sender)
             .map(|a| a.to_string())
             .unwrap_or_default();

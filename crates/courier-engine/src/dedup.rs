@@ -1,6 +1,6 @@
-//! Inbound dedup (`delivery.md` item 11): the `(chat, sender, messageId)` of processed messages,
-//! remembered for the retention period and bounded by count, so a redelivery — the relay leg is
-//! at-least-once — is re-acknowledged without reaching the application twice.
+//! Inbound dedup (`docs/delivery.md#inbound-dedup`): the `(chat, sender, messageId)` of processed
+//! messages, remembered for the retention period and bounded by count, so a redelivery — the relay
+//! leg is at-least-once — is re-acknowledged without reaching the application twice.
 
 use std::collections::{HashMap, VecDeque};
 

@@ -1,4 +1,5 @@
-//! Application events (`api.md` Events). The runtime converts them to JS objects.
+//! Application events (`docs/delivery.md#terminal-events`; each one's fields as `js/index.d.ts`
+//! declares them). The runtime converts them to JS objects.
 
 use courier_proto::{Message, Priority, UnreachableCause};
 

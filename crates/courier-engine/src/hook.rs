@@ -1,7 +1,8 @@
-//! The opt-in at-least-once inbound pipeline (`inbound-durability-hook.md`, `delivery.md` items
-//! 10–14, `relay-protocol.md` §7.2 and §8): buffered rows, hook batches, refusals, redelivery
-//! and retention. The engine owns dedup, routing and the end-to-end ACKs; this module owns
-//! everything between "a new message arrived" and "the hook committed it".
+//! The durability hook's pipeline, the opt-in at-least-once inbound path
+//! (`docs/delivery.md#durability-hook`; the relay's side in
+//! `docs/protocol.md#client-processing-order` and `docs/protocol.md#drain`): buffered rows, hook
+//! batches, refusals, redelivery and retention. The engine owns dedup, routing and the delivery
+//! ACKs; this module owns everything between "a new message arrived" and "the hook committed it".
 //!
 //! # Life of a buffered message
 //!
@@ -57,7 +58,7 @@ use crate::io::{
     Transmit, TransmitKind,
 };
 
-/// `security_warning.reason_code` of a row removed by retention (`delivery.md` item 13).
+/// `security_warning.reason_code` of a row removed by retention (`docs/delivery.md#retention`).
 pub(crate) const RETENTION_EXPIRED: &str = "INBOUND_RETENTION_EXPIRED";
 const RETENTION_EXPIRED_TEXT: &str =
     "an inbound message the durability hook never committed was removed after the retention period";
@@ -663,8 +664,9 @@ impl HookPipeline {
         row
     }
 
-    /// Rows past retention: removed with a trace (`delivery.md` item 13), their seqs released
-    /// (a drop). A row with the hook has no retention deadline indexed: the verdict decides it.
+    /// Rows past retention: removed with a trace (`docs/delivery.md#retention`), their seqs
+    /// released (a drop). A row with the hook has no retention deadline indexed: the verdict
+    /// decides it.
     fn expire(&mut self, ids: Vec<RowId>, sink: &mut Sink<'_>) {
         let gone: Vec<Row> = ids.into_iter().map(|id| self.remove(id)).collect();
         if gone.is_empty() {

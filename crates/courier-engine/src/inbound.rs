@@ -6,8 +6,8 @@ use courier_proto::Message;
 
 use crate::io::InboundOrigin;
 
-/// `relay-protocol.md` §9.2: only the recipient settles. The connection that carried the ACK
-/// must be the recipient (stamped identity or authenticated account), and the ACK must claim to
+/// Only the recipient settles (`docs/delivery.md#ack-attribution`). The connection that carried the
+/// ACK must be the recipient (stamped identity or authenticated account), and the ACK must claim to
 /// come from it too. A third party that saw the frame knows its id, but not how to be stamped
 /// as the recipient.
 pub(crate) fn attributed(recipient: &str, origin: &InboundOrigin, ack: &Message) -> bool {

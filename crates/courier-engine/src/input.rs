@@ -1,7 +1,7 @@
 //! Everything the engine is told, as one type: [`Input`], taken by [`crate::Engine::handle`].
 //! The runtime converts what happened (an app call, a carrier report, a frame, the clock) into
 //! an `Input` and carries the engine's outputs out; it decides nothing itself
-//! (`docs/architecture.md#one-door-in`).
+//! (`docs/architecture.md#the-engine-interface`).
 
 use courier_proto::Message;
 

@@ -16,8 +16,9 @@ pub type Millis = u64;
 pub enum Carrier {
     /// The relay connection.
     Relay,
-    /// A gateway daemon (`identity.md` §6). Like the relay it routes by the message's address and
-    /// answers every send live or unreachable; unlike it, it keeps no mailbox and has no presence.
+    /// A gateway daemon (`docs/protocol.md#gateway-protocol`). Like the relay it routes by the
+    /// message's address and answers every send live or unreachable; unlike it, it keeps no mailbox
+    /// and has no presence.
     Gateway,
     /// An app-supplied local carrier (BLE, Wi-Fi Direct, …), by its registered name.
     Local(String),
@@ -52,7 +53,7 @@ pub struct SendRequest {
     /// The app's id, or one the runtime minted (a v4 UUID) when the app chose none.
     pub id: String,
     /// How a message with this id last settled, as storage remembers it: an id already
-    /// delivered is a no-op, a failed one may be sent again (`docs/delivery.md#message-ids`).
+    /// delivered is a no-op, a failed one may be sent again (`docs/delivery.md#repeated-ids`).
     pub settled: Option<Settlement>,
     pub recipient: String,
     pub content: String,
@@ -99,7 +100,7 @@ pub struct Transmit {
     pub kind: TransmitKind,
 }
 
-/// A change of the presence watchlist (`relay-protocol.md` §10): the runtime sends
+/// A change of the presence watchlist (`docs/delivery.md#presence-watchlist`): the runtime sends
 /// `WatchPresence` / `UnwatchPresence` for it under `presence_watch_v1`, else polls
 /// `CheckPresence` for the watched peers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,8 +114,8 @@ pub enum TransmitKind {
     /// An outbox entry's (re)send. Report with `Input::Written` / `Input::SendFailed`, quoting
     /// `send_seq`; reports for an older `send_seq` are stale and ignored.
     Outbox { message: Message, send_seq: u64 },
-    /// A delivery ACK: the end-to-end ACK Message back to the sender (fire and forget: a lost
-    /// one makes the sender retry). See `docs/glossary.md`.
+    /// A delivery ACK: the ACK Message back to the sender (fire and forget: a lost one makes the
+    /// sender retry). See `docs/glossary.md#delivery-ack`.
     DeliveryAck { message: Message },
     /// A frame release: relay journal frame `seq` may be dropped (the wire's `Ack`/`AckUpTo`),
     /// sent only after the message it carried was processed. Never a delivery ACK.
@@ -160,7 +161,7 @@ pub enum Settlement {
     Failed(FailReason),
 }
 
-/// The reasons of a terminal `message_failed` (`api.md` Events).
+/// The reasons of a terminal `message_failed` (`docs/delivery.md#exactly-one-terminal-event`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailReason {
     MaxRetriesExceeded,
@@ -212,7 +213,7 @@ pub struct InboundKey {
     pub message_id: String,
 }
 
-/// How a message reached the durability hook (`api.md` `InboundMessage.origin`).
+/// How a message reached the durability hook (`origin` in `docs/delivery.md#batches`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BatchOrigin {
     /// Live traffic: a batch of one.

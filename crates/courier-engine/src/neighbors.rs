@@ -1,6 +1,8 @@
-//! App-supplied local carriers and their current neighbors (`api.md` `registerTransport`,
-//! `neighborDiscovered` / `neighborLost`). A local carrier reaches only its current neighbors;
-//! a recipient that is one has a direct link, which carrier choice prefers over the relay.
+//! App carriers and their current neighbors (`docs/glossary.md#app-carrier`,
+//! `docs/glossary.md#neighbor`): the app registers a carrier with `registerTransport` and reports
+//! `neighborDiscovered` / `neighborLost` (`js/index.d.ts`). An app carrier reaches only its
+//! current neighbors; a recipient that is one has a direct link, which carrier choice prefers over
+//! the relay.
 
 use std::collections::{BTreeMap, BTreeSet};
 

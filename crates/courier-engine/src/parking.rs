@@ -1,5 +1,4 @@
-//! Parking and relay custody: the per-recipient pacing shared by both (seed "Unreachable
-//! Recipients: Parking"; `delivery.md` items 7 and 8).
+//! Parking and relay custody: the per-recipient pacing shared by both (`docs/delivery.md#parking`).
 //!
 //! An entry is *parked* when the relay answered its current attempt with the unreachable
 //! verdict ([`Park::Unreachable`]) or took custody of it ([`Park::Custody`], "stored"). Both
@@ -12,12 +11,13 @@
 //! - **Reachability edges reset it**: the relay coming up (reconnect), `restore`
 //!   (start), the peer discovered as a neighbor on a local carrier, the peer reported online by
 //!   presence, the delivery of one of the peer's messages, and an inbound message carried by the
-//!   peer (the seed's opt-out paragraph counts on returning peers that "send an inbound frame").
-//! - **The verdict flag** is the seed's "live park counter": the recipient got an unreachable
-//!   verdict since its last edge. While it holds, an entry that exhausts its ACK budget (a probe
-//!   the relay accepted but nobody acknowledged) re-parks instead of failing. Custody alone does
-//!   not set it: a relay that stored the message and later wrote it to the recipient's live
-//!   socket says the recipient is reachable, so the ordinary ladder decides.
+//!   peer (`docs/delivery.md#edge-driven-mode` counts on returning peers that send an inbound
+//!   frame).
+//! - **The verdict flag** (`docs/glossary.md#verdict`): the recipient got an unreachable verdict
+//!   since its last edge. While it holds, an entry that exhausts its ACK budget (a probe the relay
+//!   accepted but nobody acknowledged) re-parks instead of failing. Custody alone does not set it:
+//!   a relay that stored the message and later wrote it to the recipient's live socket says the
+//!   recipient is reachable, so the ordinary ladder decides.
 //!
 //! A recipient's record lives while it has parked entries, a climbed counter or the verdict
 //! flag, and goes with its last outbox entry, so the map is bounded by the outbox. Every entry
@@ -96,7 +96,8 @@ impl Parking {
         self.change(recipient, |l| l.verdict = true);
     }
 
-    /// The seed's "live park counter": an unreachable verdict since the last edge.
+    /// Whether the recipient holds a verdict (`docs/glossary.md#verdict`): an unreachable verdict
+    /// since the last edge.
     pub(crate) fn has_verdict(&self, recipient: &str) -> bool {
         self.peers.get(recipient).is_some_and(|l| l.verdict)
     }
@@ -134,8 +135,8 @@ impl Parking {
         }
     }
 
-    /// Whether `recipient` belongs on the presence watchlist (`relay-protocol.md` §10): it has
-    /// parked entries, or it just got a verdict.
+    /// Whether `recipient` belongs on the presence watchlist
+    /// (`docs/delivery.md#presence-watchlist`): it has parked entries, or it just got a verdict.
     pub(crate) fn watched(&self, recipient: &str) -> bool {
         self.peers.get(recipient).is_some_and(Ladder::watched)
     }

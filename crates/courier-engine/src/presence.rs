@@ -1,11 +1,12 @@
-//! The presence watchlist (`relay-protocol.md` §10, `delivery.md` item 9).
+//! The presence watchlist (`docs/delivery.md#presence-watchlist`; on the wire
+//! `docs/protocol.md#presence`).
 //!
 //! The watchlist holds the recipients the parking bookkeeping says to watch: those with parked
 //! entries (unreachable or in relay custody, probing or resting) and those that just got a
 //! verdict (until their next reachability edge). An outbox entry that is merely queued is not
 //! watched: it waits for a carrier, and presence arrives over the same relay connection whose
-//! coming up already flushes it; with nothing left "stranded" (invariant 2) that is all of the
-//! spec's "not awaiting an ACK".
+//! coming up already flushes it. With nothing stranded (`docs/delivery.md#invariant-2`), the parked
+//! entries are the only ones not awaiting an ACK that presence can help.
 //!
 //! `poll_presence` reports changes of the watchlist itself — `Watch` when a peer enters it,
 //! `Unwatch` when it leaves — whatever the connection: the runtime keeps the set, tells each new

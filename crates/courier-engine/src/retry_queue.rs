@@ -1,5 +1,6 @@
 //! The retry queue: entries waiting to be sent. Earliest time first; on equal times the higher
-//! priority; then the older entry, which makes the seed's "arbitrary" order deterministic.
+//! priority; then the older entry, so that the order is deterministic
+//! (`docs/delivery.md#retry-order`).
 
 use std::cmp::Reverse;
 use std::collections::BTreeSet;

@@ -74,7 +74,7 @@ impl Engine {
         self.restore_inbound(inbound, now);
     }
 
-    /// Accepts a send (`docs/delivery.md#message-ids`). An id already in the outbox, or one
+    /// Accepts a send (`docs/delivery.md#repeated-ids`). An id already in the outbox, or one
     /// storage remembers as delivered, is a no-op: the caller is answered with that id and
     /// nothing changes. A failed id is accepted again. Otherwise the Put comes out in this call
     /// (the runtime commits it before resolving), then the Transmit when a route and an

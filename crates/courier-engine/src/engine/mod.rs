@@ -39,7 +39,7 @@ use bookkeeping::file_id;
 
 /// Hops a message may still travel. Only mesh forwarding spends it; the relay leg does not.
 const DEFAULT_TTL: u8 = 10;
-/// Receivers clamp Lamport clocks to this (`relay-protocol.md` §9.1); ours never exceeds it.
+/// Receivers clamp Lamport clocks to this (`docs/protocol.md#message-json`); ours never exceeds it.
 const MAX_LAMPORT: u64 = i64::MAX as u64;
 
 const REASON_NO_CARRIER: &str = "no carrier available";

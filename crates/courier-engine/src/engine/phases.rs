@@ -18,8 +18,8 @@
 //! episode (parked, resting, or a probe climbing the ladder) a **fresh ACK budget**
 //! (`ack_attempts = 0`) and a new episode (`edgeDrivenUnreachableDm` probes count afresh). A **timed probe** instead **carries the budget forward**: it resumes at
 //! the entry's accumulated `ack_attempts`, so a probe the relay accepts but nobody acknowledges
-//! re-parks after about one more ACK timeout rather than re-walking the whole ladder (the seed's
-//! ~800 s fresh-entry bound is the edge case, not the probe case).
+//! re-parks after about one more ACK timeout rather than re-walking the whole ladder (the ~800 s of
+//! a fresh budget, `docs/delivery.md#fresh-ack-budget`, is the edge case, not the probe case).
 //!
 //! A parked entry stays parked while its probe or re-drive is in flight: an ACK timeout then
 //! re-parks it without spending budget (a probe nobody answered). It joins the ordinary ACK

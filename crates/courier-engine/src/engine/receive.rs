@@ -4,14 +4,15 @@
 use super::*;
 
 impl Engine {
-    /// A message from a carrier (`relay-protocol.md` §7.2, §9.2). An end-to-end ACK settles its
-    /// entry when attributed to the recipient (over a local carrier its peer id is the stamped
+    /// A message from a carrier (`docs/delivery.md#processing-order`). A delivery ACK settles its
+    /// entry when attributed to the recipient (over an app carrier its peer id is the stamped
     /// identity). A data message is dispatched once per dedup key (`MarkProcessed` +
-    /// `message_received`), then ACKed end to end if it asks for it — also when it is a
-    /// duplicate, since the first ACK may have been lost — on the carrier it came by (to that
-    /// peer for a local one). The relay frame's frame release comes last. The runtime commits store
+    /// `message_received`), then given a delivery ACK if it asks for it — also when it is a
+    /// duplicate, since the first ACK may have been lost — on the carrier it came by (to that peer
+    /// for an app carrier). The relay frame's frame release comes last. The runtime commits store
     /// ops, then dispatches events, then executes transmits, so both ACKs follow the processing
-    /// (`delivery.md` item 10). Either kind is a reachability edge for the peer that carried it.
+    /// (`docs/delivery.md#ack-after-processing`). Either kind is a reachability edge for the peer
+    /// that carried it.
     ///
     /// With `durability_hook` a data message that is not processed yet goes to the durability
     /// pipeline instead (see [`Engine::poll_hook`]): it is buffered (`StoreOp::BufferInbound`,
@@ -72,8 +73,8 @@ impl Engine {
                     self.release_frame(&origin);
                     return;
                 }
-                // Dropped before dedup (so a good copy can still enter), never ACKed end to
-                // end; the relay hop is still released (identity.md §4.2).
+                // Dropped before dedup (so a good copy can still enter), never given a delivery
+                // ACK; its relay frame is still released (`docs/protocol.md#control-signatures`).
                 Verdict::Refused(events) => {
                     self.events.extend(events);
                     self.release_frame(&origin);
@@ -281,9 +282,9 @@ impl Engine {
                 });
             }
         }
-        // The peer that carried it is back: an edge for it (the seed's opt-out paragraph counts
-        // on returning peers that send an inbound frame). Over the relay it may be an old frame
-        // from the mailbox; the cost of that false edge is one re-drive and a fresh verdict.
+        // The peer that carried it is back: an edge for it (`docs/delivery.md#edge-driven-mode`
+        // counts on returning peers that send an inbound frame). Over the relay it may be an old
+        // frame from the mailbox; the cost of that false edge is one re-drive and a fresh verdict.
         self.edge(&origin.stamped_sender, now);
         if let Some(account) = &origin.sender_account {
             self.edge(account, now);

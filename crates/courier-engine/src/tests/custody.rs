@@ -1,5 +1,5 @@
-//! Relay custody (`delivery.md` item 8): a message in the relay's mailbox is paced, not retried,
-//! and ends only by its ACK or its lifetime.
+//! Relay custody (`docs/delivery.md#custody`): a message in the relay's mailbox is paced, not
+//! retried, and ends only by its ACK or its lifetime.
 
 use super::*;
 use crate::FailReason;

@@ -1,4 +1,5 @@
-//! The ACK ladder: exact retry times, the budget across restarts and flushes, the seed presets.
+//! The ACK ladder: exact retry times, the budget across restarts and flushes, the presets of
+//! `docs/delivery.md#presets`.
 
 use super::*;
 use crate::FailReason;
@@ -176,7 +177,7 @@ fn a_short_outage_while_awaiting_the_ack_changes_nothing() {
     assert_eq!(sim.retries(&id), [(0, 11 * SEC), (1, 23 * SEC)]);
 }
 
-/// The three presets of the delivery seed, as a TypeScript user writes them.
+/// The three presets of `docs/delivery.md#presets`, as a TypeScript user writes them.
 fn presets() -> Vec<(&'static str, Config, Millis)> {
     let mut high = Config::new("field-ops");
     high.ack_timeout_ms = 15_000;

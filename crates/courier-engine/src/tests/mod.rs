@@ -1048,9 +1048,10 @@ impl Sim {
         }
     }
 
-    /// §7.2: a data frame's relay `Ack` and its end-to-end ACK only after it was processed (the
-    /// store holds it as processed: `MarkProcessed` or the hook's `CommitInbound`), or dropped
-    /// (expired). A released seq leaves the relay's journal.
+    /// A data frame's frame release and its delivery ACK only after it was processed
+    /// (`docs/delivery.md#ack-after-processing`; the store holds it as processed: `MarkProcessed`
+    /// or the hook's `CommitInbound`), or dropped (expired). A released seq leaves the relay's
+    /// journal.
     fn released(&mut self, transmit: &Transmit) {
         match &transmit.kind {
             TransmitKind::ReleaseFrame { seq } => {

@@ -1,6 +1,6 @@
-//! Parking on the relay's unreachable verdict (seed "Unreachable Recipients: Parking"): the
-//! per-recipient probe ladder, edges with a fresh budget, carry-forward on probes, the absolute
-//! cap, and the edge-driven opt-out.
+//! Parking on the relay's unreachable verdict (`docs/delivery.md#parking`): the per-recipient probe
+//! ladder, edges with a fresh budget, carry-forward on probes, the absolute cap, and the
+//! edge-driven opt-out.
 
 use courier_proto::{ContentType, Priority};
 

@@ -1,5 +1,5 @@
-//! The presence watchlist (`relay-protocol.md` §10): what is watched, and that each change is
-//! announced once, on the connection it belongs to.
+//! The presence watchlist (`docs/delivery.md#presence-watchlist`): what is watched, and that each
+//! change is announced once, on the connection it belongs to.
 
 use super::*;
 
