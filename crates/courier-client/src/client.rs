@@ -104,7 +104,8 @@ impl Client {
         };
         let now = driver::now_ms();
         let unreported = store.unreported()?;
-        // The identity is durable before anything uses it, and never replaced (identity.md §1).
+        // The identity is durable before anything uses it, and never replaced
+        // (`docs/protocol.md#identity-key`).
         let app_key = config.identity_seal_key.as_ref().map(|k| k.bytes());
         let seed = store.load_or_create_identity(now, app_key, || {
             IdentityKey::generate()
@@ -394,7 +395,8 @@ impl Client {
     }
 }
 
-/// The checks `api.md` names for `sendMessage`; a refused send changes nothing.
+/// The checks of `sendMessage` (`docs/delivery.md#send-validation`); a refused send changes
+/// nothing.
 fn validate_send(input: SendInput) -> Result<SendRequest, ClientError> {
     let invalid = |m: String| Err(ClientError::InvalidArgument(m));
     if let Err(e) = validate_identifier(&input.recipient) {

@@ -103,14 +103,13 @@ impl std::fmt::Debug for InternetConfig {
 pub struct GatewayConfig {
     /// `host:port` of the gateway daemon.
     pub address: String,
-    /// The clocks of `docs/protocol.md`, "Gateway client", in production; tests
-    /// shorten them.
+    /// The clocks of `docs/protocol.md#gateway-client` in production; tests shorten them.
     #[doc(hidden)]
     pub timings: GatewayTimings,
 }
 
 /// Where a gateway daemon listens when `transports.gateway` names no address
-/// (`docs/protocol.md`, "Gateway framing").
+/// (`docs/protocol.md#gateway-framing`).
 pub const DEFAULT_GATEWAY_ADDRESS: &str = "localhost:4242";
 
 /// `logLevel`.
@@ -224,7 +223,7 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
     }
 
     // v1 control signatures prove no freshness, so they are refused unless the app opts in
-    // (`docs/protocol.md`, "Control signatures").
+    // (`docs/protocol.md#control-signatures`).
     engine.accept_legacy_control_v1 = root.bool("acceptLegacyControlV1")?.unwrap_or(false);
 
     let has_durability_hook = match root.get("inboundDurabilityHook") {

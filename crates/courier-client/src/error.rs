@@ -30,7 +30,7 @@ impl From<StoreError> for ClientError {
 }
 
 impl ClientError {
-    /// The stable code of `api.md` "Errors".
+    /// The stable code (`ProtocolErrorCode` in `js/index.d.ts`).
     pub fn code(&self) -> &'static str {
         match self {
             Self::Config(_) => "ERR_CONFIG",

@@ -1,6 +1,6 @@
 //! Events for the application: the engine's, plus what only the runtime knows (carrier status,
-//! relay frames it does not consume). Serialized as `api.md` says: snake_case `type`, camelCase
-//! fields, epoch-ms times.
+//! relay frames it does not consume). Serialized as `js/index.d.ts` declares them: snake_case
+//! `type`, camelCase fields, epoch-ms times.
 
 use courier_engine::{DiagnosticLevel, Event};
 use serde_json::{json, Value};
@@ -155,7 +155,8 @@ impl ClientEvent {
     }
 }
 
-/// `api.md` `InboundMessage`: what the durability hook receives for each message.
+/// `InboundMessage` (`js/index.d.ts`, `docs/delivery.md#batches`): what the durability hook
+/// receives for each message.
 fn inbound_message_json(m: &courier_engine::HookMessage) -> Value {
     let mut v = json!({
         "chat": m.key.chat, "sender": m.key.sender, "messageId": m.key.message_id,

@@ -117,7 +117,7 @@ fn the_api_example_parses() {
     assert!(!format!("{c:?}").contains(&i.auth_token));
 }
 
-// The three presets of the delivery guide, "Configuration Recommendations", exactly as written.
+// The three presets of `docs/delivery.md#presets`, exactly as written.
 
 #[test]
 fn preset_high_reliability() {

@@ -1,9 +1,9 @@
-//! The gateway carrier against a gateway that misbehaves (`identity.md` §6), over real TCP on
-//! 127.0.0.1: a refusal or a binding to another address is a security warning and a close, a
-//! challenge that is not 32 bytes or an attach that stalls is a close, and nothing is submitted
-//! or taken as inbound before the gateway bound this device's own address. Every reconnect
-//! attaches again from `Identify`. The attach deadline and the reconnect backoff are shortened
-//! for the tests; every wait is for an event or a line, under a deadline.
+//! The gateway carrier against a gateway that misbehaves (`docs/protocol.md#gateway-client`), over
+//! real TCP on 127.0.0.1: a refusal or a binding to another address is a security warning and a
+//! close, a challenge that is not 32 bytes or an attach that stalls is a close, and nothing is
+//! submitted or taken as inbound before the gateway bound this device's own address. Every
+//! reconnect attaches again from `Identify`. The attach deadline and the reconnect backoff are
+//! shortened for the tests; every wait is for an event or a line, under a deadline.
 
 mod support;
 

@@ -1,7 +1,7 @@
 //! The client under a hostile relay: oversized and invalid messages, deeply nested JSON, wrong
-//! field types, unknown frames, forged seqs and end-to-end ACKs, answers for ids it never sent,
-//! and floods. The client never panics, keeps its outbox, reports what it drops (diagnostics,
-//! `internet_server_message`, close codes of relay-protocol.md §1 and §14.2), and delivers the
+//! field types, unknown frames, forged seqs and delivery ACKs, answers for ids it never sent, and
+//! floods. The client never panics, keeps its outbox, reports what it drops (diagnostics,
+//! `internet_server_message`, close codes of `docs/protocol.md#close-codes`), and delivers the
 //! message it holds once the relay turns honest.
 
 mod support;
@@ -436,7 +436,8 @@ async fn deeply_nested_and_huge_json_is_dropped_with_a_diagnostic() {
     ))
     .await;
     link.send(&received(1, "bob", &nested_arrays(10_000))).await;
-    // The dropped inbound frame is released all the same (relay-protocol §7.2 step 5).
+    // The dropped inbound frame is released all the same
+    // (`docs/protocol.md#client-processing-order`).
     assert_eq!(link.releases_until(1).await.len(), 1);
     // Just under the limit, a huge unknown field is ignored and the frame processed.
     link.send_json(json!({"type": "PresenceStatus", "user_id": "bob", "online": true, "pad": "p".repeat(MAX_FRAME_BYTES - 200)}))

@@ -1,5 +1,6 @@
-//! The identity seed at rest (identity.md §1): sealed under a key that is not in the database,
-//! created once, never replaced — not even when the key that opens it is missing or wrong.
+//! The identity seed at rest (`docs/protocol.md#identity-key`): sealed under a key that is not in
+//! the database, created once, never replaced — not even when the key that opens it is missing or
+//! wrong.
 
 use std::path::{Path, PathBuf};
 

@@ -1,5 +1,5 @@
-//! The client-side token bucket (`relay-protocol.md` §11): the client meters itself at 93 % of
-//! what the relay advertises and never relies on the relay's limiter.
+//! The client-side token bucket (`docs/protocol.md#rate-limiting`): the client meters itself at
+//! 93 % of what the relay advertises and never relies on the relay's limiter.
 
 use std::time::{Duration, Instant};
 

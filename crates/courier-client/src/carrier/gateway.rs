@@ -1,5 +1,5 @@
-//! The gateway carrier (`identity.md` §6): one TCP connection to a gateway daemon, speaking
-//! newline-delimited JSON, kept up with reconnects.
+//! The gateway carrier (`docs/protocol.md#gateway-client`): one TCP connection to a gateway daemon,
+//! speaking newline-delimited JSON, kept up with reconnects.
 //!
 //! Every connection attaches from scratch: `Identify`, the gateway's `Challenge`, this device's
 //! `DeclareAddress` (its proof over that challenge), and the gateway's answer. Only an
@@ -58,9 +58,9 @@ pub enum GatewayOut {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GatewayTimings {
     /// The longest wait for the TCP connection, for `Challenge` after `Identify`, and for the
-    /// answer after `DeclareAddress` (§6: 10 s each).
+    /// answer after `DeclareAddress` (10 s each, `docs/protocol.md#gateway-client`).
     pub attach_deadline: Duration,
-    /// Reconnect pacing (§6: 1 s doubling to 30 s).
+    /// Reconnect pacing (1 s doubling to 30 s, `docs/protocol.md#gateway-client`).
     pub backoff: Backoff,
 }
 
@@ -299,7 +299,8 @@ async fn attach(link: &mut Link, identity: &IdentityKey, deadline: Duration) -> 
     match answer {
         RelayFrame::AddressDeclared { address } if address == own => Ok(()),
         // The bound address as the peer, when it is one: a gateway's free text never reaches an
-        // event (identity.md §4.2 reports an unparseable claim as an empty peer).
+        // event, and one that does not parse is an empty peer
+        // (`docs/protocol.md#security-warnings`).
         RelayFrame::AddressDeclared { address } => Err(Loss::Refused(Refusal {
             peer_id: Address::parse(&address)
                 .map(|a| a.to_string())
@@ -444,7 +445,8 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// Unknown types and lines that are no frame are ignored, never a reason to close (§6).
+    /// Unknown types and lines that are no frame are ignored, never a reason to close
+    /// (`docs/protocol.md#gateway-framing`).
     fn on_line(&mut self, line: &[u8]) -> Result<(), Loss> {
         let Ok(text) = std::str::from_utf8(line) else {
             return Ok(());

@@ -1,6 +1,7 @@
 //! A `MessageReceived` from an addressed carrier on its way to the engine: the end-to-end
-//! message decoded, relay answers refused in the message plane (`relay-protocol.md` §7.2 step
-//! 1), and attributed to the identity the carrier stamped.
+//! message decoded, relay answers refused in the message plane
+//! (`docs/protocol.md#client-processing-order`), and attributed to the identity the carrier
+//! stamped.
 
 use courier_engine::{Carrier, InboundOrigin, Input};
 use courier_proto::{validate_identifier, Message};
@@ -32,8 +33,8 @@ pub fn inbound_input(stamp: Stamp, content: &str) -> Result<Input, String> {
         sender_account,
         seq,
     } = stamp;
-    // The stamp names the peer in events and storage: it follows the identifier rules (§5),
-    // or the frame is dropped without quoting it.
+    // The stamp names the peer in events and storage: it follows the identifier rules
+    // (`docs/protocol.md#identifiers`), or the frame is dropped without quoting it.
     for (field, value) in [
         ("sender", Some(&sender)),
         ("sender_account", sender_account.as_ref()),

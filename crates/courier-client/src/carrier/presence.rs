@@ -1,4 +1,4 @@
-//! Presence of the peers the engine asks about (`relay-protocol.md` §10): watched through the
+//! Presence of the peers the engine asks about (`docs/protocol.md#presence`): watched through the
 //! relay's `presence_watch_v1` when it has it, else polled with `CheckPresence` every 20 s, at
 //! most 10 a tick. The set outlives connections; watches are per connection, so each new one
 //! is told the whole set again.

@@ -1,4 +1,4 @@
-//! The relay carrier: one WebSocket connection to `courier-relay` (`relay-protocol.md`), kept up
+//! The relay carrier: one WebSocket connection to `courier-relay` (`docs/protocol.md`), kept up
 //! with reconnects, metered by the client token bucket. It reports every outcome to the driver
 //! and decides nothing about delivery.
 
@@ -73,7 +73,8 @@ pub struct RelaySettings {
     pub token: String,
     pub tls: Option<Arc<rustls::ClientConfig>>,
     pub auto_reconnect: bool,
-    /// Proves this device's address to the relay on every connection (relay-protocol §4).
+    /// Proves this device's address to the relay on every connection
+    /// (`docs/protocol.md#client-declaration`).
     pub identity: IdentityKey,
 }
 
@@ -316,7 +317,8 @@ async fn await_authenticated(ws: &mut Ws) -> Result<Authenticated, Loss> {
     Err(Loss::Dropped("closed before Authenticated".into()))
 }
 
-/// At most 64 tokens of at most 128 bytes (§3); longer ones discarded, extra ones ignored.
+/// At most 64 tokens of at most 128 bytes (`docs/protocol.md#capabilities`); longer ones discarded,
+/// extra ones ignored.
 fn bounded_capabilities(tokens: Vec<String>) -> Vec<String> {
     tokens
         .into_iter()
@@ -325,8 +327,8 @@ fn bounded_capabilities(tokens: Vec<String>) -> Vec<String> {
         .collect()
 }
 
-/// The close code a read error calls for (§1, §14.2): a message over 1 MiB, or invalid UTF-8.
-/// Other errors leave nobody to tell.
+/// The close code a read error calls for (`docs/protocol.md#close-codes`): a message over 1 MiB, or
+/// invalid UTF-8. Other errors leave nobody to tell.
 fn close_code_for(error: &WsError) -> Option<u16> {
     match error {
         WsError::Capacity(_) => Some(close::TOO_BIG),
@@ -360,7 +362,7 @@ struct Session<'a> {
     driver: &'a DriverTx,
     presence: &'a mut PresenceWatch,
     bucket: super::bucket::TokenBucket,
-    /// Funding order (§11): acks first, then sends.
+    /// Funding order (`docs/protocol.md#rate-limiting`): acks first, then sends.
     acks: VecDeque<String>,
     /// Journal frames received and released on this connection (the relay `Ack`s).
     releases: Releases,
@@ -371,7 +373,8 @@ struct Session<'a> {
     answers: Answers,
     last_heard: Instant,
     last_ping: Instant,
-    /// The relay broke the transport rules (§1): the close code to end the connection with.
+    /// The relay broke the transport rules (`docs/protocol.md#transport`): the close code to end
+    /// the connection with.
     violation: Option<u16>,
     intake: Intake,
 }
@@ -404,8 +407,9 @@ impl<'a> Session<'a> {
             violation: None,
             intake: Intake::default(),
         };
-        // Order is load-bearing (§4.3): the declaration is the very next frame, before any
-        // queued frame is flushed, or those frames keep the account name for good.
+        // Order is load-bearing (`docs/protocol.md#client-declaration`): the declaration is the
+        // very next frame, before any queued frame is flushed, or those frames keep the account
+        // name for good.
         match declare_address_after_auth(
             identity,
             &auth.capabilities,
@@ -603,7 +607,7 @@ impl<'a> Session<'a> {
             }
             RelayFrame::SessionSuperseded { reason } => return Err(Loss::Superseded(reason)),
             RelayFrame::AddressDeclared { ref address } => {
-                // Checked and reported, never acted on (§4.3).
+                // Checked and reported, never acted on (`docs/protocol.md#client-declaration`).
                 if self.declared.as_deref().is_some_and(|own| own != address) {
                     self.security_warning(
                         address.clone(),
@@ -627,7 +631,8 @@ impl<'a> Session<'a> {
                 online,
                 last_seen,
             } => {
-                // It names a peer in an event: an identifier (§5), or dropped unquoted.
+                // It names a peer in an event: an identifier (`docs/protocol.md#identifiers`), or
+                // dropped unquoted.
                 if let Err(e) = validate_identifier(&user_id) {
                     diagnostic(
                         self.driver,
@@ -682,7 +687,7 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// A dropped frame is still released at the relay (§7.2 step 5).
+    /// A dropped frame is still released at the relay (`docs/protocol.md#client-processing-order`).
     fn release(&mut self, seq: Option<u64>) {
         if let Some(seq) = seq {
             self.releases.release(seq);
@@ -707,7 +712,7 @@ impl<'a> Session<'a> {
     /// Writes what the bucket can fund, then enforces the write-ack and keepalive deadlines.
     async fn flush_and_check(&mut self) -> Result<(), Loss> {
         let now = Instant::now();
-        // Unmetered (§11), and first.
+        // Unmetered (`docs/protocol.md#rate-limiting`), and first.
         if let Some(frame) = self.declaration.take() {
             self.write(frame).await?;
         }
@@ -728,8 +733,8 @@ impl<'a> Session<'a> {
                 self.answers.written(id, send_seq, recipient);
             }
         }
-        // Presence comes last in the funding order (§11); a poll the bucket cannot fund waits
-        // for the next tick.
+        // Presence comes last in the funding order (`docs/protocol.md#rate-limiting`); a poll the
+        // bucket cannot fund waits for the next tick.
         if self.presence.has_frame(now) {
             for frame in self.presence.take_frames(now) {
                 if !self.bucket.try_take(Instant::now()) {

@@ -1,4 +1,4 @@
-//! Releasing relay journal frames (`Ack` / `AckUpTo`, `relay-protocol.md` §7.1, §8). A frame is
+//! Releasing relay journal frames (`Ack` / `AckUpTo`, `docs/protocol.md#frame-release`). A frame is
 //! released only once processed — with a durability hook, once committed, which can be out of
 //! seq order (a refused batch stays unreleased while later frames commit). `AckUpTo{n}` is used
 //! only when every frame up to `n` received on this connection is released; the rest go one by

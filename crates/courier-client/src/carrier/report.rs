@@ -1,6 +1,6 @@
 //! How a carrier tells the application what happened to it: diagnostics under its own target,
 //! and security warnings whose `reason` is a fixed local text (a peer's own wording never
-//! reaches an event, `identity.md` §4.5).
+//! reaches an event, `docs/protocol.md#security-warnings`).
 
 use courier_engine::{DiagnosticLevel, Event};
 

@@ -1,5 +1,5 @@
 //! Processed inbound keys `(chat, sender, message_id)`: the receiver's dedup across restarts
-//! (`delivery.md` item 11).
+//! (`docs/delivery.md#inbound-dedup`).
 
 use courier_engine::io::{InboundKey, Millis, ProcessedKey};
 use rusqlite::{params, Connection};

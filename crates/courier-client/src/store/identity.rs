@@ -1,4 +1,4 @@
-//! The identity seed at rest (identity.md §1).
+//! The identity seed at rest (`docs/protocol.md#identity-key`).
 //!
 //! The 32-byte Ed25519 seed is the identity, so the database never holds it in the clear: it is
 //! sealed with ChaCha20-Poly1305 under a key that lives somewhere else — the app's own key

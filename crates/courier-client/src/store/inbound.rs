@@ -1,6 +1,6 @@
 //! The durability buffer for inbound messages (`pending_inbound`, schema version 2): a copy of
 //! each message written before the application's durability hook sees it, cleared once the
-//! hook committed it (`delivery.md` items 10–13).
+//! hook committed it (`docs/delivery.md#durability-hook`).
 
 use courier_engine::io::{Carrier, InboundKey, Millis, PendingInbound};
 use courier_proto::Message;

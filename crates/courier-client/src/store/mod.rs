@@ -73,7 +73,7 @@ pub enum StoreError {
     #[error("storage I/O error: {0}")]
     Io(#[from] std::io::Error),
     /// The identity seed cannot be opened (a missing or different seal key). The stored identity
-    /// is left untouched and never replaced (identity.md §1).
+    /// is left untouched and never replaced (`docs/protocol.md#identity-key`).
     #[error("{0}")]
     Identity(String),
     /// The database was written by a newer build; it is left untouched.

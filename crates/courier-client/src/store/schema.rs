@@ -87,8 +87,8 @@ fn v2_pending_inbound(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     )
 }
 
-/// Version 3: this profile's identity key (identity.md §1). One row; the 32-byte Ed25519 seed is
-/// written before the key is used for anything and never replaced.
+/// Version 3: this profile's identity key (`docs/protocol.md#identity-key`). One row; the 32-byte
+/// Ed25519 seed is written before the key is used for anything and never replaced.
 fn v3_identity(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     tx.execute_batch(
         "CREATE TABLE identity (
@@ -99,9 +99,10 @@ fn v3_identity(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     )
 }
 
-/// Version 4: the identity seed sealed at rest (identity.md §1). `sealed_by` names the key that
-/// opens `seed`: `app_key` (the app's `storage.identitySealKey`), `key_file` (the key file beside
-/// the database), or `none` — a seed written by version 3, which the next start seals in place.
+/// Version 4: the identity seed sealed at rest (`docs/protocol.md#identity-key`). `sealed_by` names
+/// the key that opens `seed`: `app_key` (the app's `storage.identitySealKey`), `key_file` (the key
+/// file beside the database), or `none` — a seed written by version 3, which the next start seals
+/// in place.
 fn v4_sealed_identity(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     tx.execute_batch(
         "CREATE TABLE identity_sealed (
