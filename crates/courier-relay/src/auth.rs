@@ -1,4 +1,4 @@
-//! Token checks (`relay-protocol.md` §2.1): HS256 only, `exp` required with no leeway, `nbf`
+//! Token checks (`docs/protocol.md#token`): HS256 only, `exp` required with no leeway, `nbf`
 //! honoured, `sub` a valid account name.
 
 use base64::engine::general_purpose::STANDARD;
@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{now_ms, RelayError};
 
-/// `AuthError.reason` values (§14.3).
+/// `AuthError.reason` values (`docs/protocol.md#errors-and-reasons`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AuthFailure {
     NotAuthenticated,
@@ -60,7 +60,8 @@ impl TokenVerifier {
         validation.leeway = 0;
         validation.validate_exp = true;
         validation.validate_nbf = true;
-        // Other claims are ignored (§2.1); an `aud` must not make a valid token fail.
+        // Other claims are ignored (`docs/protocol.md#token`); an `aud` must not make a valid token
+        // fail.
         validation.validate_aud = false;
         validation.set_required_spec_claims(&["exp"]);
         Ok(Self {
@@ -82,8 +83,8 @@ impl TokenVerifier {
             return Err(AuthFailure::InvalidAccount);
         };
         courier_proto::validate_account_name(&sub).map_err(|_| AuthFailure::InvalidAccount)?;
-        // Another spelling of an address names no one (identity.md §2 rule 1): as an account
-        // it could never be reached, and it would read as an address it does not own.
+        // Another spelling of an address names no one (`docs/protocol.md#identifiers`): as an
+        // account it could never be reached, and it would read as an address it does not own.
         if crate::send::spells_an_address(&sub) {
             return Err(AuthFailure::InvalidAccount);
         }

@@ -19,7 +19,8 @@ pub enum Storage {
     Memory,
 }
 
-/// Per-account mailbox limits (`relay-protocol.md` §8), advertised in `Authenticated.mailbox`.
+/// Per-account mailbox limits (`docs/protocol.md#mailbox-limits`), advertised in
+/// `Authenticated.mailbox`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MailboxLimits {
     pub max_messages: u64,
@@ -39,7 +40,7 @@ impl Default for MailboxLimits {
     }
 }
 
-/// The per-connection token bucket (§11).
+/// The per-connection token bucket (`docs/protocol.md#rate-limiting`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateLimit {
     pub burst: u32,
@@ -72,8 +73,8 @@ impl std::fmt::Debug for TlsConfig {
     }
 }
 
-/// The protocol's clocks (§14.4). Production uses the defaults; tests shorten them so they
-/// never sleep for the real 2–30 s.
+/// The protocol's clocks (`docs/protocol.md#constants`). Production uses the defaults; tests
+/// shorten them so they never sleep for the real 2–30 s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timings {
     /// Upgrade (TLS + WebSocket handshake) to `Authenticate`.
@@ -81,18 +82,20 @@ pub struct Timings {
     pub ping_interval: Duration,
     /// Silence (no Pong, no other message) after which a connection is dropped.
     pub dead_after: Duration,
-    /// Drain start at the latest this long after `Authenticated` (§8 rule c).
+    /// Drain start at the latest this long after `Authenticated` (rule (c) of
+    /// `docs/protocol.md#drain`).
     pub drain_grace: Duration,
     pub purge_interval: Duration,
     /// How long a new connection waits for the one it displaces to close.
     pub supersede_wait: Duration,
     /// How long a closing connection keeps reading for the peer's Close reply.
     pub close_linger: Duration,
-    /// Bound on the relay's own work for one SendMessage, under the 10 s answer rule (§6).
+    /// Bound on the relay's own work for one SendMessage (`docs/protocol.md#sending`), well under
+    /// the client's 15 s answer deadline.
     pub answer_deadline: Duration,
     /// Test hook (feature `test-hooks`): every connection gets these bytes as its
     /// `address_challenge` instead of 32 fresh CSPRNG bytes, so a test can replay pinned proof
-    /// vectors (docs/protocol.md, Vectors).
+    /// vectors (`docs/protocol.md#declaration-vectors`).
     #[cfg(feature = "test-hooks")]
     pub fixed_challenge: Option<[u8; CHALLENGE_LEN]>,
 }

@@ -1,5 +1,7 @@
-//! One client connection: upgrade, authentication (§2), then the reader loop that handles
-//! frames strictly in arrival order (§1), keepalive (§1), displacement (§12) and shutdown.
+//! One client connection: upgrade, authentication (`docs/protocol.md#authentication`), then the
+//! reader loop that handles frames strictly in arrival order, keepalive
+//! (`docs/protocol.md#transport`), displacement (`docs/protocol.md#session-displacement`) and
+//! shutdown.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -150,7 +152,8 @@ where
             let _ = tokio::time::timeout(ctx.timings.supersede_wait, done).await;
         }
     }
-    // What this relay implements (§3); `group_delivery_v3` is not among it.
+    // What this relay implements (`docs/protocol.md#capabilities`); `group_delivery_v3` is not
+    // among it.
     let mut capabilities = vec![CAP_ADDRESS_ROUTING.to_owned()];
     if ctx.mailbox.is_some() {
         capabilities.push(CAP_MAILBOX.to_owned());
@@ -242,8 +245,9 @@ enum AuthEvent {
     Shutdown,
 }
 
-/// Waits for the first frame; it must be a valid Authenticate (§2.1). Everything else ends
-/// the connection with the matching AuthError and close 4001, and has no effect.
+/// Waits for the first frame; it must be a valid Authenticate (`docs/protocol.md#handshake`).
+/// Everything else ends the connection with the matching AuthError and close 4001, and has no
+/// effect.
 async fn authenticate<S>(ctx: &Ctx, ws: &mut WebSocketStream<S>) -> Option<Authed>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -340,7 +344,8 @@ enum End<S> {
     /// Close with this code, then read the socket out.
     Close(u16, Input),
     Superseded(Option<SupersedeAck>),
-    /// No Pong or other message for `dead_after`: best-effort 4008, no waiting (§1).
+    /// No Pong or other message for `dead_after`: best-effort 4008, no waiting
+    /// (`docs/protocol.md#transport`).
     Dead,
     /// The peer sent Close.
     PeerClosed,
@@ -421,8 +426,8 @@ where
                 }
             };
             // A peer that sends but never reads stalls the writer, and with it the answer
-            // being queued here: the keepalive rule (§1) must still end the connection, and
-            // shutdown and displacement must still be heard.
+            // being queued here: the keepalive rule (`docs/protocol.md#transport`) must still end
+            // the connection, and shutdown and displacement must still be heard.
             let handled = tokio::select! {
                 biased;
                 handled = handling => handled,

@@ -1,6 +1,6 @@
-//! Frames after authentication: decode, meter (§11), and one handler per frame type. Frame
-//! types whose features this relay does not offer yet (groups) are answered `unknown_type`,
-//! matching the capabilities it advertises; their handlers slot into `dispatch`.
+//! Frames after authentication: decode, meter (`docs/protocol.md#rate-limiting`), and one handler
+//! per frame type. Frame types whose features this relay does not offer yet (groups) are answered
+//! `unknown_type`, matching the capabilities it advertises; their handlers slot into `dispatch`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -52,12 +52,15 @@ fn watch_list_ok(users: &[String]) -> bool {
 pub struct Session {
     pub ctx: Arc<Ctx>,
     pub peer: Arc<Peer>,
-    /// Stamped as `sender` on every frame relayed from this connection (§5): the account name
-    /// until a DeclareAddress succeeds, the bound address from the next frame on.
+    /// Stamped as `sender` on every frame relayed from this connection
+    /// (`docs/protocol.md#identifiers`): the account name until a DeclareAddress succeeds, the
+    /// bound address from the next frame on.
     pub identity: String,
-    /// This connection's `address_challenge` (§2.1), which its declaration must sign.
+    /// This connection's `address_challenge` (`docs/protocol.md#handshake`), which its declaration
+    /// must sign.
     challenge: [u8; CHALLENGE_LEN],
-    /// A DeclareAddress was handled: the challenge is spent (§4.2 step 4).
+    /// A DeclareAddress was handled: the challenge is spent (check 4 of
+    /// `docs/protocol.md#relay-checks`).
     declaration_handled: bool,
     bucket: TokenBucket,
     malformed: u32,
@@ -97,7 +100,8 @@ impl Session {
         }
     }
 
-    /// Drain rule (b) of §8: any first frame other than DeclareAddress starts the drain.
+    /// Drain rule (b) of `docs/protocol.md#drain`: any first frame other than DeclareAddress starts
+    /// the drain.
     async fn request_drain(&mut self) -> Flow {
         if self.drain_requested {
             return Flow::Continue;
@@ -221,7 +225,8 @@ impl Session {
                 if flow != Flow::Continue {
                     return flow;
                 }
-                // Drain rule (a) of §8: the drain follows the declaration's answer.
+                // Drain rule (a) of `docs/protocol.md#drain`: the drain follows the declaration's
+                // answer.
                 self.request_drain().await
             }
             ClientFrame::WatchPresence { users } => self.watch_presence(users).await,
@@ -238,10 +243,10 @@ impl Session {
         }
     }
 
-    /// DeclareAddress (§4.2), decided completely (verified, and on success bound durably)
-    /// before the reader reads the next frame, so every frame after it on this connection is
-    /// stamped with the address and none before it ever is. A refusal is not fatal: the
-    /// connection stays in account-name space. The challenge is single-use: any second
+    /// DeclareAddress (`docs/protocol.md#relay-checks`), decided completely (verified, and on
+    /// success bound durably) before the reader reads the next frame, so every frame after it on
+    /// this connection is stamped with the address and none before it ever is. A refusal is not
+    /// fatal: the connection stays in account-name space. The challenge is single-use: any second
     /// DeclareAddress is `already_declared`, whatever the first one's outcome.
     async fn declare(&mut self, address: &str, public_key: &str, signature: &str) -> RelayFrame {
         let refuse = |e: AddressDeclError| RelayFrame::AddressError {
@@ -284,8 +289,8 @@ impl Session {
         }
     }
 
-    /// Ack / AckUpTo (§7.1): only frames written on this connection are released; acks of
-    /// anything else are ignored, and acks are never answered.
+    /// Ack / AckUpTo (`docs/protocol.md#frame-release`): only frames written on this connection are
+    /// released; acks of anything else are ignored, and acks are never answered.
     async fn ack(&mut self, release: Release) -> Flow {
         if self.ctx.mailbox.is_none() {
             return Flow::Continue;
@@ -309,8 +314,8 @@ impl Session {
         Flow::Continue
     }
 
-    /// CheckPresence (§10): `user_id` echoes the identifier as given; an address reports the
-    /// account it is bound to.
+    /// CheckPresence (`docs/protocol.md#presence`): `user_id` echoes the identifier as given; an
+    /// address reports the account it is bound to.
     async fn check_presence(&mut self, username: String) -> Flow {
         if !identifier_size_ok(&username) {
             return self
@@ -362,10 +367,11 @@ impl Session {
         }
     }
 
-    /// WatchPresence (§10, `presence_watch_v1`): each newly watched identifier gets its status
-    /// at once and on every change of its `online` value until unwatched or the connection
-    /// ends. Already watched identifiers (and repeats within the list) are left alone. New
-    /// identifiers past the cap are not added and the frame is answered `limit_exceeded`.
+    /// WatchPresence (`docs/protocol.md#presence`, `presence_watch_v1`): each newly watched
+    /// identifier gets its status at once and on every change of its `online` value until unwatched
+    /// or the connection ends. Already watched identifiers (and repeats within the list) are left
+    /// alone. New identifiers past the cap are not added and the frame is answered
+    /// `limit_exceeded`.
     async fn watch_presence(&mut self, users: Vec<String>) -> Flow {
         if !watch_list_ok(&users) {
             return self
@@ -446,8 +452,8 @@ impl Session {
         Flow::Continue
     }
 
-    /// UnwatchPresence (§10): nothing more is sent for these identifiers; ones not watched
-    /// are ignored. Never answered unless invalid.
+    /// UnwatchPresence (`docs/protocol.md#presence`): nothing more is sent for these identifiers;
+    /// ones not watched are ignored. Never answered unless invalid.
     async fn unwatch_presence(&mut self, users: &[String]) -> Flow {
         if !watch_list_ok(users) {
             return self

@@ -1,4 +1,4 @@
-//! `courier-relay`: the offline-courier relay server (`relay-protocol.md` is its contract).
+//! `courier-relay`: the offline-courier relay server; its wire protocol is `docs/protocol.md`.
 //!
 //! Clients connect over WebSocket (`ws://`, or `wss://` with [`TlsConfig`]), authenticate with
 //! an HS256 JWT, and exchange frames with other accounts. With the mailbox on, every accepted
@@ -6,18 +6,19 @@
 //! per-account `seq`, and stays until acked or expired; offline recipients get it in their
 //! next connection's drain.
 //!
-//! A connection may prove an identity key (`DeclareAddress`, §4): from the next frame on, its
-//! frames are stamped with the key's `off1` address, and the address (bound in SQLite to the
-//! account that declared it last) names that account as a recipient and in presence queries.
+//! A connection may prove an identity key (`DeclareAddress`,
+//! `docs/protocol.md#address-declaration`): from the next frame on, its frames are stamped with the
+//! key's `off1` address, and the address (bound in SQLite to the account that declared it last)
+//! names that account as a recipient and in presence queries.
 //!
 //! Task layout, per connection: a reader that handles frames strictly in arrival order and a
 //! writer that owns the socket's sending half (answers, presence pushes, drain, live frames,
 //! pings). The store is one thread with one SQLite connection; the router maps accounts to
 //! live connections, and watched accounts to the connections watching them (`presence.rs`).
 //!
-//! [`gateway`] is a separate, minimal daemon (`courier-relay gateway`): the identity.md §6 attach
-//! over TCP with newline-delimited JSON, then live SendMessage / MessageReceived between bound
-//! devices, in memory.
+//! [`gateway`] is a separate, minimal daemon (`courier-relay gateway`): the attach of
+//! `docs/protocol.md#gateway-attach` over TCP with newline-delimited JSON, then live SendMessage /
+//! MessageReceived between bound devices, in memory.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,4 +1,5 @@
-//! What flows to a recipient connection, and in which order (`relay-protocol.md` §7.1, §8).
+//! What flows to a recipient connection, and in which order (`docs/protocol.md#journal-and-seq`,
+//! `docs/protocol.md#drain`).
 //!
 //! Invariants the writer relies on:
 //! 1. The store thread assigns `seq` and offers journaled frames to the recipient's queue in
@@ -28,7 +29,7 @@ const QUEUE_BYTES: usize = 8 * 1024 * 1024;
 pub struct Envelope {
     /// Absent when the relay runs without a mailbox (nothing is journaled).
     pub seq: Option<u64>,
-    /// The identity stamped when the frame was read (§5).
+    /// The identity stamped when the frame was read (`docs/protocol.md#identifiers`).
     pub sender: String,
     pub sender_account: String,
     pub message_id: String,
@@ -140,8 +141,8 @@ impl DeliveryQueue {
     }
 }
 
-/// Where a connection's journaled delivery stands (§8): before the drain, draining up to S,
-/// or live (possibly catching up from the journal after lag).
+/// Where a connection's journaled delivery stands (`docs/protocol.md#drain`): before the drain,
+/// draining up to S, or live (possibly catching up from the journal after lag).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
     AwaitingDrain,

@@ -1,4 +1,4 @@
-//! Presence watches (`relay-protocol.md` §10, `presence_watch_v1`): one [`Watchlist`] per
+//! Presence watches (`docs/protocol.md#presence`, `presence_watch_v1`): one [`Watchlist`] per
 //! connection, holding what it watches and the statuses waiting for its writer.
 //!
 //! The router decides every presence fact under one lock (its presence lock): an account's
@@ -29,7 +29,7 @@ use std::sync::{Mutex, MutexGuard};
 use courier_proto::RelayFrame;
 use tokio::sync::Notify;
 
-/// Identifiers one connection may watch at once (§14.4).
+/// Identifiers one connection may watch at once (`docs/protocol.md#constants`).
 pub const MAX_WATCHES: usize = 1024;
 
 /// Entries one WatchPresence / UnwatchPresence may list; longer lists are `invalid_frame`.

@@ -1,4 +1,4 @@
-//! The per-connection token bucket (`relay-protocol.md` §11).
+//! The per-connection token bucket (`docs/protocol.md#rate-limiting`).
 
 use std::time::{Duration, Instant};
 

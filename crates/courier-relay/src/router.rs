@@ -1,5 +1,6 @@
-//! Who is connected: one authenticated connection per account (§12), its delivery queue, and
-//! presence (§10): when each account was last seen and which connections watch it.
+//! Who is connected: one authenticated connection per account
+//! (`docs/protocol.md#session-displacement`), its delivery queue, and presence
+//! (`docs/protocol.md#presence`): when each account was last seen and which connections watch it.
 //!
 //! Locks, always taken in this order: `presence` (transitions, watches, last_seen), then
 //! `peers` (the routing map, also read by the store thread after every commit), then a
@@ -7,8 +8,9 @@
 //! notification of its watchers is what keeps every watcher's statuses in order; the routing
 //! map is never held while watchers are notified.
 //!
-//! Watched `off1` identifiers are also indexed by address, so a new binding (§4.2, applied by
-//! the store thread after its commit) moves their watches to the account it names.
+//! Watched `off1` identifiers are also indexed by address, so a new binding
+//! (`docs/protocol.md#relay-checks`, applied by the store thread after its commit) moves their
+//! watches to the account it names.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,5 +1,5 @@
-//! SendMessage (§6): every valid one gets exactly one MessageSent, DeliveryError or
-//! `Error{internal}`, echoing `message_id` and `recipient` as received.
+//! SendMessage (`docs/protocol.md#sending`): every valid one gets exactly one MessageSent,
+//! DeliveryError or `Error{internal}`, echoing `message_id` and `recipient` as received.
 
 use std::sync::Arc;
 
@@ -12,15 +12,16 @@ use crate::dispatch::{error_frame, identifier_size_ok, Session};
 use crate::store::{AppendOutcome, Named, StoreError};
 use crate::Ctx;
 
-/// Whom a recipient identifier names (§5), before any binding is consulted.
+/// Whom a recipient identifier names (`docs/protocol.md#identifiers`), before any binding is
+/// consulted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recipient<'a> {
     /// An account name: stands for itself. Whether the account exists is the journal's answer.
     Account(&'a str),
     /// A canonical `off1` address: names whichever account declared it last, if any.
     Address(Address),
-    /// Names nothing: an `off1` string that does not parse canonically (identity.md §2), or
-    /// a string that is no valid account name.
+    /// Names nothing: an `off1` string that does not parse canonically
+    /// (`docs/protocol.md#addresses`), or a string that is no valid account name.
     Unknown,
 }
 
@@ -36,9 +37,9 @@ impl Recipient<'_> {
 }
 
 /// Whether `identifier` spells a valid address in another case (the all-uppercase form bech32
-/// otherwise allows, or mixed case). identity.md §2 rule 1: such a string names no address,
-/// and the relay treats it as an unknown recipient; it is no account name either (auth.rs), so
-/// two strings never name one identity.
+/// otherwise allows, or mixed case). Rule 1 of `docs/protocol.md#addresses`: such a string names no
+/// address, and the relay treats it as an unknown recipient; it is no account name either
+/// (auth.rs), so two strings never name one identity.
 pub fn spells_an_address(identifier: &str) -> bool {
     identifier.len() == courier_proto::address::ADDRESS_STR_LEN
         && !is_address_form(identifier)
@@ -193,7 +194,7 @@ pub async fn send_message(
     };
 
     // An address is resolved in the append's own transaction: the frame belongs to the
-    // account the address named at acceptance (§5).
+    // account the address named at acceptance (`docs/protocol.md#identifiers`).
     match tokio::time::timeout(deadline, ctx.store.append(named, envelope, limits)).await {
         Ok(Ok(
             AppendOutcome::Accepted { disposition, .. } | AppendOutcome::Duplicate { disposition },
@@ -228,7 +229,8 @@ mod tests {
             Recipient::Address(Address::parse(K1).unwrap())
         );
         assert_eq!(resolve_recipient("a/b"), Recipient::Unknown);
-        // identity.md §2: every must-reject string names nothing, and so does a bare prefix.
+        // `docs/protocol.md#addresses`: every must-reject string names nothing, and so does a bare
+        // prefix.
         for bad in [
             "OFF1QYQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQN8ANTF",
             "off1qyqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqxmdlwt",

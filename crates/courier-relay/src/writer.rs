@@ -1,5 +1,6 @@
 //! The sending half of a connection: answers from the reader, presence pushes, keepalive
-//! Pings, and inbound frames in seq order — drain, DrainComplete, then live (§7.1, §8). See `mailbox.rs` for the
+//! Pings, and inbound frames in seq order — drain, DrainComplete, then live
+//! (`docs/protocol.md#journal-and-seq`, `docs/protocol.md#drain`). See `mailbox.rs` for the
 //! ordering invariants this loop keeps.
 
 use std::sync::Arc;
@@ -26,7 +27,7 @@ use crate::{now_ms, Ctx};
 #[derive(Debug)]
 pub enum Outbound {
     Frame(RelayFrame),
-    /// Drain rule (a)/(b) of §8 fired.
+    /// Drain rule (a) or (b) of `docs/protocol.md#drain` fired.
     StartDrain,
     /// Write Close with this code and stop.
     Close(u16),
@@ -56,8 +57,9 @@ struct Writer<S> {
     sink: Sink<S>,
     ctx: Arc<Ctx>,
     peer: Arc<Peer>,
-    /// Opted in to `mailbox_v1` (§2.2): frames carry `seq`, the drain ends with DrainComplete,
-    /// and frames stay journaled until acked. Otherwise they are released once written.
+    /// Opted in to `mailbox_v1` (`docs/protocol.md#acknowledged-delivery-opt-in`): frames carry
+    /// `seq`, the drain ends with DrainComplete, and frames stay journaled until acked. Otherwise
+    /// they are released once written.
     opted_in: bool,
     journaled: bool,
     flow: Outflow,
@@ -92,8 +94,7 @@ where
     );
     ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
     // Only a connection that opted in is held for the grace, in which it may still declare its
-    // address (docs/protocol.md, Mailbox and offline drain). Any other one's traffic flows at
-    // once.
+    // address (`docs/protocol.md#drain`). Any other one's traffic flows at once.
     let grace = tokio::time::sleep(if opted_in {
         timings.drain_grace
     } else {
@@ -151,7 +152,7 @@ where
         self.sink.send(message).await.map_err(|_| Stop::Broken)
     }
 
-    /// Writes every queued PresenceStatus (§10).
+    /// Writes every queued PresenceStatus (`docs/protocol.md#presence`).
     async fn presence(&mut self) -> Result<(), Stop> {
         let frames = self.peer.watchlist.take();
         if frames.is_empty() {
@@ -182,7 +183,7 @@ where
         }
     }
 
-    /// Fixes S (§8) and switches to reading the journal up to it.
+    /// Fixes S (`docs/protocol.md#drain`) and switches to reading the journal up to it.
     async fn start_drain(&mut self) -> Result<(), Stop> {
         if self.flow.phase != Phase::AwaitingDrain {
             return Ok(());
@@ -275,7 +276,8 @@ where
             .map_err(|_| Stop::Broken)
     }
 
-    /// Without the opt-in a journaled frame is released as soon as it is written (§2.2).
+    /// Without the opt-in a journaled frame is released as soon as it is written
+    /// (`docs/protocol.md#connections-without-the-opt-in`).
     async fn release_written(&mut self) {
         if self.opted_in || !self.journaled {
             return;

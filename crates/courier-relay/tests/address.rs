@@ -1,7 +1,8 @@
-//! Address declaration and routing by address (relay-protocol.md §4, §5, §8 drain rule (a),
-//! §10 by address; conformance §15.5–§15.11): proofs checked over the connection's own
-//! account and challenge, the bound address stamped from the next frame on, `off1`
-//! recipients and presence resolved through the persisted binding.
+//! Address declaration and routing by address (`docs/protocol.md#address-declaration`,
+//! `docs/protocol.md#identifiers`, drain rule (a) of `docs/protocol.md#drain`,
+//! `docs/protocol.md#presence` by address; conformance in `docs/protocol.md#address-conformance`):
+//! proofs checked over the connection's own account and challenge, the bound address stamped from
+//! the next frame on, `off1` recipients and presence resolved through the persisted binding.
 
 mod common;
 
@@ -148,8 +149,9 @@ fn statuses_for(frames: &[RelayFrame], identifier: &str) -> Vec<bool> {
         .collect()
 }
 
-// §15.5: the capability list is checked in auth.rs (a valid token yields Authenticated) and,
-// without the mailbox, in transport.rs; here, what a declaring client relies on.
+// What `Authenticated` carries (`docs/protocol.md#handshake`): the capability list is checked in
+// auth.rs (a valid token yields Authenticated) and, without the mailbox, in transport.rs; here,
+// what a declaring client relies on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn address_routing_is_advertised_with_a_fresh_challenge_per_connection() {
     let relay = TestRelay::start().await;
@@ -170,8 +172,8 @@ async fn address_routing_is_advertised_with_a_fresh_challenge_per_connection() {
     assert_ne!(challenges[0], challenges[1]);
 }
 
-// §15.6 (the builder lives in courier-proto; this is the relay's view of the same bytes) and
-// §15.7.
+// The pinned vectors (`docs/protocol.md#declaration-vectors`; the builder lives in courier-proto,
+// this is the relay's view of the same bytes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pinned_k1_frame_is_declared() {
     let hex = |s: &str| -> Vec<u8> {
@@ -199,7 +201,7 @@ async fn the_pinned_k1_frame_is_declared() {
     .await;
     let (mut c, challenge) = connect(&relay, "alice").await;
     assert_eq!(challenge, SEQ_CHALLENGE_B64);
-    // The frame exactly as §4.4 prints it.
+    // The frame exactly as `docs/protocol.md#declaration-vectors` prints it.
     c.send_text(concat!(
         r#"{"type":"DeclareAddress","address":"off1qysluvwl5922yctzd0u9gpr06gn3k7ldfvgtwgvn","#,
         r#""public_key":"11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=","#,
@@ -211,7 +213,7 @@ async fn the_pinned_k1_frame_is_declared() {
     assert_eq!(k1().address().to_string(), K1_ADDRESS);
 }
 
-// §15.8
+// Every refusal of `docs/protocol.md#relay-checks`, with its reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_proofs_are_refused_with_their_reasons() {
     let relay = TestRelay::start().await;
@@ -352,7 +354,7 @@ async fn bad_proofs_are_refused_with_their_reasons() {
     );
 }
 
-// §15.9
+// A refusal is not fatal (`docs/protocol.md#relay-checks`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_refusal_the_connection_works_in_account_name_space() {
     let relay = TestRelay::start().await;
@@ -394,7 +396,7 @@ async fn after_a_refusal_the_connection_works_in_account_name_space() {
     );
 }
 
-// §15.10, and drain rule (a) of §8.
+// Stamping (`docs/protocol.md#identifiers`), and drain rule (a) of `docs/protocol.md#drain`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frames_are_stamped_by_the_identity_in_force_when_read() {
     // No grace-period drain: rule (a) or (b) must start it.
@@ -496,7 +498,7 @@ async fn a_declaration_as_first_frame_starts_the_drain_after_its_answer() {
     }
 }
 
-// §15.11
+// A declared address is a recipient, live and offline (`docs/protocol.md#identifiers`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_declared_address_receives_live_and_while_offline() {
     let relay = TestRelay::start().await;
@@ -535,8 +537,8 @@ async fn a_declared_address_receives_live_and_while_offline() {
         &address,
         "stored",
     );
-    // A re-send while unacked is stored once (§6): same stamped sender, recipient account and
-    // message_id.
+    // A re-send while unacked is stored once (`docs/protocol.md#relay-side-dedup`): same stamped
+    // sender, recipient account and message_id.
     assert_sent(
         &alice.send_and_answer(&address, "m2", "stored").await,
         "m2",
@@ -570,7 +572,7 @@ async fn only_the_canonical_spelling_of_a_declared_address_routes() {
         edited.as_str(),
         "off1",
         "off1x",
-        // identity.md §2 must-reject strings, one per rule.
+        // The refused strings of `docs/protocol.md#addresses`, one per rule.
         "OFF1QYQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQN8ANTF",
         "off1qyqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqxmdlwt",
         "ofg1qyqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqpxdptr",
@@ -892,7 +894,7 @@ async fn a_watch_racing_a_declaration_ends_with_the_bound_account_s_status() {
 }
 
 /// A frame named by address belongs to the account the address resolved to when it was
-/// accepted (§5): re-binding the address later does not move it.
+/// accepted (`docs/protocol.md#identifiers`): re-binding the address later does not move it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stored_frames_stay_with_the_account_the_address_named_at_acceptance() {
     let relay = TestRelay::start().await;

@@ -1,4 +1,5 @@
-//! Authentication (relay-protocol.md §2, conformance items 3–5).
+//! Authentication (`docs/protocol.md#authentication`; conformance in
+//! `docs/protocol.md#transport-and-authentication`).
 
 mod common;
 

@@ -1,4 +1,5 @@
-//! A frame answered MessageSent survives SIGKILL of the relay process (conformance item 17).
+//! A frame answered MessageSent survives SIGKILL of the relay process
+//! (`docs/protocol.md#journal-release-and-drain`).
 
 mod common;
 

@@ -1,5 +1,7 @@
-//! Sending, the journal, the mailbox and the drain (relay-protocol.md §6–§8, §12;
-//! conformance items 12–16, 18–21, 23, 24, 28).
+//! Sending, the journal, the mailbox and the drain (`docs/protocol.md#sending`,
+//! `docs/protocol.md#inbound-delivery`, `docs/protocol.md#mailbox-and-drain`,
+//! `docs/protocol.md#session-displacement`; conformance in `docs/protocol.md#sending-conformance`,
+//! `docs/protocol.md#journal-release-and-drain` and `docs/protocol.md#presence-rate-and-sessions`).
 
 mod common;
 
@@ -469,10 +471,10 @@ async fn without_the_opt_in_frames_carry_no_seq_and_are_released_once_written() 
     );
 }
 
-/// Only an opted-in connection is held for the drain grace (docs/protocol.md, Mailbox and
-/// offline drain). A client written to the published contract, which sends nothing after
-/// Authenticate, gets its frames at once: with a grace far longer than any wait of the tests,
-/// a frame arriving at all shows it was not held.
+/// Only an opted-in connection is held for the drain grace
+/// (`docs/protocol.md#connections-without-the-opt-in`). A client written to the published contract,
+/// which sends nothing after Authenticate, gets its frames at once: with a grace far longer than
+/// any wait of the tests, a frame arriving at all shows it was not held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_without_the_opt_in_is_never_held_for_the_grace() {
     let relay = TestRelay::start_with(|c| c.timings.drain_grace = Duration::from_secs(120)).await;
@@ -501,7 +503,7 @@ async fn a_connection_without_the_opt_in_is_never_held_for_the_grace() {
 
 /// Custody is said in our `disposition` and in the published `pushed`/`stored`, so a client
 /// written to the published contract reads it too; a live answer says `disposition` only
-/// (docs/protocol.md, Sending).
+/// (`docs/protocol.md#custody-announcement`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_message_sent_carries_the_published_custody_fields() {
     let relay = TestRelay::start().await;

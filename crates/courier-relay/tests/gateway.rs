@@ -1,6 +1,6 @@
-//! The gateway daemon (`identity.md` §6): attach over TCP with newline-delimited JSON, then
-//! SendMessage / MessageReceived between bound devices. Real sockets on 127.0.0.1:0; every wait
-//! is bounded by a deadline, never a fixed sleep.
+//! The gateway daemon (`docs/protocol.md#gateway-protocol`): attach over TCP with newline-delimited
+//! JSON, then SendMessage / MessageReceived between bound devices. Real sockets on 127.0.0.1:0;
+//! every wait is bounded by a deadline, never a fixed sleep.
 
 use std::io::{BufRead, BufReader as StdBufReader};
 use std::process::{Child, Command, Stdio};
@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 
 const DEADLINE: Duration = Duration::from_secs(5);
 
-/// identity.md §1.1.
+/// Test identity K1 (`docs/protocol.md#key-vectors`).
 const K1_SEED: &str = "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60";
 const K1_ADDRESS: &str = "off1qysluvwl5922yctzd0u9gpr06gn3k7ldfvgtwgvn";
 

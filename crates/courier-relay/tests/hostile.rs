@@ -1,7 +1,9 @@
 //! The relay under hostile clients: oversized and deeply nested input, wrong field types,
 //! unknown frames, forged acks, floods and connections that never authenticate. Every case ends
-//! in the documented answer or close code (relay-protocol.md §1, §2.1, §7.1, §11), the relay
-//! keeps serving honest clients, and a message stored before the attack is delivered after it.
+//! in the documented answer or close code (`docs/protocol.md#transport`,
+//! `docs/protocol.md#authentication`, `docs/protocol.md#frame-release`,
+//! `docs/protocol.md#rate-limiting`), the relay keeps serving honest clients, and a message stored
+//! before the attack is delivered after it.
 
 mod common;
 

@@ -1,5 +1,6 @@
-//! Presence (relay-protocol.md §10; conformance items 25 and 26): WatchPresence /
-//! UnwatchPresence under `presence_watch_v1`, and last_seen kept across relay restarts.
+//! Presence (`docs/protocol.md#presence`; conformance in
+//! `docs/protocol.md#presence-rate-and-sessions`): WatchPresence / UnwatchPresence under
+//! `presence_watch_v1`, and last_seen kept across relay restarts.
 //!
 //! "Nothing was sent" is asserted with `until_synced`: the relay queues a status before it
 //! reads the watcher's next frame, and writes it before that frame's answer.

@@ -1,5 +1,7 @@
-//! Transport rules, rate limiting and the mailbox-less mode (relay-protocol.md §1, §8, §11;
-//! conformance items 1, 2, 15, 27).
+//! Transport rules, rate limiting and the mailbox-less mode (`docs/protocol.md#transport`,
+//! `docs/protocol.md#rate-limiting`, `docs/protocol.md#mailbox-limits`; conformance in
+//! `docs/protocol.md#transport-and-authentication`, `docs/protocol.md#sending-conformance` and
+//! `docs/protocol.md#presence-rate-and-sessions`).
 
 mod common;
 

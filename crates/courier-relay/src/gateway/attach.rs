@@ -1,5 +1,5 @@
-//! The gateway side of the attach (`identity.md` §6): what a connection owes before it is bound,
-//! and the checks a `DeclareAddress` must pass.
+//! The gateway side of the attach (`docs/protocol.md#gateway-attach`): what a connection owes
+//! before it is bound, and the checks a `DeclareAddress` must pass.
 
 use std::collections::HashSet;
 use std::sync::Mutex;

@@ -284,7 +284,7 @@ impl Conn {
                     ),
                 }
             }
-            // Not a canonical address: it names no device (identity.md §2).
+            // Not a canonical address: it names no device (`docs/protocol.md#addresses`).
             Err(_) => {
                 recipient_unreachable(message_id, recipient, UnreachableCause::UnknownRecipient)
             }

@@ -1,6 +1,7 @@
-//! A minimal gateway daemon (`courier-relay gateway`): the attach of `identity.md` §6 over TCP
-//! with newline-delimited JSON, then `SendMessage` / `MessageReceived` between bound devices,
-//! in memory (no mailbox: an offline recipient is unreachable).
+//! A minimal gateway daemon (`courier-relay gateway`): the attach of
+//! `docs/protocol.md#gateway-attach` over TCP with newline-delimited JSON, then `SendMessage` /
+//! `MessageReceived` between bound devices, in memory (no mailbox: an offline recipient is
+//! unreachable).
 //!
 //! Per connection one task reads lines in order and writes its own answers; frames for it from
 //! other connections arrive through a bounded queue registered under its address once bound.
@@ -23,7 +24,7 @@ use crate::RelayError;
 pub mod attach;
 mod connection;
 
-/// Default listen address (`identity.md` §6: `localhost:4242`).
+/// Default listen address (`localhost:4242`, `docs/protocol.md#gateway-framing`).
 pub const DEFAULT_LISTEN: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 4242);
 
@@ -32,7 +33,7 @@ pub const DEFAULT_LISTEN: SocketAddr =
 pub struct GatewayTimings {
     /// Connect to `Identify`; a silent socket is not kept forever.
     pub identify_deadline: Duration,
-    /// `Challenge` to `DeclareAddress` (§6: 10 s).
+    /// `Challenge` to `DeclareAddress` (10 s, `docs/protocol.md#gateway-attach`).
     pub declare_deadline: Duration,
     /// Bound on writing one line to a peer that does not read.
     pub write_timeout: Duration,

@@ -1,6 +1,6 @@
-//! The per-account journal (docs/protocol.md, Inbound delivery; Mailbox and offline drain):
-//! appending with `seq` and the mailbox limits, the drain's reads, releases by ack, and the
-//! purge of expired frames.
+//! The per-account journal (`docs/protocol.md#inbound-delivery`,
+//! `docs/protocol.md#mailbox-and-drain`): appending with `seq` and the mailbox limits, the drain's
+//! reads, releases by ack, and the purge of expired frames.
 //!
 //! Counters per account (`last_seq`, `msg_count`, `byte_count`) live in the `accounts` row and
 //! change in the same transaction as the journal, so `seq` is never reused (it does not depend

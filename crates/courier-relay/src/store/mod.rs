@@ -1,6 +1,8 @@
 //! Accounts and the per-account journal in SQLite, each account's last_seen, and the address
-//! bindings (`off1` address → the account that last declared it); see docs/protocol.md
-//! (Authentication, Inbound delivery, Mailbox and offline drain, Presence, Address declaration).
+//! bindings (`off1` address → the account that last declared it); see
+//! `docs/protocol.md#authentication`, `docs/protocol.md#inbound-delivery`,
+//! `docs/protocol.md#mailbox-and-drain`, `docs/protocol.md#presence` and
+//! `docs/protocol.md#address-declaration`.
 //!
 //! [`Store`] is the handle the connection tasks call; every call is one request to the store
 //! thread (`worker.rs`), which commits requests in groups and answers none before its commit is

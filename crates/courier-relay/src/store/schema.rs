@@ -51,7 +51,7 @@ fn v2_last_seen(tx: &Transaction<'_>) -> rusqlite::Result<()> {
 }
 
 /// Version 3: address bindings. An address is keyed by its canonical string, which names
-/// exactly one address (docs/glossary.md, address).
+/// exactly one address (`docs/glossary.md#address`).
 fn v3_addresses(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     tx.execute_batch(
         "CREATE TABLE addresses (

@@ -140,8 +140,9 @@ struct Journal {
     seen: BTreeMap<u64, String>,
     acked: HashSet<u64>,
     acked_up_to: u64,
-    /// A connection without `mailbox_v1` releases what it is written (§2.2), so the account's
-    /// journal is not checked at the end.
+    /// A connection without `mailbox_v1` releases what it is written
+    /// (`docs/protocol.md#connections-without-the-opt-in`), so the account's journal is not checked
+    /// at the end.
     released_on_write: bool,
 }
 
