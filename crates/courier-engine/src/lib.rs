@@ -24,8 +24,8 @@
 //!   `backoff_ms(transport_retries)`, no attempt limit;
 //! - the **ACK ladder**: a written frame whose ACK does not come within `ack_timeout_ms` →
 //!   `message_retrying` at `now + backoff_ms(retry)`, or `message_failed("Max retries exceeded")`
-//!   once `max_retries` retries were granted — unless the recipient holds a live park counter
-//!   (an unreachable verdict since its last edge), in which case it re-parks;
+//!   once `max_retries` retries were granted — unless the recipient holds a verdict (an unreachable
+//!   verdict since its last edge), in which case it re-parks;
 //! - **parking** (`parking` module): the relay's unreachable verdict for the entry's current
 //!   attempt (`message_undeliverable`) or its custody ("stored", `message_stored`) takes the entry
 //!   off the ladder. It is probed at 15 s doubling to 600 s per recipient, offered to every

@@ -85,7 +85,7 @@ impl Engine {
         let verdict = self.parking.has_verdict(&entry.message.recipient);
         match ack::after_timeout(&self.config, entry.ack_attempts, now) {
             AfterTimeout::Exhausted if regular && verdict => {
-                // The recipient still holds a live park counter: re-park, don't settle.
+                // The recipient still holds a verdict: re-park, don't settle.
                 self.park(key, Park::Unreachable, now);
             }
             AfterTimeout::Exhausted => self.settle_failed(key, FailReason::MaxRetriesExceeded, now),

@@ -1,4 +1,5 @@
-//! App-supplied local carriers: carrier choice, the Peer Discovery Flush, links lost mid-send.
+//! App carriers: carrier choice, the flush when a neighbor appears
+//! (`docs/delivery.md#flush-batches`), links lost mid-send.
 
 use super::*;
 
