@@ -42,7 +42,8 @@ export interface ProtocolConfig {
   }
   /**
    * Accept control frames signed with the legacy `offline-ctrl-v1` scheme, which proves no
-   * freshness (`docs/protocol.md`, "Control signatures"). Default `false`: they are refused with `CONTROL_SIGNATURE_STALE`.
+   * freshness (`docs/protocol.md#control-signatures`). Default `false`: they are refused with
+   * `CONTROL_SIGNATURE_STALE`.
    */
   acceptLegacyControlV1?: boolean
   transports?: {

@@ -236,7 +236,7 @@ class Protocol {
     }
     if (!transport) return report(false, `no transport named ${carrier}`)
     // A send that never settles is failed by the engine's app-carrier send deadline
-    // (docs/delivery.md); its late report is then stale.
+    // (docs/delivery.md#app-carrier-send-deadline); its late report is then stale.
     Promise.resolve()
       .then(() => transport.send(peer, new Uint8Array(Buffer.from(frame, 'utf8'))))
       .then(

@@ -210,7 +210,8 @@ export function verify({ peers }) {
     }
     for (const [id, n] of receivedEvents) {
       totals.receivedEvents++
-      // delivery.md 11: a redelivery after a restart is recognised and not dispatched again.
+      // Inbound dedup (docs/delivery.md#inbound-dedup): a redelivery after a restart is recognised
+      // and not dispatched again.
       if (n > 1) violations.push(`${receiver.name}: message_received ${n} times for ${id}`)
       if (!inboxIds.has(id)) violations.push(`${receiver.name}: message_received for ${id}, which the hook never committed`)
     }

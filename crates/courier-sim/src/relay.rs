@@ -1,4 +1,4 @@
-//! The relay as `relay-protocol.md` describes it, reduced to what delivery depends on: accounts,
+//! The relay as `docs/protocol.md` describes it, reduced to what delivery depends on: accounts,
 //! one connection per account, the per-account journal with `seq` (with the mailbox) or
 //! live-only forwarding (without it), dedup of a re-sent frame while it is unacked, mailbox
 //! limits and TTL, the drain on every connection followed by `DrainComplete`, `live`, `stored`

@@ -41,7 +41,8 @@ pub use scheduler::Action;
 
 /// The virtual clock starts here (a plausible epoch time, so timestamps look like real ones).
 pub const EPOCH: Millis = 1_700_000_000_000;
-/// The client's write-ack timeout (`relay-protocol.md` §6).
+/// How long the client waits for the carrier answer to a write
+/// (`docs/protocol.md#how-our-client-reads-the-answers`).
 const WRITE_ACK_TIMEOUT: Millis = 15 * SEC;
 const MAX_BACKOFF: Millis = 30 * SEC;
 /// Steps of one device at one instant beyond which its engine is taken to spin.
