@@ -85,7 +85,7 @@ test('stats cross from the native side as plain objects of numbers', async (t) =
   assert.deepEqual(stats, { outboxRegular: 0, outboxMedia: 0, pendingAcks: 0, retryQueue: 0, parked: 0, carriersUp: 0 })
 })
 
-test('the three presets of the delivery guide are accepted as written', (t) => {
+test('the three reliability presets of docs/delivery.md are accepted as written', (t) => {
   const dir = tempDir(t)
   const presets = [
     { ack: { defaultTimeoutMs: 15000 }, retry: { maxRetries: 20, outboxMaxLifetimeMs: 2592000000 } },

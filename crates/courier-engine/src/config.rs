@@ -125,7 +125,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn default_ladder_matches_the_seed() {
+    fn the_default_ladder_is_1_2_4_to_300_seconds() {
         let c = Config::new("app");
         let ladder: Vec<u64> = (0..11).map(|r| c.backoff_ms(r) / 1000).collect();
         assert_eq!(ladder, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);

@@ -17,7 +17,7 @@ use crate::signing::{payload, push_field, DOMAIN_CTRL_V1, DOMAIN_CTRL_V2};
 pub const META_CTRL_SIG: &str = "__ctrl_sig";
 /// Metadata key: base64 public key.
 pub const META_CTRL_PK: &str = "__ctrl_pk";
-/// Metadata key [ext]: `signed_at`, ms, in canonical decimal.
+/// Metadata key \[ext\]: `signed_at`, ms, in canonical decimal.
 pub const META_CTRL_TS: &str = "__ctrl_ts";
 
 /// Reserved prefixes that are data plane, not control: never signature-gated. Any other reserved

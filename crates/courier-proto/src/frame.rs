@@ -113,7 +113,7 @@ impl ClientFrame {
     }
 }
 
-/// `MessageSent.disposition` [ext]: where the relay put the frame.
+/// `MessageSent.disposition` \[ext\]: where the relay put the frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Disposition {
@@ -123,7 +123,7 @@ pub enum Disposition {
     Stored,
 }
 
-/// `MessageSent`'s two spellings of one fact. Ours is `disposition` [ext]; a relay written to the
+/// `MessageSent`'s two spellings of one fact. Ours is `disposition` \[ext\]; a relay written to the
 /// published contract says custody as `stored: true` (with `pushed: true`) and has no
 /// `disposition`. Our relay writes both for a stored frame, so either kind of client reads it;
 /// a live one carries `disposition` only. Read: `disposition` when present, else `stored: true`

@@ -7,7 +7,7 @@
 
 /// Published control signature; verified only with legacy acceptance on, never emitted.
 pub const DOMAIN_CTRL_V1: &str = "offline-ctrl-v1";
-/// Our control signature [ext]: adds `signed_at`.
+/// Our control signature \[ext\]: adds `signed_at`.
 pub const DOMAIN_CTRL_V2: &str = "offline-ctrl-v2";
 /// Relay address proof: account, then the 32-byte challenge without length prefix.
 pub const DOMAIN_RELAY_ADDR_V1: &str = "offline-relay-addr-v1";
@@ -76,7 +76,7 @@ mod tests {
     }
 
     #[test]
-    fn spec_example() {
+    fn the_documented_example_payload() {
         assert_eq!(
             payload("d", &[b"", b"xy"]),
             [0x64, 0, 0, 0, 0, 0, 0, 0, 2, 0x78, 0x79]

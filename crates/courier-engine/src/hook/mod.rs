@@ -63,7 +63,7 @@ mod check;
 mod rows;
 
 pub(crate) use rows::content_bytes;
-use rows::{hop_acks, report_expiry};
+use rows::{release_frames, report_expiry};
 
 /// `security_warning.reason_code` of a row removed by retention (`docs/delivery.md#retention`).
 pub(crate) const RETENTION_EXPIRED: &str = "INBOUND_RETENTION_EXPIRED";
@@ -386,7 +386,7 @@ impl HookPipeline {
                 seqs.dedup();
                 sink.store
                     .push_back(StoreOp::CommitInbound { keys, at: now });
-                hop_acks(&seqs, sink);
+                release_frames(&seqs, sink);
                 self.drain_progress(sink);
                 Some(Commit { rows })
             }

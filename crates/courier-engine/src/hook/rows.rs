@@ -149,7 +149,7 @@ impl HookPipeline {
         }
         seqs.sort_unstable();
         seqs.dedup();
-        hop_acks(&seqs, sink);
+        release_frames(&seqs, sink);
         self.drain_progress(sink);
     }
 
@@ -167,7 +167,8 @@ impl HookPipeline {
     }
 }
 
-pub(super) fn hop_acks(seqs: &[u64], sink: &mut Sink<'_>) {
+/// Releases the relay journal frames `seqs`: the frames carried messages now committed or dropped.
+pub(super) fn release_frames(seqs: &[u64], sink: &mut Sink<'_>) {
     for &seq in seqs {
         sink.transmits.push_back(Transmit {
             carrier: Carrier::Relay,

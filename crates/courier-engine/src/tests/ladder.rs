@@ -200,7 +200,7 @@ fn presets() -> Vec<(&'static str, Config, Millis)> {
 }
 
 #[test]
-fn seed_presets_deliver_and_fail_on_their_own_ladders() {
+fn the_three_presets_deliver_and_fail_on_their_own_ladders() {
     for (name, config, fails_at) in presets() {
         let mut sim = Sim::new(config.clone());
         sim.carrier_up();
