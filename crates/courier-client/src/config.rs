@@ -17,7 +17,7 @@ use courier_engine::Config;
 use serde_json::Value;
 use zeroize::Zeroizing;
 
-use crate::carrier::gateway::GatewayTimings;
+use crate::carrier::gateway::GatewayClientTimings;
 
 mod section;
 pub use section::{Section, MAX_SAFE_INTEGER};
@@ -105,7 +105,7 @@ pub struct GatewayConfig {
     pub address: String,
     /// The clocks of `docs/protocol.md#gateway-client` in production; tests shorten them.
     #[doc(hidden)]
-    pub timings: GatewayTimings,
+    pub timings: GatewayClientTimings,
 }
 
 /// Where a gateway daemon listens when `transports.gateway` names no address
@@ -392,7 +392,7 @@ fn parse_gateway(
     }
     Ok(Some(GatewayConfig {
         address: address.to_owned(),
-        timings: GatewayTimings::default(),
+        timings: GatewayClientTimings::default(),
     }))
 }
 
@@ -575,7 +575,7 @@ mod tests {
         let config = parse(serde_json::json!({})).unwrap();
         let gateway = config.gateway.unwrap();
         assert_eq!(gateway.address, DEFAULT_GATEWAY_ADDRESS);
-        assert_eq!(gateway.timings, GatewayTimings::default());
+        assert_eq!(gateway.timings, GatewayClientTimings::default());
         assert!(config.warnings.is_empty());
         assert!(config.internet.is_none());
 

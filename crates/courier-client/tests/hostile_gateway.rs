@@ -14,7 +14,7 @@ use std::time::Duration;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use courier_client::carrier::backoff::Backoff;
-use courier_client::carrier::gateway::GatewayTimings;
+use courier_client::carrier::gateway::GatewayClientTimings;
 use courier_client::client::{Client, SendInput};
 use courier_client::config::{parse_protocol_config, ProtocolConfig};
 use courier_client::event::ClientEvent;
@@ -41,7 +41,7 @@ fn config(address: &str) -> ProtocolConfig {
         "transports": { "gateway": { "address": address } },
     }))
     .unwrap();
-    config.gateway.as_mut().unwrap().timings = GatewayTimings {
+    config.gateway.as_mut().unwrap().timings = GatewayClientTimings {
         attach_deadline: ATTACH_DEADLINE,
         backoff: Backoff {
             min: Duration::from_millis(20),

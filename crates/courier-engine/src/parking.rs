@@ -45,13 +45,13 @@ pub(crate) enum Park {
 
 #[derive(Debug, Default)]
 pub(crate) struct Parking {
-    peers: HashMap<String, Ladder>,
+    peers: HashMap<String, ProbeLadder>,
     /// Recipients whose watch status may have changed during the current call.
     touched: BTreeSet<String>,
 }
 
 #[derive(Debug, Default)]
-struct Ladder {
+struct ProbeLadder {
     parked: BTreeSet<Key>,
     /// Parks since the last reachability edge.
     escalation: u32,
@@ -59,7 +59,7 @@ struct Ladder {
     verdict: bool,
 }
 
-impl Ladder {
+impl ProbeLadder {
     fn idle(&self) -> bool {
         self.parked.is_empty() && self.escalation == 0 && !self.verdict
     }
@@ -76,7 +76,8 @@ impl Parking {
         });
     }
 
-    pub(crate) fn release(&mut self, recipient: &str, key: Key) {
+    /// `key` left `recipient`'s park (its ACK, a live answer, settlement).
+    pub(crate) fn unhold(&mut self, recipient: &str, key: Key) {
         self.change(recipient, |l| {
             l.parked.remove(&key);
         });
@@ -138,7 +139,7 @@ impl Parking {
     /// Whether `recipient` belongs on the presence watchlist
     /// (`docs/delivery.md#presence-watchlist`): it has parked entries, or it just got a verdict.
     pub(crate) fn watched(&self, recipient: &str) -> bool {
-        self.peers.get(recipient).is_some_and(Ladder::watched)
+        self.peers.get(recipient).is_some_and(ProbeLadder::watched)
     }
 
     /// Recipients whose `watched` value changed since the last call.
@@ -148,7 +149,7 @@ impl Parking {
 
     /// Applies `f` to the recipient's record (created on demand, dropped when idle) and notes a
     /// change of its watch status.
-    fn change(&mut self, recipient: &str, f: impl FnOnce(&mut Ladder)) {
+    fn change(&mut self, recipient: &str, f: impl FnOnce(&mut ProbeLadder)) {
         let (before, idle, after) = match self.peers.get_mut(recipient) {
             Some(ladder) => {
                 let before = ladder.watched();
@@ -156,7 +157,7 @@ impl Parking {
                 (before, ladder.idle(), ladder.watched())
             }
             None => {
-                let mut ladder = Ladder::default();
+                let mut ladder = ProbeLadder::default();
                 f(&mut ladder);
                 let (idle, after) = (ladder.idle(), ladder.watched());
                 if !idle {

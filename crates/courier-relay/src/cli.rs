@@ -361,7 +361,7 @@ mod tests {
         );
         assert_eq!(
             gateway(&["gateway"]).timings,
-            crate::GatewayTimings::default()
+            crate::GatewayDaemonTimings::default()
         );
         assert!(matches!(
             parse_command(&args(&["gateway", "--listen", "x", "--help"])),

@@ -49,7 +49,7 @@ mod writer;
 pub use auth::issue_token;
 pub use config::{MailboxLimits, RateLimit, RelayConfig, Storage, Timings, TlsConfig};
 pub use error::RelayError;
-pub use gateway::{start_gateway, GatewayConfig, GatewayHandle, GatewayTimings};
+pub use gateway::{start_gateway, GatewayConfig, GatewayDaemonTimings, GatewayHandle};
 
 use auth::TokenVerifier;
 use router::Router;

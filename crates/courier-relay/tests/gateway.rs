@@ -9,7 +9,7 @@ use std::time::Duration;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use courier_proto::{gateway_declaration, IdentityKey};
-use courier_relay::{start_gateway, GatewayConfig, GatewayHandle, GatewayTimings};
+use courier_relay::{start_gateway, GatewayConfig, GatewayDaemonTimings, GatewayHandle};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -33,7 +33,7 @@ fn k2() -> IdentityKey {
     IdentityKey::from_seed([42; 32])
 }
 
-async fn gateway_with(adjust: impl FnOnce(&mut GatewayTimings)) -> GatewayHandle {
+async fn gateway_with(adjust: impl FnOnce(&mut GatewayDaemonTimings)) -> GatewayHandle {
     let mut config = GatewayConfig::new("127.0.0.1:0".parse().unwrap());
     adjust(&mut config.timings);
     config.timings.close_linger = Duration::from_millis(200);

@@ -56,7 +56,7 @@ pub enum GatewayOut {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GatewayTimings {
+pub struct GatewayClientTimings {
     /// The longest wait for the TCP connection, for `Challenge` after `Identify`, and for the
     /// answer after `DeclareAddress` (10 s each, `docs/protocol.md#gateway-client`).
     pub attach_deadline: Duration,
@@ -64,7 +64,7 @@ pub struct GatewayTimings {
     pub backoff: Backoff,
 }
 
-impl Default for GatewayTimings {
+impl Default for GatewayClientTimings {
     fn default() -> Self {
         Self {
             attach_deadline: Duration::from_secs(10),
@@ -79,7 +79,7 @@ pub struct GatewaySettings {
     pub address: String,
     /// Proves this device's address on every attach.
     pub identity: IdentityKey,
-    pub timings: GatewayTimings,
+    pub timings: GatewayClientTimings,
 }
 
 /// A security warning an attach ended with: the peer it names and its code.

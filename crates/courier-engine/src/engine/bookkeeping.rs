@@ -50,7 +50,7 @@ impl Engine {
         if is {
             self.parking.hold(&entry.message.recipient, key);
         } else {
-            self.parking.release(&entry.message.recipient, key);
+            self.parking.unhold(&entry.message.recipient, key);
         }
     }
 
@@ -60,7 +60,7 @@ impl Engine {
         self.timers
             .disarm(key, entry.message.priority, parked, &entry.phase);
         if parked {
-            self.parking.release(&entry.message.recipient, key);
+            self.parking.unhold(&entry.message.recipient, key);
         }
         if !self.outbox.has_recipient(&entry.message.recipient) {
             self.parking.forget(&entry.message.recipient);

@@ -30,7 +30,7 @@ pub const DEFAULT_LISTEN: SocketAddr =
 
 /// The gateway's clocks. Production uses the defaults; tests shorten them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GatewayTimings {
+pub struct GatewayDaemonTimings {
     /// Connect to `Identify`; a silent socket is not kept forever.
     pub identify_deadline: Duration,
     /// `Challenge` to `DeclareAddress` (10 s, `docs/protocol.md#gateway-attach`).
@@ -46,7 +46,7 @@ pub struct GatewayTimings {
     pub fixed_challenge: Option<[u8; CHALLENGE_LEN]>,
 }
 
-impl GatewayTimings {
+impl GatewayDaemonTimings {
     /// A connection's challenge; `None` when the system random generator fails.
     pub(crate) fn challenge(&self) -> Option<[u8; CHALLENGE_LEN]> {
         #[cfg(feature = "test-hooks")]
@@ -57,7 +57,7 @@ impl GatewayTimings {
     }
 }
 
-impl Default for GatewayTimings {
+impl Default for GatewayDaemonTimings {
     fn default() -> Self {
         Self {
             identify_deadline: Duration::from_secs(10),
@@ -75,14 +75,14 @@ pub struct GatewayConfig {
     /// `127.0.0.1:0` binds an ephemeral port; `GatewayHandle::port` tells which.
     pub listen: SocketAddr,
     #[doc(hidden)]
-    pub timings: GatewayTimings,
+    pub timings: GatewayDaemonTimings,
 }
 
 impl GatewayConfig {
     pub fn new(listen: SocketAddr) -> Self {
         Self {
             listen,
-            timings: GatewayTimings::default(),
+            timings: GatewayDaemonTimings::default(),
         }
     }
 }
@@ -119,7 +119,7 @@ pub(crate) enum Undelivered {
 
 /// What every gateway connection shares.
 pub(crate) struct Shared {
-    pub timings: GatewayTimings,
+    pub timings: GatewayDaemonTimings,
     pub spent: attach::SpentChallenges,
     routes: Mutex<HashMap<Address, Route>>,
     pub shutdown: watch::Receiver<bool>,
