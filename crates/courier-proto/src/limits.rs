@@ -52,3 +52,19 @@ pub const RESERVED_PREFIXES: &[&str] = &[
 pub fn is_reserved_content(content: &str) -> bool {
     RESERVED_PREFIXES.iter().any(|p| content.starts_with(p))
 }
+
+/// What a relay answers to group requests; such content never travels in the message plane.
+pub const RELAY_ANSWER_PREFIXES: &[&str] = &[
+    "__GROUP_CREATED__",
+    "__GROUP_MSG__",
+    "__GROUP_MEMBER_ADDED__",
+    "__GROUP_MEMBER_REMOVED__",
+    "__GROUP_INFO__",
+    "__USER_GROUPS__",
+    "__GROUP_ERROR__",
+];
+
+/// Whether `content` is a relay's answer, which no sender may put in a message.
+pub fn is_relay_answer(content: &str) -> bool {
+    RELAY_ANSWER_PREFIXES.iter().any(|p| content.starts_with(p))
+}

@@ -1,21 +1,9 @@
 //! A `MessageReceived` from an addressed carrier on its way to the engine: the end-to-end
-//! message decoded, relay answers refused in the message plane
-//! (`docs/protocol.md#client-processing-order`), and attributed to the identity the carrier
-//! stamped.
+//! message decoded and attributed to the identity the carrier stamped. What its content may be
+//! is the engine's to judge (`docs/protocol.md#client-processing-order`).
 
 use courier_engine::{Carrier, InboundOrigin, Input};
 use courier_proto::{validate_identifier, Message};
-
-/// Relay answers that must never arrive through the message plane.
-const RELAY_ANSWER_PREFIXES: &[&str] = &[
-    "__GROUP_CREATED__",
-    "__GROUP_MSG__",
-    "__GROUP_MEMBER_ADDED__",
-    "__GROUP_MEMBER_REMOVED__",
-    "__GROUP_INFO__",
-    "__USER_GROUPS__",
-    "__GROUP_ERROR__",
-];
 
 /// What the carrier stamped on the frame.
 pub struct Stamp {
@@ -45,14 +33,6 @@ pub fn inbound_input(stamp: Stamp, content: &str) -> Result<Input, String> {
     }
     let message = Message::decode(content)
         .map_err(|e| format!("dropped inbound frame from {sender}: {e}"))?;
-    if RELAY_ANSWER_PREFIXES
-        .iter()
-        .any(|p| message.content.starts_with(p))
-    {
-        return Err(format!(
-            "dropped inbound frame from {sender}: relay answer prefix in the message plane"
-        ));
-    }
     Ok(Input::Inbound {
         message: Box::new(message),
         origin: InboundOrigin {

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
+use courier_proto::limits::is_relay_answer;
 use courier_proto::{ack_id, Address, ContentType, Message, UnreachableCause};
 use serde_json::Value;
 

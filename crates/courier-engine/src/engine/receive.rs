@@ -25,6 +25,17 @@ impl Engine {
     /// only carries (a parked message offered on park or probe): it is neither processed nor
     /// acknowledged (a `Debug` diagnostic), and is still an edge for the neighbor.
     pub(super) fn inbound(&mut self, message: Message, origin: InboundOrigin, now: Millis) {
+        if origin.carrier.is_addressed() && is_relay_answer(&message.content) {
+            // A relay's answer is never a message (`docs/protocol.md#client-processing-order`): dropped unprocessed
+            // and unacknowledged; its journal frame is released, it will not get better.
+            let text = format!(
+                "dropped {} from {}: a relay answer in the message plane",
+                message.id, origin.stamped_sender
+            );
+            self.diagnostic(DiagnosticLevel::Warn, text);
+            self.release_frame(&origin);
+            return;
+        }
         if message.ack_for().is_none()
             && matches!(origin.carrier, Carrier::Local(_))
             && !self.names_this_device(&message.recipient)

@@ -55,7 +55,7 @@ fn shape(sim: &Sim, mark: usize) -> Vec<&'static str> {
             Out::Transmit(Transmit {
                 kind: TransmitKind::ReleaseFrame { .. },
                 ..
-            }) => "hop_ack",
+            }) => "release",
             Out::Transmit(_) => "frame",
         })
         .collect()
@@ -80,7 +80,7 @@ fn a_new_message_is_processed_then_acknowledged() {
     sim.inbound(from_bob("b1"), over_relay(BOB, 7));
     assert_eq!(
         shape(&sim, mark),
-        ["mark_processed", "message_received", "ack", "hop_ack"]
+        ["mark_processed", "message_received", "ack", "release"]
     );
 
     let (
@@ -142,7 +142,7 @@ fn a_redelivery_is_acknowledged_again_but_not_dispatched() {
     sim.inbound(from_bob("b1"), over_relay(BOB, 7));
     let mark = sim.mark();
     sim.inbound(from_bob("b1"), over_relay(BOB, 8));
-    assert_eq!(shape(&sim, mark), ["ack", "hop_ack"]);
+    assert_eq!(shape(&sim, mark), ["ack", "release"]);
     assert_eq!(
         sent_ack(&sim, mark).unwrap().id,
         courier_proto::ack_id(BOB, "b1"),
@@ -158,7 +158,7 @@ fn dedup_survives_a_restart() {
     sim.restart();
     let mark = sim.mark();
     sim.inbound(from_bob("b1"), over_relay(BOB, 7));
-    assert_eq!(shape(&sim, mark), ["ack", "hop_ack"]);
+    assert_eq!(shape(&sim, mark), ["ack", "release"]);
 
     // Past the retention (28 days at the defaults) it is a new message again.
     sim.advance(28 * DAY);
@@ -180,7 +180,7 @@ fn no_ack_unless_asked_and_no_hop_ack_without_a_seq() {
     sim.inbound(message, over_relay(BOB, 3));
     assert_eq!(
         shape(&sim, mark),
-        ["mark_processed", "message_received", "hop_ack"]
+        ["mark_processed", "message_received", "release"]
     );
 
     sim.local_up(BLE);
@@ -226,7 +226,7 @@ fn only_the_recipient_settles_a_message() {
     // Mallory saw the frame and answers for it on her own connection.
     let mark = sim.mark();
     sim.inbound(genuine(&sim), over_relay("mallory", 1));
-    assert_eq!(shape(&sim, mark), ["diagnostic", "hop_ack"]);
+    assert_eq!(shape(&sim, mark), ["diagnostic", "release"]);
     // Bob's connection carries an ACK that claims to come from somebody else.
     let mut forged = genuine(&sim);
     forged.sender = "mallory".into();
@@ -253,4 +253,22 @@ fn only_the_recipient_settles_a_message() {
         sim.terminal(&id),
         Some((_, Event::MessageDelivered { hop_count: 3, .. }))
     ));
+}
+
+#[test]
+fn a_relay_answer_in_the_message_plane_is_dropped_and_released() {
+    let mut sim = Sim::with_defaults();
+    let mut answer = from_bob("b1");
+    answer.content = "__GROUP_INFO__{}".into();
+    let mark = sim.mark();
+    sim.inbound(answer, over_relay(BOB, 7));
+    assert_eq!(
+        shape(&sim, mark),
+        ["diagnostic", "release"],
+        "no ACK, no dispatch"
+    );
+    assert!(
+        sim.processed.is_empty(),
+        "not recorded: a good copy may still come"
+    );
 }
