@@ -1027,3 +1027,48 @@ async fn a_message_flood_is_read_no_faster_than_its_acks_can_be_written() {
     );
     alice.client.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_id_the_client_writes_is_a_uuid_and_a_re_ack_repeats_its_id() {
+    let relay = FakeRelay::bind().await;
+    let mut alice = Alice::start(&relay);
+    let mut link = relay.accept().await;
+
+    // An app id that is no UUID travels under its name-based UUID, the same one every time.
+    let sent = alice
+        .client
+        .send(SendInput {
+            recipient: "bob".into(),
+            content: "with my own id".into(),
+            id: Some("order-42".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(sent, "order-42", "the app keeps its own id");
+    let (frame_id, message) = link.next_send().await;
+    assert!(courier_proto::is_wire_id(&frame_id), "{frame_id}");
+    assert_eq!(frame_id, courier_proto::wire_id("order-42"));
+    assert_eq!(
+        message.id, frame_id,
+        "the end-to-end message carries the wire id"
+    );
+
+    // The recipient's ACK names the wire id, and settles the app's id.
+    link.deliver(&frame_id, &message, 1).await;
+    alice.assert_delivered("order-42").await;
+
+    // A message delivered twice is acknowledged twice under one UUID.
+    let content = message_from("bob", "bobs-note", "hello", true);
+    let mut acks = Vec::new();
+    for seq in [2, 3] {
+        link.send(&received(seq, "bob", &content)).await;
+        let (ack_frame_id, ack) = link.next_send().await;
+        assert_eq!(ack.ack_for(), Some("bobs-note"));
+        assert!(courier_proto::is_wire_id(&ack_frame_id), "{ack_frame_id}");
+        assert_eq!(ack.id, ack_frame_id);
+        acks.push(ack_frame_id);
+    }
+    assert_eq!(acks[0], acks[1], "a re-ACK repeats the first ACK's id");
+    assert_eq!(acks[0], courier_proto::ack_id("bob", "bobs-note"));
+}
