@@ -142,4 +142,16 @@ mod tests {
         c.backoff_multiplier = 1.0;
         assert_eq!(c.backoff_ms(3), u64::MAX);
     }
+
+    #[test]
+    fn dedup_outlives_the_senders_absolute_lifetime_and_never_drops_below_28_days() {
+        const DAY: u64 = 24 * 3600 * 1000;
+        let mut c = Config::new("app");
+        assert_eq!(c.dedup_retention_ms(), 28 * DAY);
+        c.outbox_max_lifetime_ms = DAY;
+        assert_eq!(c.absolute_lifetime_ms(), 4 * DAY);
+        assert_eq!(c.dedup_retention_ms(), 28 * DAY, "a short lifetime keeps 28 days");
+        c.outbox_max_lifetime_ms = 10 * DAY;
+        assert_eq!(c.dedup_retention_ms(), 40 * DAY, "a long one is outlived");
+    }
 }
