@@ -111,4 +111,21 @@ mod tests {
         );
         assert!(!dedup.first_sighting(&key("c"), 1004));
     }
+
+    #[test]
+    fn a_key_recorded_twice_counts_once_against_the_bound() {
+        let mut dedup = Dedup::new(2, 1000);
+        dedup.record(key("a"), 0);
+        dedup.record(key("a"), 1);
+        dedup.record(key("b"), 2);
+        assert!(dedup.contains(&key("a"), 3), "a holds one of the two places");
+        assert!(dedup.contains(&key("b"), 3));
+    }
+
+    #[test]
+    fn a_zero_bound_remembers_nothing() {
+        let mut dedup = Dedup::new(0, 1000);
+        assert!(dedup.first_sighting(&key("a"), 0));
+        assert!(dedup.first_sighting(&key("a"), 1));
+    }
 }

@@ -804,6 +804,7 @@ fn a_batch_the_hook_does_not_settle_in_time_counts_as_refused() {
     });
     sim.carrier_up();
     deliver(&mut sim, "b1", 11);
+    assert_eq!(sim.engine.inbound_buffered(), 1);
     let first = sim.poll_hook().unwrap();
     assert_eq!(
         sim.engine.next_deadline(),
@@ -848,4 +849,5 @@ fn a_batch_the_hook_does_not_settle_in_time_counts_as_refused() {
         shape(&sim, mark),
         ["commit", "release", "ack", "message_received"]
     );
+    assert_eq!(sim.engine.inbound_buffered(), 0);
 }
