@@ -27,9 +27,14 @@ export declare class NativeProtocol {
   constructor(configJson: string)
   /** Configuration warnings worth a log line (for example a lifetime beyond the signature window). */
   get warnings(): Array<string>
-  start(onEvent: (event: string) => void): Promise<void>
   /**
-   * Stops carriers and timers and releases storage; the event callback is released with the
+   * Starts the client with the application's callbacks: events, durability hook batches,
+   * app carrier frames. Resolves once the app carriers registered so far are up for
+   * `stats()`.
+   */
+  start(onEvent: (event: string) => void, onHookBatch: (batch: NativeHookBatch) => void, onAppCarrierSend: (send: NativeAppCarrierSend) => void): Promise<void>
+  /**
+   * Stops carriers and timers and releases storage; the callbacks are released with the
    * driver, so nothing keeps the process alive afterwards.
    */
   stop(): Promise<void>
@@ -49,10 +54,10 @@ export declare class NativeProtocol {
   neighborDiscovered(peerId: string, transport: string): void
   neighborLost(peerId: string, transport: string): void
   receiveFrame(transport: string, peerId: string, frame: Buffer): void
-  /** The facade's report on a durability hook call (`__hook_call`). */
+  /** The facade's report on a durability hook batch (`onHookBatch`). */
   hookDone(batchId: number, ok: boolean, reason?: string | undefined | null): void
-  /** The facade's report on a frame an app carrier was handed (`__local_transmit`). */
-  localTransmitDone(messageId: string, sendSeq: number, ok: boolean, reason?: string | undefined | null): void
+  /** The facade's report on a frame an app carrier was handed (`onAppCarrierSend`). */
+  appCarrierSendDone(messageId: string, sendSeq: number, ok: boolean, reason?: string | undefined | null): void
   /** This device's `off1` address (after `start()`). */
   localAddress(): string
   internetPresenceWatchlist(): Array<string>
@@ -75,6 +80,37 @@ export declare function gatewayCliHelp(): string
 /** An HS256 JWT for `account`, valid for `expiresInSec` (default one day). */
 export declare function issueToken(secret: string, account: string, expiresInSec?: number | undefined | null): string
 
+/** A frame for the app carrier `carrier` to hand to `peer`. */
+export interface NativeAppCarrierSend {
+  carrier: string
+  peer: string
+  frame: Uint8Array
+  /** What the facade reports with `appCarrierSendDone`; absent for a delivery ACK. */
+  attempt?: NativeSendAttempt
+}
+
+/** A batch for the durability hook; the facade reports it with `hookDone(batchId, …)`. */
+export interface NativeHookBatch {
+  batchId: number
+  messages: Array<NativeInboundMessage>
+}
+
+/** `InboundMessage` in `js/index.d.ts`, before the facade turns binary content into bytes. */
+export interface NativeInboundMessage {
+  chat: string
+  sender: string
+  messageId: string
+  content: string
+  /** Binary content as base64, as in a `message_received` event. */
+  binaryContent?: string
+  contentType: string
+  /** Epoch milliseconds. */
+  timestamp: number
+  metadata: Record<string, string>
+  /** `'live'`, `'drain'` or `'redelivery'`. */
+  origin: string
+}
+
 /**
  * `stats()` of a relay: `RelayStats` in `js/index.d.ts`. Counts cross as JS numbers, exact up
  * to 2^53.
@@ -88,6 +124,12 @@ export interface NativeRelayStats {
   storedFrames: number
   /** Presence watches held for connected clients. */
   watches: number
+}
+
+/** Attempt `sendSeq` of the message whose wire id is `messageId`. */
+export interface NativeSendAttempt {
+  messageId: string
+  sendSeq: number
 }
 
 export interface NativeSendInput {

@@ -13,7 +13,7 @@ import { test } from 'node:test'
 import { fileURLToPath } from 'node:url'
 
 import { Gateway, Protocol } from '../js/index.js'
-import { peerConfig, record, startRelay, started, tempDir, unsignedControlFrame, waitFor } from './helpers.mjs'
+import { peerConfig, record, startRelay, started, tempDir, unsignedControlFrame, until, waitFor } from './helpers.mjs'
 
 /** Declared keys no run of this test can produce, and why. */
 const NOT_PRODUCED_HERE = {
@@ -100,6 +100,7 @@ test('every public event occurs, and each matches its declared type', async (t) 
   const relay = await startRelay(t)
   const bobBefore = watch(await started(t, peerConfig('bob', dir, relay.url)))
   await bobBefore.protocol.stop()
+  await until(() => relay.stats().connections === 0, { what: 'the relay to see bob leave' })
   const alice = watch(await started(t, peerConfig('alice', dir, relay.url, { logLevel: 'info' })))
   const stored = await alice.protocol.sendMessage('bob', 'kept by the relay')
   await waitFor(alice.recorder, (e) => e.type === 'message_stored' && e.messageId === stored)

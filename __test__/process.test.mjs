@@ -166,6 +166,8 @@ test('terminal events committed while the JS thread is blocked reach the app aft
   // bob is unknown to the relay until he connects: park first, so the ACKs come after the block.
   const bobKnown = await started(t, peerConfig('bob', dir, relay.url))
   await bobKnown.protocol.stop()
+  // Only alice is connected once the relay saw bob leave: the sends find him offline.
+  await until(() => relay.stats().connections === 1, { what: 'the relay to see bob leave' })
   const ids = []
   for (let i = 0; i < 3; i++) ids.push(await first.request({ cmd: 'send', recipient: 'bob', content: `m${i}` }))
   await first.waitFor((e) => e.type === 'message_stored' && e.messageId === ids.at(-1))

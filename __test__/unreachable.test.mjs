@@ -4,7 +4,7 @@ import assert from 'node:assert/strict'
 import { test } from 'node:test'
 
 import { Protocol, Relay } from '../js/index.js'
-import { SECRET, ofType, peerConfig, record, started, tempDir, unsignedControlFrame, until, waitFor } from './helpers.mjs'
+import { SECRET, ofType, peerConfig, record, startRelay, started, tempDir, unsignedControlFrame, until, waitFor } from './helpers.mjs'
 import { PipeCarrier } from './pipe-carrier.mjs'
 
 
@@ -19,6 +19,7 @@ test('an offline recipient parks the message; presence brings it back before any
   const relay = await noMailboxRelay(t)
   const bobFirst = await started(t, peerConfig('bob', dir, relay.url))
   await bobFirst.protocol.stop() // the relay knows bob; bob is offline now
+  await until(() => relay.stats().connections === 0, { what: 'the relay to see bob leave' })
 
   const alice = await started(t, peerConfig('alice', dir, relay.url))
   const id = await alice.protocol.sendMessage('bob', 'are you back?')
@@ -120,8 +121,8 @@ test('a transport registered before start() carries messages, and stays register
   t.after(() => alice.stop())
   await bob.start()
   t.after(() => bob.stop())
-  // stats() follows the driver, which applies the registration just after start() resolved.
-  await until(() => alice.stats().carriersUp === 1, { what: 'the pipe carrier up' })
+  // start() resolves with the carriers registered before it up.
+  assert.equal(alice.stats().carriersUp, 1)
   pipe.link()
 
   const first = await alice.sendMessage('bob', 'over a carrier set up before start')
@@ -132,11 +133,51 @@ test('a transport registered before start() carries messages, and stays register
 
   await alice.stop()
   await alice.start()
-  await until(() => alice.stats().carriersUp === 1, { what: 'the pipe carrier up again' })
+  assert.equal(alice.stats().carriersUp, 1)
   assert.throws(() => alice.registerTransport('pipe', { send: async () => {} }), (e) => e.code === 'ERR_INVALID_ARGUMENT')
   pipe.link()
   const second = await alice.sendMessage('bob', 'after a restart')
   const again = await waitFor(bobEvents, (e) => e.type === 'message_received' && e.messageId === second)
   assert.equal(again.transport, 'pipe')
   await waitFor(aliceEvents, (e) => e.type === 'message_delivered' && e.messageId === second && e.transport === 'pipe')
+})
+
+test('message_undeliverable says the relay\'s cause: unknown_recipient', async (t) => {
+  const dir = tempDir(t)
+  const relay = await startRelay(t)
+  const alice = await started(t, peerConfig('alice', dir, relay.url))
+  const id = await alice.protocol.sendMessage('never-seen', 'to an account the relay never saw')
+  const e = await waitFor(alice.recorder, (e) => e.type === 'message_undeliverable' && e.messageId === id)
+  assert.equal(e.reasonCode, 'unknown_recipient')
+  assert.equal(e.recipient, 'never-seen')
+  assert.ok(e.reason.length > 0)
+})
+
+test('message_undeliverable says the relay\'s cause: offline_no_mailbox', async (t) => {
+  const dir = tempDir(t)
+  const relay = await noMailboxRelay(t)
+  const bob = await started(t, peerConfig('bob', dir, relay.url))
+  await bob.protocol.stop() // the relay knows bob; bob is offline, and there is no mailbox
+  await until(() => relay.stats().connections === 0, { what: 'the relay to see bob leave' })
+  const alice = await started(t, peerConfig('alice', dir, relay.url))
+  const id = await alice.protocol.sendMessage('bob', 'nowhere to keep it')
+  const e = await waitFor(alice.recorder, (e) => e.type === 'message_undeliverable' && e.messageId === id)
+  assert.equal(e.reasonCode, 'offline_no_mailbox')
+  assert.ok(e.reason.length > 0)
+})
+
+test('message_undeliverable says the relay\'s cause: mailbox_full', async (t) => {
+  const dir = tempDir(t)
+  const relay = await startRelay(t, { mailbox: { maxMessages: 1 } })
+  const bob = await started(t, peerConfig('bob', dir, relay.url))
+  await bob.protocol.stop() // the relay knows bob; bob is offline, and his mailbox holds one
+  await until(() => relay.stats().connections === 0, { what: 'the relay to see bob leave' })
+  const alice = await started(t, peerConfig('alice', dir, relay.url))
+  const kept = await alice.protocol.sendMessage('bob', 'fills the mailbox')
+  await waitFor(alice.recorder, (e) => e.type === 'message_stored' && e.messageId === kept)
+  const id = await alice.protocol.sendMessage('bob', 'one too many')
+  const e = await waitFor(alice.recorder, (e) => e.type === 'message_undeliverable' && e.messageId === id)
+  assert.equal(e.reasonCode, 'mailbox_full')
+  assert.ok(e.reason.length > 0)
+  assert.equal(alice.recorder.events.filter((e) => e.type === 'message_undeliverable' && e.messageId === kept).length, 0)
 })

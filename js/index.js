@@ -107,7 +107,13 @@ class Protocol {
 
   /** Opens storage, restores the outbox and connects the carriers. */
   async start() {
-    await call(this.#native.start((json) => this.#dispatch(json)))
+    await call(
+      this.#native.start(
+        (json) => this.#dispatch(json),
+        (batch) => this.#callHook(batch),
+        (send) => this.#appCarrierSend(send),
+      ),
+    )
   }
 
   /** Stops timers and carriers and flushes storage; the process can then exit by itself. */
@@ -224,12 +230,13 @@ class Protocol {
     return callSync(() => this.#native.internetPresenceWatchlist())
   }
 
-  #localTransmit({ carrier, peer, frame, messageId, sendSeq }) {
+  /** Hands a frame to an app carrier; an outbox frame's `attempt` is reported written or failed. */
+  #appCarrierSend({ carrier, peer, frame, attempt }) {
     const transport = this.#transports.get(carrier)
     const report = (ok, reason) => {
-      if (messageId == null) return
+      if (attempt == null) return
       try {
-        this.#native.localTransmitDone(messageId, sendSeq, ok, reason)
+        this.#native.appCarrierSendDone(attempt.messageId, attempt.sendSeq, ok, reason)
       } catch {
         // Stopped meanwhile: the restored outbox sends it again.
       }
@@ -238,7 +245,7 @@ class Protocol {
     // A send that never settles is failed by the engine's app-carrier send deadline
     // (docs/delivery.md#app-carrier-send-deadline); its late report is then stale.
     Promise.resolve()
-      .then(() => transport.send(peer, new Uint8Array(Buffer.from(frame, 'utf8'))))
+      .then(() => transport.send(peer, frame))
       .then(
         () => report(true, null),
         (e) => report(false, String((e && e.message) || e)),
@@ -285,8 +292,6 @@ class Protocol {
 
   #dispatch(json) {
     const event = eventFromJson(json)
-    if (event.type === '__hook_call') return this.#callHook(event)
-    if (event.type === '__local_transmit') return this.#localTransmit(event)
     for (const stream of this.#streams) stream.push(event)
     for (const listener of [...this.#listeners]) {
       try {

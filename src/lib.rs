@@ -5,26 +5,23 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
+use courier_client::app::SendAttempt;
 use courier_client::client::{Client, SendInput};
 use courier_client::config::{parse_protocol_config, ProtocolConfig};
-use courier_client::driver::{EventSink, Receipts};
+use courier_client::driver::Receipts;
 use courier_client::error::ClientError;
-use courier_client::event::ClientEvent;
 use napi::bindgen_prelude::{Buffer, Env, PromiseRaw};
-use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
-use napi::Status;
 use napi_derive::napi;
 
+use crate::app::{AppCarrierSendCallback, EventCallback, Gate, HookBatchCallback, JsApp, Opener};
 use crate::error::{client_error, coded, Code, Result, Settled};
 
+mod app;
 mod error;
 pub mod gateway;
 mod options;
 pub mod relay;
 mod running;
-
-/// Events cross as JSON text: one string per event, parsed by the facade's dispatcher.
-type EventCallback = ThreadsafeFunction<String, (), String, Status, false>;
 
 #[napi(object)]
 pub struct NativeSendInput {
@@ -68,7 +65,8 @@ pub struct NativeProtocol {
     state: Mutex<State>,
     /// The app carriers registered so far, before or after `start()`: each start registers them
     /// with its client, so they survive `stop()`. Held while a start moves to `Started`, so a
-    /// registration is applied exactly once, by the start or by the registration.
+    /// registration is applied exactly once: by the start (at launch, or after it for one made
+    /// while starting) or by the registration.
     transports: Mutex<BTreeSet<String>>,
 }
 
@@ -94,15 +92,32 @@ impl NativeProtocol {
         self.config.warnings.clone()
     }
 
+    /// Starts the client with the application's callbacks: events, durability hook batches,
+    /// app carrier frames. Resolves once the app carriers registered so far are up for
+    /// `stats()`.
     #[napi(
-        ts_args_type = "onEvent: (event: string) => void",
+        ts_args_type = "onEvent: (event: string) => void, onHookBatch: (batch: NativeHookBatch) => void, onAppCarrierSend: (send: NativeAppCarrierSend) => void",
         ts_return_type = "Promise<void>"
     )]
-    pub async fn start(&self, on_event: EventCallback) -> Settled<()> {
-        self.start_with(on_event).await.into()
+    pub async fn start(
+        &self,
+        on_event: EventCallback,
+        on_hook_batch: HookBatchCallback,
+        on_app_carrier_send: AppCarrierSendCallback,
+    ) -> Settled<()> {
+        let gate = Gate::default();
+        let opener = Opener(gate.clone());
+        let make_app = move |receipts: Receipts| JsApp {
+            on_event,
+            on_hook_batch,
+            on_app_carrier_send,
+            receipts,
+            gate: Some(gate),
+        };
+        self.start_with(make_app, opener).await.into()
     }
 
-    /// Stops carriers and timers and releases storage; the event callback is released with the
+    /// Stops carriers and timers and releases storage; the callbacks are released with the
     /// driver, so nothing keeps the process alive afterwards.
     #[napi(ts_return_type = "Promise<void>")]
     pub async fn stop(&self) -> Settled<()> {
@@ -213,7 +228,7 @@ impl NativeProtocol {
             .map_err(client_error)
     }
 
-    /// The facade's report on a durability hook call (`__hook_call`).
+    /// The facade's report on a durability hook batch (`onHookBatch`).
     #[napi]
     pub fn hook_done(&self, batch_id: i64, ok: bool, reason: Option<String>) -> Result<()> {
         let batch_id = u64::try_from(batch_id)
@@ -227,9 +242,9 @@ impl NativeProtocol {
         Ok(())
     }
 
-    /// The facade's report on a frame an app carrier was handed (`__local_transmit`).
+    /// The facade's report on a frame an app carrier was handed (`onAppCarrierSend`).
     #[napi]
-    pub fn local_transmit_done(
+    pub fn app_carrier_send_done(
         &self,
         message_id: String,
         send_seq: i64,
@@ -243,8 +258,11 @@ impl NativeProtocol {
         } else {
             Err(reason.unwrap_or_else(|| "the transport's send failed".into()))
         };
-        self.started()?
-            .local_transmit_done(message_id, send_seq, result);
+        let attempt = SendAttempt {
+            message_id,
+            send_seq,
+        };
+        self.started()?.app_carrier_send_done(attempt, result);
         Ok(())
     }
 
@@ -266,7 +284,16 @@ impl NativeProtocol {
 }
 
 impl NativeProtocol {
-    async fn start_with(&self, on_event: EventCallback) -> Result<()> {
+    /// Starts the client; the driver hands the facade nothing until `opener` is dropped, which
+    /// happens once the protocol is started (or the start failed).
+    async fn start_with(
+        &self,
+        make_app: impl FnOnce(Receipts) -> JsApp + Send + 'static,
+        opener: Opener,
+    ) -> Result<()> {
+        let mut config = self.config.clone();
+        config.app_carriers = self.lock_transports()?.clone();
+        let at_launch = config.app_carriers.clone();
         {
             let mut state = self.lock()?;
             if !matches!(*state, State::Stopped) {
@@ -274,33 +301,9 @@ impl NativeProtocol {
             }
             *state = State::Starting;
         }
-        // Events are queued for the JS thread. A terminal event is confirmed from the call's
-        // completion, once the facade's dispatcher has run the listeners: until then it stays
-        // held in storage, so a kill before the listeners ran means a replay, never a loss.
-        let make_sink = move |receipts: Receipts| -> EventSink {
-            Box::new(move |event: ClientEvent| {
-                let json = event.to_json().to_string();
-                let Some(message_id) = event.terminal_message_id() else {
-                    on_event.call(json, ThreadsafeFunctionCallMode::NonBlocking);
-                    return;
-                };
-                let (message_id, receipts) = (message_id.to_owned(), receipts.clone());
-                on_event.call_with_return_value(
-                    json,
-                    ThreadsafeFunctionCallMode::NonBlocking,
-                    move |ran, _| {
-                        if ran.is_ok() {
-                            receipts.seen(message_id);
-                        }
-                        Ok(())
-                    },
-                );
-            })
-        };
-        let config = self.config.clone();
         let runtime = tokio::runtime::Handle::current();
         let started = tokio::task::spawn_blocking(move || {
-            Client::start_with_receipts(&config, make_sink, &runtime)
+            Client::start_with_receipts(&config, make_app, &runtime)
         })
         .await
         .map_err(|e| coded(Code::INTERNAL, e))
@@ -312,19 +315,26 @@ impl NativeProtocol {
         })?;
         let client = Arc::new(client);
         let applied = self.lock_transports().and_then(|transports| {
-            for name in transports.iter() {
+            // Registered while the client was starting.
+            for name in transports.difference(&at_launch) {
                 client.register_transport(name).map_err(client_error)?;
             }
             *self.lock()? = State::Started(client.clone());
             Ok(())
         });
+        drop(opener);
         if applied.is_err() {
             client.stop().await;
             if let Ok(mut state) = self.state.lock() {
                 *state = State::Stopped;
             }
+            return applied;
         }
-        applied
+        // A registration made while starting is applied and published before `start()`
+        // resolves, so the app reads its carriers as up. An error only means a `stop()` came
+        // first.
+        let _ = client.sync().await;
+        Ok(())
     }
 
     async fn stop_with(&self) -> Result<()> {

@@ -12,11 +12,12 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use crate::app::{App, LevelFiltered, SendAttempt};
 use crate::carrier::gateway::{self, GatewayOut, GatewaySettings};
 use crate::carrier::relay::{self, RelayOut, RelaySettings};
 use crate::carrier::tls;
 use crate::config::{ProtocolConfig, StorageConfig};
-use crate::driver::{self, Command, Driver, DriverTx, EventSink, Published, Receipts, Wiring};
+use crate::driver::{self, Command, Driver, DriverTx, Published, Receipts, Wiring};
 use crate::error::ClientError;
 use crate::event::ClientEvent;
 use crate::store::MessageStatus;
@@ -64,30 +65,37 @@ impl Client {
     }
 
     /// Opens storage (refused if another `Protocol` holds it), restores the outbox with a
-    /// refreshed window, starts the driver and connects the carriers. For a sink that handles
-    /// each event before it returns: a terminal event counts as reported once dispatched.
+    /// refreshed window, registers `config.app_carriers`, starts the driver and connects the
+    /// carriers; what they produce goes to `app`. For an app that handles each event before [`App::event`] returns: a terminal
+    /// event counts as reported once dispatched.
     pub fn start(
         config: &ProtocolConfig,
-        sink: EventSink,
+        app: impl App,
         runtime: &Handle,
     ) -> Result<Self, ClientError> {
-        Self::launch(config, |_| sink, false, runtime)
+        Self::launch(config, |_| Box::new(app), false, runtime)
     }
 
-    /// For a sink that queues events for another thread: `make_sink` gets the [`Receipts`]
-    /// through which the application confirms each terminal event once its listeners ran. An
-    /// event not confirmed stays held in storage, and the next start emits it again.
-    pub fn start_with_receipts(
+    /// For an app whose [`App::event`] queues events for another thread: `make_app` gets the
+    /// [`Receipts`] through which the application confirms each terminal event once its
+    /// listeners ran. An event not confirmed stays held in storage, and the next start emits
+    /// it again.
+    pub fn start_with_receipts<A: App>(
         config: &ProtocolConfig,
-        make_sink: impl FnOnce(Receipts) -> EventSink,
+        make_app: impl FnOnce(Receipts) -> A,
         runtime: &Handle,
     ) -> Result<Self, ClientError> {
-        Self::launch(config, make_sink, true, runtime)
+        Self::launch(
+            config,
+            |receipts| Box::new(make_app(receipts)),
+            true,
+            runtime,
+        )
     }
 
     fn launch(
         config: &ProtocolConfig,
-        make_sink: impl FnOnce(Receipts) -> EventSink,
+        make_app: impl FnOnce(Receipts) -> Box<dyn App>,
         receipts: bool,
         runtime: &Handle,
     ) -> Result<Self, ClientError> {
@@ -114,19 +122,21 @@ impl Client {
         })?;
         let identity = IdentityKey::from_seed(seed);
         let address = identity.address().to_string();
-        let engine = driver::restored_engine(&mut store, &config.engine, &address, now)?;
+        for name in &config.app_carriers {
+            Self::check_transport_name(name)?;
+        }
+        let mut engine = driver::restored_engine(&mut store, &config.engine, &address, now)?;
+        // Before the driver publishes anything, and before any carrier reports: every getter
+        // and every event sees these carriers up.
+        for name in &config.app_carriers {
+            engine.handle(Input::CarrierUp(Carrier::Local(name.clone())), now);
+        }
 
         let (driver_tx, driver_rx) = driver::channel();
-        let sink = make_sink(Receipts::new(driver_tx.clone()));
-        let threshold = config.log_level;
-        let sink: EventSink = Box::new(move |event: ClientEvent| {
-            if event
-                .diagnostic_level()
-                .is_none_or(|level| threshold.admits(level))
-            {
-                sink(event);
-            }
-        });
+        let app = LevelFiltered {
+            app: make_app(Receipts::new(driver_tx.clone())),
+            threshold: config.log_level,
+        };
         // The first event of every start: the address this device sends as.
         driver_tx.send(Command::Emit(ClientEvent::IdentityReady {
             address: address.clone(),
@@ -169,7 +179,7 @@ impl Client {
         let published = Published::default();
         let wiring = Wiring {
             rx: driver_rx,
-            sink,
+            app: Box::new(app),
             relay: relay.as_ref().map(|(tx, _)| tx.clone()),
             gateway: gateway.as_ref().map(|(tx, _)| tx.clone()),
             published: published.clone(),
@@ -194,7 +204,7 @@ impl Client {
             relay_tx,
             gateway_tx,
             published,
-            transports: Mutex::new(BTreeSet::new()),
+            transports: Mutex::new(config.app_carriers.clone()),
             running: Mutex::new(Some(Running {
                 driver_thread,
                 relay_task,
@@ -227,6 +237,14 @@ impl Client {
         let (reply, rx) = oneshot::channel();
         self.driver.send(Command::Status { id, reply });
         rx.await.map_err(|_| ClientError::NotStarted)?
+    }
+
+    /// Resolves once every call made before it has been applied and what the getters read
+    /// ([`stats`](Self::stats), [`presence_watchlist`](Self::presence_watchlist)) reflects it.
+    pub async fn sync(&self) -> Result<(), ClientError> {
+        let (reply, rx) = oneshot::channel();
+        self.driver.send(Command::Sync(reply));
+        rx.await.map_err(|_| ClientError::NotStarted)
     }
 
     /// The counts as of the driver's last step.
@@ -351,8 +369,15 @@ impl Client {
         self.driver.input(Input::HookResult { batch_id, result });
     }
 
-    /// The app carrier's verdict on an outbox frame it was handed.
-    pub fn local_transmit_done(&self, id: String, send_seq: u64, result: Result<(), String>) {
+    /// The app carrier's verdict on `attempt` ([`AppCarrierSend::attempt`]): the frame was
+    /// written, or not (`Err` carries the carrier's reason).
+    ///
+    /// [`AppCarrierSend::attempt`]: crate::app::AppCarrierSend::attempt
+    pub fn app_carrier_send_done(&self, attempt: SendAttempt, result: Result<(), String>) {
+        let SendAttempt {
+            message_id: id,
+            send_seq,
+        } = attempt;
         self.driver.input(match result {
             Ok(()) => Input::Written { id, send_seq },
             Err(reason) => Input::SendFailed {

@@ -6,6 +6,7 @@
 //! (`reliability.retry.initialDelayMs`) and whose `message` says what is wrong; `Display` joins
 //! them with a space.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
@@ -176,6 +177,9 @@ pub struct ProtocolConfig {
     pub log_level: LogLevel,
     /// Valid but questionable settings, for the runtime to surface as `diagnostic` events.
     pub warnings: Vec<String>,
+    /// Not in the JSON config: the app carriers to register at start, up from the first step
+    /// (the Node binding's `registerTransport` calls made before `start()`). Empty once parsed.
+    pub app_carriers: BTreeSet<String>,
 }
 
 const ROOT_KEYS: &[&str] = &[
@@ -262,6 +266,7 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
         inbound_durability_hook_timeout_ms,
         log_level,
         warnings,
+        app_carriers: BTreeSet::new(),
     })
 }
 

@@ -42,20 +42,6 @@ pub enum ClientEvent {
         message_id: String,
         json: Value,
     },
-    /// Internal, never shown to listeners: the facade calls the app's durability hook with the
-    /// batch and reports the outcome back as `hookDone(batchId, ok, reason)`.
-    HookCall {
-        batch_id: u64,
-        messages: Vec<courier_engine::HookMessage>,
-    },
-    /// Internal, never shown to listeners: the facade hands `frame` to the app carrier's
-    /// `send(peer, bytes)` and reports `(message_id, send_seq)` back as written or failed.
-    LocalTransmit {
-        carrier: String,
-        peer: String,
-        frame: String,
-        report: Option<(String, u64)>,
-    },
 }
 
 impl From<Event> for ClientEvent {
@@ -131,19 +117,6 @@ impl ClientEvent {
             Self::IdentityReady { address } => {
                 json!({"type": "identity_ready", "address": address})
             }
-            Self::HookCall { batch_id, messages } => json!({
-                "type": "__hook_call", "batchId": batch_id,
-                "messages": messages.iter().map(inbound_message_json).collect::<Vec<_>>(),
-            }),
-            Self::LocalTransmit {
-                carrier,
-                peer,
-                frame,
-                report,
-            } => json!({
-                "type": "__local_transmit", "carrier": carrier, "peer": peer, "frame": frame,
-                "messageId": report.as_ref().map(|r| &r.0), "sendSeq": report.as_ref().map(|r| r.1),
-            }),
             Self::Diagnostic {
                 level,
                 message,
@@ -153,21 +126,6 @@ impl ClientEvent {
             }
         }
     }
-}
-
-/// `InboundMessage` (`js/index.d.ts`, `docs/delivery.md#batches`): what the durability hook
-/// receives for each message.
-fn inbound_message_json(m: &courier_engine::HookMessage) -> Value {
-    let mut v = json!({
-        "chat": m.key.chat, "sender": m.key.sender, "messageId": m.key.message_id,
-        "content": m.message.content, "contentType": m.message.content_type.as_str(),
-        "timestamp": m.message.timestamp, "metadata": m.message.metadata,
-        "origin": m.origin.as_str(),
-    });
-    if let Some(Value::String(b64)) = &m.message.binary_content {
-        v["binaryContent"] = Value::String(b64.clone());
-    }
-    v
 }
 
 fn engine_event_json(e: &Event) -> Value {

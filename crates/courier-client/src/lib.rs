@@ -1,6 +1,7 @@
 //! The offline-courier runtime: one driver thread owns the engine and the SQLite store, a tokio
 //! runtime moves bytes for the carriers, and the application talks to it through a `Client`.
 
+pub mod app;
 pub mod carrier;
 pub mod client;
 pub mod config;

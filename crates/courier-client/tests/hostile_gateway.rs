@@ -473,9 +473,9 @@ async fn a_flood_of_messages_is_read_no_faster_than_the_app_takes_it() {
     let taken = Arc::new(AtomicU64::new(0));
     let widest_gap = Arc::new(AtomicU64::new(0));
     let (tx, events) = mpsc::channel();
-    let sink = {
+    let app = {
         let (written, taken, widest_gap) = (written.clone(), taken.clone(), widest_gap.clone());
-        Box::new(move |e: ClientEvent| {
+        support::Events(move |e: ClientEvent| {
             let flood = matches!(&e, ClientEvent::Engine(e) if matches!(&**e, Event::MessageReceived { message, .. } if message.id.starts_with("flood-")));
             if flood {
                 let taken = taken.fetch_add(1, Ordering::SeqCst) + 1;
@@ -489,7 +489,7 @@ async fn a_flood_of_messages_is_read_no_faster_than_the_app_takes_it() {
     };
     let client = Client::start(
         &config(&gateway.address),
-        sink,
+        app,
         &tokio::runtime::Handle::current(),
     )
     .unwrap();

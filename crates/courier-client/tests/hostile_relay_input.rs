@@ -887,9 +887,9 @@ async fn a_flood_of_100_000_frames_is_read_no_faster_than_the_app_takes_it() {
     let taken = Arc::new(AtomicU64::new(0));
     let widest_gap = Arc::new(AtomicU64::new(0));
     let (tx, rx) = mpsc::channel();
-    let sink = {
+    let app = {
         let (read, taken, widest_gap) = (read.clone(), taken.clone(), widest_gap.clone());
-        Box::new(move |e: ClientEvent| {
+        support::Events(move |e: ClientEvent| {
             if server_message(&e).is_some_and(|j| j.contains("\"Flood\"")) {
                 let taken = taken.fetch_add(1, Ordering::SeqCst) + 1;
                 let gap = read.load(Ordering::SeqCst).saturating_sub(taken);
@@ -902,7 +902,7 @@ async fn a_flood_of_100_000_frames_is_read_no_faster_than_the_app_takes_it() {
     };
     let client = Client::start(
         &config(&relay, &dir),
-        sink,
+        app,
         &tokio::runtime::Handle::current(),
     )
     .unwrap();

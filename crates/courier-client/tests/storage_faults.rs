@@ -260,7 +260,7 @@ fn a_start_on_a_faulty_file_system_fails_cleanly_and_leaves_the_store_as_it_was(
         let filler = fill(&dir);
         let err = Client::start(
             &parse_protocol_config(&config("q", &dir.join("new.db"), offline)).unwrap(),
-            Box::new(|_| {}),
+            support::Events(|_| {}),
             &tokio::runtime::Handle::current(),
         )
         .err()
@@ -273,7 +273,7 @@ fn a_start_on_a_faulty_file_system_fails_cleanly_and_leaves_the_store_as_it_was(
         remount(&dir, "ro");
         let err = Client::start(
             &parse_protocol_config(&config("p", &db, offline)).unwrap(),
-            Box::new(|_| {}),
+            support::Events(|_| {}),
             &tokio::runtime::Handle::current(),
         )
         .err()
@@ -306,7 +306,7 @@ fn a_damaged_database_fails_the_start_and_is_not_replaced() {
         let files = snapshot(dir.path());
         let err = Client::start(
             &parse_protocol_config(&config("p", &db, "ws://127.0.0.1:9")).unwrap(),
-            Box::new(|_| {}),
+            support::Events(|_| {}),
             &tokio::runtime::Handle::current(),
         )
         .err()

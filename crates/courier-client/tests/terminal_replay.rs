@@ -6,7 +6,7 @@ mod support;
 
 use courier_client::client::Client;
 use courier_client::config::parse_protocol_config;
-use courier_client::driver::{EventSink, Receipts};
+use courier_client::driver::Receipts;
 use courier_client::event::ClientEvent;
 use courier_client::store::{Reports, Store};
 use courier_engine::io::{Settlement, StoreOp};
@@ -128,8 +128,8 @@ fn start_with_receipts(
     confirm: bool,
 ) -> (Client, std::sync::mpsc::Receiver<ClientEvent>) {
     let (tx, events) = std::sync::mpsc::channel();
-    let make_sink = move |receipts: Receipts| -> EventSink {
-        Box::new(move |e: ClientEvent| {
+    let make_app = move |receipts: Receipts| {
+        support::Events(move |e: ClientEvent| {
             if let (true, Some(id)) = (confirm, e.terminal_message_id()) {
                 receipts.seen(id.to_owned());
             }
@@ -137,7 +137,7 @@ fn start_with_receipts(
         })
     };
     let client =
-        Client::start_with_receipts(config, make_sink, &tokio::runtime::Handle::current()).unwrap();
+        Client::start_with_receipts(config, make_app, &tokio::runtime::Handle::current()).unwrap();
     (client, events)
 }
 

@@ -394,8 +394,9 @@ impl<'a> Session<'a> {
             DiagnosticLevel::Info,
             "gateway attached".to_owned(),
         );
-        status(self.driver, true, true);
         self.driver.input(Input::CarrierUp(Carrier::Gateway));
+        // After the engine heard of it: a listener of the event reads the gateway as up.
+        status(self.driver, true, true);
         let loss = loop {
             let overdue = self.answers.next_deadline();
             let step = tokio::select! {

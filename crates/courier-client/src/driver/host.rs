@@ -1,5 +1,6 @@
 //! How the driver carries out a step's stages (`courier_engine::step::Host`): SQLite for the
-//! commit, the sink for events and hook batches, the carrier tasks for transmits.
+//! commit, the application's callbacks for events, hook batches and app carrier frames, the
+//! carrier tasks for the relay's and the gateway's frames.
 
 use std::collections::HashSet;
 use std::ops::ControlFlow;
@@ -9,7 +10,8 @@ use courier_engine::{Carrier, Engine, HookBatch, PresenceChange, StoreOp, Transm
 use courier_proto::{ClientFrame, Message};
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 
-use super::{EventSink, Published};
+use super::Published;
+use crate::app::{App, AppCarrierSend, SendAttempt};
 use crate::carrier::gateway::GatewayOut;
 use crate::carrier::relay::RelayOut;
 use crate::carrier::Submit;
@@ -27,7 +29,7 @@ pub(super) struct CommitFailed {
 
 pub(super) struct StepHost<'a> {
     pub store: &'a mut Store,
-    pub sink: &'a EventSink,
+    pub app: &'a mut dyn App,
     pub relay: Option<&'a tokio_mpsc::UnboundedSender<RelayOut>>,
     pub gateway: Option<&'a tokio_mpsc::UnboundedSender<GatewayOut>>,
     pub published: &'a Published,
@@ -92,7 +94,7 @@ impl Host<ClientEvent> for StepHost<'_> {
 
     fn dispatch(&mut self, events: Vec<ClientEvent>) -> ControlFlow<CommitFailed> {
         for event in events {
-            (self.sink)(event);
+            self.app.event(event);
         }
         ControlFlow::Continue(())
     }
@@ -115,10 +117,7 @@ impl Host<ClientEvent> for StepHost<'_> {
     }
 
     fn offer_hook(&mut self, batch: HookBatch) -> ControlFlow<CommitFailed> {
-        (self.sink)(ClientEvent::HookCall {
-            batch_id: batch.id,
-            messages: batch.messages,
-        });
+        self.app.hook_batch(batch);
         ControlFlow::Continue(())
     }
 
@@ -136,8 +135,8 @@ impl Host<ClientEvent> for StepHost<'_> {
 }
 
 impl StepHost<'_> {
-    /// Hands a transmit to its carrier: the relay or gateway task, or the facade for an app
-    /// carrier.
+    /// Hands a transmit to its carrier: the relay or gateway task, or the application for an
+    /// app carrier.
     fn route(&mut self, transmit: Transmit) {
         match transmit.carrier {
             Carrier::Relay => {
@@ -157,20 +156,23 @@ impl StepHost<'_> {
             }
             Carrier::Local(name) => {
                 // App carriers move the end-to-end Message itself; there is no journal to release.
-                let (message, report) = match transmit.kind {
+                let (message, attempt) = match transmit.kind {
                     TransmitKind::Outbox { message, send_seq } => {
-                        let report = Some((message.id.clone(), send_seq));
-                        (message, report)
+                        let attempt = SendAttempt {
+                            message_id: message.id.clone(),
+                            send_seq,
+                        };
+                        (message, Some(attempt))
                     }
                     TransmitKind::DeliveryAck { message } => (message, None),
                     TransmitKind::ReleaseFrame { .. } => return,
                 };
                 let peer = transmit.peer.unwrap_or_else(|| message.recipient.clone());
-                (self.sink)(ClientEvent::LocalTransmit {
+                self.app.app_carrier_send(AppCarrierSend {
                     carrier: name,
                     peer,
                     frame: message.encode(),
-                    report,
+                    attempt,
                 });
             }
         }

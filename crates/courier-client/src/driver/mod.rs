@@ -17,6 +17,7 @@ use courier_engine::{
 };
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 
+use crate::app::App;
 use crate::carrier::gateway::GatewayOut;
 use crate::carrier::relay::RelayOut;
 use crate::error::ClientError;
@@ -27,8 +28,6 @@ use host::{CommitFailed, StepHost};
 
 /// Commands handled in one step at most; the rest wait for the next step.
 const MAX_STEP: usize = 4096;
-
-pub type EventSink = Box<dyn Fn(ClientEvent) + Send + 'static>;
 
 pub enum Command {
     /// An engine input, applied in the order it arrives.
@@ -52,6 +51,9 @@ pub enum Command {
     /// Answered once every command queued before it has been applied: how a carrier keeps
     /// what it has read and not yet handed over bounded (`carrier::intake`).
     Barrier(oneshot::Sender<()>),
+    /// Answered once every command queued before it has been applied and its step carried
+    /// out, so that what the getters read reflects them.
+    Sync(oneshot::Sender<()>),
     Stop {
         reply: oneshot::Sender<()>,
     },
@@ -125,7 +127,7 @@ pub struct Driver {
     engine: Engine,
     store: Store,
     rx: mpsc::Receiver<Command>,
-    sink: EventSink,
+    app: Box<dyn App>,
     relay: Option<tokio_mpsc::UnboundedSender<RelayOut>>,
     gateway: Option<tokio_mpsc::UnboundedSender<GatewayOut>>,
     published: Published,
@@ -137,14 +139,14 @@ pub struct Driver {
     reported: Vec<String>,
     /// `Some` when the application confirms each terminal event once its listeners ran
     /// ([`Receipts`]): the messages whose events were dispatched and not confirmed yet. `None`
-    /// when the sink handles events before it returns, so a dispatch is a report.
+    /// when the app handles events before it returns, so a dispatch is a report.
     unconfirmed: Option<HashSet<String>>,
 }
 
 /// Where the driver's outputs go and how it is told things.
 pub struct Wiring {
     pub rx: mpsc::Receiver<Command>,
-    pub sink: EventSink,
+    pub app: Box<dyn App>,
     pub relay: Option<tokio_mpsc::UnboundedSender<RelayOut>>,
     pub gateway: Option<tokio_mpsc::UnboundedSender<GatewayOut>>,
     pub published: Published,
@@ -152,8 +154,8 @@ pub struct Wiring {
     pub receipts: bool,
 }
 
-/// How the application confirms that a terminal event reached its listeners, when its sink
-/// only queues events for another thread (the Node binding's JS thread). Until confirmed, the
+/// How the application confirms that a terminal event reached its listeners, when its
+/// [`App::event`] only queues events for another thread (the Node binding's JS thread). Until confirmed, the
 /// event stays held in storage and the next start emits it again.
 #[derive(Clone)]
 pub struct Receipts(DriverTx);
@@ -189,6 +191,8 @@ pub const MAX_SETTLED: usize = 100_000;
 #[derive(Default)]
 struct Owed {
     accepted: Vec<(String, oneshot::Sender<Result<String, ClientError>>)>,
+    /// `Command::Sync`s, answered once the step is carried out.
+    synced: Vec<oneshot::Sender<()>>,
     /// A relay frame was processed in this step: if the commit fails, it was neither stored nor
     /// acked, and only a new session makes the relay write it again.
     relay_inbound: bool,
@@ -205,7 +209,7 @@ impl Driver {
     ) -> Self {
         let Wiring {
             rx,
-            sink,
+            app,
             relay,
             gateway,
             published,
@@ -223,7 +227,7 @@ impl Driver {
             engine,
             store,
             rx,
-            sink,
+            app,
             relay,
             gateway,
             published,
@@ -252,7 +256,11 @@ impl Driver {
                 self.apply(cmd, now, &mut step, &mut owed);
             }
             let stop = owed.stop.take();
+            let synced = std::mem::take(&mut owed.synced);
             self.finish(step, owed, now);
+            for reply in synced {
+                let _ = reply.send(());
+            }
             if now >= next_prune {
                 next_prune = now + PRUNE_EVERY_MS;
                 self.prune(now);
@@ -295,6 +303,7 @@ impl Driver {
             Command::Barrier(reply) => {
                 let _ = reply.send(());
             }
+            Command::Sync(reply) => owed.synced.push(reply),
             Command::TerminalSeen { message_id } => self.confirm(message_id),
             Command::Stop { reply } => owed.stop = Some(reply),
         }
@@ -309,7 +318,7 @@ impl Driver {
         } = owed;
         let mut host = StepHost {
             store: &mut self.store,
-            sink: &self.sink,
+            app: self.app.as_mut(),
             relay: self.relay.as_ref(),
             gateway: self.gateway.as_ref(),
             published: &self.published,
@@ -326,7 +335,7 @@ impl Driver {
                     "commit failed: {message}"
                 ))));
             }
-            (self.sink)(ClientEvent::Diagnostic {
+            self.app.event(ClientEvent::Diagnostic {
                 level: DiagnosticLevel::Error,
                 message: format!("storage commit failed: {message}"),
                 target: "courier_client::store",
@@ -372,7 +381,7 @@ impl Driver {
             done: std::mem::take(&mut self.reported),
         };
         if let Err(e) = self.store.commit_step(&[], &done) {
-            (self.sink)(ClientEvent::Diagnostic {
+            self.app.event(ClientEvent::Diagnostic {
                 level: DiagnosticLevel::Warn,
                 message: format!(
                     "cannot record dispatched terminal events ({e}); the next start emits them again"
@@ -417,7 +426,7 @@ impl Driver {
                 }
                 self.engine = engine;
             }
-            Err(e) => (self.sink)(ClientEvent::Diagnostic {
+            Err(e) => self.app.event(ClientEvent::Diagnostic {
                 level: DiagnosticLevel::Error,
                 message: format!("cannot reload storage after a failed commit: {e}"),
                 target: "courier_client::store",
@@ -434,7 +443,7 @@ impl Driver {
             .store
             .prune_processed(older_than, self.retention.max_processed);
         if let Err(e) = settled.and(processed) {
-            (self.sink)(ClientEvent::Diagnostic {
+            self.app.event(ClientEvent::Diagnostic {
                 level: DiagnosticLevel::Warn,
                 message: format!("pruning old delivery records failed: {e}"),
                 target: "courier_client::store",
@@ -468,6 +477,29 @@ mod tests {
         }
     }
 
+    /// An application with no hook and no app carrier: only events reach it.
+    struct Events(std_mpsc::Sender<ClientEvent>);
+
+    impl App for Events {
+        fn event(&mut self, event: ClientEvent) {
+            let _ = self.0.send(event);
+        }
+
+        fn hook_batch(&mut self, batch: courier_engine::HookBatch) {
+            panic!(
+                "no durability hook is configured, yet batch {} came",
+                batch.id
+            );
+        }
+
+        fn app_carrier_send(&mut self, send: crate::app::AppCarrierSend) {
+            panic!(
+                "no app carrier is registered, yet {} got a frame",
+                send.carrier
+            );
+        }
+    }
+
     fn send(tx: &DriverTx, content: String) -> Result<String, ClientError> {
         let (reply, rx) = oneshot::channel();
         tx.send(Command::Send {
@@ -487,9 +519,7 @@ mod tests {
         let published = Published::default();
         let wiring = Wiring {
             rx,
-            sink: Box::new(move |e| {
-                let _ = events_tx.send(e);
-            }),
+            app: Box::new(Events(events_tx)),
             relay: None,
             gateway: None,
             published: published.clone(),

@@ -6,18 +6,43 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use courier_client::app::{App, AppCarrierSend};
 use courier_client::client::Client;
 use courier_client::config::ProtocolConfig;
 use courier_client::event::ClientEvent;
-use courier_engine::Event;
+use courier_engine::{Event, HookBatch};
+
+/// An application with no durability hook and no app carrier: only events reach it, and `F`
+/// takes each one. Anything else would be a bug, and fails loudly.
+pub struct Events<F>(pub F);
+
+impl<F: FnMut(ClientEvent) + Send + 'static> App for Events<F> {
+    fn event(&mut self, event: ClientEvent) {
+        (self.0)(event);
+    }
+
+    fn hook_batch(&mut self, batch: HookBatch) {
+        panic!(
+            "no durability hook is configured, yet batch {} came",
+            batch.id
+        );
+    }
+
+    fn app_carrier_send(&mut self, send: AppCarrierSend) {
+        panic!(
+            "no app carrier is registered, yet {} got a frame",
+            send.carrier
+        );
+    }
+}
 
 /// Starts `config` on the current tokio runtime; every event goes to the receiver.
 pub fn start(config: &ProtocolConfig) -> (Client, mpsc::Receiver<ClientEvent>) {
     let (tx, events) = mpsc::channel();
-    let sink = Box::new(move |e: ClientEvent| {
+    let app = Events(move |e| {
         let _ = tx.send(e);
     });
-    let client = Client::start(config, sink, &tokio::runtime::Handle::current()).unwrap();
+    let client = Client::start(config, app, &tokio::runtime::Handle::current()).unwrap();
     (client, events)
 }
 

@@ -88,12 +88,13 @@ impl<'a> Session<'a> {
             DiagnosticLevel::Info,
             format!("relay connected; capabilities {:?}", auth.capabilities),
         );
+        driver.input(Input::AccountName(auth.username.clone()));
+        driver.input(Input::CarrierUp(Carrier::Relay));
+        // After the engine heard of it: a listener of the event reads the relay as up.
         driver.send(Command::Emit(ClientEvent::RelayStatusChanged {
             connected: true,
             authenticated: true,
         }));
-        driver.input(Input::AccountName(auth.username.clone()));
-        driver.input(Input::CarrierUp(Carrier::Relay));
         session
     }
 

@@ -1,0 +1,75 @@
+//! The application as the client sees it: three callbacks, one for each thing the client hands
+//! over — events for its listeners, batches for its durability hook, frames for its app
+//! carriers. No output poses as another, so an embedder handles each with its own types.
+
+pub use courier_engine::{BatchOrigin, HookBatch, HookMessage};
+
+use crate::config::LogLevel;
+use crate::event::ClientEvent;
+
+/// What a started [`Client`](crate::client::Client) calls. Every call comes from the driver
+/// thread, in the order of the step that produced it (`docs/architecture.md#the-step`), and the
+/// driver waits for it: hand the value on (a channel, another thread's queue) and return.
+pub trait App: Send + 'static {
+    /// An event for the application's listeners.
+    fn event(&mut self, event: ClientEvent);
+
+    /// A batch for the durability hook (configured with `inboundDurabilityHook`). Store its
+    /// messages, then report with [`Client::hook_done`](crate::client::Client::hook_done); one
+    /// batch is out at a time, and one not reported within the hook's timeout has failed.
+    fn hook_batch(&mut self, batch: HookBatch);
+
+    /// A frame for an app carrier registered with
+    /// [`Client::register_transport`](crate::client::Client::register_transport).
+    fn app_carrier_send(&mut self, send: AppCarrierSend);
+}
+
+/// A frame to put on an app carrier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppCarrierSend {
+    /// The carrier's registered name.
+    pub carrier: String,
+    /// The neighbor to hand the frame to.
+    pub peer: String,
+    /// The end-to-end message, encoded; the receiving device passes these bytes to
+    /// [`Client::receive_frame`](crate::client::Client::receive_frame).
+    pub frame: String,
+    /// For an outbox message, the attempt to report once the carrier wrote the frame or failed
+    /// to, with
+    /// [`Client::app_carrier_send_done`](crate::client::Client::app_carrier_send_done).
+    /// `None` for a delivery ACK, which is fire and forget.
+    pub attempt: Option<SendAttempt>,
+}
+
+/// Attempt `send_seq` of the message whose wire id is `message_id`: a report for an older
+/// attempt is stale and ignored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendAttempt {
+    pub message_id: String,
+    pub send_seq: u64,
+}
+
+/// The application behind the `logLevel` threshold: diagnostics below it are not handed over.
+pub(crate) struct LevelFiltered {
+    pub app: Box<dyn App>,
+    pub threshold: LogLevel,
+}
+
+impl App for LevelFiltered {
+    fn event(&mut self, event: ClientEvent) {
+        if event
+            .diagnostic_level()
+            .is_none_or(|level| self.threshold.admits(level))
+        {
+            self.app.event(event);
+        }
+    }
+
+    fn hook_batch(&mut self, batch: HookBatch) {
+        self.app.hook_batch(batch);
+    }
+
+    fn app_carrier_send(&mut self, send: AppCarrierSend) {
+        self.app.app_carrier_send(send);
+    }
+}
