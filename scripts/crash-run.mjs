@@ -2,9 +2,12 @@
 // Crash runs: a real relay (the `courier-relay` command) and two chat apps, each in its own
 // process, exchange a stream of messages while this script SIGKILLs one of the three at a
 // random moment and restarts it on the same SQLite files (and the relay on the same port), again
-// and again. Then everything quiesces and the run is judged from what survived: every message
-// whose sendMessage resolved is delivered exactly once to the recipient app's own inbox or
-// failed with a documented reason, and its outcome is recorded exactly once.
+// and again. After the last kill the apps keep sending for a while with everything up, then
+// everything quiesces and the run is judged from what survived: every message whose sendMessage
+// resolved is delivered exactly once to the recipient app's own inbox, with the content sent
+// under its id, or failed with a documented reason, and its outcome is recorded exactly once. A
+// message to the other app may fail only if a kill or a lost connection fell within its life:
+// the calm tail after the last kill is where a lost end-to-end ACK has no such excuse.
 //
 //   npm run crash -- --kills 200 --seed 42
 //
@@ -41,6 +44,7 @@ const { values: opt } = parseArgs({
     'hook-delay-ms': { type: 'string', default: '10' },
     'ghost-share': { type: 'string', default: '0.02' },
     'lifetime-ms': { type: 'string', default: '30000' },
+    'calm-ms': { type: 'string', default: '2000' },
     'quiesce-ms': { type: 'string', default: '180000' },
     keep: { type: 'boolean', default: false },
     json: { type: 'boolean', default: false },
@@ -61,6 +65,8 @@ if (opt.help) {
   --hook-delay-ms N mean pause of the durability hook after its commit, before it resolves (default 10)
   --ghost-share X   share of messages sent to an account that never connects (default 0.02)
   --lifetime-ms N   outbox lifetime, so those end in message_failed (default 30000)
+  --calm-ms N       how long the apps go on sending once all three are up and connected after
+                    the last kill (default 2000)
   --quiesce-ms N    how long the apps may take to settle everything after the last kill (default 180000)
   --keep            keep the run's files even when it passes
   --json            print the report as one JSON line`)
@@ -75,7 +81,7 @@ const seed = opt.seed === undefined ? Math.floor(Math.random() * 2 ** 32) : num(
 const kills = num('kills')
 const [minGap, maxGap, maxDown] = [num('min-gap-ms'), num('max-gap-ms'), num('max-down-ms')]
 const [longDownShare, longDown] = [num('long-down-share'), num('long-down-ms')]
-const quiesceMs = num('quiesce-ms')
+const [calmMs, quiesceMs] = [num('calm-ms'), num('quiesce-ms')]
 
 const say = (line) => opt.json || console.log(line)
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
@@ -138,18 +144,28 @@ for (let k = 1; k <= kills; k++) {
     violations.push(`${victim.name} #${inc.number} was not ready ${READY_MS} ms after its start (hang)`)
   }
   await victim.kill()
-  appendFileSync(join(dir, 'kills.log'), `${JSON.stringify({ at: Date.now(), victim: victim.name, incarnation: inc.number, ready: inc.readyAt !== null, downMs: Math.round(down) })}\n`)
+  appendFileSync(join(dir, 'kills.log'), `${JSON.stringify({ ...victim.kills.at(-1), victim: victim.name, incarnation: inc.number, ready: inc.readyAt !== null, downMs: Math.round(down) })}\n`)
   await sleep(down)
   victim.start()
   if (k % 50 === 0) say(`  ${k} kills, ${((Date.now() - t0) / 1000).toFixed(0)} s`)
 }
 
-// Quiescence: everyone up, the apps stop sending, then every outbox, inbound buffer and relay
-// mailbox must drain.
+// The calm tail: everyone up and connected, the apps go on sending for --calm-ms.
 const quiesceStart = Date.now()
 for (const p of all) {
   await deadline(p.current.ready, READY_MS, `${p.name} restart`).catch((e) => violations.push(`${e.message} (hang)`))
 }
+await Promise.all(
+  peers.map((p) => {
+    const done = p.nextLine((l) => l.startsWith('{"connected"'), READY_MS, 'relay connection after the last kill')
+    p.write('connected')
+    return done.catch((e) => violations.push(e.message))
+  }),
+)
+await sleep(calmMs)
+
+// Quiescence: the apps stop sending, then every outbox, inbound buffer and relay mailbox must
+// drain.
 await Promise.all(
   peers.map((p) => {
     const done = p.nextLine((l) => l.startsWith('{"quiesced"'), READY_MS, 'quiesce')
@@ -201,7 +217,11 @@ for (const p of all) {
   for (const e of p.unexpectedExits) violations.push(`${p.name} #${e.incarnation} exited by itself (${e.signal ?? `code ${e.code}`})`)
 }
 
-const result = verify({ peers: peers.map((p) => ({ name: p.name, ...p.files, kills: p.kills })) })
+const result = verify({
+  peers: peers.map((p) => ({ name: p.name, ...p.files, kills: p.kills })),
+  kills: all.flatMap((p) => p.kills.map((k) => ({ ...k, victim: p.name }))),
+  startedAt: t0,
+})
 violations.push(...result.violations)
 const t = result.totals
 const report = {
@@ -216,7 +236,9 @@ const report = {
   sendsCutByKill: t.sendsCut,
   acceptedButUnlogged: t.acceptedUnlogged,
   failedToPeer: t.failedToPeer,
+  failedToPeerExcused: t.failedToPeerExcused,
   failedButReceived: t.failedButReceived,
+  undisturbed: t.undisturbed,
   redeliveriesAbsorbed: t.redeliveriesAbsorbed,
   terminalEvents: {
     once: t.terminalOnce,
@@ -242,10 +264,11 @@ crash run, seed ${seed}: node scripts/crash-run.mjs ${rerun}
   kills survived     ${kills} (relay ${relay.kills.length}, alice ${alice.kills.length}, bob ${bob.kills.length})
   messages accepted  ${t.accepted} (alice ${result.perPeer.alice.accepted}, bob ${result.perPeer.bob.accepted})
   delivered          ${t.delivered}, each exactly once in the recipient app's inbox
-  failed             ${Object.values(t.failed).reduce((a, b) => a + b, 0)} (${failed}); ${t.failedToPeer} of them to the other app, ${t.failedButReceived} of which it had received
+  failed             ${Object.values(t.failed).reduce((a, b) => a + b, 0)} (${failed}); ${t.failedToPeer} of them to the other app (${t.failedToPeerExcused} with a kill or a lost connection in their life); ${t.failedButReceived} of all failed were received
+  undisturbed        ${t.undisturbed} messages to the other app had no kill and no lost connection in their life: each must be delivered
   lost               ${t.lost}
   duplicates         ${t.duplicates}
-  sendMessage calls cut by a kill: ${t.sendsCut} (${t.acceptedUnlogged} of them committed and were delivered or failed like any other)
+  sendMessage calls cut by a kill: ${t.sendsCut}, each followed by a kill of its process (${t.acceptedUnlogged} of them committed and were delivered or failed like any other)
   redeliveries the inbox's dedup key absorbed: ${t.redeliveriesAbsorbed}
   terminal events    ${t.terminalOnce} seen once; after a kill of the sender, ${t.terminalReplayedAfterKill} seen again (replayed), ${t.terminalFirstSeenReplayed} first seen as a replay; ${t.terminalLost} lost
   message_received   ${t.receivedEvents} logged, ${t.receivedEventsCut} cut by a kill of the recipient (message in its inbox)

@@ -4,8 +4,13 @@
 // SIGKILLed at any moment and is restarted on the same files.
 //
 // Configuration: the JSON in CRASH_PEER (see crash-run.mjs). Stdout carries one JSON line per
-// lifecycle step ({"ready"}, {"stopped"}, {"fatal"}); stdin takes "quiesce" (stop sending) and
-// "stop" (stop sending, stop the Protocol, exit).
+// lifecycle step ({"ready"}, {"connected"}, {"quiesced"}, {"stopped"}, {"fatal"}); stdin takes
+// "connected" (answer once the relay connection is up), "quiesce" (stop sending) and "stop"
+// (stop sending, stop the Protocol, exit).
+//
+// Every other message carries an id of the app's own choosing, which is not a UUID: the
+// recipient sees it under its wire id (scripts/crash/wire-id.mjs). The intent records it, so
+// even a send a kill cut short can be matched with what arrived.
 import { appendFileSync, existsSync, readFileSync } from 'node:fs'
 import { createInterface } from 'node:readline'
 
@@ -73,10 +78,18 @@ const protocol = new Protocol({
   },
 })
 
+let connected = false
+let onConnected = () => {}
+
 protocol.onEvent((e) => {
   switch (e.type) {
     case 'identity_ready':
       return log({ t: 'identity', address: e.address })
+    case 'internet_status_changed':
+      connected = e.connected
+      log({ t: 'connection', connected })
+      if (connected) onConnected()
+      return undefined
     case 'message_delivered':
       return log({ t: 'delivered', id: e.messageId, replayed: e.replayed === true })
     case 'message_failed':
@@ -105,11 +118,13 @@ async function sendStream() {
     for (let n = 1 + Math.floor(random() * 3); n > 0; n--) {
       const s = ++seq
       const to = random() < cfg.ghostShare ? cfg.ghost : cfg.peer
-      // Logged before the call: a kill during sendMessage leaves an intent without an id, and
-      // the verifier then looks for the message in storage instead of trusting the log.
-      log({ t: 'intent', seq: s, to })
+      const id = s % 2 === 0 ? `${cfg.name}-${s}` : undefined
+      // Logged before the call: a kill during sendMessage leaves an intent without its outcome
+      // (and, for a minted id, without the id), and the verifier then looks for the message in
+      // storage instead of trusting the log.
+      log({ t: 'intent', seq: s, to, ...(id && { id }) })
       burst.push(
-        protocol.sendMessage(to, `${cfg.name}:${s}`, { metadata: { seq: String(s) } }).then(
+        protocol.sendMessage(to, `${cfg.name}:${s}`, { id, metadata: { seq: String(s) } }).then(
           (id) => log({ t: 'sent', seq: s, id, to }),
           (e) => log({ t: 'send_error', seq: s, code: e.code, message: e.message }),
         ),
@@ -134,7 +149,10 @@ const stream = sendStream()
 
 const rl = createInterface({ input: process.stdin })
 rl.on('line', async (line) => {
-  if (line === 'quiesce') {
+  if (line === 'connected') {
+    if (!connected) await new Promise((resolve) => (onConnected = resolve))
+    say({ connected: true })
+  } else if (line === 'quiesce') {
     sending = false
     await stream
     say({ quiesced: true })

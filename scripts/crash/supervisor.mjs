@@ -26,7 +26,7 @@ export class Supervised {
     this.name = name
     this.spec = { args, env, stderr, ready }
     this.incarnations = 0
-    /** Wall-clock times of our SIGKILLs. */
+    /** Our SIGKILLs: `{ at, pid }`, `at` the wall-clock time just before the signal. */
     this.kills = []
     /** Exits nobody asked for: `{ incarnation, code, signal }`. */
     this.unexpectedExits = []
@@ -91,7 +91,7 @@ export class Supervised {
   async kill() {
     const inc = this.current
     inc.exitExpected = true
-    this.kills.push(Date.now())
+    this.kills.push({ at: Date.now(), pid: inc.child.pid })
     inc.child.kill('SIGKILL')
     await inc.exited
   }

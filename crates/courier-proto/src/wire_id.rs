@@ -69,6 +69,14 @@ mod tests {
         );
     }
 
+    /// Pinned: the mapping is part of the wire contract (a re-send after an upgrade must keep
+    /// its wire id), and `scripts/crash/wire-id.mjs` reproduces it.
+    #[test]
+    fn the_mapping_is_pinned() {
+        assert_eq!(wire_id("order-42"), "22c5b759-271b-5cf4-a8db-c1e22b197272");
+        assert_eq!(wire_id("é"), "0b8c5265-a15d-52da-8f6e-52c1ae58c491");
+    }
+
     #[test]
     fn ack_ids_are_uuids_per_sender_and_message() {
         let a = ack_id("alice", "m1");

@@ -62,6 +62,18 @@ pub struct Ledger {
     pub inbound: BTreeMap<(String, InboundKey), Inbound>,
     /// (account, seq) → what it carried.
     seqs: BTreeMap<(String, u64), SeqInfo>,
+    /// (what, sender, wire id) → when the relay last refused it.
+    refusals: BTreeMap<(Refused, String, String), u64>,
+}
+
+/// What of a message the relay refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Refused {
+    /// An attempt, answered "unreachable".
+    Attempt,
+    /// An end-to-end ACK of it (the sender's mailbox full, or the sender offline without a
+    /// mailbox): that ACK is lost.
+    Ack,
 }
 
 impl Ledger {
@@ -187,6 +199,17 @@ impl Ledger {
             .entry((peer.to_owned(), key.clone()))
             .or_default()
             .expired = true;
+    }
+
+    pub fn on_refused(&mut self, what: Refused, sender: &str, wire_id: &str, at: u64) {
+        let key = (what, sender.to_owned(), wire_id.to_owned());
+        self.refusals.insert(key, at);
+    }
+
+    /// When the relay last refused `what` of `sender`'s `wire_id`.
+    pub fn refused(&self, what: Refused, sender: &str, wire_id: &str) -> Option<u64> {
+        let key = (what, sender.to_owned(), wire_id.to_owned());
+        self.refusals.get(&key).copied()
     }
 
     pub fn inbound(&self, peer: &str, key: &InboundKey) -> Option<&Inbound> {

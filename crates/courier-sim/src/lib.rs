@@ -20,7 +20,17 @@
 //!   to a hook after its commit was durable;
 //! - `message_delivered` at the sender means the recipient processed the message (with a hook:
 //!   its application committed it);
-//! - the engine's queues stay within their configured bounds, and no engine spins.
+//! - the engine's queues stay within their configured bounds, and no engine spins;
+//! - a message fails by capacity only with its class full in the outbox, by lifetime only once
+//!   its lifetime ran out.
+//!
+//! Liveness, once the world is honest (every device up and reachable over the relay): a
+//! message to a device that fails must have an excuse the chaos left behind, with its evidence
+//! (see `World::excuse`: a lifetime that ran out during the chaos, a last attempt written during
+//! it, a message the recipient never processed, an ACK refused by the relay or still on its way,
+//! an attempt answered "offline"); an engine that does not acknowledge what it processed has
+//! none. When the honest world is quiet every device sends a probe of each priority to another
+//! device, and every probe must be delivered; a run that sent to devices must deliver something.
 //!
 //! Checked once the world turned honest and nothing is pending: every durable send reached
 //! exactly one settlement and at least one terminal event (a crash between the settlement's

@@ -4,6 +4,10 @@
 //! hook committing) and runs until nothing is pending, and the ledger's end-of-run invariants
 //! are checked.
 //!
+//! Once the honest world is quiet, every device sends one probe of each priority to another
+//! device, one round at a time, and the world runs until quiet again: each probe must be
+//! delivered, whatever the chaos left behind.
+//!
 //! Each device's process is modelled as `courier-client`'s driver runs it: commands queue up
 //! and one step applies them all, then commits the step's store ops in one batch — holding the
 //! step's terminal events and recording the dispatch of the previous ones — then resolves the
@@ -30,7 +34,7 @@ use courier_engine::{
 };
 use courier_proto::{ContentType, Message, Priority};
 
-use crate::ledger::{violated, Ledger};
+use crate::ledger::{violated, Ledger, Refused};
 use crate::peer::{App, CrashPoint, Peer, Running, Session};
 use crate::relay::{ConnId, Relay, ToClient, ToRelay, Writes};
 use crate::rng::Rng;
@@ -47,6 +51,15 @@ const WRITE_ACK_TIMEOUT: Millis = 15 * SEC;
 const MAX_BACKOFF: Millis = 30 * SEC;
 /// Steps of one device at one instant beyond which its engine is taken to spin.
 const SPIN_LIMIT: u32 = 5000;
+/// Every priority an app can send with.
+const PRIORITIES: [Priority; 4] = [
+    Priority::Low,
+    Priority::Medium,
+    Priority::High,
+    Priority::Critical,
+];
+/// Virtual time between two rounds of probes.
+const PROBE_GAP: Millis = 2 * SEC;
 /// Reconnect rounds the honest phase may spend on frames the relay still holds. A message
 /// refused over a full durability buffer is redelivered only on the next connection (by
 /// design), so a backlog larger than the buffer takes several; each round must release some.
@@ -214,6 +227,10 @@ enum Ev {
     },
     RelayUp,
     Chaos,
+    /// Every device sends its probe of priority `PRIORITIES[round]`.
+    Probe {
+        round: usize,
+    },
 }
 
 /// An event for the application (the client's `ClientEvent` as far as the invariants go).
@@ -246,7 +263,10 @@ pub struct World {
     qseq: u64,
     ledger: Ledger,
     counts: Counts,
-    honest: bool,
+    /// When the world turned honest: from then on no fault is injected.
+    honest_since: Option<Millis>,
+    /// The probes sent into the quiet honest world, as (sender, id); `None` before.
+    probes: Option<Vec<(String, String)>>,
     /// The honest phase must be quiet by then.
     deadline: Millis,
     chaos_left: u32,
@@ -294,7 +314,8 @@ impl World {
             qseq: 0,
             ledger: Ledger::default(),
             counts: Counts::default(),
-            honest: false,
+            honest_since: None,
+            probes: None,
             deadline: Millis::MAX,
             in_range,
             conn_owner: BTreeMap::new(),
@@ -351,7 +372,7 @@ impl World {
         loop {
             let Some(next) = self.next_time() else {
                 let held = self.relay.held_frames().len();
-                if self.honest && held > 0 && held < held_before && flush_rounds < FLUSH_ROUNDS {
+                if self.honest() && held > 0 && held < held_before && flush_rounds < FLUSH_ROUNDS {
                     held_before = held;
                     flush_rounds += 1;
                     self.counts.flush_rounds += 1;
@@ -361,9 +382,16 @@ impl World {
                     self.reconnect_all();
                     continue;
                 }
+                if self.honest() && self.probes.is_none() {
+                    self.probes = Some(Vec::new());
+                    for round in 0..PRIORITIES.len() {
+                        self.schedule(round as Millis * PROBE_GAP, Ev::Probe { round });
+                    }
+                    continue;
+                }
                 break;
             };
-            if self.honest && next > self.deadline {
+            if self.honest() && next > self.deadline {
                 violated(format!(
                     "not quiet {} s into the honest phase: {}",
                     (next - EPOCH) / SEC,
@@ -391,6 +419,11 @@ impl World {
             mailbox: self.scn.mailbox.is_some(),
             counts: self.counts,
         }
+    }
+
+    /// The chaos is over: no fault is injected any more.
+    fn honest(&self) -> bool {
+        self.honest_since.is_some()
     }
 
     // ---- the clock ----------------------------------------------------------------------
@@ -450,7 +483,26 @@ impl World {
         match ev {
             Ev::ToRelay { conn, frame } => {
                 if self.relay.up {
+                    let ack = match &frame {
+                        ToRelay::Send { message, .. } => message.ack_for().map(|acked| {
+                            (
+                                message.id.clone(),
+                                message.recipient.clone(),
+                                acked.to_owned(),
+                            )
+                        }),
+                        _ => None,
+                    };
                     let writes = self.relay.receive(conn, frame, self.now);
+                    if let Some((id, sender, acked)) = ack {
+                        let refused = writes.iter().any(|(_, w)| {
+                            matches!(w, ToClient::Unreachable { message_id, .. } if *message_id == id)
+                        });
+                        if refused {
+                            self.ledger
+                                .on_refused(Refused::Ack, &sender, &acked, self.now);
+                        }
+                    }
                     self.relay_writes(writes);
                 }
             }
@@ -485,7 +537,7 @@ impl World {
                 }
             }
             Ev::Crash { peer, inc } => {
-                if !self.honest && self.peers[peer].incarnation == inc {
+                if !self.honest() && self.peers[peer].incarnation == inc {
                     self.crash(peer);
                 }
             }
@@ -517,6 +569,7 @@ impl World {
                 self.trace(|_| "relay up".into());
             }
             Ev::Chaos => self.chaos(),
+            Ev::Probe { round } => self.probe(round),
         }
     }
 }

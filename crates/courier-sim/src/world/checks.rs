@@ -1,7 +1,53 @@
-//! The invariants checked against the devices' state: at a sender's delivery, at every ACK a
-//! device transmits, after every step (queue bounds), and at the end of the run.
+//! The invariants checked against the devices' state: at a sender's settlement, at every ACK
+//! a device transmits, after every step (queue bounds), and at the end of the run.
+
+use courier_engine::OutboxRecord;
 
 use super::*;
+
+/// A device's outbox rows as a commit's ops leave them so far: its store's, with the puts and
+/// settles of the ops already applied. The evidence for a failure settled by a later op.
+pub(super) struct OutboxView<'s> {
+    store: &'s BTreeMap<String, OutboxRecord>,
+    put: BTreeMap<&'s str, &'s OutboxRecord>,
+    settled: BTreeSet<&'s str>,
+}
+
+impl<'s> OutboxView<'s> {
+    pub(super) fn new(store: &'s BTreeMap<String, OutboxRecord>) -> Self {
+        Self {
+            store,
+            put: BTreeMap::new(),
+            settled: BTreeSet::new(),
+        }
+    }
+
+    pub(super) fn put(&mut self, record: &'s OutboxRecord) {
+        self.settled.remove(record.message.id.as_str());
+        self.put.insert(&record.message.id, record);
+    }
+
+    pub(super) fn settle(&mut self, id: &'s str) {
+        self.put.remove(id);
+        self.settled.insert(id);
+    }
+
+    pub(super) fn row(&self, id: &str) -> Option<&'s OutboxRecord> {
+        match self.put.get(id) {
+            Some(record) => Some(record),
+            None if self.settled.contains(id) => None,
+            None => self.store.get(id),
+        }
+    }
+
+    fn rows(&self) -> impl Iterator<Item = &'s OutboxRecord> + '_ {
+        let stored = self.store.values().filter(|r| {
+            let id = r.message.id.as_str();
+            !self.put.contains_key(id) && !self.settled.contains(id)
+        });
+        stored.chain(self.put.values().copied())
+    }
+}
 
 impl World {
     /// The sender just settled `id` as delivered: its recipient has processed it, durably, and
@@ -30,6 +76,157 @@ impl World {
                 "{sender} saw {id} delivered, but {recipient}'s application never committed it"
             ));
         }
+    }
+
+    /// The sender just settled `row` as failed for `reason`. Capacity needs its class full at
+    /// that moment, and a lifetime expiry the entry's lifetime run out. Once the world is honest
+    /// every real device is up and reachable over the relay, so a message to one of them may
+    /// only fail with an excuse the chaos left (see [`World::excuse`]): anything else is a
+    /// delivery the engine owed and did not make (a lost end-to-end ACK, a stuck entry).
+    pub(super) fn check_failed(
+        &self,
+        p: usize,
+        row: &OutboxRecord,
+        reason: FailReason,
+        outbox: &OutboxView<'_>,
+    ) {
+        let peer = &self.peers[p];
+        let config = &peer.spec.config;
+        let name = peer.name();
+        let Message { id, recipient, .. } = &row.message;
+        let expiry = (row.window_start + config.outbox_max_lifetime_ms)
+            .min(row.created_at + config.absolute_lifetime_ms());
+        match reason {
+            FailReason::OutboxCapacityExceeded => {
+                let media = |r: &OutboxRecord| r.message.content_type == ContentType::FileChunk;
+                let class = media(row);
+                let held = outbox.rows().filter(|r| media(r) == class).count();
+                let bound = if class {
+                    config.outbox_max_media_entries
+                } else {
+                    config.outbox_max_entries
+                };
+                if held < bound.max(1) {
+                    violated(format!(
+                        "{name}'s {id} failed by capacity, but its outbox held {held} such entries (bound {bound})"
+                    ));
+                }
+                return;
+            }
+            FailReason::OutboxLifetimeExceeded if expiry > self.now => violated(format!(
+                "{name}'s {id} failed by lifetime {} ms before its lifetime ran out",
+                expiry - self.now
+            )),
+            _ => {}
+        }
+        let Some(honest_since) = self.honest_since else {
+            return;
+        };
+        if self.scn.index_of(recipient).is_none() {
+            // The ghost: no relay knows it, so nothing can deliver to it.
+            return;
+        }
+        if let Some(excuse) = self.excuse(name, row, reason, expiry, honest_since) {
+            self.trace(|_| format!("{name}'s {id} failed, excused: {excuse}"));
+            return;
+        }
+        let ago = |t: Millis| (self.now - t) as f64 / 1000.0;
+        violated(format!(
+            "{name}'s {id} to {recipient}, a live device reachable over the relay, failed {:.1} s into the honest phase: {} (accepted {:.1} s ago, last written {} ago, {} ACK timeouts spent, lifetime out in {:.1} s)",
+            ago(honest_since),
+            reason.as_str(),
+            ago(row.created_at),
+            row.last_sent_at
+                .map_or("never".to_owned(), |t| format!("{:.1} s", ago(t))),
+            row.ack_attempts,
+            (expiry as f64 - self.now as f64) / 1000.0,
+        ));
+    }
+
+    /// What the chaos left behind that lets a message to a live device fail once the world is
+    /// honest, if there is evidence of it. A lifetime that ran out during the chaos. For an
+    /// exhausted ACK budget: the attempt that spent the last of it was written during the chaos
+    /// (its frame or its ACK may have been lost); the recipient never processed the message (a
+    /// journal frame a lost frame left unreleased, which the relay only redelivers on a new
+    /// connection, or a durability hook still working through the chaos's backlog); its ACK is
+    /// still on its way (the hook's backlog made it late); the relay refused the recipient's
+    /// ACK (its sender's mailbox full, or the sender offline without a mailbox); or the relay
+    /// found the recipient offline for the last attempt (a media chunk
+    /// is not parked, it keeps its ladder). An engine that does not acknowledge what it
+    /// processed has none of these.
+    fn excuse(
+        &self,
+        sender: &str,
+        row: &OutboxRecord,
+        reason: FailReason,
+        expiry: Millis,
+        honest_since: Millis,
+    ) -> Option<&'static str> {
+        let wire_id = courier_proto::wire_id(&row.message.id);
+        let recipient = &self.peers[self.scn.index_of(&row.message.recipient)?];
+        let key = key_of(sender, &wire_id);
+        let last_written = row.last_sent_at.unwrap_or(0);
+        match reason {
+            FailReason::OutboxCapacityExceeded => Some("its outbox was full"),
+            FailReason::OutboxLifetimeExceeded => {
+                (expiry <= honest_since).then_some("its lifetime ran out during the chaos")
+            }
+            FailReason::MaxRetriesExceeded if last_written <= honest_since => {
+                Some("its last attempt was written during the chaos")
+            }
+            FailReason::MaxRetriesExceeded if !recipient.store.is_processed(&key) => {
+                Some("the recipient never processed it")
+            }
+            FailReason::MaxRetriesExceeded if self.ack_on_its_way(sender, &wire_id) => {
+                Some("its ACK was on its way")
+            }
+            FailReason::MaxRetriesExceeded
+                if self
+                    .ledger
+                    .refused(Refused::Ack, sender, &wire_id)
+                    .is_some() =>
+            {
+                Some("the relay refused its ACK")
+            }
+            FailReason::MaxRetriesExceeded
+                if self
+                    .ledger
+                    .refused(Refused::Attempt, sender, &wire_id)
+                    .is_some_and(|at| at >= last_written) =>
+            {
+                Some("the relay found the recipient offline for its last attempt")
+            }
+            FailReason::MaxRetriesExceeded => None,
+        }
+    }
+
+    /// Whether an end-to-end ACK of `sender`'s `wire_id` is travelling towards it: on a link, or
+    /// queued for its next step.
+    fn ack_on_its_way(&self, sender: &str, wire_id: &str) -> bool {
+        let acks =
+            |message: &Message| message.recipient == sender && message.ack_for() == Some(wire_id);
+        let queued = self.queue.values().any(|ev| match ev {
+            Ev::ToRelay {
+                frame: ToRelay::Send { message, .. },
+                ..
+            }
+            | Ev::ToClient {
+                frame: ToClient::Received { message, .. },
+                ..
+            }
+            | Ev::Local { message, .. } => acks(message),
+            _ => false,
+        });
+        let inbox = self
+            .scn
+            .index_of(sender)
+            .and_then(|p| self.peers[p].run.as_ref());
+        queued
+            || inbox.is_some_and(|run| {
+                run.inbox
+                    .iter()
+                    .any(|input| matches!(input, Input::Inbound { message, .. } if acks(message)))
+            })
     }
 
     /// No end-to-end ACK and no relay hop ack of a data message before it is processed: in the
@@ -176,6 +373,31 @@ impl World {
         let held = self.relay.held_frames();
         if !held.is_empty() {
             violated(format!("the relay never released {held:?}"));
+        }
+        let to_devices = self
+            .ledger
+            .generations()
+            .filter(|(_, rec)| rec.durable && self.scn.index_of(&rec.recipient).is_some());
+        let (sent, delivered) = to_devices.fold((0, 0), |(sent, delivered), (_, rec)| {
+            let ok = rec.settled == Some(Settlement::Delivered);
+            (sent + 1, delivered + u32::from(ok))
+        });
+        if sent > 0 && delivered == 0 {
+            violated(format!(
+                "none of the {sent} messages accepted for live devices was delivered"
+            ));
+        }
+        for (sender, id) in self.probes.iter().flatten() {
+            let settled = self
+                .ledger
+                .outbound
+                .get(&(sender.clone(), id.clone()))
+                .and_then(|rec| rec.settled.clone());
+            if settled != Some(Settlement::Delivered) {
+                violated(format!(
+                    "{sender}'s probe {id}, sent into the quiet honest world, ended as {settled:?}"
+                ));
+            }
         }
         let unsettled = self.ledger.unsettled();
         if let Some((sender, id)) = unsettled.first() {

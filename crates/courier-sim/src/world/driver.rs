@@ -7,6 +7,8 @@ use std::ops::ControlFlow;
 use courier_engine::step::{Host, Step};
 use courier_engine::{HookBatch, Input, PresenceChange};
 
+use super::checks::OutboxView;
+
 use super::*;
 
 impl From<Event> for AppEvent {
@@ -229,13 +231,22 @@ impl World {
             let line = format!("{} <- {}", self.peers[p].name(), describe_input(&input));
             self.trace(|_| line);
         }
-        if let Input::Send(req) = &mut input {
-            req.settled = self.peers[p]
-                .store
-                .settled
-                .get(&req.id)
-                .map(|row| row.settlement.clone());
-            accepted.push(req.id.clone());
+        let name = self.peers[p].name();
+        match &mut input {
+            Input::Send(req) => {
+                req.settled = self.peers[p]
+                    .store
+                    .settled
+                    .get(&req.id)
+                    .map(|row| row.settlement.clone());
+                accepted.push(req.id.clone());
+            }
+            Input::Answer {
+                id,
+                answer: CarrierAnswer::Unreachable(_),
+                ..
+            } => self.ledger.on_refused(Refused::Attempt, name, id, self.now),
+            _ => {}
         }
         step.apply(engine, input, self.now);
     }
@@ -244,21 +255,25 @@ impl World {
     /// bookkeeping to the store.
     pub(super) fn commit(&mut self, p: usize, ops: &[StoreOp], reports: &Reports) {
         let name = self.peers[p].name().to_owned();
-        let mut put_now = BTreeSet::new();
+        let mut outbox = OutboxView::new(&self.peers[p].store.outbox);
         for op in ops {
             match op {
                 StoreOp::Put(record) => {
                     self.ledger
                         .on_put(&name, &record.message.id, &record.message.recipient);
-                    put_now.insert(record.message.id.clone());
+                    outbox.put(record);
                 }
                 StoreOp::Settle { id, settlement, .. } => {
-                    let had_row =
-                        self.peers[p].store.outbox.contains_key(id) || put_now.contains(id);
-                    self.ledger.on_settle(&name, id, settlement, had_row);
-                    if *settlement == Settlement::Delivered {
-                        self.check_delivered(&name, id);
+                    let row = outbox.row(id);
+                    self.ledger.on_settle(&name, id, settlement, row.is_some());
+                    match (settlement, row) {
+                        (Settlement::Delivered, _) => self.check_delivered(&name, id),
+                        (Settlement::Failed(reason), Some(row)) => {
+                            self.check_failed(p, row, *reason, &outbox)
+                        }
+                        (Settlement::Failed(_), None) => {}
                     }
+                    outbox.settle(id);
                 }
                 StoreOp::CommitInbound { keys, .. } => {
                     let peer = &self.peers[p];
@@ -488,7 +503,7 @@ impl World {
         self.counts.hook_batches += 1;
         let keys: Vec<InboundKey> = batch.messages.iter().map(|m| m.key.clone()).collect();
         let poisoned = batch.messages.iter().any(|m| m.message.content == POISON);
-        let choice = if self.honest {
+        let choice = if self.honest() {
             0
         } else if poisoned {
             1
@@ -501,7 +516,7 @@ impl World {
                 profile.crash_after_commit,
             ])
         };
-        let delay = if self.honest {
+        let delay = if self.honest() {
             self.rng.range(1, 50)
         } else {
             self.rng.range(1, profile.max_delay)

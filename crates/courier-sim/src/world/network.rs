@@ -77,7 +77,7 @@ impl World {
             let writes = self.relay.disconnect(session.conn);
             self.relay_writes(writes);
         }
-        let delay = if self.honest {
+        let delay = if self.honest() {
             self.rng.range(0, 200)
         } else {
             backoff + self.rng.range(0, backoff / 4)
@@ -88,7 +88,7 @@ impl World {
     /// Arrival times of one frame's copies (none when lost).
     pub(super) fn link_delays(&mut self, faults: LinkFaults, exempt: bool) -> Vec<Millis> {
         let base = self.rng.range(faults.latency.0, faults.latency.1);
-        if self.honest || exempt {
+        if self.honest() || exempt {
             return vec![base];
         }
         if self.rng.chance(faults.loss) {

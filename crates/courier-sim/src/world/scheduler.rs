@@ -51,7 +51,7 @@ impl Action {
 
 impl World {
     pub(super) fn chaos(&mut self) {
-        if self.honest {
+        if self.honest() {
             return;
         }
         if self.chaos_left == 0 {
@@ -136,12 +136,7 @@ impl World {
         } else {
             ContentType::Text
         };
-        let priority = *self.rng.pick(&[
-            Priority::Low,
-            Priority::Medium,
-            Priority::High,
-            Priority::Critical,
-        ]);
+        let priority = *self.rng.pick(&PRIORITIES);
         // An app-chosen id half the time; otherwise one the runtime mints, as the client does.
         let app_chosen = self.rng.chance(500);
         self.next_id += 1;
@@ -178,6 +173,33 @@ impl World {
             peer.app.owed.insert(id, req.clone());
         }
         peer.push(Input::Send(req), now);
+    }
+
+    /// Round `round` of the probes: every device sends one message of the round's priority, to
+    /// the device `round + 1` places on (so each device gets one probe per round).
+    pub(super) fn probe(&mut self, round: usize) {
+        let n = self.peers.len();
+        let shift = 1 + round % (n - 1);
+        let priority = PRIORITIES[round];
+        for p in 0..n {
+            let id = format!("{}-probe-{round}", self.peers[p].spec.alias);
+            let req = SendRequest {
+                id: id.clone(),
+                settled: None,
+                recipient: self.peers[(p + shift) % n].name().to_owned(),
+                content: format!("probe {priority:?}"),
+                content_type: ContentType::Text,
+                priority,
+                metadata: BTreeMap::new(),
+                binary_content: None,
+            };
+            self.counts.sends += 1;
+            self.trace(|w| format!("{} probes {} with {id}", w.peers[p].name(), req.recipient));
+            let name = self.peers[p].name().to_owned();
+            self.probes.get_or_insert_with(Vec::new).push((name, id));
+            let now = self.now;
+            self.peers[p].push(Input::Send(req), now);
+        }
     }
 
     /// The app sends again under one of its own ids: a no-op while the message is in the
@@ -259,7 +281,7 @@ impl World {
         peer.run = Some(run);
         let owed: Vec<SendRequest> = peer.app.owed.values().cloned().collect();
         for req in owed {
-            if self.honest || self.rng.chance(700) {
+            if self.honest() || self.rng.chance(700) {
                 self.peers[p].push(Input::Send(req), now);
             } else {
                 self.peers[p].app.owed.remove(&req.id);
@@ -286,7 +308,7 @@ impl World {
             }
         }
         self.sync_links();
-        if self.honest {
+        if self.honest() {
             self.restart(p);
         } else {
             let down = self.rng.range(50, 60 * SEC);
@@ -295,7 +317,7 @@ impl World {
     }
 
     pub(super) fn turn_honest(&mut self) {
-        self.honest = true;
+        self.honest_since = Some(self.now);
         self.trace(|_| "the world turns honest".into());
         self.relay.up = true;
         for p in 0..self.peers.len() {
