@@ -93,10 +93,19 @@ test('an id already delivered or already in the outbox is a no-op', async (t) =>
   assert.equal(id, 'order-42')
   assert.equal(await alice.protocol.sendMessage('bob', 'once', { id: 'order-42' }), 'order-42')
   await waitFor(alice.recorder, (e) => e.type === 'message_delivered' && e.messageId === id)
+  const mark = alice.recorder.events.length
   assert.equal(await alice.protocol.sendMessage('bob', 'once again', { id: 'order-42' }), 'order-42')
-  await new Promise((resolve) => setImmediate(resolve))
-  assert.equal(ofType(alice.recorder, 'message_delivered').length, 1)
-  assert.equal(ofType(bob.recorder, 'message_received').length, 1)
+  // A message sent after it takes the same ordered path through the relay, and its ACK the same
+  // path back: had order-42 been taken again, its frame, its ACK and its events would all have
+  // come before these.
+  const after = await alice.protocol.sendMessage('bob', 'after')
+  await waitFor(bob.recorder, (e) => e.type === 'message_received' && e.messageId === after)
+  await waitFor(alice.recorder, (e) => e.type === 'message_delivered' && e.messageId === after)
+  const since = alice.recorder.events.slice(mark).filter((e) => e.messageId === id)
+  assert.deepEqual(since.map((e) => e.type), [], 'nothing happened to order-42 after it was delivered')
+  assert.equal(ofType(alice.recorder, 'message_delivered').filter((e) => e.messageId === id).length, 1)
+  assert.deepEqual(ofType(bob.recorder, 'message_received').map((e) => e.content), ['once', 'after'])
+  assert.equal(await alice.protocol.getMessageStatus(id), 'delivered')
 })
 
 test('diagnostics are forwarded at the configured logLevel and above only', async (t) => {

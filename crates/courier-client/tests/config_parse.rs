@@ -176,15 +176,19 @@ fn the_full_reliability_example_parses() {
 fn every_option_set() {
     let pem = test_pem();
     let pem = pem.as_str();
+    let seal_key = base64::engine::general_purpose::STANDARD.encode([9u8; 32]);
     let c = ok(json!({
         "appId": "field-ops",
-        "storage": { "memory": true },
-        "transports": { "internet": {
-            "url": "wss://relay.example.com:8443/ws?x=1",
-            "authToken": jwt(json!({"sub": "medic-7"})),
-            "tls": { "caCertificates": pem },
-            "autoReconnect": false,
-        }},
+        "storage": { "memory": true, "identitySealKey": seal_key },
+        "transports": {
+            "internet": {
+                "url": "wss://relay.example.com:8443/ws?x=1",
+                "authToken": jwt(json!({"sub": "medic-7"})),
+                "tls": { "caCertificates": pem },
+                "autoReconnect": false,
+            },
+            "gateway": { "address": "[::1]:4300" },
+        },
         "reliability": {
             "ack": { "defaultTimeoutMs": 1, "maxPendingAcks": 1 },
             "retry": {
@@ -196,8 +200,11 @@ fn every_option_set() {
         "inboundDurabilityHook": true,
         "inboundDurabilityHookTimeoutMs": 1234,
         "logLevel": "trace",
+        "acceptLegacyControlV1": true,
     }));
     assert_eq!(c.storage, StorageConfig::Memory);
+    assert_eq!(*c.identity_seal_key.as_ref().unwrap().bytes(), [9u8; 32]);
+    assert_eq!(c.gateway.as_ref().unwrap().address, "[::1]:4300");
     let i = c.internet.as_ref().unwrap();
     assert!(i.tls && !i.host_is_loopback && !i.auto_reconnect);
     assert_eq!(i.ca_certificates.as_deref(), Some(pem));
@@ -211,6 +218,7 @@ fn every_option_set() {
     assert_eq!(e.backoff_multiplier, 1.0);
     assert_eq!(e.outbox_max_lifetime_ms, 1);
     assert!(e.edge_driven_unreachable_dm);
+    assert!(e.accept_legacy_control_v1);
     // Untouched engine fields keep their defaults.
     let d = Config::new("field-ops");
     assert_eq!(

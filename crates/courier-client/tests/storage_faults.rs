@@ -28,8 +28,20 @@ const SECRET: &[u8] = b"storage-fault-secret";
 const FAULT_DIR: &str = "COURIER_FAULT_DIR";
 const SMALL_FS_KIB: u32 = 2048;
 
+/// The name libtest knows the calling test function by: its path in this crate. Derived from the
+/// function itself, so a renamed test still runs its own scenario in the child.
+macro_rules! this_test {
+    () => {{
+        fn here() {}
+        let path = std::any::type_name_of_val(&here);
+        let path = path.strip_suffix("::here").expect("a function's path");
+        path.split_once("::").expect("a path inside the crate").1
+    }};
+}
+
 /// In the parent: runs `test` again in a child with a `SMALL_FS_KIB` tmpfs mounted on a fresh
-/// directory, requires it to pass, and returns `None`. In that child: returns the directory.
+/// directory, requires exactly that test to have run there and passed, and returns `None`. In
+/// that child: returns the directory.
 fn small_fs(test: &str) -> Option<PathBuf> {
     if let Ok(dir) = std::env::var(FAULT_DIR) {
         return Some(PathBuf::from(dir));
@@ -39,7 +51,7 @@ fn small_fs(test: &str) -> Option<PathBuf> {
         "mount -t tmpfs -o size={SMALL_FS_KIB}k tmpfs \"$1\" && \
          exec \"$2\" --exact \"$3\" --nocapture --test-threads=1"
     );
-    let status = Command::new("unshare")
+    let output = Command::new("unshare")
         .args([
             "--user",
             "--map-root-user",
@@ -53,9 +65,21 @@ fn small_fs(test: &str) -> Option<PathBuf> {
         .arg(std::env::current_exe().unwrap())
         .arg(test)
         .env(FAULT_DIR, dir.path())
-        .status()
+        .output()
         .expect("unshare (util-linux) runs the scenario in its own mount namespace");
-    assert!(status.success(), "{test} failed on its small file system");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    print!("{stdout}");
+    eprint!("{stderr}");
+    assert!(
+        output.status.success(),
+        "{test} failed on its small file system"
+    );
+    // `--exact` with a name that matches no test runs nothing and still succeeds.
+    assert!(
+        stdout.contains(&format!("test {test} ... ok")) && stdout.contains(" 1 passed"),
+        "the child did not run {test}"
+    );
     None
 }
 
@@ -231,9 +255,7 @@ fn full_disk_while_running(dir: PathBuf) {
 
 #[test]
 fn a_full_disk_refuses_sends_and_acknowledges_nothing_it_could_not_store() {
-    if let Some(dir) =
-        small_fs("a_full_disk_refuses_sends_and_acknowledges_nothing_it_could_not_store")
-    {
+    if let Some(dir) = small_fs(this_test!()) {
         full_disk_while_running(dir);
     }
 }
@@ -242,9 +264,7 @@ fn a_full_disk_refuses_sends_and_acknowledges_nothing_it_could_not_store() {
 /// the fault is gone.
 #[test]
 fn a_start_on_a_faulty_file_system_fails_cleanly_and_leaves_the_store_as_it_was() {
-    let Some(dir) =
-        small_fs("a_start_on_a_faulty_file_system_fails_cleanly_and_leaves_the_store_as_it_was")
-    else {
+    let Some(dir) = small_fs(this_test!()) else {
         return;
     };
     runtime().block_on(async move {

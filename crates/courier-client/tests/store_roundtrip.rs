@@ -3,11 +3,12 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use courier_client::store::{MessageStatus, Store, SCHEMA_VERSION};
+use courier_client::store::{MessageStatus, Store, StoreError, SCHEMA_VERSION};
 use courier_engine::io::{
     EntryState, FailReason, InboundKey, OutboxRecord, ProcessedKey, Settlement, StoreOp,
 };
 use courier_proto::{ContentType, Message, Priority};
+use rusqlite::ErrorCode;
 use serde_json::json;
 
 fn message(i: u64) -> Message {
@@ -320,13 +321,31 @@ fn prune_settled_bounds_by_age_and_count() {
     assert_eq!(store.settled("m49").unwrap(), None);
 }
 
+/// One transaction: a batch that cannot be written to the end leaves none of its rows behind,
+/// though its first ones would have fit on their own.
 #[test]
 fn a_large_batch_is_one_transaction() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = open(dir.path());
+    store.commit(&[StoreOp::Put(record(1000))]).unwrap();
     let records: Vec<OutboxRecord> = (0..500).map(record).collect();
+
+    // The disk is full: the file may not grow past its size now.
+    store.cap_size_for_faults(0).unwrap();
+    match store.commit(&put_all(&records)).unwrap_err() {
+        StoreError::Sqlite(e) => assert_eq!(e.sqlite_error_code(), Some(ErrorCode::DiskFull)),
+        other => panic!("expected SQLITE_FULL, got {other}"),
+    }
+    assert_eq!(store.load_outbox().unwrap(), vec![record(1000)]);
+    // Not the batch's first row that failed: on its own it fits in the pages the file has.
+    store.commit(&put_all(&records[..1])).unwrap();
+    assert_eq!(store.load_outbox().unwrap().len(), 2);
+    drop(store);
+
+    // With room again the whole batch lands.
+    let mut store = open(dir.path());
     store.commit(&put_all(&records)).unwrap();
-    assert_eq!(store.load_outbox().unwrap().len(), 500);
+    assert_eq!(store.load_outbox().unwrap().len(), 501);
 }
 
 #[test]

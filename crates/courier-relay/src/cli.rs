@@ -264,6 +264,8 @@ impl Flags {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
     use crate::RateLimit;
 
@@ -297,11 +299,23 @@ mod tests {
         assert!(config.tls.is_none());
     }
 
+    /// The flags the relay's `--help` documents.
+    fn documented_flags() -> BTreeSet<&'static str> {
+        HELP.lines()
+            .map(str::trim_start)
+            .filter(|line| line.starts_with("--"))
+            .filter_map(|line| line.split_whitespace().next())
+            .collect()
+    }
+
     #[test]
     fn every_flag_is_applied() {
         let secret = secret_file("k");
         let path = secret.path().to_str().unwrap();
-        let config = run(&[
+        let cert = secret_file("the certificate chain");
+        let key = secret_file("the private key");
+        let tls_key = format!("--tls-key={}", key.path().to_str().unwrap());
+        let full = [
             "--listen=0.0.0.0:9000",
             "--db",
             "relay.db",
@@ -316,9 +330,14 @@ mod tests {
             "30",
             "--rate-per-sec",
             "10",
-        ]);
+            "--tls-cert",
+            cert.path().to_str().unwrap(),
+            &tls_key,
+        ];
+        let config = run(&full);
         assert_eq!(config.listen, "0.0.0.0:9000".parse().unwrap());
         assert_eq!(config.storage, Storage::Path("relay.db".into()));
+        assert_eq!(config.jwt_secret, b"k");
         assert_eq!(
             config.mailbox,
             Some(MailboxLimits {
@@ -334,8 +353,29 @@ mod tests {
                 per_sec: 10
             }
         );
-        let no_mailbox = run(&["--memory", "--no-mailbox", "--jwt-secret-file", path]);
-        assert_eq!(no_mailbox.mailbox, None);
+        assert_eq!(
+            config.tls,
+            Some(TlsConfig {
+                cert_pem: "the certificate chain".into(),
+                key_pem: "the private key".into(),
+            })
+        );
+        let switches = ["--memory", "--no-mailbox", "--jwt-secret-file", path];
+        let switched = run(&switches);
+        assert_eq!(switched.storage, Storage::Memory);
+        assert_eq!(switched.mailbox, None);
+        let help = ["--help"];
+        assert!(matches!(parse(&args(&help)), Ok(CliCommand::Help)));
+
+        // Every documented flag was given above, and nothing else.
+        let given: BTreeSet<&str> = full
+            .iter()
+            .chain(&switches)
+            .chain(&help)
+            .filter(|a| a.starts_with("--"))
+            .map(|a| a.split('=').next().unwrap())
+            .collect();
+        assert_eq!(given, documented_flags());
     }
 
     fn gateway(list: &[&str]) -> GatewayConfig {

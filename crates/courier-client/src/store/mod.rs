@@ -415,9 +415,10 @@ impl Store {
         Ok(n)
     }
 
-    /// Caps the database at its current size plus `extra_pages`, the way a full disk would
-    /// (SQLITE_FULL on the next commit that needs more): for fault-injection tests.
-    #[doc(hidden)]
+    /// Test hook (feature `test-hooks`): caps the database at its current size plus
+    /// `extra_pages`, the way a full disk would (SQLITE_FULL on the next commit that needs
+    /// more), for fault-injection tests.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn cap_size_for_faults(&self, extra_pages: u32) -> Result<(), StoreError> {
         let pages: u32 = self.conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
         self.conn.query_row(

@@ -107,7 +107,7 @@ fn idempotent_ids() {
 }
 
 #[test]
-fn an_id_already_delivered_is_a_no_op_in_the_same_input() {
+fn an_id_already_delivered_is_a_no_op_in_the_same_input_and_after() {
     let mut sim = Sim::with_defaults();
     sim.carrier_up();
     let mut req = request(BOB, Priority::High, ContentType::Text, "order-7");
@@ -116,6 +116,10 @@ fn an_id_already_delivered_is_a_no_op_in_the_same_input() {
     assert!(!sim.submit(req));
     assert_eq!(sim.mark(), mark, "no store op, event or transmit");
     assert_eq!(sim.status("order-7"), None);
+    assert_eq!(sim.engine.next_deadline(), None, "no timer either");
+    // Nothing turns up later: past every ACK timeout, retry and lifetime of a live entry.
+    sim.advance(sim.config.absolute_lifetime_ms());
+    assert_eq!(sim.mark(), mark, "nothing later either");
 }
 
 #[test]
