@@ -150,7 +150,11 @@ mod tests {
         assert_eq!(c.dedup_retention_ms(), 28 * DAY);
         c.outbox_max_lifetime_ms = DAY;
         assert_eq!(c.absolute_lifetime_ms(), 4 * DAY);
-        assert_eq!(c.dedup_retention_ms(), 28 * DAY, "a short lifetime keeps 28 days");
+        assert_eq!(
+            c.dedup_retention_ms(),
+            28 * DAY,
+            "a short lifetime keeps 28 days"
+        );
         c.outbox_max_lifetime_ms = 10 * DAY;
         assert_eq!(c.dedup_retention_ms(), 40 * DAY, "a long one is outlived");
     }

@@ -118,7 +118,10 @@ mod tests {
         dedup.record(key("a"), 0);
         dedup.record(key("a"), 1);
         dedup.record(key("b"), 2);
-        assert!(dedup.contains(&key("a"), 3), "a holds one of the two places");
+        assert!(
+            dedup.contains(&key("a"), 3),
+            "a holds one of the two places"
+        );
         assert!(dedup.contains(&key("b"), 3));
     }
 
