@@ -4,14 +4,14 @@ use super::*;
 use crate::OutboxRecord;
 
 impl Engine {
-    /// The engine's own consistency: indexes match phases, the in-flight cap holds, parked
-    /// entries always have a probe timer or rest by the edge-driven rule, the watchlist follows
-    /// the parking bookkeeping, no Put is left unemitted between calls.
     /// The id of the batch with the durability hook, if one is.
     pub(crate) fn batch_with_hook(&self) -> Option<u64> {
         self.hook.as_ref().and_then(HookPipeline::with_hook)
     }
 
+    /// The engine's own consistency: indexes match phases, the in-flight cap holds, parked
+    /// entries always have a probe timer or rest by the edge-driven rule, the watchlist follows
+    /// the parking bookkeeping, no Put is left unemitted between calls.
     pub(crate) fn check_invariants(&self) {
         self.outbox.check();
         self.presence.check();
@@ -65,7 +65,7 @@ impl Engine {
         );
         for recipient in &self.parking.recipients() {
             assert!(
-                self.outbox.has_recipient(recipient),
+                !self.outbox.keys_to(recipient).is_empty(),
                 "parking record of {recipient} outlived its entries"
             );
             assert_eq!(

@@ -851,3 +851,128 @@ fn a_batch_the_hook_does_not_settle_in_time_counts_as_refused() {
     );
     assert_eq!(sim.engine.inbound_buffered(), 0);
 }
+
+#[test]
+fn the_byte_bound_admits_a_message_that_fills_it_exactly() {
+    let size = message_from(BOB, "b0").content.len();
+    let mut sim = hooked_with(HookConfig {
+        max_buffered_bytes: 3 * size,
+        ..HookConfig::default()
+    });
+    sim.drain_started();
+    for n in 0..3 {
+        deliver(&mut sim, &format!("b{n}"), 100 + n);
+    }
+    assert_eq!(
+        sim.engine.inbound_buffered(),
+        3,
+        "the third fills it exactly"
+    );
+    let mark = sim.mark();
+    deliver(&mut sim, "b3", 103);
+    assert_eq!(
+        shape(&sim, mark),
+        ["diagnostic"],
+        "one byte over is refused"
+    );
+    assert_eq!(sim.engine.inbound_buffered(), 3);
+}
+
+/// The ids of every batch the hook is offered, each committed, until none is left.
+fn offered_batches(sim: &mut Sim) -> Vec<Vec<String>> {
+    let mut batches = Vec::new();
+    while let Some(batch) = sim.poll_hook() {
+        batches.push(ids(&batch).into_iter().map(str::to_owned).collect());
+        sim.hook_result(true);
+    }
+    batches
+}
+
+/// Five buffered rows (never offered before the restart), restored under `config`.
+fn restored_batches(config: HookConfig) -> Vec<Vec<String>> {
+    let mut sim = hooked_with(config);
+    sim.drain_started();
+    for n in 0..5 {
+        deliver(&mut sim, &format!("b{n}"), 100 + n);
+    }
+    sim.restart();
+    assert_eq!(sim.engine.inbound_buffered(), 5);
+    offered_batches(&mut sim)
+}
+
+fn batch_ids(shape: &[&[&str]]) -> Vec<Vec<String>> {
+    shape
+        .iter()
+        .map(|batch| batch.iter().map(|id| (*id).to_owned()).collect())
+        .collect()
+}
+
+#[test]
+fn restored_rows_are_offered_in_batches_closed_by_count() {
+    let batches = restored_batches(HookConfig {
+        batch_max_messages: 2,
+        ..HookConfig::default()
+    });
+    assert_eq!(
+        batches,
+        batch_ids(&[&["b0", "b1"], &["b2", "b3"], &["b4"]]),
+        "the last partial batch is offered too"
+    );
+}
+
+#[test]
+fn restored_rows_are_offered_in_batches_closed_by_bytes() {
+    let size = message_from(BOB, "b0").content.len();
+    // Exactly two rows fill a batch.
+    let batches = restored_batches(HookConfig {
+        batch_max_bytes: 2 * size,
+        ..HookConfig::default()
+    });
+    assert_eq!(batches, batch_ids(&[&["b0", "b1"], &["b2", "b3"], &["b4"]]));
+    // Two and a half: a third row would pass the bound, so the batch closes before it.
+    let batches = restored_batches(HookConfig {
+        batch_max_bytes: 2 * size + size / 2,
+        ..HookConfig::default()
+    });
+    assert_eq!(batches, batch_ids(&[&["b0", "b1"], &["b2", "b3"], &["b4"]]));
+}
+
+#[test]
+fn two_batches_refused_at_once_are_both_offered_again() {
+    let mut sim = hooked_with(HookConfig {
+        batch_max_messages: 1,
+        ..HookConfig::default()
+    });
+    sim.drain_started();
+    deliver(&mut sim, "b0", 100);
+    deliver(&mut sim, "b1", 101);
+    sim.drain_complete(2);
+    for expected in ["b0", "b1"] {
+        let batch = sim.poll_hook().expect("a batch");
+        assert_eq!(ids(&batch), [expected]);
+        sim.hook_result(false);
+    }
+    sim.advance(SEC);
+    let mut again: Vec<String> = offered_batches(&mut sim).concat();
+    again.sort();
+    assert_eq!(again, ["b0", "b1"], "neither refusal hides the other");
+}
+
+#[test]
+fn the_ack_of_a_carried_message_goes_back_to_its_carrier_while_the_link_holds() {
+    let mut sim = hooked();
+    sim.carrier_up();
+    sim.local_up(BLE);
+    sim.discover(CAROL, BLE);
+    // Carol hands over Bob's message: the relay is up and the direct route to Bob is the relay,
+    // but the ACK goes back the way the message came while Carol is still there.
+    sim.inbound(message_from(BOB, "b1"), over_ble(CAROL));
+    sim.poll_hook().unwrap();
+    let mark = sim.mark();
+    sim.hook_result(true);
+    let (carrier, peer, acked) = acks_since(&sim, mark).pop().expect("an ACK");
+    assert_eq!(
+        (carrier, peer.as_deref(), acked.as_str()),
+        (Carrier::Local(BLE.to_owned()), Some(CAROL), "b1")
+    );
+}

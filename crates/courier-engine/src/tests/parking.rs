@@ -495,6 +495,10 @@ fn a_media_chunk_is_not_parked_but_keeps_its_pending_ack() {
         ),
         "normal retry exhaustion"
     );
+    assert!(
+        sim.engine.presence_watchlist().is_empty(),
+        "its last message settled: nothing left to watch it for"
+    );
 }
 
 #[test]
