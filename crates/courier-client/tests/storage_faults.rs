@@ -21,7 +21,7 @@ use courier_client::store::MessageStatus;
 use courier_engine::Event;
 use courier_relay::{RelayConfig, Storage};
 use serde_json::json;
-use support::wait_for;
+use support::{connected, wait_for};
 
 const SECRET: &[u8] = b"storage-fault-secret";
 /// Set in the child: the directory its small file system is mounted on.
@@ -155,16 +155,6 @@ fn engine_event(e: &ClientEvent) -> Option<&Event> {
         ClientEvent::Engine(e) => Some(e),
         _ => None,
     }
-}
-
-fn connected(e: &ClientEvent) -> bool {
-    matches!(
-        e,
-        ClientEvent::RelayStatusChanged {
-            connected: true,
-            ..
-        }
-    )
 }
 
 fn delivered(id: &str) -> impl Fn(&ClientEvent) -> bool + '_ {

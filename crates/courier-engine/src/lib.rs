@@ -101,7 +101,6 @@
 
 mod ack;
 pub mod config;
-mod control_gate;
 mod dedup;
 mod engine;
 pub mod event;
@@ -114,6 +113,7 @@ mod outbox;
 mod parking;
 mod presence;
 mod retry_queue;
+mod sender_gate;
 pub mod step;
 mod timers;
 

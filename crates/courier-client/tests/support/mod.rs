@@ -80,3 +80,14 @@ pub fn warning(e: &ClientEvent) -> Option<(String, &'static str, String)> {
         _ => None,
     }
 }
+
+/// The relay carrier came up.
+pub fn connected(e: &ClientEvent) -> bool {
+    matches!(
+        e,
+        ClientEvent::RelayStatusChanged {
+            connected: true,
+            ..
+        }
+    )
+}

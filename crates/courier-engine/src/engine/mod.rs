@@ -11,7 +11,6 @@ use serde_json::Value;
 
 use crate::ack::{self, AfterTimeout};
 use crate::config::Config;
-use crate::control_gate::{ControlGate, Verdict};
 use crate::dedup::Dedup;
 use crate::event::{DiagnosticLevel, Event};
 use crate::hook::{Commit, HookPipeline, Sink};
@@ -26,6 +25,7 @@ use crate::neighbors::Neighbors;
 use crate::outbox::{self, Class, Entry, Key, Outbox, Phase};
 use crate::parking::{Park, Parking, ResendBudget, EDGE_DRIVEN_PROBES};
 use crate::presence::Presence;
+use crate::sender_gate::{SenderGate, Verdict};
 use crate::timers::{Gate, Slot, Timers};
 
 mod bookkeeping;
@@ -71,7 +71,7 @@ pub struct Engine {
     dedup: Dedup,
     /// The durability hook's pipeline, when the app registered a hook.
     hook: Option<HookPipeline>,
-    control: ControlGate,
+    gate: SenderGate,
     carriers: BTreeSet<Carrier>,
     lamport: u64,
     last_send_seq: u64,
@@ -89,9 +89,9 @@ impl Engine {
     pub fn new(config: Config, local_identity: String) -> Self {
         let dedup = Dedup::new(config.dedup_max_entries, config.dedup_retention_ms());
         let hook = config.durability_hook.clone().map(HookPipeline::new);
-        let control = ControlGate::new(config.accept_legacy_control_v1);
+        let gate = SenderGate::new(config.accept_legacy_control_v1);
         Self {
-            control,
+            gate,
             config,
             local_identity,
             account: None,

@@ -1,4 +1,4 @@
-//! Inbound: data messages and delivery ACKs from every carrier, dedup, the control gate, the
+//! Inbound: data messages and delivery ACKs from every carrier, dedup, the sender gate, the
 //! durability hook's commits, and the delivery ACKs and frame releases that follow processing.
 
 use super::*;
@@ -51,7 +51,7 @@ impl Engine {
             return;
         }
         if message.ack_for().is_none() {
-            match self.control.check(&message, &origin, now) {
+            match self.gate.check(&message, &origin, now) {
                 Verdict::NotControl => {}
                 Verdict::Verified => {
                     // Authentic, but no control verb is consumed yet: processed (so a resend is

@@ -4,7 +4,6 @@
 //! when a scenario says so. After every engine call it checks the crate's invariants.
 
 mod chaos;
-mod control_gate;
 mod custody;
 mod gateway;
 mod inbound;
@@ -15,6 +14,7 @@ mod lifetime;
 mod neighbors;
 mod parking;
 mod presence;
+mod sender_gate;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -152,7 +152,7 @@ pub(crate) struct Sim {
     pub acked_by_recipient: BTreeSet<String>,
     terminal: BTreeMap<String, u32>,
     /// When each inbound (sender, id) last reached the application.
-    received: BTreeMap<(String, String), Millis>,
+    pub(crate) received: BTreeMap<(String, String), Millis>,
     /// The store's `pending_inbound` table: rows buffered for the durability hook.
     pub inbound_rows: BTreeMap<InboundKey, PendingInbound>,
     /// Keys the store holds as processed (`MarkProcessed`, `CommitInbound`).
@@ -161,9 +161,9 @@ pub(crate) struct Sim {
     pub commits: BTreeMap<InboundKey, (u32, Millis)>,
     /// Keys removed by retention, and how many rows were.
     pub expired: BTreeSet<InboundKey>,
-    /// Control frames (signature-gated content): the gate may drop them, which releases them
-    /// without processing.
-    pub gated: BTreeSet<InboundKey>,
+    /// Seqs of frames the sender gate may drop (control frames, and messages claiming another
+    /// sender than their stamp), which releases them without processing.
+    pub gated: BTreeSet<u64>,
     pub expired_rows: usize,
     /// The batch with the hook now, and every batch offered (when).
     pub hook: Option<HookBatch>,
@@ -425,8 +425,10 @@ impl Sim {
         if let (None, Some(seq)) = (message.ack_for(), origin.seq) {
             // The relay journals a data frame until it is released.
             let key = inbound_key(&message);
-            if courier_proto::is_signature_gated(&message.content) {
-                self.gated.insert(key.clone());
+            let vouched = message.sender == origin.stamped_sender
+                || origin.sender_account.as_deref() == Some(message.sender.as_str());
+            if courier_proto::is_signature_gated(&message.content) || !vouched {
+                self.gated.insert(seq);
             }
             if let Some(known) = self.seq_keys.insert(seq, key.clone()) {
                 assert_eq!(known, key, "seq {seq} reused for another message");
@@ -1059,7 +1061,7 @@ impl Sim {
                     assert!(
                         self.processed_keys.contains(key)
                             || self.expired.contains(key)
-                            || self.gated.contains(key),
+                            || self.gated.contains(seq),
                         "seq {seq} of {key:?} released before it was processed"
                     );
                     assert!(

@@ -1,6 +1,7 @@
-//! Signature-gated control frames on the way in: only a fresh, valid signature by the identity
-//! the carrier vouches for gets through; everything else is dropped, never ACKed end to end,
-//! the relay hop still released, and reported once per (peer, code).
+//! Who sent it, on the way in: over the relay or a gateway a message must claim the identity the
+//! carrier authenticated, and a signature-gated control frame also needs a fresh, valid signature
+//! by that identity; everything else is dropped before dedup, never ACKed end to end, its relay
+//! frame still released, and reported once per (peer, code).
 
 use std::collections::BTreeMap;
 
@@ -64,7 +65,7 @@ fn outputs(sim: &Sim, mark: usize) -> Vec<String> {
             Out::Transmit(Transmit {
                 kind: TransmitKind::ReleaseFrame { .. },
                 ..
-            }) => "hop_ack".into(),
+            }) => "release".into(),
             other => format!("{other:?}"),
         })
         .collect()
@@ -84,11 +85,11 @@ fn an_unsigned_control_frame_is_dropped_and_reported_once_per_peer() {
     let address = key.address().to_string();
     assert_eq!(
         inbound(&mut sim, control(&key, "c1", None), relayed(&address, 1)),
-        ["diagnostic", "warning UNSIGNED_CONTROL_REJECTED", "hop_ack"]
+        ["diagnostic", "warning UNSIGNED_CONTROL_REJECTED", "release"]
     );
     assert_eq!(
         inbound(&mut sim, control(&key, "c2", None), relayed(&address, 2)),
-        ["diagnostic", "hop_ack"],
+        ["diagnostic", "release"],
         "the same (peer, code) is reported once"
     );
 }
@@ -104,7 +105,7 @@ fn a_control_frame_from_another_connection_than_its_signer_is_refused() {
         [
             "diagnostic",
             "warning TRANSPORT_IDENTITY_MISMATCH",
-            "hop_ack"
+            "release"
         ]
     );
 }
@@ -123,7 +124,7 @@ fn stale_and_future_signatures_are_refused_and_a_good_copy_still_enters() {
             control(&key, "c1", Some(now - 31 * DAY)),
             relayed(&address, 1)
         ),
-        ["diagnostic", "warning CONTROL_SIGNATURE_STALE", "hop_ack"]
+        ["diagnostic", "warning CONTROL_SIGNATURE_STALE", "release"]
     );
     assert_eq!(
         inbound(
@@ -131,7 +132,7 @@ fn stale_and_future_signatures_are_refused_and_a_good_copy_still_enters() {
             control(&key, "c1", Some(now + 2 * DAY)),
             relayed(&address, 2)
         ),
-        ["diagnostic", "hop_ack"]
+        ["diagnostic", "release"]
     );
     // The refused copies left no dedup mark: a valid one is acknowledged (and never handed to
     // the application — no control verb is consumed yet).
@@ -141,7 +142,7 @@ fn stale_and_future_signatures_are_refused_and_a_good_copy_still_enters() {
             control(&key, "c1", Some(now)),
             relayed(&address, 3)
         ),
-        ["mark_processed", "diagnostic", "ack", "hop_ack"]
+        ["mark_processed", "diagnostic", "ack", "release"]
     );
     // A resend of the accepted frame is only re-ACKed.
     assert_eq!(
@@ -150,7 +151,7 @@ fn stale_and_future_signatures_are_refused_and_a_good_copy_still_enters() {
             control(&key, "c1", Some(now)),
             relayed(&address, 4)
         ),
-        ["ack", "hop_ack"]
+        ["ack", "release"]
     );
 }
 
@@ -165,6 +166,136 @@ fn a_tampered_control_frame_is_refused_as_invalid() {
     m.content = "__CONN_REQ__{\"x\":1}".into();
     assert_eq!(
         inbound(&mut sim, m, relayed(&address, 1)),
-        ["diagnostic", "warning CONTROL_SIGNATURE_INVALID", "hop_ack"]
+        ["diagnostic", "warning CONTROL_SIGNATURE_INVALID", "release"]
+    );
+}
+
+const MALLORY: &str = "mallory";
+
+fn relayed_for(stamped: &str, account: &str, seq: u64) -> InboundOrigin {
+    InboundOrigin {
+        sender_account: Some(account.to_owned()),
+        ..relayed(stamped, seq)
+    }
+}
+
+/// The (peer, code) of every security warning so far.
+fn warnings(sim: &Sim) -> Vec<(String, &'static str)> {
+    sim.log
+        .iter()
+        .filter_map(|(_, out)| match out {
+            Out::Event(Event::SecurityWarning {
+                peer_id,
+                reason_code,
+                ..
+            }) => Some((peer_id.clone(), *reason_code)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_relayed_message_claiming_another_sender_is_dropped_and_its_sender_reported_once() {
+    let mut sim = Sim::with_defaults();
+    sim.carrier_up();
+    assert_eq!(
+        inbound(
+            &mut sim,
+            message_from(BOB, "x1"),
+            relayed_for(MALLORY, MALLORY, 1)
+        ),
+        [
+            "diagnostic",
+            "warning TRANSPORT_IDENTITY_MISMATCH",
+            "release"
+        ],
+        "not delivered, not recorded, not acknowledged"
+    );
+    assert_eq!(
+        inbound(
+            &mut sim,
+            message_from(CAROL, "x2"),
+            relayed_for(MALLORY, MALLORY, 2)
+        ),
+        ["diagnostic", "release"]
+    );
+    assert_eq!(
+        warnings(&sim),
+        [(MALLORY.to_owned(), "TRANSPORT_IDENTITY_MISMATCH")],
+        "the warning names who sent it, once"
+    );
+    assert!(sim.received.is_empty());
+}
+
+#[test]
+fn a_forged_copy_of_a_future_id_does_not_swallow_the_real_message() {
+    let mut sim = Sim::with_defaults();
+    sim.carrier_up();
+    inbound(
+        &mut sim,
+        message_from(BOB, "next"),
+        relayed_for(MALLORY, MALLORY, 1),
+    );
+    assert_eq!(
+        inbound(&mut sim, message_from(BOB, "next"), relayed(BOB, 2)),
+        ["mark_processed", "message_received", "ack", "release"],
+        "Bob's own message is new: delivered and acknowledged"
+    );
+    assert_eq!(
+        sim.received.keys().collect::<Vec<_>>(),
+        [&(BOB.to_owned(), "next".to_owned())]
+    );
+}
+
+#[test]
+fn a_gateway_vouches_only_for_the_device_it_attached() {
+    let mut sim = Sim::with_defaults();
+    sim.gateway_up();
+    let via = |stamped: &str| InboundOrigin {
+        carrier: Carrier::Gateway,
+        stamped_sender: stamped.to_owned(),
+        sender_account: None,
+        seq: None,
+    };
+    assert_eq!(
+        inbound(&mut sim, message_from(BOB, "g1"), via(MALLORY)),
+        ["diagnostic", "warning TRANSPORT_IDENTITY_MISMATCH"]
+    );
+    assert_eq!(
+        inbound(&mut sim, message_from(BOB, "g1"), via(BOB)),
+        ["mark_processed", "message_received", "ack"]
+    );
+}
+
+#[test]
+fn the_senders_account_vouches_for_its_messages_too() {
+    let mut sim = Sim::with_defaults();
+    sim.carrier_up();
+    // Bob's connection declared its address; a message naming his account is still his.
+    assert_eq!(
+        inbound(
+            &mut sim,
+            message_from("bob-account", "a1"),
+            relayed_for(BOB, "bob-account", 1)
+        ),
+        ["mark_processed", "message_received", "ack", "release"]
+    );
+}
+
+#[test]
+fn over_an_app_carrier_the_claim_is_not_checked_against_the_peer_id() {
+    let mut sim = Sim::with_defaults();
+    sim.local_up(BLE);
+    sim.discover(CAROL, BLE);
+    let carried = InboundOrigin {
+        carrier: Carrier::Local(BLE.to_owned()),
+        stamped_sender: CAROL.to_owned(),
+        sender_account: None,
+        seq: None,
+    };
+    // Carol hands over Bob's message (a carried copy for this device): delivered as Bob's.
+    assert_eq!(
+        inbound(&mut sim, message_from(BOB, "m1"), carried),
+        ["mark_processed", "message_received", "ack"]
     );
 }
