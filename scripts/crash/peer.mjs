@@ -110,6 +110,8 @@ protocol.onEvent((e) => {
 
 let seq = lastSeq()
 let sending = cfg.send
+/** Every priority in turn: a rule that drops one priority's ACKs fails the liveness check. */
+const PRIORITIES = ['low', 'medium', 'high', 'critical']
 
 /** Bursts of 1–3 concurrent sends (they share one commit), then a pause. */
 async function sendStream() {
@@ -124,7 +126,7 @@ async function sendStream() {
       // storage instead of trusting the log.
       log({ t: 'intent', seq: s, to, ...(id && { id }) })
       burst.push(
-        protocol.sendMessage(to, `${cfg.name}:${s}`, { id, metadata: { seq: String(s) } }).then(
+        protocol.sendMessage(to, `${cfg.name}:${s}`, { id, priority: PRIORITIES[s % 4], metadata: { seq: String(s) } }).then(
           (id) => log({ t: 'sent', seq: s, id, to }),
           (e) => log({ t: 'send_error', seq: s, code: e.code, message: e.message }),
         ),

@@ -272,3 +272,43 @@ fn a_relay_answer_in_the_message_plane_is_dropped_and_released() {
         "not recorded: a good copy may still come"
     );
 }
+
+#[test]
+fn every_priority_is_acknowledged_with_and_without_the_hook() {
+    for hooked in [false, true] {
+        let mut config = Config::new("chat");
+        if hooked {
+            config.durability_hook = Some(crate::config::HookConfig::default());
+        }
+        let mut sim = Sim::new(config);
+        sim.carrier_up();
+        for (n, priority) in [
+            Priority::Critical,
+            Priority::High,
+            Priority::Medium,
+            Priority::Low,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let id = format!("{priority:?}");
+            let mark = sim.mark();
+            sim.inbound(
+                Message {
+                    priority,
+                    ..from_bob(&id)
+                },
+                over_relay(BOB, n as u64 + 1),
+            );
+            if hooked {
+                sim.poll_hook().expect("a batch");
+                sim.hook_result(true);
+            }
+            assert_eq!(
+                sent_ack(&sim, mark).and_then(Message::ack_for),
+                Some(id.as_str()),
+                "{priority:?} (hook: {hooked})"
+            );
+        }
+    }
+}

@@ -1,0 +1,16 @@
+//! End-to-end sessions of offline-courier (`docs/architecture.md#end-to-end-sessions`): MLS
+//! (RFC 9420, with `openmls`) between pairs of devices, credentials bound to each device's
+//! Ed25519 identity key so that an MLS sender is an `off1` address, and state kept as rows the
+//! runtime commits in the same transaction as what they protect.
+//!
+//! Nothing here reads a clock other than openmls's own key-package lifetime check, touches a
+//! file, or decides delivery: the engine decides what is sealed and when; the runtime calls in.
+
+mod sessions;
+mod store;
+
+pub use sessions::{Joined, SessionError, Sessions, CIPHERSUITE};
+pub use store::{Change, RowKey, StoreError};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,401 @@
+//! One MLS session per pair of devices (`docs/architecture.md#end-to-end-sessions`).
+//!
+//! Both members' credentials name their `off1` address and carry the Ed25519 identity key that
+//! address derives from, so the MLS sender of a message *is* its address: a peer's key package,
+//! a Welcome and every message are checked against that binding. Both sides may start a
+//! session at once; the session whose creator has the lower address wins on both sides (the
+//! other side's Welcome is ignored by the winner and replaces the loser's own group). Once the
+//! peer has used a session, a Welcome from it always replaces it: the peer started again.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use courier_proto::{Address, IdentityKey};
+use openmls::prelude::tls_codec::{Deserialize as _, Serialize as _};
+use openmls::prelude::{
+    BasicCredential, Ciphersuite, CredentialWithKey, GroupId, KeyPackage, KeyPackageIn, MlsGroup,
+    MlsGroupCreateConfig, MlsGroupJoinConfig, MlsMessageBodyIn, MlsMessageIn,
+    ProcessedMessageContent, ProtocolMessage, ProtocolVersion, StagedWelcome,
+};
+use openmls_rust_crypto::RustCrypto;
+use openmls_traits::signatures::{Signer, SignerError};
+use openmls_traits::types::SignatureScheme;
+use openmls_traits::OpenMlsProvider;
+use serde::{Deserialize, Serialize};
+
+use crate::store::{Change, RowKey, Store, StoreError};
+
+/// X25519, AES-128-GCM, SHA-256, Ed25519: the suite whose signature scheme is the identity
+/// key's own.
+pub const CIPHERSUITE: Ciphersuite = Ciphersuite::MLS_128_DHKEMX25519_AES128GCM_SHA256_Ed25519;
+
+/// The label of our own rows beside openmls's: which group is the session with a peer.
+const SESSION: &str = "session";
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("{what} does not decode: {detail}")]
+    Malformed { what: &'static str, detail: String },
+    #[error("the {what} is not bound to {peer}: its credential names another identity or key")]
+    NotBound { what: &'static str, peer: Address },
+    #[error("no session with {0}")]
+    NoSession(Address),
+    #[error("the message belongs to no current session with {0}")]
+    UnknownGroup(Address),
+    #[error("MLS refused it: {0}")]
+    Mls(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn mls(error: impl std::fmt::Display) -> SessionError {
+    SessionError::Mls(error.to_string())
+}
+
+fn malformed(
+    what: &'static str,
+) -> impl FnOnce(openmls::prelude::tls_codec::Error) -> SessionError {
+    move |e| SessionError::Malformed {
+        what,
+        detail: e.to_string(),
+    }
+}
+
+/// What a Welcome did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Joined {
+    /// The session with the sender is now the one the Welcome created.
+    Joined,
+    /// This device's own session with the sender wins the tie (this device has the lower
+    /// address): the Welcome is ignored, and the sender will join ours.
+    KeptOurs,
+}
+
+/// The identity key as openmls's signer: pure Ed25519 over what openmls asks to sign.
+struct IdentitySigner(IdentityKey);
+
+impl Signer for IdentitySigner {
+    fn sign(&self, payload: &[u8]) -> Result<Vec<u8>, SignerError> {
+        Ok(self.0.sign(payload).to_vec())
+    }
+
+    fn signature_scheme(&self) -> SignatureScheme {
+        SignatureScheme::ED25519
+    }
+}
+
+struct Provider {
+    crypto: RustCrypto,
+    store: Store,
+}
+
+impl OpenMlsProvider for Provider {
+    type CryptoProvider = RustCrypto;
+    type RandProvider = RustCrypto;
+    type StorageProvider = Store;
+
+    fn storage(&self) -> &Store {
+        &self.store
+    }
+
+    fn crypto(&self) -> &RustCrypto {
+        &self.crypto
+    }
+
+    fn rand(&self) -> &RustCrypto {
+        &self.crypto
+    }
+}
+
+/// Which group is the session with a peer, who created it, and whether the peer has sealed a
+/// message in it (the tie-break only protects a session the peer has not used yet).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    group_id: Vec<u8>,
+    creator: Address,
+    used_by_peer: bool,
+}
+
+struct Session {
+    group: MlsGroup,
+    record: Record,
+}
+
+/// The address a credential names, if it names one that its signature key derives.
+fn bound_address(
+    credential: &openmls::prelude::Credential,
+    signature_key: &[u8],
+) -> Option<Address> {
+    let basic = BasicCredential::try_from(credential.clone()).ok()?;
+    let named = Address::parse(std::str::from_utf8(basic.identity()).ok()?).ok()?;
+    let key: [u8; 32] = signature_key.try_into().ok()?;
+    (Address::from_public_key(&key) == named).then_some(named)
+}
+
+/// This device's MLS state: its sessions with peers and its unused key packages.
+///
+/// Every change stays in memory until [`Sessions::commit`] hands it to the runtime to write, or
+/// [`Sessions::rollback`] forgets it. An operation that fails may leave part of its changes:
+/// the caller rolls back the step it belonged to.
+pub struct Sessions {
+    provider: Provider,
+    signer: IdentitySigner,
+    me: Address,
+    credential: CredentialWithKey,
+    sessions: BTreeMap<Address, Session>,
+    /// Peers whose session changed in memory since the last commit (reloaded on rollback).
+    touched: BTreeSet<Address>,
+}
+
+impl Sessions {
+    /// The state of `identity`'s device as last committed (`rows` as [`Sessions::commit`] gave
+    /// them, none on a first start).
+    pub fn restore(
+        identity: IdentityKey,
+        rows: impl IntoIterator<Item = (RowKey, Vec<u8>)>,
+    ) -> Result<Self, SessionError> {
+        let me = identity.address();
+        let credential = CredentialWithKey {
+            credential: BasicCredential::new(me.to_string().into_bytes()).into(),
+            signature_key: identity.public_key().to_vec().into(),
+        };
+        let mut sessions = Self {
+            provider: Provider {
+                crypto: RustCrypto::default(),
+                store: Store::restore(rows),
+            },
+            signer: IdentitySigner(identity),
+            me,
+            credential,
+            sessions: BTreeMap::new(),
+            touched: BTreeSet::new(),
+        };
+        for (peer, record) in sessions.provider.store.all::<Address, Record>(SESSION)? {
+            let session = sessions.load(&record)?;
+            sessions.sessions.insert(peer, session);
+        }
+        Ok(sessions)
+    }
+
+    fn load(&self, record: &Record) -> Result<Session, SessionError> {
+        let group_id = GroupId::from_slice(&record.group_id);
+        let group = MlsGroup::load(&self.provider.store, &group_id)?
+            .ok_or_else(|| SessionError::Mls(format!("group {group_id:?} is not in storage")))?;
+        Ok(Session {
+            group,
+            record: record.clone(),
+        })
+    }
+
+    pub fn address(&self) -> Address {
+        self.me
+    }
+
+    pub fn has_session(&self, peer: &Address) -> bool {
+        self.sessions.contains_key(peer)
+    }
+
+    /// The peers this device has a session with.
+    pub fn peers(&self) -> impl Iterator<Item = &Address> + '_ {
+        self.sessions.keys()
+    }
+
+    /// A new key package of this device, for a peer to start a session with; its private half
+    /// stays in the state until a Welcome uses it (a last-resort one stays after that too).
+    pub fn key_package(&mut self, last_resort: bool) -> Result<Vec<u8>, SessionError> {
+        let mut builder = KeyPackage::builder();
+        if last_resort {
+            builder = builder.mark_as_last_resort();
+        }
+        let bundle = builder
+            .build(
+                CIPHERSUITE,
+                &self.provider,
+                &self.signer,
+                self.credential.clone(),
+            )
+            .map_err(mls)?;
+        bundle
+            .key_package()
+            .tls_serialize_detached()
+            .map_err(malformed("key package"))
+    }
+
+    /// Starts a session with `peer` from one of its key packages; returns the Welcome for it.
+    /// A session this device had with `peer` is replaced.
+    pub fn start(&mut self, peer: Address, key_package: &[u8]) -> Result<Vec<u8>, SessionError> {
+        let key_package = KeyPackageIn::tls_deserialize_exact(key_package)
+            .map_err(malformed("key package"))?
+            .validate(self.provider.crypto(), ProtocolVersion::Mls10)
+            .map_err(mls)?;
+        let leaf = key_package.leaf_node();
+        if bound_address(leaf.credential(), leaf.signature_key().as_slice()) != Some(peer) {
+            return Err(SessionError::NotBound {
+                what: "key package",
+                peer,
+            });
+        }
+        let config = MlsGroupCreateConfig::builder()
+            .ciphersuite(CIPHERSUITE)
+            .use_ratchet_tree_extension(true)
+            .build();
+        let mut group = MlsGroup::new(
+            &self.provider,
+            &self.signer,
+            &config,
+            self.credential.clone(),
+        )
+        .map_err(mls)?;
+        let (_commit, welcome, _info) = group
+            .add_members(&self.provider, &self.signer, &[key_package])
+            .map_err(mls)?;
+        group.merge_pending_commit(&self.provider).map_err(mls)?;
+        let welcome = welcome
+            .tls_serialize_detached()
+            .map_err(malformed("welcome"))?;
+        self.replace(peer, group, self.me)?;
+        Ok(welcome)
+    }
+
+    /// A Welcome from `from` (a verified control frame of that address).
+    pub fn join(&mut self, from: Address, welcome: &[u8]) -> Result<Joined, SessionError> {
+        if let Some(ours) = self.sessions.get(&from) {
+            if ours.record.creator == self.me && !ours.record.used_by_peer && self.me < from {
+                return Ok(Joined::KeptOurs);
+            }
+        }
+        let MlsMessageBodyIn::Welcome(welcome) = MlsMessageIn::tls_deserialize_exact(welcome)
+            .map_err(malformed("welcome"))?
+            .extract()
+        else {
+            return Err(SessionError::Malformed {
+                what: "welcome",
+                detail: "another kind of MLS message".into(),
+            });
+        };
+        let config = MlsGroupJoinConfig::builder()
+            .use_ratchet_tree_extension(true)
+            .build();
+        let staged =
+            StagedWelcome::new_from_welcome(&self.provider, &config, welcome, None).map_err(mls)?;
+        let members: Vec<_> = staged.members().collect();
+        let sender = staged.welcome_sender().map_err(mls)?;
+        let from_sender = bound_address(sender.credential(), sender.signature_key().as_slice());
+        let others: Vec<_> = members
+            .iter()
+            .filter(|m| m.signature_key != self.credential.signature_key.as_slice())
+            .collect();
+        let bound = members.len() == 2
+            && others.len() == 1
+            && bound_address(&others[0].credential, &others[0].signature_key) == Some(from)
+            && from_sender == Some(from);
+        if !bound {
+            return Err(SessionError::NotBound {
+                what: "welcome",
+                peer: from,
+            });
+        }
+        let group = staged.into_group(&self.provider).map_err(mls)?;
+        self.replace(from, group, from)?;
+        Ok(Joined::Joined)
+    }
+
+    fn replace(
+        &mut self,
+        peer: Address,
+        group: MlsGroup,
+        creator: Address,
+    ) -> Result<(), SessionError> {
+        if let Some(mut old) = self.sessions.remove(&peer) {
+            old.group.delete(&self.provider.store)?;
+        }
+        let record = Record {
+            group_id: group.group_id().as_slice().to_vec(),
+            creator,
+            used_by_peer: false,
+        };
+        self.provider.store.put(SESSION, &peer, &record)?;
+        self.sessions.insert(peer, Session { group, record });
+        self.touched.insert(peer);
+        Ok(())
+    }
+
+    /// `plaintext` sealed for `peer` in the current session with it.
+    pub fn seal(&mut self, peer: &Address, plaintext: &[u8]) -> Result<Vec<u8>, SessionError> {
+        let session = self
+            .sessions
+            .get_mut(peer)
+            .ok_or(SessionError::NoSession(*peer))?;
+        self.touched.insert(*peer);
+        let message = session
+            .group
+            .create_message(&self.provider, &self.signer, plaintext)
+            .map_err(mls)?;
+        message
+            .tls_serialize_detached()
+            .map_err(malformed("sealed message"))
+    }
+
+    /// Opens a message `from` sealed in the current session with it; the MLS sender must be
+    /// `from` itself.
+    pub fn open(&mut self, from: &Address, sealed: &[u8]) -> Result<Vec<u8>, SessionError> {
+        let message: ProtocolMessage = MlsMessageIn::tls_deserialize_exact(sealed)
+            .map_err(malformed("sealed message"))?
+            .try_into_protocol_message()
+            .map_err(mls)?;
+        let session = self
+            .sessions
+            .get_mut(from)
+            .ok_or(SessionError::NoSession(*from))?;
+        if message.group_id() != session.group.group_id() {
+            return Err(SessionError::UnknownGroup(*from));
+        }
+        self.touched.insert(*from);
+        let processed = session
+            .group
+            .process_message(&self.provider, message)
+            .map_err(mls)?;
+        let sender_key = session
+            .group
+            .members()
+            .find(|m| m.credential == *processed.credential())
+            .map(|m| m.signature_key);
+        let bound = sender_key
+            .and_then(|key| bound_address(processed.credential(), &key))
+            .is_some_and(|sender| sender == *from);
+        if !bound {
+            return Err(SessionError::NotBound {
+                what: "message",
+                peer: *from,
+            });
+        }
+        let ProcessedMessageContent::ApplicationMessage(message) = processed.into_content() else {
+            return Err(SessionError::Mls("not an application message".into()));
+        };
+        if !session.record.used_by_peer {
+            session.record.used_by_peer = true;
+            self.provider.store.put(SESSION, from, &session.record)?;
+        }
+        Ok(message.into_bytes())
+    }
+
+    /// Every row changed since the last commit, for the runtime to write in the transaction of
+    /// the step that changed them; from here on they are the committed state.
+    pub fn commit(&mut self) -> Vec<Change> {
+        self.touched.clear();
+        self.provider.store.take_changes()
+    }
+
+    /// Forgets every change since the last commit, in storage and in memory: a step whose
+    /// effects were not kept leaves no trace in the ratchets either.
+    pub fn rollback(&mut self) -> Result<(), SessionError> {
+        self.provider.store.rollback();
+        for peer in std::mem::take(&mut self.touched) {
+            self.sessions.remove(&peer);
+            if let Some(record) = self.provider.store.get::<Record>(SESSION, &peer)? {
+                let session = self.load(&record)?;
+                self.sessions.insert(peer, session);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,195 @@
+//! Two devices, real MLS: sessions bound to addresses, ratchets that survive a restart from the
+//! committed rows, a rolled-back step that can be replayed, and the tie when both start at once.
+
+use courier_proto::IdentityKey;
+
+use crate::{Change, Joined, SessionError, Sessions};
+
+fn device(seed: u8) -> Sessions {
+    Sessions::restore(IdentityKey::from_seed([seed; 32]), []).unwrap()
+}
+
+/// The committed rows of a device, as the runtime would have written them.
+#[derive(Default)]
+struct Rows(std::collections::BTreeMap<Vec<u8>, Vec<u8>>);
+
+impl Rows {
+    fn apply(&mut self, changes: Vec<Change>) {
+        for Change { key, value } in changes {
+            match value {
+                Some(value) => self.0.insert(key, value),
+                None => self.0.remove(&key),
+            };
+        }
+    }
+
+    fn restart(&self, seed: u8) -> Sessions {
+        Sessions::restore(IdentityKey::from_seed([seed; 32]), self.0.clone()).unwrap()
+    }
+}
+
+/// `a` starts a session with `b` from one of `b`'s key packages; `b` joins.
+fn connect(a: &mut Sessions, b: &mut Sessions) {
+    let package = b.key_package(false).unwrap();
+    let welcome = a.start(b.address(), &package).unwrap();
+    assert_eq!(b.join(a.address(), &welcome).unwrap(), Joined::Joined);
+}
+
+#[test]
+fn both_ways_in_one_session_each_message_opened_once() {
+    let (mut alice, mut bob) = (device(1), device(2));
+    connect(&mut alice, &mut bob);
+    for n in 0..20 {
+        let sealed = alice
+            .seal(&bob.address(), format!("a{n}").as_bytes())
+            .unwrap();
+        assert_eq!(
+            bob.open(&alice.address(), &sealed).unwrap(),
+            format!("a{n}").as_bytes()
+        );
+        let sealed = bob
+            .seal(&alice.address(), format!("b{n}").as_bytes())
+            .unwrap();
+        assert_eq!(
+            alice.open(&bob.address(), &sealed).unwrap(),
+            format!("b{n}").as_bytes()
+        );
+    }
+    let sealed = alice.seal(&bob.address(), b"once").unwrap();
+    bob.open(&alice.address(), &sealed).unwrap();
+    assert!(
+        bob.open(&alice.address(), &sealed).is_err(),
+        "a message opens once: its key is gone"
+    );
+}
+
+#[test]
+fn the_ciphertext_holds_no_plaintext() {
+    let (mut alice, mut bob) = (device(1), device(2));
+    connect(&mut alice, &mut bob);
+    let plaintext = b"meet me at the old bridge at nine";
+    let sealed = alice.seal(&bob.address(), plaintext).unwrap();
+    assert!(!sealed
+        .windows(8)
+        .any(|w| plaintext.windows(8).any(|p| p == w)));
+}
+
+#[test]
+fn a_restart_from_the_committed_rows_continues_the_session() {
+    let (mut alice, mut bob) = (device(1), device(2));
+    let (mut alice_rows, mut bob_rows) = (Rows::default(), Rows::default());
+    connect(&mut alice, &mut bob);
+    alice_rows.apply(alice.commit());
+    bob_rows.apply(bob.commit());
+    let sealed = alice.seal(&bob.address(), b"before").unwrap();
+    alice_rows.apply(alice.commit());
+    bob.open(&alice.address(), &sealed).unwrap();
+    bob_rows.apply(bob.commit());
+
+    let (mut alice, mut bob) = (alice_rows.restart(1), bob_rows.restart(2));
+    assert!(alice.has_session(&bob.address()) && bob.has_session(&alice.address()));
+    let sealed = alice.seal(&bob.address(), b"after").unwrap();
+    assert_eq!(bob.open(&alice.address(), &sealed).unwrap(), b"after");
+    let sealed = bob.seal(&alice.address(), b"back").unwrap();
+    assert_eq!(alice.open(&bob.address(), &sealed).unwrap(), b"back");
+}
+
+#[test]
+fn an_open_that_is_not_committed_can_be_done_again() {
+    let (mut alice, mut bob) = (device(1), device(2));
+    connect(&mut alice, &mut bob);
+    bob.commit();
+    let sealed = alice.seal(&bob.address(), b"kept?").unwrap();
+    bob.open(&alice.address(), &sealed).unwrap();
+    // The step that opened it is not kept (a crash before its commit, or a refusal).
+    bob.rollback().unwrap();
+    assert_eq!(bob.open(&alice.address(), &sealed).unwrap(), b"kept?");
+}
+
+#[test]
+fn a_crash_before_the_commit_loses_no_message() {
+    let (mut alice, mut bob) = (device(1), device(2));
+    let mut bob_rows = Rows::default();
+    connect(&mut alice, &mut bob);
+    bob_rows.apply(bob.commit());
+    let sealed = alice.seal(&bob.address(), b"in flight").unwrap();
+    bob.open(&alice.address(), &sealed).unwrap();
+    // Killed before the step's transaction: the rows are as they were.
+    let mut bob = bob_rows.restart(2);
+    assert_eq!(bob.open(&alice.address(), &sealed).unwrap(), b"in flight");
+}
+
+#[test]
+fn when_both_start_at_once_both_end_in_the_lower_addresss_session() {
+    let (mut alice, mut bob) = (device(1), device(2));
+    let (alice_package, bob_package) = (
+        alice.key_package(false).unwrap(),
+        bob.key_package(false).unwrap(),
+    );
+    let from_alice = alice.start(bob.address(), &bob_package).unwrap();
+    let from_bob = bob.start(alice.address(), &alice_package).unwrap();
+    let alice_joins = alice.join(bob.address(), &from_bob).unwrap();
+    let bob_joins = bob.join(alice.address(), &from_alice).unwrap();
+    let lower_is_alice = alice.address() < bob.address();
+    assert_eq!(
+        (alice_joins, bob_joins),
+        if lower_is_alice {
+            (Joined::KeptOurs, Joined::Joined)
+        } else {
+            (Joined::Joined, Joined::KeptOurs)
+        }
+    );
+    let sealed = alice.seal(&bob.address(), b"one session").unwrap();
+    assert_eq!(bob.open(&alice.address(), &sealed).unwrap(), b"one session");
+    let sealed = bob.seal(&alice.address(), b"both ways").unwrap();
+    assert_eq!(alice.open(&bob.address(), &sealed).unwrap(), b"both ways");
+}
+
+#[test]
+fn a_peer_that_lost_its_state_starts_again_and_the_old_session_is_gone() {
+    let (mut alice, mut bob) = (device(1), device(2));
+    connect(&mut alice, &mut bob);
+    let used = bob.seal(&alice.address(), b"bob was here").unwrap();
+    alice.open(&bob.address(), &used).unwrap();
+    let stale = alice.seal(&bob.address(), b"old session").unwrap();
+    // Bob's device is wiped; he starts again from one of Alice's key packages.
+    let mut bob = device(2);
+    connect(&mut bob, &mut alice);
+    assert!(matches!(
+        bob.open(&alice.address(), &stale),
+        Err(SessionError::UnknownGroup(_))
+    ));
+    let fresh = alice.seal(&bob.address(), b"new session").unwrap();
+    assert_eq!(bob.open(&alice.address(), &fresh).unwrap(), b"new session");
+}
+
+#[test]
+fn a_key_package_or_welcome_of_somebody_else_is_refused() {
+    let (mut alice, mut bob, mut mallory) = (device(1), device(2), device(3));
+    let mallorys = mallory.key_package(false).unwrap();
+    assert!(matches!(
+        alice.start(bob.address(), &mallorys),
+        Err(SessionError::NotBound { .. })
+    ));
+    // Mallory starts a session with Bob, and Bob is told it came from Alice.
+    let package = bob.key_package(false).unwrap();
+    let welcome = mallory.start(bob.address(), &package).unwrap();
+    assert!(matches!(
+        bob.join(alice.address(), &welcome),
+        Err(SessionError::NotBound { .. })
+    ));
+    bob.rollback().unwrap();
+    assert!(!bob.has_session(&alice.address()));
+}
+
+#[test]
+fn a_message_is_only_opened_as_its_mls_sender() {
+    let (mut alice, mut bob, mut carol) = (device(1), device(2), device(3));
+    connect(&mut alice, &mut bob);
+    connect(&mut carol, &mut bob);
+    let from_carol = carol.seal(&bob.address(), b"from carol").unwrap();
+    assert!(
+        bob.open(&alice.address(), &from_carol).is_err(),
+        "a message of Carol's session is not Alice's"
+    );
+}
