@@ -270,6 +270,11 @@ mod tests {
         assert!(!budget.available(1000));
         assert_eq!(budget.ready_at(), 1000 + 1000 / RESEND_PER_SEC);
         assert!(!budget.take(1199));
+        assert_eq!(
+            budget.ready_at(),
+            1200,
+            "a partly refilled bucket waits only for the rest"
+        );
         assert!(budget.take(1200));
         // A long pause refills to the burst, no further.
         assert!(budget.available(1_000_000));
