@@ -17,6 +17,7 @@ pub mod limits;
 pub mod lines;
 pub mod message;
 pub mod proof;
+pub mod sealed;
 pub mod security;
 pub mod signing;
 pub mod unreachable;
@@ -38,6 +39,7 @@ pub use proof::{
     gateway_proof_payload, relay_proof_payload, verify_declaration, verify_gateway_declaration,
     AddressDeclError, DeclareError, GatewayDeclaration,
 };
+pub use sealed::{envelope, open_envelope, sealed_payload, SealedError, MLS_ENC_PREFIX};
 pub use signing::{payload, DOMAINS};
 pub use unreachable::UnreachableCause;
 pub use wire_id::{ack_id, is_wire_id, wire_id};

@@ -1,0 +1,191 @@
+//! The sealed form of an end-to-end message (`docs/protocol.md#sealed-messages`): what carriers
+//! and the relay see of a message that travels in an MLS session.
+//!
+//! The whole message — content, metadata, media, reply links, and for a delivery ACK what it
+//! acknowledges — is sealed as its JSON. Around the ciphertext goes an envelope with only what
+//! routing needs: the id (the relay's dedup key), the sealing device's address as `sender`, the
+//! recipient as the sender addressed it, the app id, priority, hop counters and `requires_ack`;
+//! `content` is `__MLS_ENC__` and the base64 of the MLS message.
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+
+use crate::{Address, ContentType, Message};
+
+pub const MLS_ENC_PREFIX: &str = "__MLS_ENC__";
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SealedError {
+    #[error("the sealed payload is not base64")]
+    Base64,
+    #[error("the envelope's sender {0:?} is not an address")]
+    SenderNotAnAddress(String),
+    #[error("the sealed message does not decode: {0}")]
+    Inner(String),
+    #[error("the sealed message's {field} differs from its envelope's")]
+    Mismatch { field: &'static str },
+}
+
+/// The envelope of `inner`, sealed by `sender` into `ciphertext`.
+pub fn envelope(inner: &Message, sender: &Address, ciphertext: &[u8]) -> Message {
+    let mut content = String::with_capacity(MLS_ENC_PREFIX.len() + ciphertext.len() * 4 / 3 + 4);
+    content.push_str(MLS_ENC_PREFIX);
+    base64::engine::general_purpose::STANDARD.encode_string(ciphertext, &mut content);
+    Message {
+        id: inner.id.clone(),
+        sender: sender.to_string(),
+        recipient: inner.recipient.clone(),
+        app_id: inner.app_id.clone(),
+        priority: inner.priority,
+        ttl: inner.ttl,
+        hop_count: inner.hop_count,
+        timestamp: 0,
+        lamport_clock: 0,
+        content_type: ContentType::Text,
+        content,
+        metadata: BTreeMap::new(),
+        requires_ack: inner.requires_ack,
+        reply_to_msg: None,
+        binary_content: None,
+        media_metadata: None,
+        forwarded_from: None,
+        reply_context: None,
+    }
+}
+
+/// The MLS message inside `envelope` and the address that sealed it, when it is sealed at all.
+pub fn sealed_payload(envelope: &Message) -> Option<Result<(Address, Vec<u8>), SealedError>> {
+    let payload = envelope.content.strip_prefix(MLS_ENC_PREFIX)?;
+    Some((|| {
+        let sender = Address::parse(&envelope.sender)
+            .map_err(|_| SealedError::SenderNotAnAddress(envelope.sender.clone()))?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(payload)
+            .map_err(|_| SealedError::Base64)?;
+        Ok((sender, bytes))
+    })())
+}
+
+/// The message `plaintext` holds, bound to its envelope: the same id and recipient, and — but
+/// for a delivery ACK, whose `sender` is what the acknowledged message was addressed to — the
+/// same sender. Hop counters are the envelope's: carriers count them on the outside.
+pub fn open_envelope(envelope: &Message, plaintext: &[u8]) -> Result<Message, SealedError> {
+    let text = std::str::from_utf8(plaintext).map_err(|e| SealedError::Inner(e.to_string()))?;
+    let mut inner = Message::decode(text).map_err(|e| SealedError::Inner(e.to_string()))?;
+    if inner.id != envelope.id {
+        return Err(SealedError::Mismatch { field: "id" });
+    }
+    if inner.recipient != envelope.recipient {
+        return Err(SealedError::Mismatch { field: "recipient" });
+    }
+    if inner.ack_for().is_none() && inner.sender != envelope.sender {
+        return Err(SealedError::Mismatch { field: "sender" });
+    }
+    inner.ttl = envelope.ttl;
+    inner.hop_count = envelope.hop_count;
+    Ok(inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{IdentityKey, Priority};
+
+    fn message(sender: &str) -> Message {
+        Message {
+            id: "0b7c8f0e-3f43-4c52-9d0e-2f1f5b8e9a01".into(),
+            sender: sender.into(),
+            recipient: "bob".into(),
+            app_id: "chat".into(),
+            priority: Priority::High,
+            ttl: 9,
+            hop_count: 1,
+            timestamp: 1_700_000_000_000,
+            lamport_clock: 7,
+            content_type: ContentType::Image,
+            content: "the secret".into(),
+            metadata: BTreeMap::from([("k".into(), "private".into())]),
+            requires_ack: true,
+            reply_to_msg: Some("earlier".into()),
+            binary_content: None,
+            media_metadata: None,
+            forwarded_from: None,
+            reply_context: None,
+        }
+    }
+
+    #[test]
+    fn the_envelope_shows_only_routing_and_opens_to_the_whole_message() {
+        let alice = IdentityKey::from_seed([1; 32]).address();
+        let inner = message(&alice.to_string());
+        let outer = envelope(&inner, &alice, b"ciphertext bytes");
+        let wire = outer.encode();
+        for secret in ["the secret", "private", "earlier", "image"] {
+            assert!(!wire.contains(secret), "{secret} is visible");
+        }
+        let (sealed_by, bytes) = sealed_payload(&outer).unwrap().unwrap();
+        assert_eq!(
+            (sealed_by, bytes.as_slice()),
+            (alice, &b"ciphertext bytes"[..])
+        );
+        let opened = open_envelope(&outer, inner.encode().as_bytes()).unwrap();
+        assert_eq!(opened, inner);
+        assert!(
+            sealed_payload(&inner).is_none(),
+            "plain content is not sealed"
+        );
+    }
+
+    #[test]
+    fn an_inner_message_that_disagrees_with_its_envelope_is_refused() {
+        let alice = IdentityKey::from_seed([1; 32]).address();
+        let inner = message(&alice.to_string());
+        let outer = envelope(&inner, &alice, b"x");
+        for (field, change) in [
+            (
+                "id",
+                Box::new(|m: &mut Message| m.id = "other".into()) as Box<dyn Fn(&mut Message)>,
+            ),
+            (
+                "recipient",
+                Box::new(|m: &mut Message| m.recipient = "carol".into()),
+            ),
+            (
+                "sender",
+                Box::new(|m: &mut Message| m.sender = "mallory".into()),
+            ),
+        ] {
+            let mut forged = inner.clone();
+            change(&mut forged);
+            assert_eq!(
+                open_envelope(&outer, forged.encode().as_bytes()),
+                Err(SealedError::Mismatch { field })
+            );
+        }
+        // A delivery ACK names what the acknowledged message was addressed to.
+        let ack = message("bob-account").ack(inner.id.clone(), 0, "internet");
+        let ack = Message {
+            id: inner.id.clone(),
+            recipient: "bob".into(),
+            ..ack
+        };
+        assert!(open_envelope(&outer, ack.encode().as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn a_bad_payload_or_sender_is_refused() {
+        let mut outer = envelope(
+            &message("x"),
+            &IdentityKey::from_seed([1; 32]).address(),
+            b"x",
+        );
+        outer.content = format!("{MLS_ENC_PREFIX}not base64!");
+        assert_eq!(sealed_payload(&outer), Some(Err(SealedError::Base64)));
+        outer.sender = "bob".into();
+        assert_eq!(
+            sealed_payload(&outer),
+            Some(Err(SealedError::SenderNotAnAddress("bob".into())))
+        );
+    }
+}
