@@ -121,3 +121,31 @@ fn a_peer_that_enters_and_leaves_between_polls_is_not_announced() {
     assert!(sim.presence_log.is_empty());
     assert!(sim.terminal(&id).is_some());
 }
+
+#[test]
+fn after_a_reconnect_the_first_online_report_is_news_again() {
+    let mut sim = Sim::with_defaults();
+    sim.net = Net::relay(CarrierAnswer::Stored);
+    sim.carrier_up();
+    let id = sim.send(BOB);
+    sim.presence(BOB, true);
+    sim.advance(SEC);
+    let before = sim.sends(&id).len();
+    sim.presence(BOB, true);
+    sim.advance(SEC);
+    assert_eq!(
+        sim.sends(&id).len(),
+        before,
+        "an online report that is not news re-drives nothing"
+    );
+    sim.carrier_down();
+    sim.carrier_up();
+    sim.advance(SEC);
+    let after_flush = sim.sends(&id).len();
+    sim.presence(BOB, true);
+    sim.advance(SEC);
+    assert!(
+        sim.sends(&id).len() > after_flush,
+        "the first report on a new connection is an edge"
+    );
+}
