@@ -34,6 +34,11 @@ pub struct Config {
     /// Accept `offline-ctrl-v1` control signatures (no freshness proof); off by default
     /// (`docs/protocol.md#control-signatures`).
     pub accept_legacy_control_v1: bool,
+    /// End-to-end sessions are required: a message to a recipient without one waits in the
+    /// pre-session queue (`docs/delivery.md#pre-session-queue`) until the runtime reports it ready.
+    pub encryption: bool,
+    /// How long a message may wait there, from its acceptance (`pendingMessageMaxLifetimeMs`).
+    pub pending_session_max_lifetime_ms: u64,
 }
 
 /// Batching and retry of the durability hook pipeline (`docs/delivery.md#durability-hook`).
@@ -92,6 +97,8 @@ impl Config {
             dedup_max_entries: 100_000,
             durability_hook: None,
             accept_legacy_control_v1: false,
+            encryption: false,
+            pending_session_max_lifetime_ms: 604_800_000,
         }
     }
 

@@ -65,6 +65,9 @@ pub enum Input {
     NeighborDiscovered { peer: String, carrier: String },
     /// `peer` went out of range of the app carrier named `carrier`.
     NeighborLost { peer: String, carrier: String },
+    /// The runtime holds an end-to-end session with the device `recipient` names: what waits
+    /// for it in the pre-session queue enters the outbox, and later sends to it go straight there.
+    SessionReady { recipient: String },
     /// Time passed. Spurious calls are harmless: nothing that is not due happens.
     Timeout,
 }

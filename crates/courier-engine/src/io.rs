@@ -132,6 +132,8 @@ pub enum EntryState {
     InFlight,
     /// The relay holds it (custody) or reported the recipient unreachable; paced by edges and probes.
     Parked,
+    /// In the pre-session queue: its recipient has no end-to-end session yet.
+    AwaitingSession,
 }
 
 /// The persisted form of one outbox entry: everything needed to resume its ladder after a restart.
@@ -167,6 +169,8 @@ pub enum FailReason {
     MaxRetriesExceeded,
     OutboxLifetimeExceeded,
     OutboxCapacityExceeded,
+    PendingSessionLifetimeExceeded,
+    PendingSessionCapacityExceeded,
 }
 
 impl FailReason {
@@ -175,6 +179,8 @@ impl FailReason {
             Self::MaxRetriesExceeded => "Max retries exceeded",
             Self::OutboxLifetimeExceeded => "Outbox lifetime exceeded",
             Self::OutboxCapacityExceeded => "Outbox capacity exceeded",
+            Self::PendingSessionLifetimeExceeded => "Pending session lifetime exceeded",
+            Self::PendingSessionCapacityExceeded => "Pending session queue capacity exceeded",
         }
     }
 }
@@ -278,5 +284,7 @@ pub struct Stats {
     pub retry_queue: usize,
     /// Parked entries not in flight: unreachable and relay custody alike, probing or resting.
     pub parked: usize,
+    /// Messages in the pre-session queue.
+    pub pre_session: usize,
     pub carriers_up: usize,
 }

@@ -112,6 +112,7 @@ mod neighbors;
 mod outbox;
 mod parking;
 mod presence;
+mod presession;
 mod retry_queue;
 mod sender_gate;
 pub mod step;

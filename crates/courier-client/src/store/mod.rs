@@ -146,6 +146,8 @@ impl From<EntryState> for MessageStatus {
             EntryState::Queued => Self::Queued,
             EntryState::InFlight => Self::InFlight,
             EntryState::Parked => Self::Parked,
+            // Waiting for its session is waiting to be sent: `'queued'` in the API.
+            EntryState::AwaitingSession => Self::Queued,
         }
     }
 }

@@ -46,6 +46,7 @@ pub(crate) fn state_str(state: EntryState) -> &'static str {
         EntryState::Queued => "queued",
         EntryState::InFlight => "in_flight",
         EntryState::Parked => "parked",
+        EntryState::AwaitingSession => "awaiting_session",
     }
 }
 
@@ -54,6 +55,7 @@ pub(crate) fn parse_state(s: &str) -> Option<EntryState> {
         "queued" => Some(EntryState::Queued),
         "in_flight" => Some(EntryState::InFlight),
         "parked" => Some(EntryState::Parked),
+        "awaiting_session" => Some(EntryState::AwaitingSession),
         _ => None,
     }
 }

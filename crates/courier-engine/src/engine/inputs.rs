@@ -45,6 +45,15 @@ impl Engine {
                 );
                 continue;
             }
+            if record.state == EntryState::AwaitingSession {
+                let waiting = Waiting {
+                    message: record.message,
+                    wire_id,
+                    created_at: record.created_at,
+                };
+                self.restore_waiting(waiting, now);
+                continue;
+            }
             if now >= outbox::absolute_cap(record.created_at, &self.config) {
                 let Message { id, recipient, .. } = record.message;
                 let reason = FailReason::OutboxLifetimeExceeded;
@@ -74,6 +83,28 @@ impl Engine {
         self.restore_inbound(inbound, now);
     }
 
+    /// A pre-session row at restore: the bounds apply as at acceptance, so a queue written under
+    /// other bounds cannot grow past them; past its lifetime it fails now. The session is asked
+    /// for again. Without `encryption` (turned off since) it goes to the outbox.
+    fn restore_waiting(&mut self, waiting: Waiting, now: Millis) {
+        let lifetime = self.config.pending_session_max_lifetime_ms;
+        if !self.config.encryption {
+            self.make_room(Class::of(waiting.message.content_type), now);
+            self.enter_outbox(waiting, now);
+        } else if waiting.created_at.saturating_add(lifetime) <= now {
+            let Message { id, recipient, .. } = waiting.message;
+            self.emit_failed(
+                id,
+                recipient,
+                FailReason::PendingSessionLifetimeExceeded,
+                0,
+                now,
+            );
+        } else {
+            self.queue_for_session(waiting, now);
+        }
+    }
+
     /// Accepts a send (`docs/delivery.md#repeated-ids`). An id already in the outbox, or one
     /// storage remembers as delivered, is a no-op: the caller is answered with that id and
     /// nothing changes. A failed id is accepted again. Otherwise the Put comes out in this call
@@ -94,12 +125,17 @@ impl Engine {
         let wire_id = courier_proto::wire_id(&id);
         // Two app ids with one wire id would be one message on the wire: the second is a
         // duplicate of the first.
-        let known =
-            self.outbox.key_of(&id).is_some() || self.outbox.key_of_wire(&wire_id).is_some();
+        let known = self.outbox.key_of(&id).is_some()
+            || self.outbox.key_of_wire(&wire_id).is_some()
+            || self.presession.holds(&id)
+            || self.presession.holds(&wire_id);
         if settled == Some(Settlement::Delivered) || known {
             return;
         }
-        self.make_room(Class::of(content_type), now);
+        let awaits_session = self.config.encryption && !self.sessions.contains(&recipient);
+        if !awaits_session {
+            self.make_room(Class::of(content_type), now);
+        }
         self.lamport = self.lamport.saturating_add(1).min(MAX_LAMPORT);
         let message = Message {
             id,
@@ -121,10 +157,30 @@ impl Engine {
             forwarded_from: None,
             reply_context: None,
         };
+        let waiting = Waiting {
+            message,
+            wire_id,
+            created_at: now,
+        };
+        if awaits_session {
+            self.await_session(waiting, now);
+        } else {
+            self.enter_outbox(waiting, now);
+        }
+    }
+
+    /// A message whose recipient has a session: into the outbox, and out at once when a route
+    /// and an in-flight slot are free, else `message_deferred`.
+    fn enter_outbox(&mut self, waiting: Waiting, now: Millis) {
+        let Waiting {
+            message,
+            wire_id,
+            created_at,
+        } = waiting;
         let entry = Entry {
             wire_id,
             message,
-            created_at: now,
+            created_at,
             window_start: now,
             ack_attempts: 0,
             transport_retries: 0,
@@ -134,7 +190,7 @@ impl Engine {
             timed_probes: 0,
             phase: Phase::Queued {
                 at: now,
-                expires_at: outbox::expires_at(now, now, &self.config),
+                expires_at: outbox::expires_at(created_at, now, &self.config),
             },
         };
         let key = self.admit(entry);
@@ -142,6 +198,52 @@ impl Engine {
             Ok(route) => self.transmit(key, route, now),
             Err(reason) => self.emit_deferred(key, reason, None),
         }
+    }
+
+    /// Into the pre-session queue (`docs/delivery.md#pre-session-queue`): stored, reported as
+    /// deferred, and — the first time for its recipient — a session asked for. What the bounds
+    /// push out fails with `Pending session queue capacity exceeded`.
+    fn await_session(&mut self, waiting: Waiting, now: Millis) {
+        self.store
+            .push_back(StoreOp::Put(waiting.record(&self.config)));
+        self.events.push_back(Event::MessageDeferred {
+            message_id: waiting.message.id.clone(),
+            recipient: waiting.message.recipient.clone(),
+            reason: REASON_AWAITING_SESSION.to_owned(),
+            retry_count: 0,
+            next_retry_at: None,
+        });
+        self.queue_for_session(waiting, now);
+    }
+
+    /// Admits `waiting` to the pre-session queue, failing what its bounds push out, and asks for
+    /// the recipient's session if nobody has yet.
+    fn queue_for_session(&mut self, waiting: Waiting, now: Millis) {
+        let recipient = waiting.message.recipient.clone();
+        for evicted in self.presession.admit(waiting) {
+            let Message { id, recipient, .. } = evicted.message;
+            let reason = FailReason::PendingSessionCapacityExceeded;
+            self.emit_failed(id, recipient, reason, 0, now);
+        }
+        self.want_session(recipient);
+    }
+
+    fn want_session(&mut self, recipient: String) {
+        if self.wanted.insert(recipient.clone()) {
+            self.session_wanted.push_back(recipient);
+        }
+    }
+
+    /// The runtime holds a session with `recipient`: what waited for it enters the outbox, in
+    /// the order it was accepted.
+    pub(super) fn session_ready(&mut self, recipient: String, now: Millis) {
+        self.wanted.remove(&recipient);
+        self.session_wanted.retain(|r| *r != recipient);
+        for waiting in self.presession.take(&recipient) {
+            self.make_room(Class::of(waiting.message.content_type), now);
+            self.enter_outbox(waiting, now);
+        }
+        self.sessions.insert(recipient);
     }
 
     /// A carrier became available. `Carrier::Local(name)` registers an app-supplied carrier
@@ -261,6 +363,17 @@ impl Engine {
         }
         for key in self.timers.due_expiries(now) {
             self.settle_failed(key, FailReason::OutboxLifetimeExceeded, now);
+        }
+        let lifetime = self.config.pending_session_max_lifetime_ms;
+        for expired in self.presession.expire(now, lifetime) {
+            let Message { id, recipient, .. } = expired.message;
+            self.emit_failed(
+                id,
+                recipient,
+                FailReason::PendingSessionLifetimeExceeded,
+                0,
+                now,
+            );
         }
         self.send_due(now);
         let carrier_up = !self.carriers.is_empty();

@@ -15,6 +15,7 @@ impl Engine {
     pub(crate) fn check_invariants(&self) {
         self.outbox.check();
         self.presence.check();
+        self.presession.check();
         if let Some(hook) = &self.hook {
             hook.check();
         }
@@ -100,10 +101,12 @@ impl Engine {
         self.neighbors.link_to(peer).is_some()
     }
 
+    /// The rows storage should hold: the outbox's and the pre-session queue's.
     pub(crate) fn records(&self) -> Vec<OutboxRecord> {
         self.outbox
             .iter()
             .map(|(_, entry)| entry.record())
+            .chain(self.presession.records(&self.config))
             .collect()
     }
 }

@@ -25,6 +25,7 @@ use crate::neighbors::Neighbors;
 use crate::outbox::{self, Class, Entry, Key, Outbox, Phase};
 use crate::parking::{Park, Parking, ResendBudget, EDGE_DRIVEN_PROBES};
 use crate::presence::Presence;
+use crate::presession::{PreSession, Waiting};
 use crate::sender_gate::{SenderGate, Verdict};
 use crate::timers::{Gate, Slot, Timers};
 
@@ -48,6 +49,7 @@ const REASON_IN_FLIGHT_LIMIT: &str = "in-flight limit reached";
 const REASON_CARRIER_DOWN: &str = "carrier unavailable";
 const REASON_NEIGHBOR_LOST: &str = "neighbor lost";
 const REASON_APP_SEND_TIMEOUT: &str = "app carrier send timed out";
+const REASON_AWAITING_SESSION: &str = "awaiting end-to-end session";
 /// `message_undeliverable.reason`: fixed and local; the relay's detail never reaches events.
 const REASON_UNREACHABLE: &str = "recipient unreachable";
 
@@ -72,6 +74,13 @@ pub struct Engine {
     /// The durability hook's pipeline, when the app registered a hook.
     hook: Option<HookPipeline>,
     gate: SenderGate,
+    /// Messages waiting for an end-to-end session, when sessions are required.
+    presession: PreSession,
+    /// Recipients the runtime holds a session with.
+    sessions: BTreeSet<String>,
+    /// Recipients asked for and not ready yet; `session_wanted` is what is still to be polled.
+    wanted: BTreeSet<String>,
+    session_wanted: VecDeque<String>,
     carriers: BTreeSet<Carrier>,
     lamport: u64,
     last_send_seq: u64,
@@ -103,6 +112,10 @@ impl Engine {
             resend_budget: ResendBudget::default(),
             dedup,
             hook,
+            presession: PreSession::default(),
+            sessions: BTreeSet::new(),
+            wanted: BTreeSet::new(),
+            session_wanted: VecDeque::new(),
             carriers: BTreeSet::new(),
             lamport: 0,
             last_send_seq: 0,
@@ -156,6 +169,7 @@ impl Engine {
                 self.neighbor_discovered(peer, carrier, now)
             }
             Input::NeighborLost { peer, carrier } => self.neighbor_lost(peer, carrier, now),
+            Input::SessionReady { recipient } => self.session_ready(recipient, now),
             Input::Timeout => self.timeout(now),
         }
         self.end_call();
@@ -200,6 +214,14 @@ impl Engine {
         self.presence.wanted()
     }
 
+    /// The next recipient to set up an end-to-end session with: a message waits for it in the
+    /// pre-session queue. Each is asked once until `Input::SessionReady` names it (after a
+    /// restart, again); setting the session up, and trying again, is the runtime's.
+    #[must_use]
+    pub fn poll_session_wanted(&mut self) -> Option<String> {
+        self.session_wanted.pop_front()
+    }
+
     /// The next frame to put on a carrier. Poll after committing the step's store ops and
     /// dispatching its events. An outbox frame is only a request until the carrier reports it
     /// with `Input::Written` or `Input::SendFailed` (quoting its `send_seq`).
@@ -238,7 +260,7 @@ impl Engine {
     /// add only their expiry; app carrier sends their deadline. The durability hook adds the
     /// deadline of the batch it holds, the open drain batch's age, the retry of refused batches
     /// (while a carrier is up) and the retention of buffered rows; nothing when nothing is
-    /// buffered.
+    /// buffered. The pre-session queue adds the end of its oldest message's lifetime.
     #[must_use]
     pub fn next_deadline(&self) -> Option<Millis> {
         let fixed = self.timers.next_fixed_deadline();
@@ -262,7 +284,13 @@ impl Engine {
             .hook
             .as_ref()
             .and_then(|hook| hook.next_deadline(!self.carriers.is_empty()));
-        [fixed, sends, inbound].into_iter().flatten().min()
+        let presession = self
+            .presession
+            .next_expiry(self.config.pending_session_max_lifetime_ms);
+        [fixed, sends, inbound, presession]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// The relay account this device authenticated as, once a relay said.
@@ -276,6 +304,9 @@ impl Engine {
     }
 
     pub fn status(&self, id: &str) -> Option<EntryState> {
+        if self.presession.holds(id) {
+            return Some(EntryState::AwaitingSession);
+        }
         let key = self.outbox.key_of(id)?;
         self.outbox.get(key).map(Entry::state)
     }
@@ -290,6 +321,7 @@ impl Engine {
             pending_acks: self.timers.in_flight(),
             retry_queue: self.timers.retry_queue(),
             parked: self.timers.parked(),
+            pre_session: self.presession.len(),
             carriers_up: self.carriers.len(),
         }
     }

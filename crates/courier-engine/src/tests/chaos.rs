@@ -135,6 +135,14 @@ fn outcome(event: &Event) -> Option<&'static str> {
             reason: FailReason::OutboxCapacityExceeded,
             ..
         } => "capacity",
+        Event::MessageFailed {
+            reason: FailReason::PendingSessionLifetimeExceeded,
+            ..
+        } => "session lifetime",
+        Event::MessageFailed {
+            reason: FailReason::PendingSessionCapacityExceeded,
+            ..
+        } => "session capacity",
         Event::InboundDrainCompleted { .. } => "drain completed",
         Event::SecurityWarning { .. } => "security warning",
         Event::MessageSent { .. }

@@ -14,6 +14,7 @@ mod lifetime;
 mod neighbors;
 mod parking;
 mod presence;
+mod presession;
 mod sender_gate;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -130,6 +131,8 @@ pub(crate) struct Sim {
     pub watching: BTreeSet<String>,
     /// Every presence change the runtime polled, with its time.
     pub presence_log: Vec<(Millis, PresenceChange)>,
+    /// The recipients `poll_session_wanted` asked a session for, and when.
+    pub sessions_wanted: Vec<(Millis, String)>,
     /// Full invariant checks after every call (O(outbox) each); bulk setups may pause them.
     pub checks: bool,
     pub internet_up: bool,
@@ -197,6 +200,7 @@ impl Sim {
             offers: Vec::new(),
             watching: BTreeSet::new(),
             presence_log: Vec::new(),
+            sessions_wanted: Vec::new(),
             checks: true,
             internet_up: false,
             gateway: Net::honest(),
@@ -1016,6 +1020,9 @@ impl Sim {
             settled, terminal,
             "every terminal event comes with its Settle"
         );
+        while let Some(recipient) = self.engine.poll_session_wanted() {
+            self.sessions_wanted.push((self.now, recipient));
+        }
         while let Some(change) = self.engine.poll_presence() {
             match &change {
                 PresenceChange::Watch(peer) => {
@@ -1178,6 +1185,8 @@ impl Sim {
                     )
                 }
                 (EntryState::InFlight, None) => {}
+                // Its only deadline is its lifetime, which `next_deadline` covers.
+                (EntryState::AwaitingSession, _) => {}
                 (EntryState::Parked, None) => {
                     assert!(edge_driven, "parked {id} without a probe timer");
                 }

@@ -168,6 +168,11 @@ impl World {
         let last_written = row.last_sent_at.unwrap_or(0);
         match reason {
             FailReason::OutboxCapacityExceeded => Some("its outbox was full"),
+            FailReason::PendingSessionCapacityExceeded => {
+                Some("its recipient's pre-session queue was full")
+            }
+            // A live peer's session comes up long before a week is out.
+            FailReason::PendingSessionLifetimeExceeded => None,
             FailReason::OutboxLifetimeExceeded => {
                 (expiry <= honest_since).then_some("its lifetime ran out during the chaos")
             }

@@ -327,8 +327,14 @@ impl World {
                 if !replayed {
                     match reason {
                         FailReason::MaxRetriesExceeded => self.counts.failed_max_retries += 1,
-                        FailReason::OutboxLifetimeExceeded => self.counts.failed_lifetime += 1,
-                        FailReason::OutboxCapacityExceeded => self.counts.failed_capacity += 1,
+                        FailReason::OutboxLifetimeExceeded
+                        | FailReason::PendingSessionLifetimeExceeded => {
+                            self.counts.failed_lifetime += 1
+                        }
+                        FailReason::OutboxCapacityExceeded
+                        | FailReason::PendingSessionCapacityExceeded => {
+                            self.counts.failed_capacity += 1
+                        }
                     }
                 }
             }
