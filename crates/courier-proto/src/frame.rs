@@ -4,7 +4,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::key_package::{KeyPackage, KeyPackageBatch};
 use crate::limits::MAX_FRAME_BYTES;
+use crate::Address;
 
 /// Frames a client sends to the relay.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -66,6 +68,17 @@ pub enum ClientFrame {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         forward_info: Option<Value>,
     },
+    /// \[ext\] `key_directory_v1` (`docs/protocol.md#key-package-directory`): stores key packages
+    /// for the connection's declared address; with neither field it only asks what is held.
+    PublishKeyPackages {
+        packages: KeyPackageBatch,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        last_resort: Option<KeyPackage>,
+    },
+    /// \[ext\] `key_directory_v1`: takes one key package of `address`.
+    FetchKeyPackage {
+        address: Address,
+    },
 }
 
 impl ClientFrame {
@@ -83,6 +96,8 @@ impl ClientFrame {
         "RemoveGroupMember",
         "LeaveGroup",
         "SendGroupMessage",
+        "PublishKeyPackages",
+        "FetchKeyPackage",
     ];
 
     /// Decodes a frame read by the relay.
@@ -109,6 +124,8 @@ impl ClientFrame {
             Self::RemoveGroupMember { .. } => "RemoveGroupMember",
             Self::LeaveGroup { .. } => "LeaveGroup",
             Self::SendGroupMessage { .. } => "SendGroupMessage",
+            Self::PublishKeyPackages { .. } => "PublishKeyPackages",
+            Self::FetchKeyPackage { .. } => "FetchKeyPackage",
         }
     }
 }
@@ -331,6 +348,23 @@ pub enum RelayFrame {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         detail: Option<String>,
     },
+    /// \[ext\] `key_directory_v1` (`docs/protocol.md#key-package-directory`): the answer to
+    /// `PublishKeyPackages`, counting what the relay now holds for the address.
+    KeyPackagesPublished {
+        available: u32,
+        last_resort: bool,
+    },
+    /// \[ext\] `key_directory_v1`: the package `FetchKeyPackage` took; a one-time one is never
+    /// handed out again, a last-resort one is.
+    KeyPackage {
+        address: Address,
+        package: KeyPackage,
+        last_resort: bool,
+    },
+    /// \[ext\] `key_directory_v1`: the relay holds no package of `address`.
+    KeyPackageUnavailable {
+        address: Address,
+    },
 }
 
 impl RelayFrame {
@@ -354,6 +388,9 @@ impl RelayFrame {
         "GroupMessageReceived",
         "GroupMessageSent",
         "Error",
+        "KeyPackagesPublished",
+        "KeyPackage",
+        "KeyPackageUnavailable",
     ];
 
     /// Decodes a frame read by a client.
@@ -433,6 +470,7 @@ fn truncate(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::{MAX_KEY_PACKAGES_PER_FRAME, MAX_KEY_PACKAGE_BYTES};
 
     #[test]
     fn decode_distinguishes_malformed_unknown_and_invalid() {
@@ -489,6 +527,141 @@ mod tests {
                 reply_to_msg: None
             }
         );
+    }
+
+    const K1: &str = "off1qysluvwl5922yctzd0u9gpr06gn3k7ldfvgtwgvn";
+
+    fn package(byte: u8, len: usize) -> KeyPackage {
+        KeyPackage::new(vec![byte; len]).unwrap()
+    }
+
+    fn publish(packages: &[Value], last_resort: Option<&str>) -> Result<ClientFrame, DecodeError> {
+        let mut frame = serde_json::json!({"type": "PublishKeyPackages", "packages": packages});
+        if let Some(last_resort) = last_resort {
+            frame["last_resort"] = last_resort.into();
+        }
+        ClientFrame::decode(&frame.to_string())
+    }
+
+    fn invalid(frame_type: &str, decoded: Result<impl std::fmt::Debug, DecodeError>) {
+        match decoded {
+            Err(DecodeError::Invalid { frame_type: t, .. }) => assert_eq!(t, frame_type),
+            other => panic!("expected an invalid {frame_type}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn key_directory_frames_round_trip_with_their_wire_spelling() {
+        let address = Address::parse(K1).unwrap();
+        let frames = [
+            (
+                ClientFrame::PublishKeyPackages {
+                    packages: KeyPackageBatch::new(vec![package(1, 2), package(2, 1)]).unwrap(),
+                    last_resort: Some(package(3, 3)),
+                },
+                serde_json::json!({"type": "PublishKeyPackages", "packages": ["AQE=", "Ag=="],
+                    "last_resort": "AwMD"}),
+            ),
+            (
+                ClientFrame::PublishKeyPackages {
+                    packages: KeyPackageBatch::default(),
+                    last_resort: None,
+                },
+                serde_json::json!({"type": "PublishKeyPackages", "packages": []}),
+            ),
+            (
+                ClientFrame::FetchKeyPackage { address },
+                serde_json::json!({"type": "FetchKeyPackage", "address": K1}),
+            ),
+        ];
+        for (frame, json) in frames {
+            assert_eq!(
+                serde_json::from_str::<Value>(&frame.encode()).unwrap(),
+                json
+            );
+            assert_eq!(ClientFrame::decode(&json.to_string()), Ok(frame));
+        }
+        let answers = [
+            (
+                RelayFrame::KeyPackagesPublished {
+                    available: 7,
+                    last_resort: true,
+                },
+                serde_json::json!({"type": "KeyPackagesPublished", "available": 7,
+                    "last_resort": true}),
+            ),
+            (
+                RelayFrame::KeyPackage {
+                    address,
+                    package: package(0xff, 1),
+                    last_resort: false,
+                },
+                serde_json::json!({"type": "KeyPackage", "address": K1, "package": "/w==",
+                    "last_resort": false}),
+            ),
+            (
+                RelayFrame::KeyPackageUnavailable { address },
+                serde_json::json!({"type": "KeyPackageUnavailable", "address": K1}),
+            ),
+        ];
+        for (frame, json) in answers {
+            assert_eq!(wire(&frame), json);
+            assert_eq!(RelayFrame::decode(&json.to_string()), Ok(frame));
+        }
+        // `null` reads as no last-resort package.
+        assert_eq!(
+            ClientFrame::decode(
+                r#"{"type":"PublishKeyPackages","packages":[],"last_resort":null}"#
+            ),
+            Ok(ClientFrame::PublishKeyPackages {
+                packages: KeyPackageBatch::default(),
+                last_resort: None
+            })
+        );
+    }
+
+    #[test]
+    fn key_packages_out_of_bounds_make_the_frame_invalid() {
+        let largest = crate::encoding::b64_encode(&[7; MAX_KEY_PACKAGE_BYTES]);
+        let over = crate::encoding::b64_encode(&[7; MAX_KEY_PACKAGE_BYTES + 1]);
+        let hundred = vec![Value::from("AQ=="); MAX_KEY_PACKAGES_PER_FRAME];
+        match publish(&hundred, Some(&largest)).unwrap() {
+            ClientFrame::PublishKeyPackages {
+                packages,
+                last_resort: Some(last_resort),
+            } => {
+                assert_eq!(packages.as_slice().len(), MAX_KEY_PACKAGES_PER_FRAME);
+                assert_eq!(last_resort.as_bytes().len(), MAX_KEY_PACKAGE_BYTES);
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut hundred_and_one = hundred.clone();
+        hundred_and_one.push("AQ==".into());
+        invalid("PublishKeyPackages", publish(&hundred_and_one, None));
+        invalid("PublishKeyPackages", publish(&[over.clone().into()], None));
+        invalid("PublishKeyPackages", publish(&[], Some(&over)));
+        for bad in ["", "AQ", "AR==", "AQ==\n", "-_8=", "%%%%"] {
+            invalid("PublishKeyPackages", publish(&[bad.into()], None));
+            invalid("PublishKeyPackages", publish(&[], Some(bad)));
+        }
+        invalid("PublishKeyPackages", publish(&[Value::from(1)], None));
+        invalid(
+            "PublishKeyPackages",
+            ClientFrame::decode(r#"{"type":"PublishKeyPackages","last_resort":"AQ=="}"#),
+        );
+        for bad in [
+            "OFF1QYSLUVWL5922YCTZD0U9GPR06GN3K7LDFVGTWGVN",
+            "off1x",
+            "alice",
+            "",
+        ] {
+            let text = serde_json::json!({"type": "FetchKeyPackage", "address": bad}).to_string();
+            invalid("FetchKeyPackage", ClientFrame::decode(&text));
+        }
+        let text = serde_json::json!({"type": "KeyPackage", "address": K1, "package": over,
+            "last_resort": false})
+        .to_string();
+        invalid("KeyPackage", RelayFrame::decode(&text));
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! Shared vocabulary of offline-courier (`docs/protocol.md`): the relay wire frames
 //! (`docs/protocol.md#frame-reference`), the end-to-end `Message`
 //! (`docs/protocol.md#end-to-end-message`), identifier rules (`docs/protocol.md#identifiers`), the
-//! protocol's fixed limits, and the identity layer: the Ed25519 identity key, `off1` addresses,
-//! canonical signing payloads, control-frame signatures and the relay and gateway address proofs.
+//! protocol's fixed limits, the key packages of the relay's directory
+//! (`docs/protocol.md#key-package-directory`), and the identity layer: the Ed25519 identity key,
+//! `off1` addresses, canonical signing payloads, control-frame signatures and the relay and
+//! gateway address proofs.
 //!
 //! This crate does no I/O. Everything that arrives from the network is decoded here first, so
 //! every bound on untrusted input is checked in one place and decoding never panics.
@@ -13,6 +15,7 @@ mod encoding;
 pub mod frame;
 pub mod ident;
 pub mod identity_key;
+pub mod key_package;
 pub mod limits;
 pub mod lines;
 pub mod message;
@@ -33,6 +36,7 @@ pub use ident::{validate_account_name, validate_identifier, IdentError};
 pub use identity_key::{
     decode_public_key, decode_signature, verify_strict, IdentityKey, KeyGenError,
 };
+pub use key_package::{KeyPackage, KeyPackageBatch, KeyPackageError};
 pub use message::{ContentType, Message, MessageError, Priority};
 pub use proof::{
     declare_address_after_auth, declare_address_frame, decode_challenge, gateway_declaration,

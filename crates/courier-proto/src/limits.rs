@@ -13,10 +13,15 @@ pub const MAX_CAPABILITIES: usize = 64;
 pub const MAX_CAPABILITY_BYTES: usize = 128;
 /// Malformed frames a relay tolerates on one connection; the 16th closes it with 4002.
 pub const MAX_MALFORMED_FRAMES: u32 = 16;
+/// Largest key package, decoded, and the most one `PublishKeyPackages` carries
+/// (`docs/protocol.md#key-package-directory`).
+pub const MAX_KEY_PACKAGE_BYTES: usize = 16 * 1024;
+pub const MAX_KEY_PACKAGES_PER_FRAME: usize = 100;
 
 /// Capability tokens (`docs/protocol.md#capabilities`).
 pub const CAP_ADDRESS_ROUTING: &str = "address_routing_v1";
 pub const CAP_GROUP_DELIVERY: &str = "group_delivery_v3";
+pub const CAP_KEY_DIRECTORY: &str = "key_directory_v1";
 pub const CAP_MAILBOX: &str = "mailbox_v1";
 pub const CAP_PRESENCE_WATCH: &str = "presence_watch_v1";
 

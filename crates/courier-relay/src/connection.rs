@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use courier_proto::limits::{
-    close, CAP_ADDRESS_ROUTING, CAP_MAILBOX, CAP_PRESENCE_WATCH, MAX_FRAME_BYTES,
+    close, CAP_ADDRESS_ROUTING, CAP_KEY_DIRECTORY, CAP_MAILBOX, CAP_PRESENCE_WATCH, MAX_FRAME_BYTES,
 };
 use courier_proto::{ClientFrame, DecodeError, MailboxInfo, RateLimitInfo, RelayFrame};
 use futures_util::{SinkExt, StreamExt};
@@ -159,6 +159,7 @@ where
         capabilities.push(CAP_MAILBOX.to_owned());
     }
     capabilities.push(CAP_PRESENCE_WATCH.to_owned());
+    capabilities.push(CAP_KEY_DIRECTORY.to_owned());
     let authenticated = RelayFrame::Authenticated {
         user_id: account.clone(),
         username: account.clone(),

@@ -8,9 +8,10 @@ use std::time::Instant;
 
 use courier_proto::limits::{close, MAX_IDENTIFIER_BYTES, MAX_MALFORMED_FRAMES};
 use courier_proto::proof::{verify_declaration, AddressDeclError, CHALLENGE_LEN};
-use courier_proto::{ClientFrame, DecodeError, RelayFrame};
+use courier_proto::{Address, ClientFrame, DecodeError, RelayFrame};
 use tokio::sync::mpsc;
 
+use crate::directory;
 use crate::mailbox::Envelope;
 use crate::presence::{Status, MAX_WATCHES, MAX_WATCH_LIST};
 use crate::rate::TokenBucket;
@@ -56,6 +57,8 @@ pub struct Session {
     /// (`docs/protocol.md#identifiers`): the account name until a DeclareAddress succeeds, the
     /// bound address from the next frame on.
     pub identity: String,
+    /// The address that `identity` renders once a DeclareAddress succeeded.
+    declared: Option<Address>,
     /// This connection's `address_challenge` (`docs/protocol.md#handshake`), which its declaration
     /// must sign.
     challenge: [u8; CHALLENGE_LEN],
@@ -78,6 +81,7 @@ impl Session {
     ) -> Self {
         Self {
             identity: peer.account.clone(),
+            declared: None,
             challenge,
             declaration_handled: false,
             ctx,
@@ -91,6 +95,12 @@ impl Session {
 
     pub fn account(&self) -> &str {
         &self.peer.account
+    }
+
+    /// The address this connection proved, if a DeclareAddress succeeded: the one it may publish
+    /// key packages for (`docs/protocol.md#key-package-directory`).
+    pub fn declared(&self) -> Option<Address> {
+        self.declared
     }
 
     async fn answer(&self, frame: RelayFrame) -> Flow {
@@ -230,6 +240,17 @@ impl Session {
                 self.request_drain().await
             }
             ClientFrame::WatchPresence { users } => self.watch_presence(users).await,
+            ClientFrame::PublishKeyPackages {
+                packages,
+                last_resort,
+            } => {
+                let answer = directory::publish(self, packages, last_resort).await;
+                self.answer(answer).await
+            }
+            ClientFrame::FetchKeyPackage { address } => {
+                let answer = directory::fetch(self, address).await;
+                self.answer(answer).await
+            }
             ClientFrame::UnwatchPresence { users } => self.unwatch_presence(&users).await,
             ClientFrame::CreateGroup { .. }
             | ClientFrame::AddGroupMember { .. }
@@ -259,24 +280,26 @@ impl Session {
         let account = self.peer.account.clone();
         let bound =
             match verify_declaration(&account, &self.challenge, address, public_key, signature) {
-                Ok(bound) => bound.to_string(),
+                Ok(bound) => bound,
                 Err(e) => {
                     tracing::debug!(%account, reason = e.reason(), "address declaration refused");
                     return refuse(e);
                 }
             };
+        let rendered = bound.to_string();
         let stored = tokio::time::timeout(
             self.ctx.timings.answer_deadline,
             self.ctx
                 .store
-                .bind_address(&bound, &account, crate::now_ms()),
+                .bind_address(&rendered, &account, crate::now_ms()),
         )
         .await;
         match stored {
             Ok(Ok(())) => {
-                tracing::debug!(%account, address = %bound, "address bound");
-                self.identity = bound.clone();
-                RelayFrame::AddressDeclared { address: bound }
+                tracing::debug!(%account, address = %rendered, "address bound");
+                self.identity = rendered.clone();
+                self.declared = Some(bound);
+                RelayFrame::AddressDeclared { address: rendered }
             }
             Ok(Err(e)) => {
                 tracing::error!(%account, error = %e, "address binding not persisted");

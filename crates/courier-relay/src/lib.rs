@@ -33,6 +33,7 @@ mod auth;
 pub mod cli;
 mod config;
 mod connection;
+mod directory;
 mod dispatch;
 mod error;
 pub mod gateway;

@@ -199,7 +199,8 @@ async fn a_valid_token_yields_authenticated() {
             vec![
                 "address_routing_v1".to_owned(),
                 "mailbox_v1".to_owned(),
-                "presence_watch_v1".to_owned()
+                "presence_watch_v1".to_owned(),
+                "key_directory_v1".to_owned()
             ]
         );
         let challenge = address_challenge.expect("a challenge");

@@ -291,12 +291,14 @@ async fn without_a_mailbox_nothing_is_journaled() {
     else {
         unreachable!()
     };
-    // Address routing and presence watching do not depend on the mailbox.
+    // Address routing, presence watching and the key-package directory do not depend on the
+    // mailbox.
     assert_eq!(
         capabilities,
         vec![
             "address_routing_v1".to_owned(),
-            "presence_watch_v1".to_owned()
+            "presence_watch_v1".to_owned(),
+            "key_directory_v1".to_owned()
         ]
     );
     assert_eq!(mailbox, None);

@@ -1,21 +1,21 @@
-//! Accounts and the per-account journal in SQLite, each account's last_seen, and the address
-//! bindings (`off1` address → the account that last declared it); see
-//! `docs/protocol.md#authentication`, `docs/protocol.md#inbound-delivery`,
-//! `docs/protocol.md#mailbox-and-drain`, `docs/protocol.md#presence` and
-//! `docs/protocol.md#address-declaration`.
+//! Accounts and the per-account journal in SQLite, each account's last_seen, the address
+//! bindings (`off1` address → the account that last declared it) and the key-package directory;
+//! see `docs/protocol.md#authentication`, `docs/protocol.md#inbound-delivery`,
+//! `docs/protocol.md#mailbox-and-drain`, `docs/protocol.md#presence`,
+//! `docs/protocol.md#address-declaration` and `docs/protocol.md#key-package-directory`.
 //!
 //! [`Store`] is the handle the connection tasks call; every call is one request to the store
 //! thread (`worker.rs`), which commits requests in groups and answers none before its commit is
 //! durable (`synchronous=FULL`): not the sender (MessageSent), not the recipient (the frame is
 //! offered to its queue only after the commit), not a drain read. The work of each request is
 //! one function in the module that owns its tables: `accounts.rs`, `journal.rs`,
-//! `addresses.rs`; `schema.rs` brings any older database up to date at open.
+//! `addresses.rs`, `key_packages.rs`; `schema.rs` brings any older database up to date at open.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use courier_proto::Disposition;
+use courier_proto::{Address, Disposition, KeyPackage, KeyPackageBatch};
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
@@ -28,6 +28,7 @@ use crate::RelayError;
 mod accounts;
 mod addresses;
 mod journal;
+mod key_packages;
 mod schema;
 mod worker;
 
@@ -69,6 +70,22 @@ pub enum AppendOutcome {
     },
     UnknownRecipient,
     MailboxFull,
+}
+
+/// What the directory holds for an address after a publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyPackagesHeld {
+    /// One-time packages.
+    pub available: u32,
+    /// Whether a last-resort package is held.
+    pub last_resort: bool,
+}
+
+/// A package a fetch took: a one-time one, now deleted, or the last-resort one, which stays.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakenKeyPackage {
+    pub package: KeyPackage,
+    pub last_resort: bool,
 }
 
 /// A recipient or watched identifier as the store resolves it.
@@ -311,6 +328,37 @@ impl Store {
             reply,
         })
         .await
+    }
+
+    /// Stores key packages for `address`: `packages` appended (the oldest dropped beyond the
+    /// per-address cap), `last_resort` replacing the previous one; answers what is held now.
+    pub async fn publish_key_packages(
+        &self,
+        address: &Address,
+        packages: KeyPackageBatch,
+        last_resort: Option<KeyPackage>,
+        now_ms: u64,
+    ) -> Result<KeyPackagesHeld, StoreError> {
+        let address = address.to_string();
+        self.call(|reply| Op::PublishKeyPackages {
+            address,
+            packages,
+            last_resort,
+            now_ms,
+            reply,
+        })
+        .await
+    }
+
+    /// Takes the oldest one-time package of `address`, deleted in the same transaction, or else
+    /// its last-resort package, which stays; `None` when it has neither.
+    pub async fn take_key_package(
+        &self,
+        address: &Address,
+    ) -> Result<Option<TakenKeyPackage>, StoreError> {
+        let address = address.to_string();
+        self.call(|reply| Op::TakeKeyPackage { address, reply })
+            .await
     }
 
     /// Finishes queued requests, checkpoints and closes the database.

@@ -15,7 +15,7 @@ use crate::RelayError;
 type Migration = fn(&Transaction<'_>) -> rusqlite::Result<()>;
 
 /// The schema version this build writes and understands is `MIGRATIONS.len()`.
-const MIGRATIONS: &[Migration] = &[v1_journal, v2_last_seen, v3_addresses];
+const MIGRATIONS: &[Migration] = &[v1_journal, v2_last_seen, v3_addresses, v4_key_packages];
 
 /// Version 1: accounts with their journal counters, and the journal.
 fn v1_journal(tx: &Transaction<'_>) -> rusqlite::Result<()> {
@@ -58,6 +58,27 @@ fn v3_addresses(tx: &Transaction<'_>) -> rusqlite::Result<()> {
              address TEXT PRIMARY KEY NOT NULL,
              account TEXT NOT NULL,
              bound_ms INTEGER NOT NULL
+         );",
+    )
+}
+
+/// Version 4: the key-package directory (`docs/protocol.md#key-package-directory`), keyed by
+/// canonical address like the bindings. One-time packages are taken in `id` order, which is
+/// publish order: without AUTOINCREMENT a new row's id is one past the largest in the table.
+/// An address holds at most one last-resort package, hence its own table keyed by address.
+fn v4_key_packages(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "CREATE TABLE key_packages (
+             id INTEGER PRIMARY KEY,
+             address TEXT NOT NULL,
+             package BLOB NOT NULL,
+             published_ms INTEGER NOT NULL
+         );
+         CREATE INDEX key_packages_address ON key_packages (address, id);
+         CREATE TABLE last_resort_key_packages (
+             address TEXT PRIMARY KEY NOT NULL,
+             package BLOB NOT NULL,
+             published_ms INTEGER NOT NULL
          );",
     )
 }
@@ -122,7 +143,16 @@ mod tests {
         let mut conn = Connection::open_in_memory().unwrap();
         migrate(&mut conn).unwrap();
         assert_eq!(read_version(&conn).unwrap(), SCHEMA_VERSION);
-        assert_eq!(tables(&conn), ["accounts", "addresses", "journal"]);
+        assert_eq!(
+            tables(&conn),
+            [
+                "accounts",
+                "addresses",
+                "journal",
+                "key_packages",
+                "last_resort_key_packages"
+            ]
+        );
         migrate(&mut conn).unwrap();
         assert_eq!(read_version(&conn).unwrap(), SCHEMA_VERSION);
     }

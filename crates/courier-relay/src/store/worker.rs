@@ -6,11 +6,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use courier_proto::{KeyPackage, KeyPackageBatch};
 use rusqlite::{Connection, Transaction};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{accounts, addresses, journal};
-use super::{AppendOutcome, Counters, Named, Release, StoreError};
+use super::{accounts, addresses, journal, key_packages};
+use super::{
+    AppendOutcome, Counters, KeyPackagesHeld, Named, Release, StoreError, TakenKeyPackage,
+};
 use crate::config::MailboxLimits;
 use crate::mailbox::Envelope;
 use crate::presence::Watchlist;
@@ -87,6 +90,17 @@ pub(super) enum Op {
         accounts: Vec<String>,
         reply: Reply<HashMap<String, u64>>,
     },
+    PublishKeyPackages {
+        address: String,
+        packages: KeyPackageBatch,
+        last_resort: Option<KeyPackage>,
+        now_ms: u64,
+        reply: Reply<KeyPackagesHeld>,
+    },
+    TakeKeyPackage {
+        address: String,
+        reply: Reply<Option<TakenKeyPackage>>,
+    },
 }
 
 impl Op {
@@ -100,6 +114,8 @@ impl Op {
                 | Op::Release { .. }
                 | Op::Purge { .. }
                 | Op::RecordLastSeen { .. }
+                | Op::PublishKeyPackages { .. }
+                | Op::TakeKeyPackage { .. }
         )
     }
 }
@@ -256,6 +272,21 @@ fn apply(tx: Result<&mut Transaction<'_>, &StoreError>, op: Op) -> Settle {
         ),
         Op::LastSeen { accounts, reply } => {
             settle(reply, savepoint(tx, |c| accounts::last_seen(c, accounts)))
+        }
+        Op::PublishKeyPackages {
+            address,
+            packages,
+            last_resort,
+            now_ms,
+            reply,
+        } => settle(
+            reply,
+            savepoint(tx, |c| {
+                key_packages::publish(c, &address, packages, last_resort, now_ms)
+            }),
+        ),
+        Op::TakeKeyPackage { address, reply } => {
+            settle(reply, savepoint(tx, |c| key_packages::take(c, &address)))
         }
     }
 }

@@ -9,6 +9,8 @@
 //!   account proved), stamped with its sender's account or an address the sender proved;
 //! - number each connection's frames in increasing seq, and count its drain exactly;
 //! - close only for a reason the connection gave (16 malformed frames, displacement);
+//! - accept key packages only from a connection that declared its address, and answer a fetch
+//!   only to the connection that asked;
 //! - keep every journaled frame until its own account acks it: after the run, each account's
 //!   drain still holds every frame it received and did not ack, whatever the others acked.
 
@@ -21,11 +23,11 @@ use std::time::Duration;
 
 use arbitrary::{Arbitrary, Unstructured};
 use courier_proto::limits::{
-    close, CAP_ADDRESS_ROUTING, CAP_MAILBOX, CAP_PRESENCE_WATCH, MAX_IDENTIFIER_BYTES,
-    MAX_MALFORMED_FRAMES, RECIPIENT_UNREACHABLE,
+    close, CAP_ADDRESS_ROUTING, CAP_KEY_DIRECTORY, CAP_MAILBOX, CAP_PRESENCE_WATCH,
+    MAX_IDENTIFIER_BYTES, MAX_MALFORMED_FRAMES, RECIPIENT_UNREACHABLE,
 };
 use courier_proto::proof::{declare_address_frame, decode_challenge, relay_proof_payload};
-use courier_proto::{ClientFrame, DecodeError, Disposition, IdentityKey, RelayFrame};
+use courier_proto::{Address, ClientFrame, DecodeError, Disposition, IdentityKey, RelayFrame};
 use courier_relay::{MailboxLimits, RateLimit, RelayConfig, Storage, Timings};
 use tokio::runtime::Runtime;
 use tokio_tungstenite::tungstenite::{Bytes, Message};
@@ -49,6 +51,7 @@ const ERROR_CODES: &[&str] = &[
     "invalid_frame",
     "already_authenticated",
     "limit_exceeded",
+    "address_required",
 ];
 const AUTH_REASONS: &[&str] = &["not_authenticated", "invalid_token", "invalid_account"];
 
@@ -191,6 +194,8 @@ struct Client {
     /// The address the first DeclareAddress may bind, when its proof was valid.
     bindable: Option<String>,
     address_declared: bool,
+    /// Addresses this connection asked a key package of.
+    fetched: HashSet<Address>,
     seqs: Vec<u64>,
     received: Vec<(u64, String)>,
     drained: u64,
@@ -305,7 +310,7 @@ impl World {
         };
         assert_eq!((user_id.as_str(), username.as_str()), (name, name));
         let has = |cap: &str| capabilities.iter().any(|c| c == cap);
-        assert!(has(CAP_ADDRESS_ROUTING) && has(CAP_PRESENCE_WATCH));
+        assert!(has(CAP_ADDRESS_ROUTING) && has(CAP_PRESENCE_WATCH) && has(CAP_KEY_DIRECTORY));
         assert_eq!(has(CAP_MAILBOX), self.model.mailbox);
         assert_eq!(mailbox.is_some(), self.model.mailbox);
         assert!(rate_limit.is_some());
@@ -334,6 +339,7 @@ impl World {
             declarations: 0,
             bindable: None,
             address_declared: false,
+            fetched: HashSet::new(),
             seqs: Vec::new(),
             received: Vec::new(),
             drained: 0,
@@ -722,7 +728,11 @@ impl Client {
                 }
                 self.declarations += 1;
             }
+            ClientFrame::FetchKeyPackage { address } => {
+                self.fetched.insert(*address);
+            }
             ClientFrame::Authenticate { .. }
+            | ClientFrame::PublishKeyPackages { .. }
             | ClientFrame::UnwatchPresence { .. }
             | ClientFrame::CreateGroup { .. }
             | ClientFrame::AddGroupMember { .. }
@@ -827,6 +837,10 @@ impl Client {
                     ERROR_CODES.contains(&code.as_str()),
                     "Error {code} for {frame_type:?}"
                 );
+                if code == "address_required" {
+                    assert_eq!(frame_type.as_deref(), Some("PublishKeyPackages"));
+                    assert!(!self.address_declared, "{account} declared, yet refused");
+                }
                 self.check_echo(message_id.as_deref());
                 if let (Some("SendMessage"), Some(id)) = (frame_type.as_deref(), &message_id) {
                     self.answer(id);
@@ -901,6 +915,15 @@ impl Client {
                 self.address_declared = true;
             }
             RelayFrame::AddressError { .. } => {}
+            RelayFrame::KeyPackagesPublished { available, .. } => {
+                assert!(self.address_declared, "{account} published undeclared");
+                assert!(available <= 100, "{available} key packages held");
+            }
+            RelayFrame::KeyPackage { address, .. }
+            | RelayFrame::KeyPackageUnavailable { address } => assert!(
+                self.fetched.contains(&address),
+                "{account} was sent a key package of {address}, never asked"
+            ),
             RelayFrame::SessionSuperseded { .. } => assert!(
                 self.displaced(model),
                 "{account} displaced by no later connection"
