@@ -81,15 +81,11 @@ impl Presence {
         self.wanted.iter().cloned().collect()
     }
 
-    /// Queues a change, cancelling an opposite one the runtime has not seen yet.
+    /// Queues a change, cancelling an opposite one the runtime has not seen yet. `set_wanted`
+    /// announces only changes, so a change still pending for the peer is always the opposite.
     fn announce(&mut self, peer: &str, watch: bool) {
-        match self.pending.get(peer) {
-            Some(pending) if *pending != watch => {
-                self.pending.remove(peer);
-            }
-            _ => {
-                self.pending.insert(peer.to_owned(), watch);
-            }
+        if self.pending.remove(peer).is_none() {
+            self.pending.insert(peer.to_owned(), watch);
         }
     }
 
@@ -104,5 +100,26 @@ impl Presence {
         for (peer, watch) in &self.pending {
             assert_eq!(*watch, self.wanted.contains(peer), "stale pending change");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_change_and_its_undoing_between_two_polls_cancel_out() {
+        let mut presence = Presence::default();
+        presence.set_wanted("bob", true);
+        presence.set_wanted("bob", false);
+        assert_eq!(presence.poll(), None);
+
+        presence.set_wanted("bob", true);
+        assert_eq!(presence.poll(), Some(PresenceChange::Watch("bob".into())));
+        presence.set_wanted("bob", false);
+        presence.set_wanted("bob", true);
+        assert_eq!(presence.poll(), None, "still watched, as the runtime knows");
+        presence.set_wanted("bob", false);
+        assert_eq!(presence.poll(), Some(PresenceChange::Unwatch("bob".into())));
     }
 }

@@ -360,3 +360,27 @@ fn a_frame_the_carrier_never_wrote_is_a_failed_send_when_it_goes_down() {
         Some((_, Event::MessageDelivered { .. }))
     ));
 }
+
+#[test]
+fn stats_count_what_waits_and_what_is_in_flight() {
+    let mut sim = Sim::with_defaults();
+    for _ in 0..3 {
+        sim.send(BOB);
+    }
+    let s = sim.engine.stats();
+    assert_eq!(
+        (s.outbox_regular, s.retry_queue, s.pending_acks, s.parked),
+        (3, 3, 0, 0),
+        "no carrier: all three wait in the retry queue"
+    );
+    sim.carrier_up();
+    let s = sim.engine.stats();
+    assert_eq!(
+        (s.retry_queue, s.pending_acks),
+        (0, 3),
+        "the flush sent them"
+    );
+    sim.advance(SEC);
+    let s = sim.engine.stats();
+    assert_eq!((s.outbox_regular, s.pending_acks), (0, 0), "delivered");
+}
