@@ -342,7 +342,7 @@ fn the_fixture_is_a_version_1_database() {
 
 #[test]
 fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
-    assert_eq!(SCHEMA_VERSION, 5);
+    assert_eq!(SCHEMA_VERSION, 6);
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("v1.db");
     write_v1_database(&db);
@@ -350,14 +350,15 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
 
     {
         let mut store = Store::open(&db).unwrap();
-        assert_eq!(store.schema_version().unwrap(), 5);
+        assert_eq!(store.schema_version().unwrap(), 6);
         assert_v1_rows_intact(&mut store);
         assert!(store.load_pending_inbound().unwrap().is_empty());
     }
-    assert_eq!(user_version(&db), 5);
+    assert_eq!(user_version(&db), 6);
 
-    // The version-1 objects are unchanged but `settled`, which gained one nullable column;
-    // exactly the new tables and their indexes were added.
+    // The version-1 objects are unchanged but `settled`, which gained one nullable column, and
+    // `outbox`, rebuilt with one more allowed state; exactly the new tables and their indexes
+    // were added.
     let v2_schema = schema_of(&db);
     let added: Vec<_> = v2_schema
         .iter()
@@ -366,8 +367,13 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
         .collect();
     assert!(v1_schema
         .iter()
-        .filter(|o| o.1 != "settled")
+        .filter(|o| o.1 != "settled" && o.1 != "outbox")
         .all(|o| v2_schema.contains(o)));
+    assert_eq!(
+        columns_of(&db, "outbox"),
+        columns_of_v1_outbox(),
+        "the rebuilt outbox keeps its columns"
+    );
     assert_eq!(
         columns_of(&db, "settled"),
         [
@@ -385,6 +391,7 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
             ("index", "pending_inbound_by_received_at"),
             ("index", "sqlite_autoindex_pending_inbound_1"),
             ("table", "identity"),
+            ("table", "mls_state"),
             ("table", "pending_inbound"),
         ]
     );
@@ -401,7 +408,7 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
         ]
     );
     let conn = Connection::open(&db).unwrap();
-    for table in ["pending_inbound", "identity"] {
+    for table in ["pending_inbound", "identity", "mls_state"] {
         let empty: i64 = conn
             .query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))
             .unwrap();
@@ -411,7 +418,7 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
 
     // And the migrated file keeps working across reopen.
     let mut store = Store::open(&db).unwrap();
-    assert_eq!(store.schema_version().unwrap(), 5);
+    assert_eq!(store.schema_version().unwrap(), 6);
     assert_v1_rows_intact(&mut store);
 }
 
@@ -426,14 +433,14 @@ fn a_current_version_database_is_opened_untouched() {
 
     {
         let store = Store::open(&db).unwrap();
-        assert_eq!(store.schema_version().unwrap(), 5);
+        assert_eq!(store.schema_version().unwrap(), 6);
         assert_eq!(store.load_outbox().unwrap(), expected_outbox());
     }
     // No migration ran: not a byte of the database file changed (its header holds a change
     // counter that any committed write would bump), and the schema is the same.
     assert_eq!(fs::read(&db).unwrap(), before);
     assert_eq!(schema_of(&db), schema);
-    assert_eq!(user_version(&db), 5);
+    assert_eq!(user_version(&db), 6);
 
     let mut store = Store::open(&db).unwrap();
     assert_v1_rows_intact(&mut store);
@@ -442,16 +449,16 @@ fn a_current_version_database_is_opened_untouched() {
 #[test]
 fn a_database_newer_than_the_current_version_is_refused_and_left_untouched() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("v6.db");
+    let db = dir.path().join("v7.db");
     write_v1_database(&db);
     drop(Store::open(&db).unwrap());
     {
-        // A version-6 build added something and bumped the version.
+        // A version-7 build added something and bumped the version.
         let conn = Connection::open(&db).unwrap();
         conn.execute_batch(
             "BEGIN;
              CREATE TABLE from_the_future (x INTEGER);
-             PRAGMA user_version = 6;
+             PRAGMA user_version = 7;
              COMMIT;",
         )
         .unwrap();
@@ -459,12 +466,12 @@ fn a_database_newer_than_the_current_version_is_refused_and_left_untouched() {
     let before = fs::read(&db).unwrap();
     match Store::open(&db).unwrap_err() {
         StoreError::NewerSchema { found, supported } => {
-            assert_eq!((found, supported), (6, 5));
+            assert_eq!((found, supported), (7, 6));
         }
         other => panic!("expected NewerSchema, got {other}"),
     }
     assert_eq!(fs::read(&db).unwrap(), before, "not a byte changed");
-    assert_eq!(user_version(&db), 6);
+    assert_eq!(user_version(&db), 7);
     let outbox: i64 = Connection::open(&db)
         .unwrap()
         .query_row("SELECT COUNT(*) FROM outbox", [], |r| r.get(0))
@@ -512,4 +519,24 @@ fn columns_of(db: &Path, table: &str) -> Vec<String> {
         .unwrap()
         .map(Result::unwrap)
         .collect()
+}
+
+/// The outbox's columns as version 1 created them.
+fn columns_of_v1_outbox() -> Vec<String> {
+    [
+        "id",
+        "recipient",
+        "state",
+        "created_at",
+        "window_start",
+        "ack_attempts",
+        "transport_retries",
+        "next_at",
+        "first_sent_at",
+        "last_sent_at",
+        "is_media",
+        "message_json",
+    ]
+    .map(String::from)
+    .to_vec()
 }

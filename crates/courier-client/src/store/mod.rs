@@ -26,6 +26,7 @@ mod dedup;
 mod identity;
 mod inbound;
 mod lock;
+mod mls;
 mod outbox;
 mod schema;
 
@@ -40,6 +41,7 @@ use courier_engine::io::{
 };
 use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
 
+use courier_crypto::{Change, RowKey};
 use identity::SealKeys;
 use lock::LockFile;
 pub use schema::SCHEMA_VERSION;
@@ -82,6 +84,9 @@ pub enum StoreError {
          the file was left untouched"
     )]
     NewerSchema { found: u32, supported: u32 },
+    /// Session state was read or written before the identity that seals it was loaded.
+    #[error("the end-to-end session state needs the identity, which is not loaded yet")]
+    NoIdentity,
     /// A schema migration failed or would have lost data; it was rolled back.
     #[error("storage migration to schema version {to} failed: {message}")]
     Migration { to: u32, message: String },
@@ -159,6 +164,8 @@ pub struct Store {
     /// Frames in the WAL after the last commit, as reported by the WAL hook.
     wal_pages: Arc<AtomicU32>,
     path: Option<PathBuf>,
+    /// Seals the session rows; known once the identity is loaded.
+    rest_key: Option<mls::RestKey>,
     _lock: Option<LockFile>,
 }
 
@@ -251,6 +258,7 @@ impl Store {
             conn,
             wal_pages,
             path,
+            rest_key: None,
             _lock: lock,
         })
     }
@@ -290,7 +298,14 @@ impl Store {
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let seed = identity::load_or_create(&tx, &keys, to_db(now), generate)?;
         tx.commit()?;
+        self.rest_key = Some(mls::RestKey::from_seed(&seed));
         Ok(seed)
+    }
+
+    /// The end-to-end session state as last committed, opened; the identity must be loaded.
+    pub fn load_sessions(&self) -> Result<Vec<(RowKey, Vec<u8>)>, StoreError> {
+        let rest = self.rest_key.as_ref().ok_or(StoreError::NoIdentity)?;
+        mls::load(&self.conn, rest)
     }
 
     /// Every buffered inbound message (`pending_inbound`), oldest received first: the batch the
@@ -346,12 +361,31 @@ impl Store {
     /// was dispatched. What is still held at a start is emitted again ([`Store::unreported`]):
     /// a terminal event is never lost to a crash between its commit and its dispatch.
     pub fn commit_step(&mut self, ops: &[StoreOp], reports: &Reports) -> Result<(), StoreError> {
-        if ops.is_empty() && reports.held.is_empty() && reports.done.is_empty() {
+        self.commit_with_sessions(ops, reports, &[])
+    }
+
+    /// [`commit_step`](Self::commit_step), with the step's changes of the end-to-end session
+    /// state in the same transaction: a ratchet step commits with what it sealed or opened.
+    pub fn commit_with_sessions(
+        &mut self,
+        ops: &[StoreOp],
+        reports: &Reports,
+        sessions: &[Change],
+    ) -> Result<(), StoreError> {
+        if ops.is_empty()
+            && reports.held.is_empty()
+            && reports.done.is_empty()
+            && sessions.is_empty()
+        {
             return Ok(());
         }
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        if !sessions.is_empty() {
+            let rest = self.rest_key.as_ref().ok_or(StoreError::NoIdentity)?;
+            mls::apply(&tx, rest, sessions)?;
+        }
         for op in ops {
             match op {
                 StoreOp::Put(record) => outbox::put(&tx, record)?,

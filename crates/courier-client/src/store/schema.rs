@@ -23,6 +23,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     v3_identity,
     v4_sealed_identity,
     v5_unreported_settlements,
+    v6_sessions,
 ];
 
 /// The schema version this build writes and understands.
@@ -124,6 +125,44 @@ fn v4_sealed_identity(tx: &Transaction<'_>) -> rusqlite::Result<()> {
 /// cut off between the commit and the dispatch is emitted again at the next start.
 fn v5_unreported_settlements(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     tx.execute_batch("ALTER TABLE settled ADD COLUMN unreported_event TEXT NULL;")
+}
+
+/// Version 6: end-to-end sessions. The outbox takes rows of the pre-session queue (state
+/// `awaiting_session`, `docs/delivery.md#pre-session-queue`): SQLite cannot change a CHECK in
+/// place, so the table is rebuilt with every row copied. `mls_state` holds the MLS state as
+/// sealed key-value rows (`store/mls.rs`).
+fn v6_sessions(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "CREATE TABLE outbox_v6 (
+             id                TEXT    PRIMARY KEY NOT NULL,
+             recipient         TEXT    NOT NULL,
+             state             TEXT    NOT NULL
+                 CHECK (state IN ('queued', 'in_flight', 'parked', 'awaiting_session')),
+             created_at        INTEGER NOT NULL,
+             window_start      INTEGER NOT NULL,
+             ack_attempts      INTEGER NOT NULL CHECK (ack_attempts >= 0),
+             transport_retries INTEGER NOT NULL CHECK (transport_retries >= 0),
+             next_at           INTEGER NULL,
+             first_sent_at     INTEGER NULL,
+             last_sent_at      INTEGER NULL,
+             is_media          INTEGER NOT NULL CHECK (is_media IN (0, 1)),
+             message_json      TEXT    NOT NULL
+         );
+         INSERT INTO outbox_v6 (id, recipient, state, created_at, window_start, ack_attempts,
+                 transport_retries, next_at, first_sent_at, last_sent_at, is_media, message_json)
+             SELECT id, recipient, state, created_at, window_start, ack_attempts,
+                 transport_retries, next_at, first_sent_at, last_sent_at, is_media, message_json
+             FROM outbox;
+         DROP TABLE outbox;
+         ALTER TABLE outbox_v6 RENAME TO outbox;
+         CREATE INDEX outbox_by_created_at ON outbox (created_at);
+
+         CREATE TABLE mls_state (
+             key   BLOB PRIMARY KEY NOT NULL,
+             nonce BLOB NOT NULL,
+             value BLOB NOT NULL
+         ) WITHOUT ROWID;",
+    )
 }
 
 /// `PRAGMA user_version`. The first read of a file, so a non-database fails here.
