@@ -384,3 +384,39 @@ fn stats_count_what_waits_and_what_is_in_flight() {
     let s = sim.engine.stats();
     assert_eq!((s.outbox_regular, s.pending_acks), (0, 0), "delivered");
 }
+
+#[test]
+fn an_app_id_equal_to_another_messages_wire_id_is_that_message() {
+    // The wire id of "chat-1" is a UUID; an app that sends under that UUID sends the same
+    // message, not a second one (`docs/delivery.md#repeated-ids`).
+    let mut sim = Sim::with_defaults();
+    let id = sim.send_with(BOB, Priority::Medium, ContentType::Text, Some("chat-1"));
+    let as_wire = courier_proto::wire_id(&id);
+    assert!(!sim.submit(request(BOB, Priority::Medium, ContentType::Text, &as_wire)));
+    // Rows left so by an older build: restore keeps the first.
+    let mut twin = sim.rows[&id].clone();
+    twin.message.id = as_wire.clone();
+    twin.created_at += 1;
+    sim.rows.insert(as_wire.clone(), twin);
+    sim.checks = false; // the twin row is what the store holds and restore refuses
+    sim.restart();
+    assert_eq!(sim.engine.stats().outbox_regular, 1);
+    assert_eq!(sim.status(&id), Some(EntryState::Queued));
+    assert_eq!(sim.status(&as_wire), None);
+}
+
+#[test]
+fn a_relay_answer_resets_the_transport_backoff() {
+    let mut sim = Sim::with_defaults();
+    sim.net = Net::refusing();
+    sim.carrier_up();
+    let id = sim.send(BOB);
+    sim.advance(10 * SEC);
+    assert!(sim.rows[&id].transport_retries > 0);
+    sim.net = Net::relay(CarrierAnswer::Stored);
+    sim.advance(MIN);
+    assert_eq!(
+        sim.rows[&id].transport_retries, 0,
+        "the relay processed a frame: the transport works again"
+    );
+}

@@ -161,6 +161,24 @@ fn a_neighbor_lost_mid_send_goes_over_the_relay() {
 }
 
 #[test]
+fn losing_one_neighbor_fails_only_the_sends_handed_to_it() {
+    let mut sim = Sim::with_defaults();
+    sim.local_up(BLE);
+    sim.discover(BOB, BLE);
+    sim.discover(CAROL, BLE);
+    sim.local.write = false;
+    let to_bob = sim.send(BOB);
+    let to_carol = sim.send(CAROL);
+    sim.lose(BOB, BLE);
+    assert_eq!(sim.status(&to_bob), Some(EntryState::Queued));
+    assert_eq!(
+        sim.status(&to_carol),
+        Some(EntryState::InFlight),
+        "Carol's link holds: her send is still on it"
+    );
+}
+
+#[test]
 fn unregistering_a_carrier_loses_its_links() {
     let mut sim = Sim::with_defaults();
     sim.local_up(BLE);
