@@ -193,3 +193,26 @@ fn a_message_is_only_opened_as_its_mls_sender() {
         "a message of Carol's session is not Alice's"
     );
 }
+
+#[test]
+fn recipients_name_devices_and_the_binding_commits_with_the_sessions() {
+    let (mut alice, mut bob) = (device(1), device(2));
+    let mut alice_rows = Rows::default();
+    connect(&mut alice, &mut bob);
+    alice.bind("bob", bob.address()).unwrap();
+    assert_eq!(alice.device_of("bob").unwrap(), Some(bob.address()));
+    let bobs = bob.address().to_string();
+    assert_eq!(alice.device_of(&bobs).unwrap(), Some(bob.address()));
+    assert_eq!(alice.device_of("carol").unwrap(), None);
+    alice_rows.apply(alice.commit());
+
+    alice.bind("carol", device(3).address()).unwrap();
+    alice.rollback().unwrap();
+    assert_eq!(alice.device_of("carol").unwrap(), None, "rolled back");
+
+    let alice = alice_rows.restart(1);
+    assert_eq!(
+        alice.ready_recipients().unwrap(),
+        [("bob".to_owned(), bob.address()), (bobs, bob.address())]
+    );
+}
