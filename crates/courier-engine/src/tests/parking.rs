@@ -685,3 +685,58 @@ fn message_undeliverable_carries_the_relays_cause() {
         assert_eq!(codes, [cause]);
     }
 }
+
+fn edge_from_bob(sim: &mut Sim, seq: u64) {
+    let hello = message_from(BOB, &format!("b{seq}"));
+    let origin = InboundOrigin {
+        carrier: Carrier::Relay,
+        stamped_sender: BOB.into(),
+        sender_account: None,
+        seq: Some(seq),
+    };
+    sim.inbound(hello, origin);
+}
+
+#[test]
+fn an_edge_gives_a_parked_message_a_fresh_ack_budget() {
+    let mut sim = Sim::with_defaults();
+    sim.net = Net::silent_peer();
+    sim.carrier_up();
+    let id = sim.send(BOB);
+    sim.advance(25 * SEC);
+    assert!(sim.rows[&id].ack_attempts >= 1);
+    // The relay then finds bob gone for its next attempt.
+    sim.net = Net::relay(UNREACHABLE);
+    for _ in 0..120 {
+        if sim.status(&id) == Some(EntryState::Parked) {
+            break;
+        }
+        sim.advance(SEC);
+    }
+    assert_eq!(sim.status(&id), Some(EntryState::Parked));
+    sim.net = Net::silent_peer();
+    edge_from_bob(&mut sim, 1);
+    assert_eq!(sim.rows[&id].ack_attempts, 0, "a fresh budget");
+}
+
+#[test]
+fn an_edge_leaves_the_budget_of_a_message_outside_the_park_episode() {
+    let mut sim = Sim::with_defaults();
+    sim.net = Net::silent_peer();
+    sim.carrier_up();
+    let in_flight = sim.send(BOB);
+    sim.advance(12 * SEC);
+    let spent = sim.rows[&in_flight].ack_attempts;
+    assert!(spent >= 1);
+    sim.net = Net::relay(UNREACHABLE);
+    let parked = sim.send(BOB);
+    sim.advance(100);
+    assert_eq!(sim.status(&parked), Some(EntryState::Parked));
+    assert_eq!(sim.status(&in_flight), Some(EntryState::InFlight));
+    sim.net = Net::silent_peer();
+    edge_from_bob(&mut sim, 1);
+    assert_eq!(
+        sim.rows[&in_flight].ack_attempts, spent,
+        "a message outside the episode keeps what it spent"
+    );
+}
