@@ -976,3 +976,21 @@ fn the_ack_of_a_carried_message_goes_back_to_its_carrier_while_the_link_holds() 
         (Carrier::Local(BLE.to_owned()), Some(CAROL), "b1")
     );
 }
+
+#[test]
+fn the_ack_of_a_committed_message_goes_back_over_the_relay_it_came_by() {
+    let mut sim = hooked();
+    sim.carrier_up();
+    sim.local_up(BLE);
+    sim.discover(BOB, BLE);
+    // Bob is also a neighbor, the route a new message to him would take; the ACK still goes
+    // back the way his message came.
+    deliver(&mut sim, "b1", 11);
+    sim.poll_hook().unwrap();
+    let mark = sim.mark();
+    sim.hook_result(true);
+    assert_eq!(
+        acks_since(&sim, mark),
+        [(Carrier::Relay, None, "b1".to_owned())]
+    );
+}
