@@ -249,6 +249,21 @@ fn a_drain_batch_closes_before_it_would_pass_its_byte_bound() {
         sim.hook_result(true);
     }
     assert_eq!(sizes, [3, 3, 1]);
+
+    // A message that fills the batch exactly still joins it.
+    let mut sim = hooked_with(HookConfig {
+        batch_max_bytes: 900,
+        ..HookConfig::default()
+    });
+    sim.drain_started();
+    for n in 0..4 {
+        let mut message = message_from(BOB, &format!("e{n}"));
+        message.content = "x".repeat(300);
+        sim.inbound(message, relay(BOB, 200 + n));
+    }
+    sim.drain_complete(4);
+    let sizes: Vec<usize> = offered_batches(&mut sim).iter().map(Vec::len).collect();
+    assert_eq!(sizes, [3, 1]);
 }
 
 #[test]
@@ -993,4 +1008,24 @@ fn the_ack_of_a_committed_message_goes_back_over_the_relay_it_came_by() {
         acks_since(&sim, mark),
         [(Carrier::Relay, None, "b1".to_owned())]
     );
+}
+
+#[test]
+fn a_row_expiring_while_its_batch_waits_leaves_the_other_batches_alone() {
+    let mut sim = hooked_with(HookConfig {
+        retention_ms: 5 * SEC,
+        timeout_ms: 60 * SEC,
+        ..HookConfig::default()
+    });
+    sim.carrier_up();
+    deliver(&mut sim, "b0", 10);
+    let with_hook = sim.poll_hook().unwrap();
+    assert_eq!(ids(&with_hook), ["b0"]);
+    // While the hook works on b0, two live messages wait in their own batches.
+    deliver(&mut sim, "b1", 11);
+    sim.advance(3 * SEC);
+    deliver(&mut sim, "b2", 12);
+    sim.advance(2 * SEC); // b1's retention ends; b2 has 3 s left
+    sim.hook_result(true);
+    assert_eq!(offered_batches(&mut sim), batch_ids(&[&["b2"]]));
 }
