@@ -217,3 +217,37 @@ fn a_frame_handed_to_a_gateway_that_drops_is_retried_over_the_relay() {
     assert_eq!(sim.frames_of(mark, &id), [(Carrier::Relay, None)]);
     assert_eq!(delivered_over(&sim, &id).as_deref(), Some("internet"));
 }
+
+#[test]
+fn a_report_about_a_carry_only_copy_is_not_about_the_attempt() {
+    let mut sim = Sim::with_defaults();
+    sim.net = Net::relay(UNREACHABLE);
+    sim.carrier_up();
+    sim.gateway_up();
+    let id = sim.send(BOB);
+    sim.advance(15 * SEC); // the probe goes over the relay, a copy over the gateway
+    let (_, _, copy_seq) = sim
+        .gateway_offers
+        .iter()
+        .rev()
+        .find(|(_, m, _)| *m == id)
+        .cloned()
+        .expect("a copy over the gateway");
+    assert_ne!(
+        sim.send_seqs.get(&id),
+        Some(&copy_seq),
+        "the copy has its own send_seq"
+    );
+    let mark = sim.mark();
+    sim.input(Input::SendFailed {
+        id: courier_proto::wire_id(&id),
+        send_seq: copy_seq,
+        reason: "gateway gone".into(),
+    });
+    assert!(
+        sim.log[mark..]
+            .iter()
+            .all(|(_, out)| !matches!(out, Out::Event(_))),
+        "the attempt is untouched"
+    );
+}
