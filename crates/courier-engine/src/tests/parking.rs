@@ -740,3 +740,21 @@ fn an_edge_leaves_the_budget_of_a_message_outside_the_park_episode() {
         "a message outside the episode keeps what it spent"
     );
 }
+
+#[test]
+fn without_edge_driven_mode_probes_are_not_paced_by_the_resend_budget() {
+    let mut sim = parked_sim(Config::new("chat"));
+    let ids: Vec<String> = (0..25).map(|n| sim.send(&format!("peer{n:02}"))).collect();
+    assert!(ids
+        .iter()
+        .all(|id| sim.status(id) == Some(EntryState::Parked)));
+    sim.advance(15 * SEC);
+    let probed = ids
+        .iter()
+        .filter(|id| sim.sends(id).contains(&(15 * SEC)))
+        .count();
+    assert_eq!(
+        probed, 25,
+        "every first probe at 15 s, more than one burst of the budget"
+    );
+}
