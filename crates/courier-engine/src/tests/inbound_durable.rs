@@ -1029,3 +1029,25 @@ fn a_row_expiring_while_its_batch_waits_leaves_the_other_batches_alone() {
     sim.hook_result(true);
     assert_eq!(offered_batches(&mut sim), batch_ids(&[&["b2"]]));
 }
+
+#[test]
+fn a_row_past_retention_at_restart_is_removed_with_its_trace() {
+    let mut sim = hooked_with(HookConfig {
+        retention_ms: 5 * SEC,
+        ..HookConfig::default()
+    });
+    sim.carrier_up();
+    deliver(&mut sim, "b1", 11);
+    // The device was off longer than the retention.
+    sim.now += 10 * SEC;
+    let mark = sim.mark();
+    sim.restart();
+    assert!(
+        sim.inbound_rows.is_empty(),
+        "the row is gone from the store"
+    );
+    assert!(shape(&sim, mark).contains(&"expire"));
+    assert!(sim.log[mark..].iter().any(|(_, out)| matches!(out,
+        Out::Event(Event::SecurityWarning { reason_code, .. }) if *reason_code == RETENTION_EXPIRED)));
+    assert!(sim.poll_hook().is_none());
+}
