@@ -175,6 +175,8 @@ impl PreSession {
         assert_eq!(self.ids.len(), self.waiting.len(), "pre-session ids");
         assert!(self.waiting.len() <= MESSAGES && self.bytes <= BYTES);
         for queue in self.recipients.values() {
+            let bytes: usize = queue.order.iter().map(|n| self.waiting[n].1).sum();
+            assert_eq!(bytes, queue.bytes, "a recipient's pre-session bytes");
             assert!(
                 queue.order.len() <= PER_RECIPIENT_MESSAGES && queue.bytes <= PER_RECIPIENT_BYTES
             );

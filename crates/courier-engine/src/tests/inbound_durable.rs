@@ -749,6 +749,16 @@ fn over_the_buffer_bound_a_message_is_left_unacknowledged_for_redelivery() {
     assert_eq!(sim.hook_commits_all(), 1);
     assert!(sim.journal.is_empty());
     assert_eq!(sim.dispatched.len(), 5);
+    // Room again: the next time the buffer fills it is reported again.
+    for n in 5..9 {
+        deliver(&mut sim, &format!("b{n}"), 100 + n);
+    }
+    let full_reports = sim
+        .log
+        .iter()
+        .filter(|(_, out)| matches!(out, Out::Event(Event::Diagnostic { message, .. }) if message.contains("buffer full")))
+        .count();
+    assert_eq!(full_reports, 2);
 }
 
 #[test]
