@@ -101,7 +101,7 @@ impl SenderGate {
 
 /// Whether the relay or gateway that carried `message` vouches for the sender it claims: its
 /// stamped identity, or the account the sending connection authenticated as.
-fn vouched_for(message: &Message, origin: &InboundOrigin) -> bool {
+pub(crate) fn vouched_for(message: &Message, origin: &InboundOrigin) -> bool {
     message.sender == origin.stamped_sender
         || origin.sender_account.as_deref() == Some(message.sender.as_str())
 }

@@ -429,8 +429,7 @@ impl Sim {
         if let (None, Some(seq)) = (message.ack_for(), origin.seq) {
             // The relay journals a data frame until it is released.
             let key = inbound_key(&message);
-            let vouched = message.sender == origin.stamped_sender
-                || origin.sender_account.as_deref() == Some(message.sender.as_str());
+            let vouched = crate::sender_gate::vouched_for(&message, &origin);
             if courier_proto::is_signature_gated(&message.content) || !vouched {
                 self.gated.insert(seq);
             }
