@@ -353,6 +353,7 @@ impl Client {
                     stamped_sender: peer.to_owned(),
                     sender_account: None,
                     seq: None,
+                    sealed_by: None,
                 },
             }),
             Err(reason) => self.driver.send(Command::Emit(ClientEvent::Diagnostic {

@@ -205,12 +205,14 @@ fn engine_event_json(e: &Event) -> Value {
             chat,
             sender,
             transport,
+            encrypted,
         } => {
             let mut v = json!({
                 "type": "message_received", "messageId": message.id, "sender": sender,
                 "recipient": message.recipient, "chat": chat, "content": message.content,
                 "contentType": message.content_type.as_str(), "timestamp": message.timestamp,
                 "transport": transport, "hopCount": message.hop_count, "metadata": message.metadata,
+                "encrypted": encrypted,
             });
             if let Some(Value::String(b64)) = &message.binary_content {
                 v["binaryContent"] = Value::String(b64.clone());
@@ -243,6 +245,15 @@ fn engine_event_json(e: &Event) -> Value {
             reason,
         } => json!({
             "type": "security_warning", "peerId": peer_id, "reasonCode": reason_code, "reason": reason,
+        }),
+        Event::MessageDecryptionFailed {
+            message_id,
+            sender,
+            code,
+            reason,
+        } => json!({
+            "type": "message_decryption_failed", "messageId": message_id, "sender": sender,
+            "code": code, "reason": reason,
         }),
         Event::Diagnostic { level, message } => json!({
             "type": "diagnostic", "level": level_name(*level), "message": message, "target": "courier_engine",

@@ -61,7 +61,8 @@ fn message(i: u64, sender: &str) -> Message {
 }
 
 /// A buffered message; the carrier cycles through the relay and two local carriers, and the
-/// stamped sender (what the carrier vouched for) sometimes differs from the message's sender.
+/// stamped sender (what the carrier vouched for) sometimes differs from the message's sender, and
+/// every other one arrived sealed.
 fn pending(i: u64, received_at: u64) -> PendingInbound {
     let sender = format!("peer-{}", i % 3);
     let carrier = match i % 3 {
@@ -83,6 +84,7 @@ fn pending(i: u64, received_at: u64) -> PendingInbound {
             sender.clone()
         },
         received_at,
+        encrypted: i % 2 == 1,
     }
 }
 

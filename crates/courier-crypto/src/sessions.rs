@@ -353,8 +353,15 @@ impl Sessions {
         Ok(())
     }
 
-    /// `plaintext` sealed for `peer` in the current session with it.
+    /// `plaintext` sealed for `peer` in the current session with it. A failure changes nothing.
     pub fn seal(&mut self, peer: &Address, plaintext: &[u8]) -> Result<Vec<u8>, SessionError> {
+        self.provider.store.savepoint();
+        let sealed = self.seal_now(peer, plaintext);
+        self.settle(peer, sealed.is_ok())?;
+        sealed
+    }
+
+    fn seal_now(&mut self, peer: &Address, plaintext: &[u8]) -> Result<Vec<u8>, SessionError> {
         let session = self
             .sessions
             .get_mut(peer)
@@ -370,8 +377,54 @@ impl Sessions {
     }
 
     /// Opens a message `from` sealed in the current session with it; the MLS sender must be
-    /// `from` itself.
+    /// `from` itself. A failure changes nothing.
     pub fn open(&mut self, from: &Address, sealed: &[u8]) -> Result<Vec<u8>, SessionError> {
+        let mut opened = Vec::new();
+        self.open_if(from, sealed, |plaintext| {
+            opened = plaintext;
+            true
+        })?;
+        Ok(opened)
+    }
+
+    /// Opens a message like [`Sessions::open`] and hands the plaintext to `keep`; when `keep`
+    /// says it was not kept, the session is as if the message never came, so that a later copy
+    /// opens again (a ratchet opens each ciphertext once). Returns what `keep` said.
+    pub fn open_if(
+        &mut self,
+        from: &Address,
+        sealed: &[u8],
+        keep: impl FnOnce(Vec<u8>) -> bool,
+    ) -> Result<bool, SessionError> {
+        self.provider.store.savepoint();
+        let kept = match self.open_now(from, sealed) {
+            Ok(plaintext) => keep(plaintext),
+            Err(e) => {
+                self.settle(from, false)?;
+                return Err(e);
+            }
+        };
+        self.settle(from, kept)?;
+        Ok(kept)
+    }
+
+    /// Ends the savepoint of an operation on the session with `peer`: kept, or undone in
+    /// storage and in memory.
+    fn settle(&mut self, peer: &Address, keep: bool) -> Result<(), SessionError> {
+        if keep {
+            self.provider.store.keep_savepoint();
+            return Ok(());
+        }
+        self.provider.store.undo_savepoint();
+        self.sessions.remove(peer);
+        if let Some(record) = self.provider.store.get::<Record>(SESSION, peer)? {
+            let session = self.load(&record)?;
+            self.sessions.insert(*peer, session);
+        }
+        Ok(())
+    }
+
+    fn open_now(&mut self, from: &Address, sealed: &[u8]) -> Result<Vec<u8>, SessionError> {
         let message: ProtocolMessage = MlsMessageIn::tls_deserialize_exact(sealed)
             .map_err(malformed("sealed message"))?
             .try_into_protocol_message()

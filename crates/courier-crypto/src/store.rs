@@ -38,7 +38,12 @@ struct Rows {
     values: HashMap<RowKey, Vec<u8>>,
     /// Every row touched since the last commit, with the value it had then.
     before: BTreeMap<RowKey, Option<Vec<u8>>>,
+    savepoint: Option<BTreeMap<RowKey, Saved>>,
 }
+
+/// A row touched since the savepoint: its value then, and whether it was already journaled in
+/// `Rows::before`.
+type Saved = (Option<Vec<u8>>, bool);
 
 impl Rows {
     fn set(&mut self, key: RowKey, value: Option<Vec<u8>>) {
@@ -46,6 +51,12 @@ impl Rows {
             Some(value) => self.values.insert(key.clone(), value),
             None => self.values.remove(&key),
         };
+        if let Some(savepoint) = &mut self.savepoint {
+            let journaled = self.before.contains_key(&key);
+            savepoint
+                .entry(key.clone())
+                .or_insert_with(|| (old.clone(), journaled));
+        }
         self.before.entry(key).or_insert(old);
     }
 }
@@ -63,6 +74,7 @@ impl Store {
             rows: RefCell::new(Rows {
                 values,
                 before: BTreeMap::new(),
+                savepoint: None,
             }),
         }
     }
@@ -71,6 +83,7 @@ impl Store {
     /// values are the committed ones.
     pub fn take_changes(&self) -> Vec<Change> {
         let mut rows = self.rows.borrow_mut();
+        rows.savepoint = None;
         let touched = std::mem::take(&mut rows.before);
         touched
             .into_keys()
@@ -81,9 +94,35 @@ impl Store {
             .collect()
     }
 
+    /// From here on, changes can be undone alone ([`Store::undo_savepoint`]) while those before
+    /// it stay; a savepoint set earlier is forgotten (its changes stay).
+    pub(crate) fn savepoint(&self) {
+        self.rows.borrow_mut().savepoint = Some(BTreeMap::new());
+    }
+
+    /// Keeps what changed since the savepoint, as part of the step.
+    pub(crate) fn keep_savepoint(&self) {
+        self.rows.borrow_mut().savepoint = None;
+    }
+
+    /// Puts back every row touched since the savepoint; the step's earlier changes stay.
+    pub(crate) fn undo_savepoint(&self) {
+        let mut rows = self.rows.borrow_mut();
+        for (key, (old, journaled)) in rows.savepoint.take().unwrap_or_default() {
+            match old {
+                Some(value) => rows.values.insert(key.clone(), value),
+                None => rows.values.remove(&key),
+            };
+            if !journaled {
+                rows.before.remove(&key);
+            }
+        }
+    }
+
     /// Puts back every row touched since the last commit.
     pub fn rollback(&self) {
         let mut rows = self.rows.borrow_mut();
+        rows.savepoint = None;
         let touched = std::mem::take(&mut rows.before);
         for (key, old) in touched {
             match old {

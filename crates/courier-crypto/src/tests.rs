@@ -216,3 +216,43 @@ fn recipients_name_devices_and_the_binding_commits_with_the_sessions() {
         [("bob".to_owned(), bob.address()), (bobs, bob.address())]
     );
 }
+
+#[test]
+fn a_message_not_kept_leaves_no_trace_and_the_steps_others_stay() {
+    let (mut alice, mut bob) = (device(1), device(2));
+    let mut bob_rows = Rows::default();
+    connect(&mut alice, &mut bob);
+    bob_rows.apply(bob.commit());
+    let first = alice.seal(&bob.address(), b"first").unwrap();
+    let second = alice.seal(&bob.address(), b"second").unwrap();
+    // One step: the first is kept, the second is refused by whoever took the plaintext.
+    assert!(bob
+        .open_if(&alice.address(), &first, |p| p == b"first")
+        .unwrap());
+    assert!(!bob.open_if(&alice.address(), &second, |_| false).unwrap());
+    bob_rows.apply(bob.commit());
+    // After a restart from what the step committed: the second opens, the first never again.
+    let mut bob = bob_rows.restart(2);
+    assert_eq!(bob.open(&alice.address(), &second).unwrap(), b"second");
+    assert!(bob.open(&alice.address(), &first).is_err());
+}
+
+#[test]
+fn a_copy_that_fails_to_open_changes_nothing() {
+    let (mut alice, mut bob) = (device(1), device(2));
+    connect(&mut alice, &mut bob);
+    bob.commit();
+    let sealed = alice.seal(&bob.address(), b"once").unwrap();
+    assert_eq!(bob.open(&alice.address(), &sealed).unwrap(), b"once");
+    let mut tampered = alice.seal(&bob.address(), b"next").unwrap();
+    let last = tampered.len() - 1;
+    tampered[last] ^= 1;
+    assert!(bob.open(&alice.address(), &sealed).is_err(), "a replay");
+    assert!(bob.open(&alice.address(), &tampered).is_err(), "a forgery");
+    assert!(
+        bob.commit().iter().all(|c| c.value.is_some()),
+        "nothing deleted"
+    );
+    let next = alice.seal(&bob.address(), b"after").unwrap();
+    assert_eq!(bob.open(&alice.address(), &next).unwrap(), b"after");
+}

@@ -153,6 +153,7 @@ fn cycle(engine: &mut Engine, n: &mut u64, now: u64, acked: bool) {
             stamped_sender: "bob".into(),
             sender_account: None,
             seq: Some(*n),
+            sealed_by: None,
         };
         let message = Box::new(ack);
         engine.handle(Input::Inbound { message, origin }, now);
@@ -418,6 +419,7 @@ fn push_inbound(engine: &mut Engine, messages: Vec<Message>, drain_mode: bool) -
             stamped_sender: "bob".into(),
             sender_account: None,
             seq: Some(seq),
+            sealed_by: None,
         };
         let message = Box::new(message);
         engine.handle(Input::Inbound { message, origin }, now);

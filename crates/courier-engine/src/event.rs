@@ -69,6 +69,15 @@ pub enum Event {
         chat: String,
         sender: String,
         transport: String,
+        /// It arrived sealed in an end-to-end session and `sender` is the session's credential.
+        encrypted: bool,
+    },
+    /// A sealed message did not open on this attempt: advisory, per attempt, never terminal.
+    MessageDecryptionFailed {
+        message_id: String,
+        sender: String,
+        code: &'static str,
+        reason: String,
     },
     /// The relay's `PresenceStatus` for a peer (`last_seen_ms` when the relay said).
     PresenceUpdated {

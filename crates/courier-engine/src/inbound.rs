@@ -6,14 +6,26 @@ use courier_proto::Message;
 
 use crate::io::InboundOrigin;
 
-/// Only the recipient settles (`docs/delivery.md#ack-attribution`). The connection that carried the
-/// ACK must be the recipient (stamped identity or authenticated account), and the ACK must claim to
-/// come from it too. A third party that saw the frame knows its id, but not how to be stamped
-/// as the recipient.
-pub(crate) fn attributed(recipient: &str, origin: &InboundOrigin, ack: &Message) -> bool {
-    let carried_by_recipient =
-        origin.stamped_sender == recipient || origin.sender_account.as_deref() == Some(recipient);
-    carried_by_recipient && ack.sender == recipient
+/// Only the recipient settles (`docs/delivery.md#ack-attribution`). With sessions required the ACK
+/// must have been sealed in the recipient's session: a relay or anyone on the path can forge any
+/// frame but that one. Otherwise the connection that carried the ACK must be the recipient
+/// (stamped identity or authenticated account). Either way the ACK must claim to come from the
+/// recipient too.
+pub(crate) fn attributed(
+    recipient: &str,
+    origin: &InboundOrigin,
+    ack: &Message,
+    sealed_required: bool,
+) -> bool {
+    let from_recipient = match &origin.sealed_by {
+        Some(sealer) => sealer == recipient,
+        None if sealed_required => false,
+        None => {
+            origin.stamped_sender == recipient
+                || origin.sender_account.as_deref() == Some(recipient)
+        }
+    };
+    from_recipient && ack.sender == recipient
 }
 
 /// Hops the acknowledged message travelled, as the ACK reports it; an unreadable value is 0.

@@ -65,6 +65,16 @@ pub enum Input {
     NeighborDiscovered { peer: String, carrier: String },
     /// `peer` went out of range of the app carrier named `carrier`.
     NeighborLost { peer: String, carrier: String },
+    /// A sealed message from a carrier did not open (`docs/delivery.md#sealed-messages`): it is
+    /// reported, not acknowledged, and its relay frame is released, so the sender's retry —
+    /// sealed again for the current session — is what recovers it.
+    Undecryptable {
+        message_id: String,
+        sender: String,
+        origin: InboundOrigin,
+        code: &'static str,
+        reason: String,
+    },
     /// The runtime holds an end-to-end session with the device `recipient` names: what waits
     /// for it in the pre-session queue enters the outbox, and later sends to it go straight there.
     SessionReady { recipient: String },

@@ -86,6 +86,10 @@ pub struct InboundOrigin {
     pub sender_account: Option<String>,
     /// The relay journal `seq`, to be acknowledged with a frame release once processed.
     pub seq: Option<u64>,
+    /// The address whose MLS credential sealed the message, when it arrived sealed and the
+    /// runtime opened it (`docs/delivery.md#sender-attribution`): the strongest attribution
+    /// there is, on any carrier.
+    pub sealed_by: Option<String>,
 }
 
 /// A frame for the runtime to put on a carrier.
@@ -249,6 +253,8 @@ pub struct PendingInbound {
     pub carrier: Carrier,
     pub stamped_sender: String,
     pub received_at: Millis,
+    /// It arrived sealed in an end-to-end session (`InboundOrigin::sealed_by`).
+    pub encrypted: bool,
 }
 
 /// A batch for the application's durability hook. Exactly one is with the hook at a time.

@@ -4,12 +4,13 @@
 //! whose content starts with a reserved internal prefix (data-plane exclusions aside) must also
 //! come from the stamped identity itself and carry a valid, fresh control signature
 //! (`docs/delivery.md#control-frames`, verification in `docs/protocol.md#control-signatures`).
-//! Anything else is dropped before dedup (so it can neither reach the app nor spend another
+//! A message that arrived sealed must claim the address its session credential names. Anything
+//! else is dropped before dedup (so it can neither reach the app nor spend another
 //! sender's id), never given a delivery ACK, and reported once per (peer, code).
 
 use std::collections::HashSet;
 
-use courier_proto::security::TRANSPORT_IDENTITY_MISMATCH;
+use courier_proto::security::{SENDER_ADDRESS_MISMATCH, TRANSPORT_IDENTITY_MISMATCH};
 use courier_proto::{is_signature_gated, verify_control, Address, Message};
 
 use crate::event::{DiagnosticLevel, Event};
@@ -47,14 +48,21 @@ impl SenderGate {
         origin: &InboundOrigin,
         now: Millis,
     ) -> Verdict {
-        if origin.carrier.is_addressed() && !vouched_for(message, origin) {
-            // The culprit is whoever the carrier authenticated, not the identity it claimed.
-            let peer = origin.stamped_sender.clone();
+        if !vouched_for(message, origin) {
+            // The culprit is whoever authenticated it, not the identity it claimed.
+            let (peer, code, by) = match &origin.sealed_by {
+                Some(sealer) => (sealer.clone(), SENDER_ADDRESS_MISMATCH, "its session"),
+                None => (
+                    origin.stamped_sender.clone(),
+                    TRANSPORT_IDENTITY_MISMATCH,
+                    "the carrier",
+                ),
+            };
             let text = format!(
-                "dropped {} claiming {}: the carrier authenticated {peer}",
+                "dropped {} claiming {}: {by} authenticated {peer}",
                 message.id, message.sender
             );
-            return self.refuse(peer, TRANSPORT_IDENTITY_MISMATCH, text);
+            return self.refuse(peer, code, text);
         }
         if !is_signature_gated(&message.content) {
             return Verdict::NotControl;
@@ -99,9 +107,17 @@ impl SenderGate {
     }
 }
 
-/// Whether the relay or gateway that carried `message` vouches for the sender it claims: its
-/// stamped identity, or the account the sending connection authenticated as.
+/// Whether the sender `message` claims is the one authenticated: the credential of the session
+/// it was sealed in, else — over the relay or a gateway — the identity the carrier stamped or the
+/// account the sending connection authenticated as. An app carrier's peer id vouches for nothing
+/// (`docs/delivery.md#sender-attribution`).
 pub(crate) fn vouched_for(message: &Message, origin: &InboundOrigin) -> bool {
-    message.sender == origin.stamped_sender
-        || origin.sender_account.as_deref() == Some(message.sender.as_str())
+    match &origin.sealed_by {
+        Some(sealer) => message.sender == *sealer,
+        None => {
+            !origin.carrier.is_addressed()
+                || message.sender == origin.stamped_sender
+                || origin.sender_account.as_deref() == Some(message.sender.as_str())
+        }
+    }
 }

@@ -515,6 +515,7 @@ impl World {
                         stamped_sender: self.peers[from].name().to_owned(),
                         sender_account: None,
                         seq: None,
+                        sealed_by: None,
                     };
                     let now = self.now;
                     self.peers[to].push(Input::Inbound { message, origin }, now);

@@ -40,6 +40,7 @@ pub fn inbound_input(stamp: Stamp, content: &str) -> Result<Input, String> {
             stamped_sender: sender,
             sender_account,
             seq,
+            sealed_by: None,
         },
     })
 }

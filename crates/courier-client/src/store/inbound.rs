@@ -9,15 +9,15 @@ use rusqlite::{params, Connection, Row};
 use super::{dedup, from_db_u64, to_db, StoreError};
 
 const BUFFER_SQL: &str = "INSERT INTO pending_inbound
-        (chat, sender, message_id, message_json, carrier, stamped_sender, received_at)
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+        (chat, sender, message_id, message_json, carrier, stamped_sender, received_at, encrypted)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
     ON CONFLICT (chat, sender, message_id) DO NOTHING";
 
 const DELETE_SQL: &str =
     "DELETE FROM pending_inbound WHERE chat = ?1 AND sender = ?2 AND message_id = ?3";
 
 const LOAD_SQL: &str = "SELECT chat, sender, message_id, message_json, carrier, stamped_sender,
-        received_at
+        received_at, encrypted
     FROM pending_inbound ORDER BY received_at, rowid";
 
 /// The carrier's column value: `"internet"` or the local carrier's registered name.
@@ -53,6 +53,7 @@ pub(crate) fn buffer(conn: &Connection, batch: &[PendingInbound]) -> Result<(), 
             carrier_to_db(&p.carrier),
             p.stamped_sender,
             to_db(p.received_at),
+            p.encrypted,
         ])?;
     }
     Ok(())
@@ -108,6 +109,7 @@ fn decode(row: &Row<'_>) -> Result<PendingInbound, StoreError> {
         carrier: carrier_from_db(row.get(4)?),
         stamped_sender: row.get(5)?,
         received_at,
+        encrypted: row.get(7)?,
         message,
         key,
     })
@@ -150,6 +152,8 @@ mod tests {
             carrier: Carrier::Local("ble".into()),
             stamped_sender: "alice".into(),
             received_at: at,
+            // Both marks, so that the round trips cover the column.
+            encrypted: at % 2 == 1,
         }
     }
 

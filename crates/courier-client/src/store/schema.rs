@@ -24,6 +24,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     v4_sealed_identity,
     v5_unreported_settlements,
     v6_sessions,
+    v7_sealed_inbound,
 ];
 
 /// The schema version this build writes and understands.
@@ -165,6 +166,15 @@ fn v6_sessions(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     )
 }
 
+/// Version 7: a buffered inbound message remembers whether it arrived sealed in a session, for
+/// the `encrypted` mark of its `message_received`.
+fn v7_sealed_inbound(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "ALTER TABLE pending_inbound ADD COLUMN encrypted INTEGER NOT NULL DEFAULT 0
+             CHECK (encrypted IN (0, 1));",
+    )
+}
+
 /// `PRAGMA user_version`. The first read of a file, so a non-database fails here.
 pub(crate) fn read_version(conn: &Connection) -> rusqlite::Result<u32> {
     let v: i64 = conn.pragma_query_value(None, "user_version", |row| row.get(0))?;
@@ -301,16 +311,17 @@ mod tests {
 
     #[test]
     fn newer_versions_are_refused() {
+        let newer = SCHEMA_VERSION + 1;
         let mut conn = Connection::open_in_memory().unwrap();
-        conn.pragma_update(None, "user_version", 7).unwrap();
+        conn.pragma_update(None, "user_version", newer).unwrap();
         let err = migrate(&mut conn).unwrap_err();
         assert!(matches!(
             err,
             StoreError::NewerSchema {
-                found: 7,
+                found,
                 supported: SCHEMA_VERSION
-            }
+            } if found == newer
         ));
-        assert_eq!(read_version(&conn).unwrap(), 7);
+        assert_eq!(read_version(&conn).unwrap(), newer);
     }
 }

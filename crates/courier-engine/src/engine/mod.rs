@@ -81,6 +81,8 @@ pub struct Engine {
     /// Recipients asked for and not ready yet; `session_wanted` is what is still to be polled.
     wanted: BTreeSet<String>,
     session_wanted: VecDeque<String>,
+    /// Verified control frames for the runtime, each once (`poll_control`).
+    control: VecDeque<Message>,
     carriers: BTreeSet<Carrier>,
     lamport: u64,
     last_send_seq: u64,
@@ -116,6 +118,7 @@ impl Engine {
             sessions: BTreeSet::new(),
             wanted: BTreeSet::new(),
             session_wanted: VecDeque::new(),
+            control: VecDeque::new(),
             carriers: BTreeSet::new(),
             lamport: 0,
             last_send_seq: 0,
@@ -170,6 +173,13 @@ impl Engine {
             }
             Input::NeighborLost { peer, carrier } => self.neighbor_lost(peer, carrier, now),
             Input::SessionReady { recipient } => self.session_ready(recipient, now),
+            Input::Undecryptable {
+                message_id,
+                sender,
+                origin,
+                code,
+                reason,
+            } => self.undecryptable(message_id, sender, &origin, code, reason),
             Input::Timeout => self.timeout(now),
         }
         self.end_call();
@@ -220,6 +230,13 @@ impl Engine {
     #[must_use]
     pub fn poll_session_wanted(&mut self) -> Option<String> {
         self.session_wanted.pop_front()
+    }
+
+    /// The next verified control frame (`docs/delivery.md#control-frames`), the first time it
+    /// arrived. Poll right after the input that brought it: what the runtime does with it
+    /// belongs to the same step, and so to the same commit as its dedup record.
+    pub fn poll_control(&mut self) -> Option<Message> {
+        self.control.pop_front()
     }
 
     /// The next frame to put on a carrier. Poll after committing the step's store ops and

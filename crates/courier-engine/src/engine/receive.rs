@@ -54,9 +54,9 @@ impl Engine {
             match self.gate.check(&message, &origin, now) {
                 Verdict::NotControl => {}
                 Verdict::Verified => {
-                    // Authentic, but no control verb is consumed yet: processed (so a resend is
-                    // only re-ACKed) and acknowledged so the sender settles it, never handed to
-                    // the application.
+                    // Authentic: processed (so a resend is only re-ACKed), handed to the runtime
+                    // once (`poll_control`, in this step, before its commit) and never to the
+                    // application.
                     let key = InboundKey {
                         chat: message.sender.clone(),
                         sender: message.sender.clone(),
@@ -65,13 +65,7 @@ impl Engine {
                     if self.dedup.first_sighting(&key, now) {
                         self.store
                             .push_back(StoreOp::MarkProcessed(ProcessedKey { key, at: now }));
-                        self.events.push_back(Event::Diagnostic {
-                            level: DiagnosticLevel::Info,
-                            message: format!(
-                                "ignored control frame {} from {}",
-                                message.id, message.sender
-                            ),
-                        });
+                        self.control.push_back(message.clone());
                     }
                     if message.requires_ack {
                         let ack = message.ack(
@@ -159,6 +153,7 @@ impl Engine {
                     chat: pending.key.chat,
                     sender: pending.key.sender,
                     message: pending.message,
+                    encrypted: pending.encrypted,
                 });
             }
         }
@@ -214,10 +209,20 @@ impl Engine {
         let Some(entry) = self.outbox.get(key) else {
             return;
         };
-        if !inbound::attributed(&entry.message.recipient, origin, ack) {
+        if !inbound::attributed(
+            &entry.message.recipient,
+            origin,
+            ack,
+            self.config.encryption,
+        ) {
             let text = format!(
-                "ignored ACK for {acked}: carried by {} claiming {}, not its recipient",
-                origin.stamped_sender, ack.sender
+                "ignored ACK for {acked}: carried by {} claiming {}{}, not its recipient",
+                origin.stamped_sender,
+                ack.sender,
+                match &origin.sealed_by {
+                    Some(sealer) => format!(", sealed by {sealer}"),
+                    None => ", not sealed".to_owned(),
+                }
             );
             self.diagnostic(DiagnosticLevel::Warn, text);
             return;
@@ -271,6 +276,7 @@ impl Engine {
                 carrier: origin.carrier.clone(),
                 stamped_sender: origin.stamped_sender.clone(),
                 received_at: now,
+                encrypted: origin.sealed_by.is_some(),
             };
             if let (Some(hook), mut sink) = self.hook_and_outputs() {
                 hook.arrive(pending, origin.seq, now, &mut sink);
@@ -290,6 +296,7 @@ impl Engine {
                     chat: key.chat,
                     sender: key.sender,
                     transport,
+                    encrypted: origin.sealed_by.is_some(),
                 });
             }
         }
@@ -365,6 +372,7 @@ impl Engine {
                 chat,
                 sender,
                 transport: row.carrier.name().to_owned(),
+                encrypted: row.encrypted,
             });
         }
     }
@@ -381,6 +389,37 @@ impl Engine {
             peer,
             kind: TransmitKind::DeliveryAck { message: ack },
         });
+    }
+
+    /// A sealed message that did not open: reported, never acknowledged; its relay frame is
+    /// released, since only the sender's re-sealed retry can recover it.
+    pub(super) fn undecryptable(
+        &mut self,
+        message_id: String,
+        sender: String,
+        origin: &InboundOrigin,
+        code: &'static str,
+        reason: String,
+    ) {
+        self.events.push_back(Event::MessageDecryptionFailed {
+            message_id,
+            sender,
+            code,
+            reason,
+        });
+        self.release_frame(origin);
+    }
+
+    /// Whether a data message `message_id` from `sender` is known: processed within dedup
+    /// retention, or buffered for the durability hook. A runtime asks before it opens a sealed
+    /// copy, since a ratchet opens each ciphertext only once.
+    pub fn knows_inbound(&mut self, sender: &str, message_id: &str, now: Millis) -> bool {
+        let key = InboundKey {
+            chat: sender.to_owned(),
+            sender: sender.to_owned(),
+            message_id: message_id.to_owned(),
+        };
+        self.dedup.contains(&key, now) || self.hook.as_ref().is_some_and(|h| h.holds(&key))
     }
 
     /// Releases the relay journal frame that carried an inbound message, if it had one.

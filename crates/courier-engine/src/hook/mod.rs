@@ -201,6 +201,11 @@ impl HookPipeline {
 
     // ---- inputs ---------------------------------------------------------------------------
 
+    /// Whether the row of `key` is buffered.
+    pub(crate) fn holds(&self, key: &InboundKey) -> bool {
+        self.index.contains_key(key)
+    }
+
     /// A message that is neither processed nor (for `Buffered`) buffered arrived on
     /// `pending.carrier`, by relay journal frame `seq` if any.
     pub(crate) fn arrive(

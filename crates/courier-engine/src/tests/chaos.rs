@@ -145,6 +145,7 @@ fn outcome(event: &Event) -> Option<&'static str> {
         } => "session capacity",
         Event::InboundDrainCompleted { .. } => "drain completed",
         Event::SecurityWarning { .. } => "security warning",
+        Event::MessageDecryptionFailed { .. } => "decryption failed",
         Event::MessageSent { .. }
         | Event::Diagnostic { .. }
         | Event::PresenceUpdated { .. }
@@ -234,6 +235,7 @@ fn run(seed: u64, hook: bool) -> BTreeSet<&'static str> {
                         stamped_sender: "mallory".into(),
                         sender_account: Some("mallory".into()),
                         seq: Some(relay_seq),
+                        sealed_by: None,
                     };
                     sim.inbound(forged, origin);
                 }
@@ -248,6 +250,7 @@ fn run(seed: u64, hook: bool) -> BTreeSet<&'static str> {
                     stamped_sender: sender.into(),
                     sender_account: None,
                     seq: rng.chance(80).then_some(relay_seq),
+                    sealed_by: None,
                 };
                 sim.inbound(message, origin);
             }
@@ -323,6 +326,7 @@ fn run(seed: u64, hook: bool) -> BTreeSet<&'static str> {
                         stamped_sender: sender,
                         sender_account: None,
                         seq: None,
+                        sealed_by: None,
                     };
                     sim.inbound(message, origin);
                 }
@@ -377,6 +381,7 @@ fn run(seed: u64, hook: bool) -> BTreeSet<&'static str> {
                     stamped_sender: sender.into(),
                     sender_account: None,
                     seq: Some(relay_seq),
+                    sealed_by: None,
                 };
                 sim.inbound(message, origin);
             }

@@ -166,6 +166,7 @@ fn an_inbound_message_over_the_gateway_is_acknowledged_over_it() {
         stamped_sender: BOB.to_owned(),
         sender_account: None,
         seq: None,
+        sealed_by: None,
     };
     sim.inbound(message_from(BOB, "b1"), origin);
     let transmits: Vec<&Transmit> = sim.log[mark..]

@@ -35,6 +35,7 @@ fn over_relay(stamped: &str, seq: u64) -> InboundOrigin {
         stamped_sender: stamped.to_owned(),
         sender_account: None,
         seq: Some(seq),
+        sealed_by: None,
     }
 }
 
@@ -90,6 +91,7 @@ fn a_new_message_is_processed_then_acknowledged() {
             chat,
             sender,
             transport,
+            encrypted: false,
         }),
     ) = &sim.log[mark + 1]
     else {
@@ -191,6 +193,7 @@ fn no_ack_unless_asked_and_no_hop_ack_without_a_seq() {
         stamped_sender: BOB.into(),
         sender_account: None,
         seq: None,
+        sealed_by: None,
     };
     sim.inbound(from_bob("b2"), origin);
     assert_eq!(
@@ -245,6 +248,7 @@ fn only_the_recipient_settles_a_message() {
         stamped_sender: "off1qysluvwl5922yctzd0u9gpr06gn3k7ldfvgtwgvn".into(),
         sender_account: Some(BOB.into()),
         seq: Some(4),
+        sealed_by: None,
     };
     let mut ack = genuine(&sim);
     ack.metadata.insert("ack_hop_count".into(), "3".into());

@@ -26,6 +26,7 @@ fn relay(sender: &str, seq: u64) -> InboundOrigin {
         stamped_sender: sender.to_owned(),
         sender_account: None,
         seq: Some(seq),
+        sealed_by: None,
     }
 }
 
@@ -35,6 +36,7 @@ fn over_ble(sender: &str) -> InboundOrigin {
         stamped_sender: sender.to_owned(),
         sender_account: None,
         seq: None,
+        sealed_by: None,
     }
 }
 
@@ -533,6 +535,7 @@ fn restored_rows_of_processed_messages_are_cleared() {
         carrier: Carrier::Relay,
         stamped_sender: BOB.to_owned(),
         received_at: 0,
+        encrypted: false,
     };
     sim.inbound_rows.insert(key("b1"), row);
     sim.restart();

@@ -15,6 +15,7 @@ mod neighbors;
 mod parking;
 mod presence;
 mod presession;
+mod sealed;
 mod sender_gate;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -421,6 +422,7 @@ impl Sim {
             stamped_sender: carried_by.to_owned(),
             sender_account: None,
             seq: None,
+            sealed_by: None,
         };
         self.inbound(ack, origin);
     }
@@ -774,6 +776,8 @@ impl Sim {
             stamped_sender: frame.recipient.clone(),
             sender_account: None,
             seq,
+            // With sessions required the recipient's ACK travels sealed in its session.
+            sealed_by: self.config.encryption.then(|| frame.recipient.clone()),
         };
         (ack, origin)
     }
@@ -841,6 +845,7 @@ impl Sim {
                         stamped_sender: frame.recipient.clone(),
                         sender_account: None,
                         seq: None,
+                        sealed_by: None,
                     };
                     (ack, origin)
                 }
@@ -1263,6 +1268,7 @@ pub(crate) fn event_id(event: &Event) -> Option<&str> {
         | Event::MessageDelivered { message_id, .. }
         | Event::MessageFailed { message_id, .. } => Some(message_id),
         Event::MessageReceived { .. }
+        | Event::MessageDecryptionFailed { .. }
         | Event::Diagnostic { .. }
         | Event::InboundDrainCompleted { .. }
         | Event::PresenceUpdated { .. }

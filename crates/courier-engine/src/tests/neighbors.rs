@@ -257,6 +257,7 @@ fn a_copy_carried_for_another_recipient_is_neither_delivered_nor_acknowledged() 
             stamped_sender: BOB.into(),
             sender_account: None,
             seq: None,
+            sealed_by: None,
         };
         // Named by address, a copy for someone else is recognised at once; named by account,
         // once a relay has said which account is ours.
@@ -314,6 +315,7 @@ fn a_message_named_to_an_account_is_ours_until_a_relay_names_our_account() {
         stamped_sender: BOB.into(),
         sender_account: None,
         seq: None,
+        sealed_by: None,
     };
     let received = |sim: &Sim, mark: usize| {
         sim.log[mark..]

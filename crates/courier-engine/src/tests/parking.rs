@@ -447,6 +447,7 @@ fn an_inbound_message_from_the_parked_peer_redrives() {
         stamped_sender: BOB.into(),
         sender_account: None,
         seq: Some(1),
+        sealed_by: None,
     };
     sim.inbound(hello, origin);
     assert_eq!(sim.sends(&id).last(), Some(&(5 * SEC)));
@@ -693,6 +694,7 @@ fn edge_from_bob(sim: &mut Sim, seq: u64) {
         stamped_sender: BOB.into(),
         sender_account: None,
         seq: Some(seq),
+        sealed_by: None,
     };
     sim.inbound(hello, origin);
 }

@@ -113,6 +113,7 @@ fn a_peer_that_enters_and_leaves_between_polls_is_not_announced() {
             stamped_sender: BOB.into(),
             sender_account: None,
             seq: None,
+            sealed_by: None,
         };
         (ack, origin)
     };

@@ -44,6 +44,7 @@ fn relayed(stamped: &str, seq: u64) -> InboundOrigin {
         stamped_sender: stamped.to_owned(),
         sender_account: None,
         seq: Some(seq),
+        sealed_by: None,
     }
 }
 
@@ -134,17 +135,22 @@ fn stale_and_future_signatures_are_refused_and_a_good_copy_still_enters() {
         ),
         ["diagnostic", "release"]
     );
-    // The refused copies left no dedup mark: a valid one is acknowledged (and never handed to
-    // the application — no control verb is consumed yet).
+    // The refused copies left no dedup mark: a valid one is acknowledged and handed to the
+    // runtime (never to the application).
     assert_eq!(
         inbound(
             &mut sim,
             control(&key, "c1", Some(now)),
             relayed(&address, 3)
         ),
-        ["mark_processed", "diagnostic", "ack", "release"]
+        ["mark_processed", "ack", "release"]
     );
-    // A resend of the accepted frame is only re-ACKed.
+    let handed = sim
+        .engine
+        .poll_control()
+        .expect("the runtime gets the verified frame");
+    assert_eq!(handed.id, "c1");
+    // A resend of the accepted frame is only re-ACKed, and not handed over again.
     assert_eq!(
         inbound(
             &mut sim,
@@ -153,6 +159,7 @@ fn stale_and_future_signatures_are_refused_and_a_good_copy_still_enters() {
         ),
         ["ack", "release"]
     );
+    assert!(sim.engine.poll_control().is_none());
 }
 
 #[test]
@@ -256,6 +263,7 @@ fn a_gateway_vouches_only_for_the_device_it_attached() {
         stamped_sender: stamped.to_owned(),
         sender_account: None,
         seq: None,
+        sealed_by: None,
     };
     assert_eq!(
         inbound(&mut sim, message_from(BOB, "g1"), via(MALLORY)),
@@ -292,6 +300,7 @@ fn over_an_app_carrier_the_claim_is_not_checked_against_the_peer_id() {
         stamped_sender: CAROL.to_owned(),
         sender_account: None,
         seq: None,
+        sealed_by: None,
     };
     // Carol hands over Bob's message (a carried copy for this device): delivered as Bob's.
     assert_eq!(

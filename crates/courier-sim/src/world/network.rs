@@ -185,6 +185,7 @@ impl World {
                     stamped_sender: sender.clone(),
                     sender_account: Some(sender),
                     seq,
+                    sealed_by: None,
                 },
             }),
             ToClient::Sent {
