@@ -12,9 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use courier_proto::{Address, IdentityKey};
 use openmls::prelude::tls_codec::{Deserialize as _, Serialize as _};
 use openmls::prelude::{
-    BasicCredential, Ciphersuite, CredentialWithKey, GroupId, KeyPackage, KeyPackageIn, MlsGroup,
-    MlsGroupCreateConfig, MlsGroupJoinConfig, MlsMessageBodyIn, MlsMessageIn,
-    ProcessedMessageContent, ProtocolMessage, ProtocolVersion, StagedWelcome,
+    BasicCredential, Capabilities, Ciphersuite, CredentialWithKey, ExtensionType, GroupId,
+    KeyPackage, KeyPackageIn, MlsGroup, MlsGroupCreateConfig, MlsGroupJoinConfig, MlsMessageBodyIn,
+    MlsMessageIn, ProcessedMessageContent, ProtocolMessage, ProtocolVersion, StagedWelcome,
 };
 use openmls_rust_crypto::RustCrypto;
 use openmls_traits::signatures::{Signer, SignerError};
@@ -70,6 +70,8 @@ pub enum Joined {
     /// This device's own session with the sender wins the tie (this device has the lower
     /// address): the Welcome is ignored, and the sender will join ours.
     KeptOurs,
+    /// A repeat of the Welcome of the session this device already joined: nothing changes.
+    Already,
 }
 
 /// The identity key as openmls's signer: pure Ed25519 over what openmls asks to sign.
@@ -115,6 +117,11 @@ struct Record {
     group_id: Vec<u8>,
     creator: Address,
     used_by_peer: bool,
+    /// The Welcome of a session this device started, kept until the peer has used the session:
+    /// it goes ahead of every message until then, so that whichever copy arrives first lets the
+    /// peer join.
+    #[serde(default)]
+    welcome: Option<Vec<u8>>,
 }
 
 struct Session {
@@ -228,6 +235,12 @@ impl Sessions {
         Ok(ready)
     }
 
+    /// The Welcome to send ahead of a message to `peer`: this device started the session and
+    /// the peer has not used it yet.
+    pub fn welcome_for(&self, peer: &Address) -> Option<&[u8]> {
+        self.sessions.get(peer)?.record.welcome.as_deref()
+    }
+
     /// The peers this device has a session with.
     pub fn peers(&self) -> impl Iterator<Item = &Address> + '_ {
         self.sessions.keys()
@@ -238,7 +251,12 @@ impl Sessions {
     pub fn key_package(&mut self, last_resort: bool) -> Result<Vec<u8>, SessionError> {
         let mut builder = KeyPackage::builder();
         if last_resort {
-            builder = builder.mark_as_last_resort();
+            // The leaf must claim the extension the package carries, or a group refuses it.
+            let capabilities =
+                Capabilities::new(None, None, Some(&[ExtensionType::LastResort]), None, None);
+            builder = builder
+                .mark_as_last_resort()
+                .leaf_node_capabilities(capabilities);
         }
         let bundle = builder
             .build(
@@ -286,7 +304,7 @@ impl Sessions {
         let welcome = welcome
             .tls_serialize_detached()
             .map_err(malformed("welcome"))?;
-        self.replace(peer, group, self.me)?;
+        self.replace(peer, group, self.me, Some(welcome.clone()))?;
         Ok(welcome)
     }
 
@@ -309,8 +327,16 @@ impl Sessions {
         let config = MlsGroupJoinConfig::builder()
             .use_ratchet_tree_extension(true)
             .build();
-        let staged =
-            StagedWelcome::new_from_welcome(&self.provider, &config, welcome, None).map_err(mls)?;
+        let ours = self.sessions.get(&from).map(|s| &s.record);
+        let staged = match StagedWelcome::new_from_welcome(&self.provider, &config, welcome, None) {
+            Ok(staged) => staged,
+            // The Welcome's key package is spent: a repeat of the one this session came from.
+            Err(_) if ours.is_some_and(|r| r.creator == from) => return Ok(Joined::Already),
+            Err(e) => return Err(mls(e)),
+        };
+        if ours.is_some_and(|r| r.group_id == staged.group_context().group_id().as_slice()) {
+            return Ok(Joined::Already);
+        }
         let members: Vec<_> = staged.members().collect();
         let sender = staged.welcome_sender().map_err(mls)?;
         let from_sender = bound_address(sender.credential(), sender.signature_key().as_slice());
@@ -329,7 +355,7 @@ impl Sessions {
             });
         }
         let group = staged.into_group(&self.provider).map_err(mls)?;
-        self.replace(from, group, from)?;
+        self.replace(from, group, from, None)?;
         Ok(Joined::Joined)
     }
 
@@ -338,6 +364,7 @@ impl Sessions {
         peer: Address,
         group: MlsGroup,
         creator: Address,
+        welcome: Option<Vec<u8>>,
     ) -> Result<(), SessionError> {
         if let Some(mut old) = self.sessions.remove(&peer) {
             old.group.delete(&self.provider.store)?;
@@ -346,6 +373,7 @@ impl Sessions {
             group_id: group.group_id().as_slice().to_vec(),
             creator,
             used_by_peer: false,
+            welcome,
         };
         self.provider.store.put(SESSION, &peer, &record)?;
         self.sessions.insert(peer, Session { group, record });
@@ -460,6 +488,7 @@ impl Sessions {
         };
         if !session.record.used_by_peer {
             session.record.used_by_peer = true;
+            session.record.welcome = None;
             self.provider.store.put(SESSION, from, &session.record)?;
         }
         Ok(message.into_bytes())

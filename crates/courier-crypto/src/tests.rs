@@ -256,3 +256,25 @@ fn a_copy_that_fails_to_open_changes_nothing() {
     let next = alice.seal(&bob.address(), b"after").unwrap();
     assert_eq!(bob.open(&alice.address(), &next).unwrap(), b"after");
 }
+
+#[test]
+fn the_welcome_goes_ahead_until_the_peer_used_the_session_and_a_repeat_changes_nothing() {
+    let (mut alice, mut bob) = (device(1), device(2));
+    for last_resort in [false, true] {
+        let package = bob.key_package(last_resort).unwrap();
+        let welcome = alice.start(bob.address(), &package).unwrap();
+        assert_eq!(alice.welcome_for(&bob.address()), Some(&welcome[..]));
+        assert_eq!(bob.join(alice.address(), &welcome).unwrap(), Joined::Joined);
+        let first = alice.seal(&bob.address(), b"first").unwrap();
+        assert_eq!(bob.open(&alice.address(), &first).unwrap(), b"first");
+        // The same Welcome again, ahead of a retry: the session and its ratchet stay.
+        assert_eq!(
+            bob.join(alice.address(), &welcome).unwrap(),
+            Joined::Already
+        );
+        assert!(bob.open(&alice.address(), &first).is_err(), "still spent");
+        let reply = bob.seal(&alice.address(), b"reply").unwrap();
+        assert_eq!(alice.open(&bob.address(), &reply).unwrap(), b"reply");
+        assert_eq!(alice.welcome_for(&bob.address()), None);
+    }
+}

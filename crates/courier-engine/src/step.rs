@@ -4,8 +4,11 @@
 //!
 //! 1. Apply the step's inputs ([`Step::apply`]), interleaving the runtime's own events
 //!    ([`Step::emit`]), then `Input::Timeout` for whatever fell due.
-//! 2. [`Host::commit`] every store op of the step in one transaction, with its terminal events
-//!    held beside their settlements. A failed commit ends the step: nothing of it may leave.
+//! 2. [`Host::prepare`] the step's frames for their carriers — a runtime that seals them in
+//!    end-to-end sessions does it here, so that the session state sealing advances is part of
+//!    the step's commit — then [`Host::commit`] every store op of the step in one transaction,
+//!    with its terminal events held beside their settlements. A failed commit ends the step:
+//!    nothing of it may leave.
 //! 3. [`Host::resolve`]: the step is durable, so callers may be answered (a resolved send is
 //!    stored) and what getters read is published — before any event of the step is seen.
 //! 4. [`Host::dispatch`] the events.
@@ -47,6 +50,12 @@ impl<E> Default for Step<E> {
 pub trait Host<E> {
     /// Why a step stopped early.
     type Stop;
+    /// A frame as the runtime puts it on a carrier.
+    type Frame;
+
+    /// Turns the step's transmits into the frames [`Host::transmit`] will send, before the
+    /// commit: what preparing them changes in the runtime's own state commits with the step.
+    fn prepare(&mut self, transmits: Vec<Transmit>) -> ControlFlow<Self::Stop, Vec<Self::Frame>>;
 
     /// Commits `ops` in one transaction, holding the terminal events among `events` and
     /// `after_transmits` with them (they are dispatched later in this step).
@@ -64,7 +73,7 @@ pub trait Host<E> {
 
     fn dispatch(&mut self, events: Vec<E>) -> ControlFlow<Self::Stop>;
 
-    fn transmit(&mut self, transmits: Vec<Transmit>) -> ControlFlow<Self::Stop>;
+    fn transmit(&mut self, frames: Vec<Self::Frame>) -> ControlFlow<Self::Stop>;
 
     fn dispatch_after_transmits(&mut self, events: Vec<E>) -> ControlFlow<Self::Stop>;
 
@@ -97,12 +106,13 @@ impl<E: From<Event>> Step<E> {
     ) -> ControlFlow<H::Stop> {
         self.apply(engine, Input::Timeout, now);
         let ops: Vec<StoreOp> = std::iter::from_fn(|| engine.poll_store()).collect();
+        let frames = host.prepare(std::iter::from_fn(|| engine.poll_transmit()).collect())?;
         host.commit(ops, &self.events, &self.after_transmits)?;
         let watchlist: Vec<PresenceChange> =
             std::iter::from_fn(|| engine.poll_presence()).collect();
         host.resolve(engine, &watchlist)?;
         host.dispatch(self.events)?;
-        host.transmit(std::iter::from_fn(|| engine.poll_transmit()).collect())?;
+        host.transmit(frames)?;
         host.dispatch_after_transmits(self.after_transmits)?;
         if let Some(batch) = engine.poll_hook(now) {
             host.offer_hook(batch)?;

@@ -57,6 +57,11 @@ impl StepHost<'_> {
 
 impl Host<AppEvent> for StepHost<'_> {
     type Stop = CrashPoint;
+    type Frame = Transmit;
+
+    fn prepare(&mut self, transmits: Vec<Transmit>) -> ControlFlow<CrashPoint, Vec<Transmit>> {
+        ControlFlow::Continue(transmits)
+    }
 
     fn commit(
         &mut self,
