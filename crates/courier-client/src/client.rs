@@ -4,10 +4,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::thread;
 
+use courier_crypto::Sessions;
 use courier_engine::{Carrier, DiagnosticLevel, InboundOrigin, Input, SendRequest, Stats};
 use courier_proto::limits::{is_reserved_content, MAX_CONTENT_BYTES, MAX_FRAME_BYTES};
 use courier_proto::message::RESERVED_METADATA_KEYS;
-use courier_proto::{validate_identifier, ContentType, IdentityKey, Message, Priority};
+use courier_proto::{validate_identifier, Address, ContentType, IdentityKey, Message, Priority};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -17,6 +18,7 @@ use crate::carrier::gateway::{self, GatewayOut, GatewaySettings};
 use crate::carrier::relay::{self, RelayOut, RelaySettings};
 use crate::carrier::tls;
 use crate::config::{ProtocolConfig, StorageConfig};
+use crate::driver::e2e::E2e;
 use crate::driver::{self, Command, Driver, DriverTx, Published, Receipts, Wiring};
 use crate::error::ClientError;
 use crate::event::ClientEvent;
@@ -47,6 +49,8 @@ pub struct Client {
     transports: Mutex<BTreeSet<String>>,
     /// Taken by `stop`, which may run while sends are still awaiting their reply.
     running: Mutex<Option<Running>>,
+    /// Messages travel sealed in end-to-end sessions.
+    encryption: bool,
 }
 
 struct Running {
@@ -126,6 +130,17 @@ impl Client {
             Self::check_transport_name(name)?;
         }
         let mut engine = driver::restored_engine(&mut store, &config.engine, &address, now)?;
+        let e2e = if config.engine.encryption {
+            let sessions = Sessions::restore(identity.clone(), store.load_sessions()?)
+                .map_err(|e| ClientError::Storage(format!("cannot load the session state: {e}")))?;
+            let e2e = E2e::new(sessions, identity.clone(), config.app_id.clone());
+            for recipient in e2e.ready() {
+                engine.handle(Input::SessionReady { recipient }, now);
+            }
+            Some(e2e)
+        } else {
+            None
+        };
         // Before the driver publishes anything, and before any carrier reports: every getter
         // and every event sees these carriers up.
         for name in &config.app_carriers {
@@ -184,6 +199,7 @@ impl Client {
             gateway: gateway.as_ref().map(|(tx, _)| tx.clone()),
             published: published.clone(),
             receipts,
+            e2e,
         };
         let driver = Driver::new(
             engine,
@@ -199,6 +215,7 @@ impl Client {
         let (relay_tx, relay_task) = relay.unzip();
         let (gateway_tx, gateway_task) = gateway.unzip();
         Ok(Self {
+            encryption: config.engine.encryption,
             address,
             driver: driver_tx,
             relay_tx,
@@ -224,6 +241,14 @@ impl Client {
         ClientError,
     > {
         let req = validate_send(input)?;
+        if self.encryption && Address::parse(&req.recipient).is_err() {
+            // A session is with a device, and only an address names one.
+            return Err(ClientError::InvalidArgument(format!(
+                "recipient {:?} is not an off1 address: with encryption enabled messages go to \
+                 a device's address",
+                req.recipient
+            )));
+        }
         let (reply, rx) = oneshot::channel();
         self.driver.send(Command::Send { req, reply });
         Ok(async move { rx.await.map_err(|_| ClientError::NotStarted)? })

@@ -191,6 +191,7 @@ const ROOT_KEYS: &[&str] = &[
     "inboundDurabilityHookTimeoutMs",
     "logLevel",
     "acceptLegacyControlV1",
+    "encryption",
 ];
 
 /// Validates `value` (the config object as JSON) and builds the runtime config.
@@ -229,6 +230,9 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
     // v1 control signatures prove no freshness, so they are refused unless the app opts in
     // (`docs/protocol.md#control-signatures`).
     engine.accept_legacy_control_v1 = root.bool("acceptLegacyControlV1")?.unwrap_or(false);
+    if let Some(encryption) = root.section("encryption", &["enabled"])? {
+        engine.encryption = encryption.bool("enabled")?.unwrap_or(false);
+    }
 
     let has_durability_hook = match root.get("inboundDurabilityHook") {
         None => false,
@@ -507,6 +511,7 @@ fn parse_reliability(reliability: &Section<'_>, engine: &mut Config) -> Result<(
             "maxDelayMs",
             "backoffMultiplier",
             "outboxMaxLifetimeMs",
+            "pendingMessageMaxLifetimeMs",
         ],
     )? {
         if let Some(v) = retry.non_negative_int("maxRetries", u64::from(u32::MAX))? {
@@ -529,6 +534,9 @@ fn parse_reliability(reliability: &Section<'_>, engine: &mut Config) -> Result<(
         }
         if let Some(v) = retry.positive_int("outboxMaxLifetimeMs", MAX_SAFE_INTEGER)? {
             engine.outbox_max_lifetime_ms = v;
+        }
+        if let Some(v) = retry.positive_int("pendingMessageMaxLifetimeMs", MAX_SAFE_INTEGER)? {
+            engine.pending_session_max_lifetime_ms = v;
         }
     }
     if let Some(v) = reliability.bool("edgeDrivenUnreachableDm")? {

@@ -495,6 +495,13 @@ impl Sessions {
     }
 
     /// Every row changed since the last commit, for the runtime to write in the transaction of
+    /// the step that changed them; [`Sessions::commit`] once that transaction is durable, or
+    /// [`Sessions::rollback`].
+    pub fn changes(&self) -> Vec<Change> {
+        self.provider.store.changes()
+    }
+
+    /// Every row changed since the last commit, for the runtime to write in the transaction of
     /// the step that changed them; from here on they are the committed state.
     pub fn commit(&mut self) -> Vec<Change> {
         self.touched.clear();

@@ -79,6 +79,19 @@ impl Store {
         }
     }
 
+    /// What changed since the last commit, each row once with its value now, without making
+    /// them the committed ones.
+    pub fn changes(&self) -> Vec<Change> {
+        let rows = self.rows.borrow();
+        rows.before
+            .keys()
+            .map(|key| Change {
+                key: key.clone(),
+                value: rows.values.get(key).cloned(),
+            })
+            .collect()
+    }
+
     /// What changed since the last commit, each row once with its value now; from here on those
     /// values are the committed ones.
     pub fn take_changes(&self) -> Vec<Change> {

@@ -43,7 +43,10 @@ pub use proof::{
     gateway_proof_payload, relay_proof_payload, verify_declaration, verify_gateway_declaration,
     AddressDeclError, DeclareError, GatewayDeclaration,
 };
-pub use sealed::{envelope, open_envelope, sealed_payload, SealedError, MLS_ENC_PREFIX};
+pub use sealed::{
+    envelope, open_envelope, sealed_payload, welcome_message, welcome_payload, SealedError,
+    MLS_ENC_PREFIX, MLS_WELCOME_PREFIX,
+};
 pub use signing::{payload, DOMAINS};
 pub use unreachable::UnreachableCause;
 pub use wire_id::{ack_id, is_wire_id, wire_id};

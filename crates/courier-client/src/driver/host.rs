@@ -6,10 +6,13 @@ use std::collections::HashSet;
 use std::ops::ControlFlow;
 
 use courier_engine::step::Host;
-use courier_engine::{Carrier, Engine, HookBatch, PresenceChange, StoreOp, Transmit, TransmitKind};
+use courier_engine::{
+    Carrier, Engine, HookBatch, Input, Millis, PresenceChange, StoreOp, Transmit, TransmitKind,
+};
 use courier_proto::{ClientFrame, Message};
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 
+use super::e2e::{E2e, Frame};
 use super::Published;
 use crate::app::{App, AppCarrierSend, SendAttempt};
 use crate::carrier::gateway::GatewayOut;
@@ -38,10 +41,23 @@ pub(super) struct StepHost<'a> {
     pub accepted: Vec<(String, Reply)>,
     /// The ids of the step's terminal events, held in storage until their dispatch is recorded.
     pub held: Vec<String>,
+    /// End-to-end sessions, when encryption is on.
+    pub e2e: Option<&'a mut E2e>,
+    pub now: Millis,
+    /// Inputs for the next step: sends that could not be sealed.
+    pub refeed: &'a mut Vec<Input>,
 }
 
 impl Host<ClientEvent> for StepHost<'_> {
     type Stop = CommitFailed;
+    type Frame = Frame;
+
+    fn prepare(&mut self, transmits: Vec<Transmit>) -> ControlFlow<CommitFailed, Vec<Frame>> {
+        ControlFlow::Continue(match self.e2e.as_deref_mut() {
+            Some(e2e) => e2e.seal(transmits, self.now, self.refeed),
+            None => transmits.into_iter().map(Frame::Engine).collect(),
+        })
+    }
 
     fn commit(
         &mut self,
@@ -57,8 +73,12 @@ impl Host<ClientEvent> for StepHost<'_> {
                 .collect(),
             done: std::mem::take(self.reported),
         };
-        match self.store.commit_step(&ops, &reports) {
+        let sessions = self.e2e.as_deref().map(E2e::changes).unwrap_or_default();
+        match self.store.commit_with_sessions(&ops, &reports, &sessions) {
             Ok(()) => {
+                if let Some(e2e) = self.e2e.as_deref_mut() {
+                    e2e.committed();
+                }
                 self.held = reports.held.into_iter().map(|(id, _)| id).collect();
                 ControlFlow::Continue(())
             }
@@ -99,9 +119,17 @@ impl Host<ClientEvent> for StepHost<'_> {
         ControlFlow::Continue(())
     }
 
-    fn transmit(&mut self, transmits: Vec<Transmit>) -> ControlFlow<CommitFailed> {
-        for transmit in transmits {
-            self.route(transmit);
+    fn transmit(&mut self, frames: Vec<Frame>) -> ControlFlow<CommitFailed> {
+        for frame in frames {
+            match frame {
+                Frame::Engine(transmit) => self.route(transmit),
+                Frame::Welcome { carrier, message } => self.route(Transmit {
+                    carrier,
+                    peer: Some(message.recipient.clone()),
+                    // Sent like an ACK: once, with no answer awaited.
+                    kind: TransmitKind::DeliveryAck { message },
+                }),
+            }
         }
         ControlFlow::Continue(())
     }

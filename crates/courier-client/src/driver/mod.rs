@@ -3,6 +3,7 @@
 //! engine's order (`courier_engine::step`, `docs/architecture.md#the-step`): many concurrent
 //! commands become one step, and so one commit. It decides nothing about delivery.
 
+pub mod e2e;
 mod host;
 
 use std::collections::HashSet;
@@ -24,6 +25,7 @@ use crate::error::ClientError;
 use crate::event::ClientEvent;
 use crate::store::{MessageStatus, Reports, Store, StoreError};
 
+use e2e::{DirectoryReport, E2e};
 use host::{CommitFailed, StepHost};
 
 /// Commands handled in one step at most; the rest wait for the next step.
@@ -54,6 +56,8 @@ pub enum Command {
     /// Answered once every command queued before it has been applied and its step carried
     /// out, so that what the getters read reflects them.
     Sync(oneshot::Sender<()>),
+    /// What the relay's key-package directory said (`docs/protocol.md#key-package-directory`).
+    Directory(DirectoryReport),
     Stop {
         reply: oneshot::Sender<()>,
     },
@@ -141,6 +145,10 @@ pub struct Driver {
     /// ([`Receipts`]): the messages whose events were dispatched and not confirmed yet. `None`
     /// when the app handles events before it returns, so a dispatch is a report.
     unconfirmed: Option<HashSet<String>>,
+    /// End-to-end sessions, when encryption is on.
+    e2e: Option<E2e>,
+    /// Inputs a step left for the next one (sends that could not be sealed).
+    refeed: Vec<Input>,
 }
 
 /// Where the driver's outputs go and how it is told things.
@@ -152,6 +160,8 @@ pub struct Wiring {
     pub published: Published,
     /// Whether the app confirms terminal events with [`Receipts`].
     pub receipts: bool,
+    /// End-to-end sessions, when encryption is on.
+    pub e2e: Option<E2e>,
 }
 
 /// How the application confirms that a terminal event reached its listeners, when its
@@ -214,6 +224,7 @@ impl Driver {
             gateway,
             published,
             receipts,
+            e2e,
         } = wiring;
         if let Ok(mut stats) = published.stats.lock() {
             *stats = engine.stats();
@@ -235,6 +246,8 @@ impl Driver {
             local_identity,
             reported: Vec::new(),
             unconfirmed: receipts.then(HashSet::new),
+            e2e,
+            refeed: Vec::new(),
         }
     }
 
@@ -248,6 +261,9 @@ impl Driver {
             let now = now_ms();
             let mut step = Step::default();
             let mut owed = Owed::default();
+            for input in std::mem::take(&mut self.refeed) {
+                step.apply(&mut self.engine, input, now);
+            }
             let batch: Vec<Command> = first
                 .into_iter()
                 .chain(self.rx.try_iter().take(MAX_STEP))
@@ -277,11 +293,23 @@ impl Driver {
 
     fn apply(&mut self, cmd: Command, now: Millis, step: &mut Step<ClientEvent>, owed: &mut Owed) {
         match cmd {
-            Command::Engine(input) => {
-                if let Input::Inbound { origin, .. } = &input {
-                    owed.relay_inbound |= origin.carrier == Carrier::Relay;
+            Command::Engine(Input::Inbound { message, origin }) => {
+                owed.relay_inbound |= origin.carrier == Carrier::Relay;
+                match &mut self.e2e {
+                    Some(e2e) => e2e.inbound(&mut self.engine, step, *message, origin, now),
+                    None => step.apply(&mut self.engine, Input::Inbound { message, origin }, now),
                 }
+                self.after_input(step, now);
+            }
+            Command::Engine(input) => {
                 step.apply(&mut self.engine, input, now);
+                self.after_input(step, now);
+            }
+            Command::Directory(report) => {
+                if let Some(e2e) = &mut self.e2e {
+                    e2e.directory(&mut self.engine, step, report, now);
+                }
+                self.after_input(step, now);
             }
             Command::Send { mut req, reply } => match self.store.settled(&req.id) {
                 Ok(settled) => {
@@ -290,6 +318,7 @@ impl Driver {
                     // accepted earlier in this very step, durable only once the step commits.
                     owed.accepted.push((req.id.clone(), reply));
                     step.apply(&mut self.engine, Input::Send(req), now);
+                    self.after_input(step, now);
                 }
                 Err(e) => {
                     let _ = reply.send(Err(e.into()));
@@ -309,8 +338,24 @@ impl Driver {
         }
     }
 
+    /// What the engine handed the runtime in an input: verified control frames (a Welcome
+    /// joins its session, in this step) and the recipients it wants a session with.
+    fn after_input(&mut self, step: &mut Step<ClientEvent>, now: Millis) {
+        let Some(e2e) = &mut self.e2e else {
+            while self.engine.poll_control().is_some() {}
+            return;
+        };
+        while let Some(message) = self.engine.poll_control() {
+            e2e.control(&mut self.engine, step, message, now);
+        }
+        while let Some(recipient) = self.engine.poll_session_wanted() {
+            e2e.want(&recipient);
+        }
+    }
+
     /// Carries the step out; a failed commit makes it change nothing.
-    fn finish(&mut self, step: Step<ClientEvent>, owed: Owed, now: Millis) {
+    fn finish(&mut self, mut step: Step<ClientEvent>, owed: Owed, now: Millis) {
+        self.after_input(&mut step, now);
         let Owed {
             accepted,
             relay_inbound,
@@ -326,8 +371,19 @@ impl Driver {
             unconfirmed: &mut self.unconfirmed,
             accepted,
             held: Vec::new(),
+            e2e: self.e2e.as_mut(),
+            now,
+            refeed: &mut self.refeed,
         };
         let outcome = step.finish(&mut self.engine, now, &mut host);
+        if let (ControlFlow::Continue(()), Some(e2e), Some(relay)) =
+            (&outcome, &mut self.e2e, &self.relay)
+        {
+            // Key packages are published only once their private halves are committed.
+            for frame in e2e.outgoing.drain(..) {
+                let _ = relay.send(RelayOut::Directory(frame));
+            }
+        }
         if let ControlFlow::Break(CommitFailed { message, accepted }) = outcome {
             self.roll_back();
             for (_, reply) in accepted {
@@ -416,6 +472,16 @@ impl Driver {
     /// belonged to the old engine, so its verdict is stale.
     fn roll_back(&mut self) {
         let now = now_ms();
+        self.refeed.clear();
+        if let Some(e2e) = &mut self.e2e {
+            if let Err(e) = e2e.rollback() {
+                self.app.event(ClientEvent::Diagnostic {
+                    level: DiagnosticLevel::Error,
+                    message: format!("cannot roll the session state back: {e}"),
+                    target: "courier_client::e2e",
+                });
+            }
+        }
         match restored_engine(&mut self.store, &self.config, &self.local_identity, now) {
             Ok(mut engine) => {
                 if let Some(account) = self.engine.account() {
@@ -524,6 +590,7 @@ mod tests {
             gateway: None,
             published: published.clone(),
             receipts: false,
+            e2e: None,
         };
         let engine = Engine::new(config.clone(), "alice".into());
         let driver = Driver::new(engine, store, config, "alice".into(), wiring);

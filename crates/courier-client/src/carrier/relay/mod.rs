@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use courier_engine::{Carrier, DiagnosticLevel, Input};
 use courier_proto::limits::{
-    close, CAP_MAILBOX, CAP_PRESENCE_WATCH, MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_FRAME_BYTES,
+    close, CAP_KEY_DIRECTORY, CAP_MAILBOX, CAP_PRESENCE_WATCH, MAX_CAPABILITIES,
+    MAX_CAPABILITY_BYTES, MAX_FRAME_BYTES,
 };
 use courier_proto::security::{RELAY_ADDRESS_BINDING_MISMATCH, RELAY_ADDRESS_DECLARATION_REFUSED};
 use courier_proto::{
@@ -31,6 +32,7 @@ use crate::carrier::intake::Intake;
 use crate::carrier::presence::PresenceWatch;
 use crate::carrier::release::Releases;
 use crate::carrier::{report, Submit};
+use crate::driver::e2e::DirectoryReport;
 use crate::driver::{Command, DriverTx};
 use crate::event::ClientEvent;
 
@@ -69,6 +71,8 @@ pub enum RelayOut {
     /// Start or stop hearing about a peer's presence (the engine's watchlist changed).
     Watch(String),
     Unwatch(String),
+    /// A frame for the relay's key-package directory (`docs/protocol.md#key-package-directory`).
+    Directory(courier_proto::ClientFrame),
     /// Close the connection (1000) and end the task.
     Stop,
 }
@@ -221,6 +225,8 @@ fn refuse_while_down(cmd: RelayOut, driver: &DriverTx, presence: &mut PresenceWa
         RelayOut::Watch(peer) => presence.watch(peer),
         RelayOut::Unwatch(peer) => presence.unwatch(&peer),
         RelayOut::Submit(Submit::Ack { .. })
+        // The next connection asks the directory again.
+        | RelayOut::Directory(_)
         | RelayOut::ReleaseFrame { .. }
         | RelayOut::Hint(_)
         // The next session's drain writes every unacked frame anyway.

@@ -23,6 +23,8 @@ pub(super) struct Session<'a> {
     /// the connection with.
     violation: Option<u16>,
     intake: Intake,
+    /// The relay offers its key-package directory to this device.
+    directory: bool,
 }
 
 impl<'a> Session<'a> {
@@ -52,6 +54,7 @@ impl<'a> Session<'a> {
             declared: None,
             violation: None,
             intake: Intake::default(),
+            directory: false,
         };
         // Order is load-bearing (`docs/protocol.md#client-declaration`): the declaration is the
         // very next frame, before any queued frame is flushed, or those frames keep the account
@@ -90,6 +93,12 @@ impl<'a> Session<'a> {
         );
         driver.input(Input::AccountName(auth.username.clone()));
         driver.input(Input::CarrierUp(Carrier::Relay));
+        // Only a declared address can publish (`docs/protocol.md#key-package-directory`).
+        session.directory =
+            session.declared.is_some() && auth.capabilities.iter().any(|c| c == CAP_KEY_DIRECTORY);
+        if session.directory {
+            driver.send(Command::Directory(DirectoryReport::Available(true)));
+        }
         // After the engine heard of it: a listener of the event reads the relay as up.
         driver.send(Command::Emit(ClientEvent::RelayStatusChanged {
             connected: true,
@@ -156,6 +165,10 @@ impl<'a> Session<'a> {
             }
             Some(RelayOut::Submit(Submit::Ack { frame })) => {
                 self.acks.push_back(frame);
+                Ok(())
+            }
+            Some(RelayOut::Directory(frame)) => {
+                self.acks.push_back(frame.encode());
                 Ok(())
             }
             Some(RelayOut::ReleaseFrame { seq }) => {
@@ -253,6 +266,22 @@ impl<'a> Session<'a> {
                 self.forward(text);
             }
             RelayFrame::SessionSuperseded { reason } => return Err(Loss::Superseded(reason)),
+            RelayFrame::KeyPackagesPublished {
+                available,
+                last_resort,
+            } => self.directory_report(DirectoryReport::Published {
+                available,
+                last_resort,
+            }),
+            RelayFrame::KeyPackage {
+                address, package, ..
+            } => self.directory_report(DirectoryReport::Package {
+                address,
+                package: package.as_bytes().to_vec(),
+            }),
+            RelayFrame::KeyPackageUnavailable { address } => {
+                self.directory_report(DirectoryReport::Unavailable { address })
+            }
             RelayFrame::AddressDeclared { ref address } => {
                 // Checked and reported, never acted on (`docs/protocol.md#client-declaration`).
                 if self.declared.as_deref().is_some_and(|own| own != address) {
@@ -345,6 +374,10 @@ impl<'a> Session<'a> {
         report::security_warning(self.driver, peer_id, reason_code, reason);
     }
 
+    fn directory_report(&self, report: DirectoryReport) {
+        self.driver.send(Command::Directory(report));
+    }
+
     fn forward(&self, text: &str) {
         self.driver
             .send(Command::Emit(ClientEvent::RelayServerMessage {
@@ -425,6 +458,9 @@ impl<'a> Session<'a> {
             let _ = self.ws.send(close_message(code, "")).await;
         }
         self.presence.disconnected();
+        if self.directory {
+            self.directory_report(DirectoryReport::Available(false));
+        }
         self.driver.input(Input::CarrierDown(Carrier::Relay));
         self.answers.connection_lost(self.driver);
         for (id, send_seq, _, _) in self.sends.drain(..) {

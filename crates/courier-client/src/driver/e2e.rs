@@ -1,0 +1,428 @@
+//! End-to-end sessions in the driver (`docs/delivery.md#sealed-messages`,
+//! `docs/protocol.md#key-package-directory`): sealing a step's frames before its commit, opening
+//! sealed copies before the engine sees them, and setting sessions up through the relay's
+//! key-package directory. The session state each of these changes is committed in the
+//! transaction of the step that changed it.
+
+use std::collections::BTreeSet;
+
+use courier_crypto::{Joined, SessionError, Sessions};
+use courier_engine::step::Step;
+use courier_engine::{Carrier, Engine, InboundOrigin, Input, Millis, Transmit, TransmitKind};
+use courier_proto::{
+    envelope, open_envelope, sealed_payload, sign_control, welcome_message, welcome_payload,
+    Address, ClientFrame, IdentityKey, KeyPackage, KeyPackageBatch, Message,
+};
+
+use crate::event::ClientEvent;
+
+/// One-time key packages the driver keeps published in the relay's directory.
+const PUBLISHED_TARGET: u32 = 10;
+
+/// `message_decryption_failed` codes.
+pub mod code {
+    pub const NO_SESSION: &str = "NO_SESSION";
+    pub const NOT_BOUND: &str = "NOT_BOUND";
+    pub const MALFORMED: &str = "MALFORMED";
+    pub const REFUSED: &str = "REFUSED";
+    pub const ENCRYPTION_DISABLED: &str = "ENCRYPTION_DISABLED";
+}
+
+fn failure_code(error: &SessionError) -> &'static str {
+    match error {
+        SessionError::NoSession(_) | SessionError::UnknownGroup(_) => code::NO_SESSION,
+        SessionError::NotBound { .. } => code::NOT_BOUND,
+        SessionError::Malformed { .. } => code::MALFORMED,
+        SessionError::Mls(_) | SessionError::Store(_) => code::REFUSED,
+    }
+}
+
+/// A frame as the driver puts it on a carrier.
+pub enum Frame {
+    /// An engine transmit, its message sealed when it travels in a session.
+    Engine(Transmit),
+    /// A Welcome ahead of the first messages of a session this device started: sent as it is,
+    /// with no answer awaited (the messages behind it carry it again until the peer answers).
+    Welcome { carrier: Carrier, message: Message },
+}
+
+/// What the relay's key-package directory said, or whether it is there at all.
+#[derive(Debug)]
+pub enum DirectoryReport {
+    /// A relay connection advertising `key_directory_v1` came up (`true`) or went (`false`).
+    Available(bool),
+    Published {
+        available: u32,
+        last_resort: bool,
+    },
+    Package {
+        address: Address,
+        package: Vec<u8>,
+    },
+    Unavailable {
+        address: Address,
+    },
+}
+
+pub struct E2e {
+    sessions: Sessions,
+    identity: IdentityKey,
+    app_id: String,
+    /// Peers the engine wants a session with and that have none yet.
+    wanted: BTreeSet<Address>,
+    /// Whether the relay connected now offers the directory.
+    directory: bool,
+    /// Directory frames for the relay, sent once the step that prepared them is committed.
+    pub(super) outgoing: Vec<ClientFrame>,
+}
+
+impl E2e {
+    pub fn new(sessions: Sessions, identity: IdentityKey, app_id: String) -> Self {
+        Self {
+            sessions,
+            identity,
+            app_id,
+            wanted: BTreeSet::new(),
+            directory: false,
+            outgoing: Vec::new(),
+        }
+    }
+
+    /// The peers with a session: the engine hears they are ready at start.
+    pub fn ready(&self) -> Vec<String> {
+        self.sessions.peers().map(ToString::to_string).collect()
+    }
+
+    /// The session state the step changed, to commit with it.
+    pub fn changes(&self) -> Vec<courier_crypto::Change> {
+        self.sessions.changes()
+    }
+
+    /// The step's transaction is durable: its session state is the committed one.
+    pub fn committed(&mut self) {
+        self.sessions.commit();
+    }
+
+    pub fn rollback(&mut self) -> Result<(), SessionError> {
+        self.outgoing.clear();
+        self.sessions.rollback()
+    }
+
+    /// Seals the step's frames: each outbox message and each delivery ACK for a peer with a
+    /// session, a Welcome ahead of the first message of a session the peer has not used yet. A
+    /// message that cannot be sealed is not sent; `failed` gets the input that says so.
+    pub fn seal(
+        &mut self,
+        transmits: Vec<Transmit>,
+        now: Millis,
+        failed: &mut Vec<Input>,
+    ) -> Vec<Frame> {
+        let mut frames = Vec::with_capacity(transmits.len());
+        let mut welcomed = BTreeSet::new();
+        for mut transmit in transmits {
+            let (message, send_seq) = match &mut transmit.kind {
+                TransmitKind::Outbox { message, send_seq } => (message, Some(*send_seq)),
+                TransmitKind::DeliveryAck { message } => (message, None),
+                TransmitKind::ReleaseFrame { .. } => {
+                    frames.push(Frame::Engine(transmit));
+                    continue;
+                }
+            };
+            let peer = Address::parse(&message.recipient).ok();
+            let Some(peer) = peer.filter(|p| self.sessions.has_session(p)) else {
+                if let Some(send_seq) = send_seq {
+                    // Only entries whose recipient has a session leave the outbox.
+                    failed.push(Input::SendFailed {
+                        id: message.id.clone(),
+                        send_seq,
+                        reason: "no end-to-end session with the recipient".into(),
+                    });
+                    continue;
+                }
+                // An ACK to a peer without a session acknowledges a message that came in the
+                // clear: it goes back the same way.
+                frames.push(Frame::Engine(transmit));
+                continue;
+            };
+            if send_seq.is_some() && welcomed.insert(peer) {
+                if let Some(welcome) = self.sessions.welcome_for(&peer) {
+                    let message = self.welcome_frame(peer, welcome, now);
+                    frames.push(Frame::Welcome {
+                        carrier: transmit.carrier.clone(),
+                        message,
+                    });
+                }
+            }
+            match self.sessions.seal(&peer, message.encode().as_bytes()) {
+                Ok(sealed) => {
+                    let me = self.sessions.address();
+                    *message = envelope(message, &me, &sealed);
+                    frames.push(Frame::Engine(transmit));
+                }
+                Err(e) => {
+                    if let Some(send_seq) = send_seq {
+                        failed.push(Input::SendFailed {
+                            id: message.id.clone(),
+                            send_seq,
+                            reason: format!("cannot seal for {peer}: {e}"),
+                        });
+                    }
+                }
+            }
+        }
+        frames
+    }
+
+    fn welcome_frame(&self, peer: Address, welcome: &[u8], now: Millis) -> Message {
+        let id = uuid::Uuid::new_v4().to_string();
+        let mut message = welcome_message(
+            id,
+            &self.app_id,
+            &self.sessions.address(),
+            &peer,
+            welcome,
+            now,
+        );
+        sign_control(&mut message, &self.identity, now);
+        message
+    }
+
+    /// An inbound message for the engine: a sealed copy is opened first, and what the engine
+    /// does not keep of it leaves the session as it was.
+    pub fn inbound(
+        &mut self,
+        engine: &mut Engine,
+        step: &mut Step<ClientEvent>,
+        message: Message,
+        origin: InboundOrigin,
+        now: Millis,
+    ) {
+        let Some(payload) = sealed_payload(&message) else {
+            step.apply(engine, inbound(message, origin), now);
+            return;
+        };
+        let undecryptable = |origin, code, reason: String| Input::Undecryptable {
+            message_id: message.id.clone(),
+            sender: message.sender.clone(),
+            origin,
+            code,
+            reason,
+        };
+        let (from, sealed) = match payload {
+            Ok(payload) => payload,
+            Err(e) => {
+                let input = undecryptable(origin, code::MALFORMED, e.to_string());
+                step.apply(engine, input, now);
+                return;
+            }
+        };
+        let sealer = from.to_string();
+        let origin = InboundOrigin {
+            sealed_by: Some(sealer.clone()),
+            ..origin
+        };
+        if engine.knows_inbound(&sealer, &message.id, now) {
+            // Already processed or buffered: its ratchet step is spent, and the engine only
+            // needs the id to acknowledge it again.
+            step.apply(engine, inbound(message.clone(), origin), now);
+            return;
+        }
+        let mut unopened = None;
+        let opened = self.sessions.open_if(&from, &sealed, |plaintext| {
+            match open_envelope(&message, &plaintext) {
+                Ok(inner) => {
+                    let (id, sender) = (inner.id.clone(), inner.sender.clone());
+                    let ack = inner.ack_for().is_some();
+                    step.apply(engine, inbound(inner, origin.clone()), now);
+                    // An ACK is never redelivered for another try; a data message is kept
+                    // when it was processed or buffered.
+                    ack || engine.knows_inbound(&sender, &id, now)
+                }
+                Err(e) => {
+                    unopened = Some((code::MALFORMED, e.to_string()));
+                    false
+                }
+            }
+        });
+        if let Err(e) = opened {
+            unopened = Some((failure_code(&e), e.to_string()));
+        }
+        if let Some((code, reason)) = unopened {
+            step.apply(engine, undecryptable(origin, code, reason), now);
+        }
+    }
+
+    /// A verified control frame the engine handed over: a Welcome joins its session.
+    pub fn control(
+        &mut self,
+        engine: &mut Engine,
+        step: &mut Step<ClientEvent>,
+        message: Message,
+        now: Millis,
+    ) {
+        let Some(welcome) = welcome_payload(&message.content) else {
+            return;
+        };
+        let joined = Address::parse(&message.sender)
+            .map_err(|e| e.to_string())
+            .and_then(|from| {
+                let welcome = welcome.map_err(|e| e.to_string())?;
+                let joined = self
+                    .sessions
+                    .join(from, &welcome)
+                    .map_err(|e| e.to_string())?;
+                Ok((from, joined))
+            });
+        match joined {
+            Ok((from, Joined::Joined)) => {
+                self.wanted.remove(&from);
+                step.apply(
+                    engine,
+                    Input::SessionReady {
+                        recipient: from.to_string(),
+                    },
+                    now,
+                );
+            }
+            Ok((_, Joined::KeptOurs | Joined::Already)) => {}
+            Err(reason) => step.emit(
+                engine,
+                ClientEvent::Diagnostic {
+                    level: courier_engine::DiagnosticLevel::Warn,
+                    message: format!(
+                        "Welcome {} from {} not used: {reason}",
+                        message.id, message.sender
+                    ),
+                    target: "courier_client::e2e",
+                },
+            ),
+        }
+    }
+
+    /// The engine wants a session with `recipient`: fetched from the directory when the relay
+    /// offers it, else when it next does.
+    pub fn want(&mut self, recipient: &str) {
+        if let Ok(peer) = Address::parse(recipient) {
+            if self.wanted.insert(peer) && self.directory {
+                self.outgoing
+                    .push(ClientFrame::FetchKeyPackage { address: peer });
+            }
+        }
+    }
+
+    /// What the relay's directory said.
+    pub fn directory(
+        &mut self,
+        engine: &mut Engine,
+        step: &mut Step<ClientEvent>,
+        report: DirectoryReport,
+        now: Millis,
+    ) {
+        match report {
+            DirectoryReport::Available(up) => {
+                self.directory = up;
+                if up {
+                    // What the relay holds for this device, then a fetch for every peer waited on.
+                    self.outgoing.push(ClientFrame::PublishKeyPackages {
+                        packages: KeyPackageBatch::default(),
+                        last_resort: None,
+                    });
+                    for peer in &self.wanted {
+                        self.outgoing.push(ClientFrame::FetchKeyPackage { address: *peer });
+                    }
+                }
+            }
+            DirectoryReport::Published {
+                available,
+                last_resort,
+            } => {
+                let missing = PUBLISHED_TARGET.saturating_sub(available);
+                let text = format!(
+                    "the relay's directory holds {available} one-time key packages of this \
+                     device{}; publishing {missing} more",
+                    if last_resort { " and a last-resort one" } else { "" }
+                );
+                self.log(engine, step, courier_engine::DiagnosticLevel::Info, text);
+                if missing == 0 && last_resort {
+                    return;
+                }
+                match self.publish(missing, !last_resort) {
+                    Ok(frame) => self.outgoing.push(frame),
+                    Err(e) => self.warn(engine, step, format!("cannot make key packages: {e}")),
+                }
+            }
+            DirectoryReport::Package { address, package } => {
+                if !self.wanted.contains(&address) {
+                    return;
+                }
+                match self.sessions.start(address, &package) {
+                    Ok(_) => {
+                        self.wanted.remove(&address);
+                        let ready = Input::SessionReady {
+                            recipient: address.to_string(),
+                        };
+                        step.apply(engine, ready, now);
+                    }
+                    Err(e) => self.warn(
+                        engine,
+                        step,
+                        format!("the directory's key package for {address} is not usable: {e}"),
+                    ),
+                }
+            }
+            DirectoryReport::Unavailable { address } => self.warn(
+                engine,
+                step,
+                format!("the relay's directory holds no key package for {address}: messages to it wait for its next publication"),
+            ),
+        }
+    }
+
+    fn publish(&mut self, one_time: u32, last_resort: bool) -> Result<ClientFrame, String> {
+        let package = |sessions: &mut Sessions, last_resort| {
+            let bytes = sessions
+                .key_package(last_resort)
+                .map_err(|e| e.to_string())?;
+            KeyPackage::new(bytes).map_err(|e| e.to_string())
+        };
+        let packages = (0..one_time)
+            .map(|_| package(&mut self.sessions, false))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ClientFrame::PublishKeyPackages {
+            packages: KeyPackageBatch::new(packages).map_err(|e| e.to_string())?,
+            last_resort: if last_resort {
+                Some(package(&mut self.sessions, true)?)
+            } else {
+                None
+            },
+        })
+    }
+
+    fn warn(&self, engine: &mut Engine, step: &mut Step<ClientEvent>, message: String) {
+        self.log(engine, step, courier_engine::DiagnosticLevel::Warn, message);
+    }
+
+    fn log(
+        &self,
+        engine: &mut Engine,
+        step: &mut Step<ClientEvent>,
+        level: courier_engine::DiagnosticLevel,
+        message: String,
+    ) {
+        step.emit(
+            engine,
+            ClientEvent::Diagnostic {
+                level,
+                message,
+                target: "courier_client::e2e",
+            },
+        );
+    }
+}
+
+fn inbound(message: Message, origin: InboundOrigin) -> Input {
+    Input::Inbound {
+        message: Box::new(message),
+        origin,
+    }
+}

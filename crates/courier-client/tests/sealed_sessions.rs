@@ -1,0 +1,210 @@
+//! End-to-end sessions over a real relay: Bob publishes key packages and goes offline; Alice,
+//! who never saw him, sends him messages at once — each waits for the session, which the relay's
+//! directory sets up without Bob, then is sealed into the relay's mailbox. On Bob's next start
+//! they arrive once, marked encrypted, and Alice's messages settle only by Bob's sealed ACKs. The
+//! relay's database holds no plaintext of any of them.
+
+mod support;
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use courier_client::client::SendInput;
+use courier_client::config::parse_protocol_config;
+use courier_client::event::ClientEvent;
+use courier_engine::Event;
+use courier_relay::{RelayConfig, Storage};
+use serde_json::json;
+use support::{connected, wait_for};
+
+const SECRET: &[u8] = b"sealed-sessions-secret";
+
+fn config(name: &str, dir: &std::path::Path, url: &str) -> serde_json::Value {
+    json!({
+        "appId": "sealed",
+        "storage": { "path": dir.join(format!("{name}.db")) },
+        "transports": { "internet": {
+            "url": url,
+            "authToken": courier_relay::issue_token(SECRET, name, 3600).unwrap(),
+        } },
+        "encryption": { "enabled": true },
+        "logLevel": "info",
+    })
+}
+
+fn address(e: &ClientEvent) -> Option<String> {
+    match e {
+        ClientEvent::IdentityReady { address } => Some(address.clone()),
+        _ => None,
+    }
+}
+
+fn engine(e: &ClientEvent) -> Option<&Event> {
+    match e {
+        ClientEvent::Engine(e) => Some(e),
+        _ => None,
+    }
+}
+
+fn published(e: &ClientEvent) -> bool {
+    matches!(e, ClientEvent::Diagnostic { message, .. } if message.contains("publishing"))
+}
+
+/// Every event until `n` of them matched `pred` (within 20 s); returns the matching ones.
+async fn collect(
+    events: &mpsc::Receiver<ClientEvent>,
+    what: &str,
+    n: usize,
+    pred: impl Fn(&ClientEvent) -> bool,
+) -> Vec<ClientEvent> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut found = Vec::new();
+    while found.len() < n {
+        match events.try_recv() {
+            Ok(e) if pred(&e) => found.push(e),
+            Ok(_) => {}
+            Err(mpsc::TryRecvError::Empty) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "timed out waiting for {what}: {} of {n}",
+                    found.len()
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(mpsc::TryRecvError::Disconnected) => panic!("events ended before {what}"),
+        }
+    }
+    found
+}
+
+fn received(e: &ClientEvent) -> Option<(String, String, bool)> {
+    match engine(e)? {
+        Event::MessageReceived {
+            message,
+            sender,
+            encrypted,
+            ..
+        } => Some((sender.clone(), message.content.clone(), *encrypted)),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_message_to_an_offline_peer_is_sealed_at_once_and_opened_on_its_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay_db = dir.path().join("relay.db");
+    let relay = courier_relay::start(RelayConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+        Storage::Path(relay_db.clone()),
+        SECRET.to_vec(),
+    ))
+    .await
+    .unwrap();
+    let url = relay.url();
+    let start =
+        |name| support::start(&parse_protocol_config(&config(name, dir.path(), &url)).unwrap());
+
+    // Bob is online once, long enough to publish, then gone.
+    let (bob, bob_events) = start("bob");
+    let bob_address =
+        address(&wait_for(&bob_events, "bob's identity", |e| address(e).is_some()).await).unwrap();
+    wait_for(&bob_events, "bob's key packages published", published).await;
+    bob.stop().await;
+    drop(bob_events);
+
+    let (alice, alice_events) = start("alice");
+    let alice_address =
+        address(&wait_for(&alice_events, "alice's identity", |e| address(e).is_some()).await)
+            .unwrap();
+    wait_for(&alice_events, "alice online", connected).await;
+    let texts: Vec<String> = (0..3).map(|i| format!("plaintext-secret-{i}")).collect();
+    let mut ids = Vec::new();
+    for text in &texts {
+        let id = alice
+            .send(SendInput {
+                recipient: bob_address.clone(),
+                content: text.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        ids.push(id);
+    }
+    // Sealed and in the relay's mailbox while Bob is away.
+    collect(&alice_events, "the relay's custody", 3, |e| {
+        matches!(engine(e), Some(Event::MessageStored { .. }))
+    })
+    .await;
+
+    let (bob, bob_events) = start("bob");
+    let got = collect(&bob_events, "alice's messages", 3, |e| {
+        received(e).is_some()
+    })
+    .await;
+    let got: Vec<_> = got.iter().filter_map(received).collect();
+    for (i, (sender, content, encrypted)) in got.iter().enumerate() {
+        assert_eq!(sender, &alice_address);
+        assert_eq!(content, &texts[i]);
+        assert!(encrypted, "message {i} arrived sealed");
+    }
+    let delivered = collect(&alice_events, "bob's sealed ACKs", 3, |e| {
+        matches!(engine(e), Some(Event::MessageDelivered { .. }))
+    })
+    .await;
+    assert_eq!(delivered.len(), 3);
+
+    // Bob answers in the session he joined.
+    bob.send(SendInput {
+        recipient: alice_address.clone(),
+        content: "plaintext-secret-reply".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let reply = wait_for(&alice_events, "bob's reply", |e| received(e).is_some()).await;
+    assert_eq!(
+        received(&reply).unwrap(),
+        (bob_address.clone(), "plaintext-secret-reply".into(), true)
+    );
+    wait_for(&bob_events, "the reply delivered", |e| {
+        matches!(engine(e), Some(Event::MessageDelivered { .. }))
+    })
+    .await;
+    // Nothing arrived twice.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(bob_events.try_iter().all(|e| received(&e).is_none()));
+
+    alice.stop().await;
+    bob.stop().await;
+    relay.stop().await;
+    for file in ["relay.db", "relay.db-wal"] {
+        let bytes = std::fs::read(dir.path().join(file)).unwrap_or_default();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(
+            !text.contains("plaintext-secret"),
+            "{file} holds a message in the clear"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_encryption_a_recipient_must_be_an_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = json!({
+        "appId": "sealed",
+        "storage": { "path": dir.path().join("a.db") },
+        "encryption": { "enabled": true },
+    });
+    let (alice, _events) = support::start(&parse_protocol_config(&config).unwrap());
+    let err = alice
+        .send(SendInput {
+            recipient: "bob".into(),
+            content: "hi".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "ERR_INVALID_ARGUMENT");
+    assert_eq!(alice.stats().outbox_regular + alice.stats().pre_session, 0);
+    alice.stop().await;
+}
