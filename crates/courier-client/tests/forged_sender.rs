@@ -9,13 +9,12 @@ use std::collections::BTreeMap;
 
 use courier_client::client::SendInput;
 use courier_client::config::parse_protocol_config;
-use courier_client::event::ClientEvent;
 use courier_engine::Event;
 use courier_proto::{wire_id, ClientFrame, ContentType, Message, Priority, RelayFrame};
 use courier_relay::{RelayConfig, Storage};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
-use support::{connected, wait_for, warning};
+use support::{address, connected, engine, wait_for, warning};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 
 const SECRET: &[u8] = b"forged-sender-secret";
@@ -31,20 +30,6 @@ fn config(name: &str, dir: &std::path::Path, url: &str) -> serde_json::Value {
             "authToken": courier_relay::issue_token(SECRET, name, 3600).unwrap(),
         } },
     })
-}
-
-fn address(e: &ClientEvent) -> Option<String> {
-    match e {
-        ClientEvent::IdentityReady { address } => Some(address.clone()),
-        _ => None,
-    }
-}
-
-fn engine(e: &ClientEvent) -> Option<&Event> {
-    match e {
-        ClientEvent::Engine(e) => Some(e),
-        _ => None,
-    }
 }
 
 /// Mallory authenticates as herself and writes one `SendMessage` carrying `forged`; returns once

@@ -15,7 +15,7 @@ use courier_client::event::ClientEvent;
 use courier_engine::Event;
 use courier_relay::{RelayConfig, Storage};
 use serde_json::json;
-use support::{connected, wait_for};
+use support::{address, connected, engine, wait_for};
 
 const SECRET: &[u8] = b"sealed-sessions-secret";
 
@@ -30,20 +30,6 @@ fn config(name: &str, dir: &std::path::Path, url: &str) -> serde_json::Value {
         "encryption": { "enabled": true },
         "logLevel": "info",
     })
-}
-
-fn address(e: &ClientEvent) -> Option<String> {
-    match e {
-        ClientEvent::IdentityReady { address } => Some(address.clone()),
-        _ => None,
-    }
-}
-
-fn engine(e: &ClientEvent) -> Option<&Event> {
-    match e {
-        ClientEvent::Engine(e) => Some(e),
-        _ => None,
-    }
 }
 
 fn published(e: &ClientEvent) -> bool {

@@ -91,3 +91,19 @@ pub fn connected(e: &ClientEvent) -> bool {
         }
     )
 }
+
+/// The address an `identity_ready` names.
+pub fn address(e: &ClientEvent) -> Option<String> {
+    match e {
+        ClientEvent::IdentityReady { address } => Some(address.clone()),
+        _ => None,
+    }
+}
+
+/// The engine event inside a client event.
+pub fn engine(e: &ClientEvent) -> Option<&Event> {
+    match e {
+        ClientEvent::Engine(e) => Some(e),
+        _ => None,
+    }
+}
