@@ -46,6 +46,15 @@ export interface ProtocolConfig {
    * `CONTROL_SIGNATURE_STALE`.
    */
   acceptLegacyControlV1?: boolean
+  /**
+   * End-to-end encryption (MLS, `docs/delivery.md#sealed-messages`). With `enabled`, every
+   * message travels sealed in a session with the recipient's device, so recipients must be
+   * `off1` addresses; a message waits in the pre-session queue until its session is set up
+   * through the relay's key-package directory. Default `false` for now.
+   */
+  encryption?: {
+    enabled?: boolean
+  }
   transports?: {
     internet?: {
       /** Relay WebSocket URL. `ws://` is accepted only for loopback hosts. */
@@ -86,6 +95,11 @@ export interface ProtocolConfig {
       backoffMultiplier?: number
       /** Sliding outbox lifetime; the absolute cap is 4x. Default 604800000 (7 days). */
       outboxMaxLifetimeMs?: number
+      /**
+       * How long a message may wait for its end-to-end session, from its first queueing.
+       * Default 604800000 (7 days); past it, `message_failed` ('Pending session lifetime exceeded').
+       */
+      pendingMessageMaxLifetimeMs?: number
     }
     /** Bounded timed probes for unreachable recipients, then edge-driven only. Default `false`. */
     edgeDrivenUnreachableDm?: boolean
@@ -157,6 +171,20 @@ export interface MessageReceivedEvent {
   transport: string
   hopCount: number
   metadata: Record<string, string>
+  /** It arrived sealed in an end-to-end session, and `sender` is that session's credential. */
+  encrypted: boolean
+}
+/**
+ * A sealed message did not open on this attempt. Advisory, per attempt: it was not acknowledged,
+ * and the sender's retry, sealed again, is what recovers it. `code` is one of `NO_SESSION`,
+ * `NOT_BOUND`, `MALFORMED`, `REFUSED`, `ENCRYPTION_DISABLED`.
+ */
+export interface MessageDecryptionFailedEvent {
+  type: 'message_decryption_failed'
+  messageId: string
+  sender: string
+  code: string
+  reason: string
 }
 /** Why the relay or the gateway could not reach a recipient. */
 /** Why the relay or gateway said the recipient cannot be reached; `unspecified` when its verdict named no known cause. */
@@ -205,6 +233,7 @@ export type ProtocolEvent =
   | MessageDeliveredEvent
   | MessageFailedEvent
   | MessageReceivedEvent
+  | MessageDecryptionFailedEvent
   | MessageUndeliverableEvent
   | PresenceUpdatedEvent
   | NeighborDiscoveredEvent
@@ -272,6 +301,12 @@ export interface RelayOptions {
   jwtSecret: string | Buffer
   /** `false` disables store-and-forward (offline recipients are reported unreachable). */
   mailbox?: false | { maxMessages?: number; maxBytes?: number; ttlMs?: number }
+  /**
+   * Offer the key-package directory (`key_directory_v1`), so a first message to an offline
+   * device is sealed at once. Default `true`; `false` leaves session setup to the round trip
+   * through the peer.
+   */
+  keyDirectory?: boolean
   /** Per-connection token bucket. Default 2000 burst, 1000 per second. */
   rateLimit?: { burst?: number; perSec?: number }
   /** Serve `wss://` with this certificate chain and key (PEM). */

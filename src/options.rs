@@ -18,6 +18,7 @@ const RELAY_KEYS: &[&str] = &[
     "mailbox",
     "rateLimit",
     "tls",
+    "keyDirectory",
 ];
 
 /// `options`: the `RelayOptions` object as JSON text.
@@ -36,6 +37,7 @@ pub fn relay_config(options: &str) -> Result<RelayConfig, ConfigError> {
     };
     let mut config = RelayConfig::new(listen, storage, secret.as_bytes().to_vec());
     config.mailbox = mailbox(&root)?;
+    config.key_directory = root.bool("keyDirectory")?.unwrap_or(true);
     if let Some(rate) = root.section("rateLimit", &["burst", "perSec"])? {
         let per_connection = |key| {
             rate.positive_int(key, u64::from(u32::MAX))

@@ -666,17 +666,50 @@ fn ca_certificates_must_be_pem() {
 fn keys_nothing_read_are_refused_as_unknown() {
     for (config, path) in [
         (
-            json!({ "reliability": { "retry": { "pendingMessageMaxLifetimeMs": 1000 } } }),
-            "reliability.retry.pendingMessageMaxLifetimeMs",
-        ),
-        (
             json!({ "group": { "relayBroadcastEnabled": true } }),
             "group",
         ),
-        (json!({ "encryption": { "enabled": false } }), "encryption"),
+        (
+            json!({ "encryption": { "unknownSenders": "accept" } }),
+            "encryption.unknownSenders",
+        ),
     ] {
         refused(with(config), path, "is not a known option");
     }
+}
+
+#[test]
+fn encryption_is_a_switch_off_unless_enabled() {
+    assert!(!ok(with(json!({}))).engine.encryption);
+    assert!(!ok(with(json!({ "encryption": {} }))).engine.encryption);
+    assert!(
+        ok(with(json!({ "encryption": { "enabled": true } })))
+            .engine
+            .encryption
+    );
+    assert!(
+        !ok(with(json!({ "encryption": { "enabled": false } })))
+            .engine
+            .encryption
+    );
+    refused(
+        with(json!({ "encryption": { "enabled": "yes" } })),
+        "encryption.enabled",
+        "boolean",
+    );
+}
+
+#[test]
+fn the_pre_session_lifetime_is_read() {
+    let config = ok(with(
+        json!({ "reliability": { "retry": { "pendingMessageMaxLifetimeMs": 1000 } } }),
+    ));
+    assert_eq!(config.engine.pending_session_max_lifetime_ms, 1000);
+    refused(
+        with(json!({ "reliability": { "retry": { "pendingMessageMaxLifetimeMs": 0 } } })),
+        "reliability.retry.pendingMessageMaxLifetimeMs",
+        "",
+    );
 }
 
 // ---- reliability ----

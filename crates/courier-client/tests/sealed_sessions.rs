@@ -76,25 +76,41 @@ fn received(e: &ClientEvent) -> Option<(String, String, bool)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_first_message_to_an_offline_peer_is_sealed_at_once_and_opened_on_its_next_start() {
+async fn a_first_message_to_an_offline_peer_is_sealed_at_once_from_the_directory() {
+    first_message_to_an_offline_peer(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_directory_a_first_message_waits_for_the_round_trip_through_the_peer() {
+    first_message_to_an_offline_peer(false).await;
+}
+
+/// Bob is online once, then gone; Alice, who never saw him, sends him messages. With the
+/// directory they are sealed at once from Bob's published key package and wait in the relay's
+/// mailbox; without it they wait in Alice's pre-session queue while her key package waits in
+/// Bob's mailbox, and Bob's next start answers it with his Welcome.
+async fn first_message_to_an_offline_peer(key_directory: bool) {
     let dir = tempfile::tempdir().unwrap();
     let relay_db = dir.path().join("relay.db");
-    let relay = courier_relay::start(RelayConfig::new(
+    let mut relay_config = RelayConfig::new(
         "127.0.0.1:0".parse().unwrap(),
         Storage::Path(relay_db.clone()),
         SECRET.to_vec(),
-    ))
-    .await
-    .unwrap();
+    );
+    relay_config.key_directory = key_directory;
+    let relay = courier_relay::start(relay_config).await.unwrap();
     let url = relay.url();
     let start =
         |name| support::start(&parse_protocol_config(&config(name, dir.path(), &url)).unwrap());
 
-    // Bob is online once, long enough to publish, then gone.
     let (bob, bob_events) = start("bob");
     let bob_address =
         address(&wait_for(&bob_events, "bob's identity", |e| address(e).is_some()).await).unwrap();
-    wait_for(&bob_events, "bob's key packages published", published).await;
+    if key_directory {
+        wait_for(&bob_events, "bob's key packages published", published).await;
+    } else {
+        wait_for(&bob_events, "bob online", connected).await;
+    }
     bob.stop().await;
     drop(bob_events);
 
@@ -116,11 +132,21 @@ async fn a_first_message_to_an_offline_peer_is_sealed_at_once_and_opened_on_its_
             .unwrap();
         ids.push(id);
     }
-    // Sealed and in the relay's mailbox while Bob is away.
-    collect(&alice_events, "the relay's custody", 3, |e| {
-        matches!(engine(e), Some(Event::MessageStored { .. }))
-    })
-    .await;
+    if key_directory {
+        // Sealed and in the relay's mailbox while Bob is away.
+        collect(&alice_events, "the relay's custody", 3, |e| {
+            matches!(engine(e), Some(Event::MessageStored { .. }))
+        })
+        .await;
+    } else {
+        // Nothing leaves before the session: the messages wait in the pre-session queue.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(alice.stats().pre_session, 3);
+        assert!(alice_events.try_iter().all(|e| !matches!(
+            engine(&e),
+            Some(Event::MessageSent { .. } | Event::MessageStored { .. })
+        )));
+    }
 
     let (bob, bob_events) = start("bob");
     let got = collect(&bob_events, "alice's messages", 3, |e| {
@@ -193,4 +219,54 @@ async fn with_encryption_a_recipient_must_be_an_address() {
     assert_eq!(err.code(), "ERR_INVALID_ARGUMENT");
     assert_eq!(alice.stats().outbox_regular + alice.stats().pre_session, 0);
     alice.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_without_encryption_reports_a_sealed_message_and_never_shows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = courier_relay::start(RelayConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+        Storage::Memory,
+        SECRET.to_vec(),
+    ))
+    .await
+    .unwrap();
+    let url = relay.url();
+    let mut plain = config("bob", dir.path(), &url);
+    plain["encryption"]["enabled"] = json!(false);
+    // Bob publishes with encryption on, then runs without it.
+    let (bob, bob_events) =
+        support::start(&parse_protocol_config(&config("bob", dir.path(), &url)).unwrap());
+    let bob_address =
+        address(&wait_for(&bob_events, "bob's identity", |e| address(e).is_some()).await).unwrap();
+    wait_for(&bob_events, "bob's key packages published", published).await;
+    bob.stop().await;
+    let (bob, bob_events) = support::start(&parse_protocol_config(&plain).unwrap());
+    wait_for(&bob_events, "bob online", connected).await;
+
+    let (alice, _alice_events) =
+        support::start(&parse_protocol_config(&config("alice", dir.path(), &url)).unwrap());
+    alice
+        .send(SendInput {
+            recipient: bob_address,
+            content: "plaintext-secret".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let failed = wait_for(&bob_events, "the sealed copy reported", |e| {
+        matches!(
+            engine(e),
+            Some(Event::MessageDecryptionFailed { .. }) | Some(Event::MessageReceived { .. })
+        )
+    })
+    .await;
+    assert!(
+        matches!(engine(&failed), Some(Event::MessageDecryptionFailed { code, .. }) if *code == "ENCRYPTION_DISABLED"),
+        "{}",
+        failed.to_json()
+    );
+    alice.stop().await;
+    bob.stop().await;
+    relay.stop().await;
 }

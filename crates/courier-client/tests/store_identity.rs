@@ -168,6 +168,7 @@ fn a_version_3_seed_stored_in_the_clear_is_sealed_at_the_next_start() {
     let conn = Connection::open(&db).unwrap();
     conn.execute_batch(
         "ALTER TABLE settled DROP COLUMN unreported_event;
+         ALTER TABLE pending_inbound DROP COLUMN encrypted;
          DROP TABLE mls_state;
          DROP TABLE identity;
          CREATE TABLE identity (

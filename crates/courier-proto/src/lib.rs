@@ -44,8 +44,7 @@ pub use proof::{
     AddressDeclError, DeclareError, GatewayDeclaration,
 };
 pub use sealed::{
-    envelope, open_envelope, sealed_payload, welcome_message, welcome_payload, SealedError,
-    MLS_ENC_PREFIX, MLS_WELCOME_PREFIX,
+    envelope, open_envelope, sealed_payload, SealedError, SessionFrame, MLS_ENC_PREFIX,
 };
 pub use signing::{payload, DOMAINS};
 pub use unreachable::UnreachableCause;

@@ -14,12 +14,6 @@ use base64::Engine as _;
 use crate::{Address, ContentType, Message};
 
 pub const MLS_ENC_PREFIX: &str = "__MLS_ENC__";
-/// A Welcome into a session: a signed control frame, `__MLS_WELCOME__` and the base64 of the MLS
-/// Welcome.
-pub const MLS_WELCOME_PREFIX: &str = "__MLS_WELCOME__";
-/// Hops a Welcome may travel, like any message the engine sends.
-const WELCOME_TTL: u8 = 10;
-
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SealedError {
     #[error("the sealed payload is not base64")]
@@ -59,49 +53,73 @@ pub fn envelope(inner: &Message, sender: &Address, ciphertext: &[u8]) -> Message
     }
 }
 
-/// The unsigned Welcome frame `id` of app `app_id` from `sender` to `recipient`, made at `at`:
-/// sent ahead of messages, nobody waits for an answer to it. The caller signs it as a control
-/// frame.
-pub fn welcome_message(
-    id: String,
-    app_id: &str,
-    sender: &Address,
-    recipient: &Address,
-    welcome: &[u8],
-    at: u64,
-) -> Message {
-    let mut content = String::from(MLS_WELCOME_PREFIX);
-    base64::engine::general_purpose::STANDARD.encode_string(welcome, &mut content);
-    Message {
-        id,
-        sender: sender.to_string(),
-        recipient: recipient.to_string(),
-        app_id: app_id.to_owned(),
-        priority: crate::Priority::High,
-        ttl: WELCOME_TTL,
-        hop_count: 0,
-        timestamp: at,
-        lamport_clock: 0,
-        content_type: ContentType::Text,
-        content,
-        metadata: BTreeMap::new(),
-        requires_ack: false,
-        reply_to_msg: None,
-        binary_content: None,
-        media_metadata: None,
-        forwarded_from: None,
-        reply_context: None,
-    }
+/// Hops a session frame may travel, like any message the engine sends.
+const SESSION_FRAME_TTL: u8 = 10;
+
+/// The signed control frames that set a session up (`docs/protocol.md#session-setup`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionFrame {
+    /// `__MLS_KEY_PKG__`: the sender's key package, for the recipient to start a session with.
+    KeyPackage,
+    /// `__MLS_WELCOME__`: the Welcome into a session the sender started.
+    Welcome,
 }
 
-/// The MLS Welcome a Welcome frame's content holds, when it is one.
-pub fn welcome_payload(content: &str) -> Option<Result<Vec<u8>, SealedError>> {
-    let payload = content.strip_prefix(MLS_WELCOME_PREFIX)?;
-    Some(
-        base64::engine::general_purpose::STANDARD
-            .decode(payload)
-            .map_err(|_| SealedError::Base64),
-    )
+impl SessionFrame {
+    pub const fn prefix(self) -> &'static str {
+        match self {
+            Self::KeyPackage => "__MLS_KEY_PKG__",
+            Self::Welcome => "__MLS_WELCOME__",
+        }
+    }
+
+    /// The unsigned frame `id` of app `app_id` from `sender` to `recipient` carrying `bytes`,
+    /// made at `at`. Nobody waits for an answer to it; the caller signs it as a control frame.
+    pub fn message(
+        self,
+        id: String,
+        app_id: &str,
+        sender: &Address,
+        recipient: &Address,
+        bytes: &[u8],
+        at: u64,
+    ) -> Message {
+        let mut content = String::from(self.prefix());
+        base64::engine::general_purpose::STANDARD.encode_string(bytes, &mut content);
+        Message {
+            id,
+            sender: sender.to_string(),
+            recipient: recipient.to_string(),
+            app_id: app_id.to_owned(),
+            priority: crate::Priority::High,
+            ttl: SESSION_FRAME_TTL,
+            hop_count: 0,
+            timestamp: at,
+            lamport_clock: 0,
+            content_type: ContentType::Text,
+            content,
+            metadata: BTreeMap::new(),
+            requires_ack: false,
+            reply_to_msg: None,
+            binary_content: None,
+            media_metadata: None,
+            forwarded_from: None,
+            reply_context: None,
+        }
+    }
+
+    /// Which session frame `content` is, and the bytes it carries.
+    pub fn parse(content: &str) -> Option<(Self, Result<Vec<u8>, SealedError>)> {
+        [Self::KeyPackage, Self::Welcome]
+            .into_iter()
+            .find_map(|kind| {
+                let payload = content.strip_prefix(kind.prefix())?;
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(payload)
+                    .map_err(|_| SealedError::Base64);
+                Some((kind, bytes))
+            })
+    }
 }
 
 /// The MLS message inside `envelope` and the address that sealed it, when it is sealed at all.

@@ -19,6 +19,7 @@ OPTIONS:
     --memory                    keep everything in memory; nothing survives a restart
     --jwt-secret-file FILE      file holding the HS256 token secret (trailing newline ignored)
     --no-mailbox                no store-and-forward: offline recipients are unreachable
+    --no-key-directory          no key-package directory: sessions are set up through the peer
     --mailbox-max-messages N    unacked frames kept per account [default: 10000]
     --mailbox-max-bytes N       content bytes kept per account [default: 67108864]
     --mailbox-ttl-ms N          age at which undelivered frames are deleted [default: 604800000]
@@ -88,6 +89,7 @@ struct Flags {
     memory: bool,
     jwt_secret_file: Option<String>,
     no_mailbox: bool,
+    no_key_directory: bool,
     mailbox_max_messages: Option<String>,
     mailbox_max_bytes: Option<String>,
     mailbox_ttl_ms: Option<String>,
@@ -110,14 +112,14 @@ pub fn parse(args: &[String]) -> Result<CliCommand, String> {
         };
         let slot = match name {
             "--help" | "-h" => return Ok(CliCommand::Help),
-            "--memory" | "--no-mailbox" => {
+            "--memory" | "--no-mailbox" | "--no-key-directory" => {
                 if inline.is_some() {
                     return Err(format!("{name} takes no value"));
                 }
-                if name == "--memory" {
-                    flags.memory = true;
-                } else {
-                    flags.no_mailbox = true;
+                match name {
+                    "--memory" => flags.memory = true,
+                    "--no-mailbox" => flags.no_mailbox = true,
+                    _ => flags.no_key_directory = true,
                 }
                 continue;
             }
@@ -219,6 +221,7 @@ impl Flags {
         }
 
         let mut config = RelayConfig::new(listen, storage, secret.as_bytes().to_vec());
+        config.key_directory = !self.no_key_directory;
         let mailbox_flags = [
             ("--mailbox-max-messages", &self.mailbox_max_messages),
             ("--mailbox-max-bytes", &self.mailbox_max_bytes),
@@ -360,10 +363,18 @@ mod tests {
                 key_pem: "the private key".into(),
             })
         );
-        let switches = ["--memory", "--no-mailbox", "--jwt-secret-file", path];
+        assert!(config.key_directory, "the directory is on by default");
+        let switches = [
+            "--memory",
+            "--no-mailbox",
+            "--no-key-directory",
+            "--jwt-secret-file",
+            path,
+        ];
         let switched = run(&switches);
         assert_eq!(switched.storage, Storage::Memory);
         assert_eq!(switched.mailbox, None);
+        assert!(!switched.key_directory);
         let help = ["--help"];
         assert!(matches!(parse(&args(&help)), Ok(CliCommand::Help)));
 

@@ -140,6 +140,9 @@ pub struct RelayConfig {
     pub mailbox: Option<MailboxLimits>,
     pub rate_limit: RateLimit,
     pub tls: Option<TlsConfig>,
+    /// Offer the key-package directory (`key_directory_v1`); `false` with `--no-key-directory`:
+    /// clients then set sessions up by the round trip through the peer.
+    pub key_directory: bool,
     #[doc(hidden)]
     pub timings: Timings,
 }
@@ -154,6 +157,7 @@ impl RelayConfig {
             mailbox: Some(MailboxLimits::default()),
             rate_limit: RateLimit::default(),
             tls: None,
+            key_directory: true,
             timings: Timings::default(),
         }
     }

@@ -159,7 +159,9 @@ where
         capabilities.push(CAP_MAILBOX.to_owned());
     }
     capabilities.push(CAP_PRESENCE_WATCH.to_owned());
-    capabilities.push(CAP_KEY_DIRECTORY.to_owned());
+    if ctx.key_directory {
+        capabilities.push(CAP_KEY_DIRECTORY.to_owned());
+    }
     let authenticated = RelayFrame::Authenticated {
         user_id: account.clone(),
         username: account.clone(),

@@ -240,6 +240,13 @@ impl Session {
                 self.request_drain().await
             }
             ClientFrame::WatchPresence { users } => self.watch_presence(users).await,
+            ClientFrame::PublishKeyPackages { .. } | ClientFrame::FetchKeyPackage { .. }
+                if !self.ctx.key_directory =>
+            {
+                // Not advertised (`--no-key-directory`).
+                self.answer(error_frame("unknown_type", frame.type_name(), None))
+                    .await
+            }
             ClientFrame::PublishKeyPackages {
                 packages,
                 last_resort,

@@ -66,6 +66,7 @@ pub(crate) fn now_ms() -> u64 {
 /// What every connection task shares.
 pub(crate) struct Ctx {
     pub mailbox: Option<MailboxLimits>,
+    pub key_directory: bool,
     pub rate_limit: RateLimit,
     pub timings: Timings,
     pub verifier: TokenVerifier,
@@ -175,6 +176,7 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
     let (shutdown, shutdown_rx) = watch::channel(false);
     let ctx = Arc::new(Ctx {
         mailbox: config.mailbox,
+        key_directory: config.key_directory,
         rate_limit: config.rate_limit,
         timings: config.timings,
         verifier,

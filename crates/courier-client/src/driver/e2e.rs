@@ -1,8 +1,9 @@
 //! End-to-end sessions in the driver (`docs/delivery.md#sealed-messages`,
-//! `docs/protocol.md#key-package-directory`): sealing a step's frames before its commit, opening
-//! sealed copies before the engine sees them, and setting sessions up through the relay's
-//! key-package directory. The session state each of these changes is committed in the
-//! transaction of the step that changed it.
+//! `docs/protocol.md#session-setup`): sealing a step's frames before its commit, opening sealed
+//! copies before the engine sees them, and setting sessions up — through the relay's key-package
+//! directory, else by the round trip through the peer. The session state each of these changes
+//! is committed in the transaction of the step that changed it, and nothing that depends on it
+//! leaves before that commit.
 
 use std::collections::BTreeSet;
 
@@ -10,8 +11,8 @@ use courier_crypto::{Joined, SessionError, Sessions};
 use courier_engine::step::Step;
 use courier_engine::{Carrier, Engine, InboundOrigin, Input, Millis, Transmit, TransmitKind};
 use courier_proto::{
-    envelope, open_envelope, sealed_payload, sign_control, welcome_message, welcome_payload,
-    Address, ClientFrame, IdentityKey, KeyPackage, KeyPackageBatch, Message,
+    envelope, open_envelope, sealed_payload, sign_control, Address, ClientFrame, IdentityKey,
+    KeyPackage, KeyPackageBatch, Message, SessionFrame,
 };
 
 use crate::event::ClientEvent;
@@ -46,11 +47,15 @@ pub enum Frame {
     Welcome { carrier: Carrier, message: Message },
 }
 
-/// What the relay's key-package directory said, or whether it is there at all.
+/// What the relay said about session setup: whether it is connected and offers its key-package
+/// directory, and the directory's answers.
 #[derive(Debug)]
 pub enum DirectoryReport {
-    /// A relay connection advertising `key_directory_v1` came up (`true`) or went (`false`).
-    Available(bool),
+    /// A relay connection came up; `directory` when it offers `key_directory_v1` to this device.
+    Connected {
+        directory: bool,
+    },
+    Disconnected,
     Published {
         available: u32,
         last_resort: bool,
@@ -70,9 +75,10 @@ pub struct E2e {
     app_id: String,
     /// Peers the engine wants a session with and that have none yet.
     wanted: BTreeSet<Address>,
-    /// Whether the relay connected now offers the directory.
-    directory: bool,
-    /// Directory frames for the relay, sent once the step that prepared them is committed.
+    /// `Some` while a relay is connected: whether it offers the directory.
+    directory: Option<bool>,
+    /// Frames for the relay, sent once the step that prepared them is committed: directory
+    /// requests, and key packages and Welcomes sent on their own.
     pub(super) outgoing: Vec<ClientFrame>,
 }
 
@@ -83,7 +89,7 @@ impl E2e {
             identity,
             app_id,
             wanted: BTreeSet::new(),
-            directory: false,
+            directory: None,
             outgoing: Vec::new(),
         }
     }
@@ -174,17 +180,44 @@ impl E2e {
     }
 
     fn welcome_frame(&self, peer: Address, welcome: &[u8], now: Millis) -> Message {
+        self.session_frame(SessionFrame::Welcome, peer, welcome, now)
+    }
+
+    /// A signed session frame for `peer`, under a fresh id.
+    fn session_frame(
+        &self,
+        kind: SessionFrame,
+        peer: Address,
+        bytes: &[u8],
+        now: Millis,
+    ) -> Message {
         let id = uuid::Uuid::new_v4().to_string();
-        let mut message = welcome_message(
-            id,
-            &self.app_id,
-            &self.sessions.address(),
-            &peer,
-            welcome,
-            now,
-        );
+        let me = self.sessions.address();
+        let mut message = kind.message(id, &self.app_id, &me, &peer, bytes, now);
         sign_control(&mut message, &self.identity, now);
         message
+    }
+
+    /// `message` as a frame for the relay after the commit, sent once.
+    fn send_after_commit(&mut self, message: &Message) {
+        self.outgoing.push(ClientFrame::SendMessage {
+            recipient: message.recipient.clone(),
+            content: message.encode(),
+            message_id: message.id.clone(),
+            reply_to_msg: None,
+        });
+    }
+
+    /// The round trip (`docs/protocol.md#session-setup`): a key package of this device to
+    /// `peer`, which starts the session and answers with its Welcome.
+    fn ask_peer(&mut self, peer: Address, now: Millis) -> Result<(), String> {
+        let package = self
+            .sessions
+            .key_package(false)
+            .map_err(|e| e.to_string())?;
+        let message = self.session_frame(SessionFrame::KeyPackage, peer, &package, now);
+        self.send_after_commit(&message);
+        Ok(())
     }
 
     /// An inbound message for the engine: a sealed copy is opened first, and what the engine
@@ -252,7 +285,8 @@ impl E2e {
         }
     }
 
-    /// A verified control frame the engine handed over: a Welcome joins its session.
+    /// A verified control frame the engine handed over: a Welcome joins its session; a key
+    /// package starts one, which is ready at once, and its Welcome goes back on its own.
     pub fn control(
         &mut self,
         engine: &mut Engine,
@@ -260,52 +294,91 @@ impl E2e {
         message: Message,
         now: Millis,
     ) {
-        let Some(welcome) = welcome_payload(&message.content) else {
+        let Some((kind, bytes)) = SessionFrame::parse(&message.content) else {
             return;
         };
-        let joined = Address::parse(&message.sender)
+        let ready = Address::parse(&message.sender)
             .map_err(|e| e.to_string())
             .and_then(|from| {
-                let welcome = welcome.map_err(|e| e.to_string())?;
-                let joined = self
-                    .sessions
-                    .join(from, &welcome)
-                    .map_err(|e| e.to_string())?;
-                Ok((from, joined))
+                let bytes = bytes.map_err(|e| e.to_string())?;
+                match kind {
+                    SessionFrame::Welcome => {
+                        let joined = self
+                            .sessions
+                            .join(from, &bytes)
+                            .map_err(|e| e.to_string())?;
+                        Ok((joined == Joined::Joined).then_some(from))
+                    }
+                    SessionFrame::KeyPackage => {
+                        let welcome = self
+                            .sessions
+                            .start(from, &bytes)
+                            .map_err(|e| e.to_string())?;
+                        let frame = self.welcome_frame(from, &welcome, now);
+                        self.send_after_commit(&frame);
+                        Ok(Some(from))
+                    }
+                }
             });
-        match joined {
-            Ok((from, Joined::Joined)) => {
-                self.wanted.remove(&from);
-                step.apply(
-                    engine,
-                    Input::SessionReady {
-                        recipient: from.to_string(),
-                    },
-                    now,
-                );
+        match ready {
+            Ok(Some(peer)) => {
+                self.wanted.remove(&peer);
+                let ready = Input::SessionReady {
+                    recipient: peer.to_string(),
+                };
+                step.apply(engine, ready, now);
             }
-            Ok((_, Joined::KeptOurs | Joined::Already)) => {}
-            Err(reason) => step.emit(
+            Ok(None) => {}
+            Err(reason) => self.warn(
                 engine,
-                ClientEvent::Diagnostic {
-                    level: courier_engine::DiagnosticLevel::Warn,
-                    message: format!(
-                        "Welcome {} from {} not used: {reason}",
-                        message.id, message.sender
-                    ),
-                    target: "courier_client::e2e",
-                },
+                step,
+                format!(
+                    "{} {} from {} not used: {reason}",
+                    kind.prefix(),
+                    message.id,
+                    message.sender
+                ),
             ),
         }
     }
 
-    /// The engine wants a session with `recipient`: fetched from the directory when the relay
-    /// offers it, else when it next does.
-    pub fn want(&mut self, recipient: &str) {
-        if let Ok(peer) = Address::parse(recipient) {
-            if self.wanted.insert(peer) && self.directory {
-                self.outgoing
-                    .push(ClientFrame::FetchKeyPackage { address: peer });
+    /// The engine wants a session with `recipient`: fetched from the relay's directory, else
+    /// asked of the peer; when no relay is connected, once one is.
+    pub fn want(
+        &mut self,
+        engine: &mut Engine,
+        step: &mut Step<ClientEvent>,
+        recipient: &str,
+        now: Millis,
+    ) {
+        let Ok(peer) = Address::parse(recipient) else {
+            return;
+        };
+        if self.wanted.insert(peer) {
+            self.set_up(engine, step, peer, now);
+        }
+    }
+
+    fn set_up(
+        &mut self,
+        engine: &mut Engine,
+        step: &mut Step<ClientEvent>,
+        peer: Address,
+        now: Millis,
+    ) {
+        match self.directory {
+            None => {}
+            Some(true) => self
+                .outgoing
+                .push(ClientFrame::FetchKeyPackage { address: peer }),
+            Some(false) => {
+                if let Err(e) = self.ask_peer(peer, now) {
+                    self.warn(
+                        engine,
+                        step,
+                        format!("cannot make a key package for {peer}: {e}"),
+                    );
+                }
             }
         }
     }
@@ -319,19 +392,22 @@ impl E2e {
         now: Millis,
     ) {
         match report {
-            DirectoryReport::Available(up) => {
-                self.directory = up;
-                if up {
-                    // What the relay holds for this device, then a fetch for every peer waited on.
+            DirectoryReport::Connected { directory } => {
+                self.directory = Some(directory);
+                if directory {
+                    // What the relay holds for this device, to top it up.
                     self.outgoing.push(ClientFrame::PublishKeyPackages {
                         packages: KeyPackageBatch::default(),
                         last_resort: None,
                     });
-                    for peer in &self.wanted {
-                        self.outgoing.push(ClientFrame::FetchKeyPackage { address: *peer });
-                    }
+                }
+                // Every peer still waited on, again: an answer may have been lost.
+                let wanted: Vec<Address> = self.wanted.iter().copied().collect();
+                for peer in wanted {
+                    self.set_up(engine, step, peer, now);
                 }
             }
+            DirectoryReport::Disconnected => self.directory = None,
             DirectoryReport::Published {
                 available,
                 last_resort,
@@ -340,7 +416,11 @@ impl E2e {
                 let text = format!(
                     "the relay's directory holds {available} one-time key packages of this \
                      device{}; publishing {missing} more",
-                    if last_resort { " and a last-resort one" } else { "" }
+                    if last_resort {
+                        " and a last-resort one"
+                    } else {
+                        ""
+                    }
                 );
                 self.log(engine, step, courier_engine::DiagnosticLevel::Info, text);
                 if missing == 0 && last_resort {
@@ -370,11 +450,23 @@ impl E2e {
                     ),
                 }
             }
-            DirectoryReport::Unavailable { address } => self.warn(
-                engine,
-                step,
-                format!("the relay's directory holds no key package for {address}: messages to it wait for its next publication"),
-            ),
+            DirectoryReport::Unavailable { address } => {
+                if !self.wanted.contains(&address) {
+                    return;
+                }
+                // Nothing published: the round trip through the peer, when it next reads.
+                let text = format!(
+                    "the relay's directory holds no key package for {address}: asking the peer"
+                );
+                self.log(engine, step, courier_engine::DiagnosticLevel::Info, text);
+                if let Err(e) = self.ask_peer(address, now) {
+                    self.warn(
+                        engine,
+                        step,
+                        format!("cannot make a key package for {address}: {e}"),
+                    );
+                }
+            }
         }
     }
 

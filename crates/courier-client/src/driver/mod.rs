@@ -297,6 +297,17 @@ impl Driver {
                 owed.relay_inbound |= origin.carrier == Carrier::Relay;
                 match &mut self.e2e {
                     Some(e2e) => e2e.inbound(&mut self.engine, step, *message, origin, now),
+                    // Sealed, and this device keeps no sessions: reported, never shown as text.
+                    None if message.content.starts_with(courier_proto::MLS_ENC_PREFIX) => {
+                        let input = Input::Undecryptable {
+                            message_id: message.id.clone(),
+                            sender: message.sender.clone(),
+                            origin,
+                            code: e2e::code::ENCRYPTION_DISABLED,
+                            reason: "a sealed message, and encryption is disabled here".into(),
+                        };
+                        step.apply(&mut self.engine, input, now);
+                    }
                     None => step.apply(&mut self.engine, Input::Inbound { message, origin }, now),
                 }
                 self.after_input(step, now);
@@ -349,7 +360,7 @@ impl Driver {
             e2e.control(&mut self.engine, step, message, now);
         }
         while let Some(recipient) = self.engine.poll_session_wanted() {
-            e2e.want(&recipient);
+            e2e.want(&mut self.engine, step, &recipient, now);
         }
     }
 
@@ -381,7 +392,7 @@ impl Driver {
         {
             // Key packages are published only once their private halves are committed.
             for frame in e2e.outgoing.drain(..) {
-                let _ = relay.send(RelayOut::Directory(frame));
+                let _ = relay.send(RelayOut::Setup(frame));
             }
         }
         if let ControlFlow::Break(CommitFailed { message, accepted }) = outcome {

@@ -169,10 +169,7 @@ fn v6_sessions(tx: &Transaction<'_>) -> rusqlite::Result<()> {
 /// Version 7: a buffered inbound message remembers whether it arrived sealed in a session, for
 /// the `encrypted` mark of its `message_received`.
 fn v7_sealed_inbound(tx: &Transaction<'_>) -> rusqlite::Result<()> {
-    tx.execute_batch(
-        "ALTER TABLE pending_inbound ADD COLUMN encrypted INTEGER NOT NULL DEFAULT 0
-             CHECK (encrypted IN (0, 1));",
-    )
+    tx.execute_batch("ALTER TABLE pending_inbound ADD COLUMN encrypted INTEGER NOT NULL DEFAULT 0;")
 }
 
 /// `PRAGMA user_version`. The first read of a file, so a non-database fails here.

@@ -71,8 +71,9 @@ pub enum RelayOut {
     /// Start or stop hearing about a peer's presence (the engine's watchlist changed).
     Watch(String),
     Unwatch(String),
-    /// A frame for the relay's key-package directory (`docs/protocol.md#key-package-directory`).
-    Directory(courier_proto::ClientFrame),
+    /// A frame that sets an end-to-end session up (`docs/protocol.md#session-setup`): a
+    /// directory request, or a key package or Welcome sent on its own.
+    Setup(courier_proto::ClientFrame),
     /// Close the connection (1000) and end the task.
     Stop,
 }
@@ -226,7 +227,7 @@ fn refuse_while_down(cmd: RelayOut, driver: &DriverTx, presence: &mut PresenceWa
         RelayOut::Unwatch(peer) => presence.unwatch(&peer),
         RelayOut::Submit(Submit::Ack { .. })
         // The next connection asks the directory again.
-        | RelayOut::Directory(_)
+        | RelayOut::Setup(_)
         | RelayOut::ReleaseFrame { .. }
         | RelayOut::Hint(_)
         // The next session's drain writes every unacked frame anyway.

@@ -23,8 +23,6 @@ pub(super) struct Session<'a> {
     /// the connection with.
     violation: Option<u16>,
     intake: Intake,
-    /// The relay offers its key-package directory to this device.
-    directory: bool,
 }
 
 impl<'a> Session<'a> {
@@ -54,7 +52,6 @@ impl<'a> Session<'a> {
             declared: None,
             violation: None,
             intake: Intake::default(),
-            directory: false,
         };
         // Order is load-bearing (`docs/protocol.md#client-declaration`): the declaration is the
         // very next frame, before any queued frame is flushed, or those frames keep the account
@@ -94,11 +91,9 @@ impl<'a> Session<'a> {
         driver.input(Input::AccountName(auth.username.clone()));
         driver.input(Input::CarrierUp(Carrier::Relay));
         // Only a declared address can publish (`docs/protocol.md#key-package-directory`).
-        session.directory =
+        let directory =
             session.declared.is_some() && auth.capabilities.iter().any(|c| c == CAP_KEY_DIRECTORY);
-        if session.directory {
-            driver.send(Command::Directory(DirectoryReport::Available(true)));
-        }
+        driver.send(Command::Directory(DirectoryReport::Connected { directory }));
         // After the engine heard of it: a listener of the event reads the relay as up.
         driver.send(Command::Emit(ClientEvent::RelayStatusChanged {
             connected: true,
@@ -167,7 +162,7 @@ impl<'a> Session<'a> {
                 self.acks.push_back(frame);
                 Ok(())
             }
-            Some(RelayOut::Directory(frame)) => {
+            Some(RelayOut::Setup(frame)) => {
                 self.acks.push_back(frame.encode());
                 Ok(())
             }
@@ -458,9 +453,7 @@ impl<'a> Session<'a> {
             let _ = self.ws.send(close_message(code, "")).await;
         }
         self.presence.disconnected();
-        if self.directory {
-            self.directory_report(DirectoryReport::Available(false));
-        }
+        self.directory_report(DirectoryReport::Disconnected);
         self.driver.input(Input::CarrierDown(Carrier::Relay));
         self.answers.connection_lost(self.driver);
         for (id, send_seq, _, _) in self.sends.drain(..) {
