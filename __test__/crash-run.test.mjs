@@ -18,8 +18,8 @@ function run(args) {
   })
 }
 
-test('ten kills across the relay and both apps lose nothing, deliver nothing twice and deliver what nothing stood in the way of', async () => {
-  const { code, out } = await run(['--kills', '10', '--seed', '7', '--lifetime-ms', '4000', '--json'])
+async function tenKills(extra) {
+  const { code, out } = await run(['--kills', '10', '--seed', '7', '--lifetime-ms', '4000', '--json', ...extra])
   const report = JSON.parse(out.trim().split('\n').at(-1))
   assert.deepEqual(report.violations, [])
   assert.equal(code, 0)
@@ -34,4 +34,13 @@ test('ten kills across the relay and both apps lose nothing, deliver nothing twi
   // their life, which must all have been delivered (else they are among the violations).
   assert.ok(report.undisturbed > 0, 'the calm tail sent messages with nothing in their way')
   assert.ok(report.delivered > 0)
+  return report
+}
+
+test('ten kills across the relay and both apps lose nothing, deliver nothing twice and deliver what nothing stood in the way of', async () => {
+  await tenKills([])
+})
+
+test('the same with every message sealed in MLS sessions: nothing lost to a ratchet, nothing opened twice', async () => {
+  await tenKills(['--encryption'])
 })

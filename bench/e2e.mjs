@@ -1,7 +1,9 @@
 // Node benchmarks (`npm run bench`), end to end through the built addon:
 //  1. sendMessage throughput: durable accepts per second with concurrent sends (group commit);
 //  2. delivery between two processes through a loopback relay: delivered messages per second and
-//     send→ACK latency percentiles measured by the sender.
+//     send→ACK latency percentiles measured by the sender, in the clear and sealed in MLS
+//     sessions (addressed to the receiver's address, the session set up from the relay's
+//     key-package directory before the clock starts).
 // Figures go to BENCHMARKS.md; this is never part of `npm test`.
 import { spawn } from 'node:child_process'
 import { mkdtempSync, rmSync } from 'node:fs'
@@ -40,23 +42,31 @@ async function acceptThroughput() {
   return { accepts: ACCEPTS, seconds, perSecond: ACCEPTS / seconds }
 }
 
-function spawnReceiver(url, name) {
+function spawnReceiver(url, name, encryption) {
   const child = spawn(process.execPath, [fileURLToPath(new URL('./receiver.mjs', import.meta.url))], {
-    env: { ...process.env, BENCH_DB: join(dir, `${name}-bob.db`), BENCH_URL: url, BENCH_TOKEN: issueToken(SECRET, 'bob') },
+    env: {
+      ...process.env,
+      BENCH_DB: join(dir, `${name}-bob.db`),
+      BENCH_URL: url,
+      BENCH_TOKEN: issueToken(SECRET, 'bob'),
+      BENCH_ENCRYPTION: encryption ? '1' : '0',
+    },
     stdio: ['ignore', 'pipe', 'inherit'],
   })
   return new Promise((resolve) => {
-    createInterface({ input: child.stdout }).once('line', () => resolve(child))
+    createInterface({ input: child.stdout }).once('line', (address) => resolve({ child, address }))
   })
 }
 
-async function endToEnd(name, rateLimit, messages = MESSAGES, window = WINDOW) {
+async function endToEnd(name, rateLimit, messages = MESSAGES, window = WINDOW, encryption = false) {
   const relay = await Relay.start({ listen: '127.0.0.1:0', storage: { path: join(dir, `${name}-relay.db`) }, jwtSecret: SECRET, rateLimit })
-  const receiver = await spawnReceiver(relay.url, name)
+  const { child: receiver, address } = await spawnReceiver(relay.url, name, encryption)
+  const to = encryption ? address : 'bob'
   const alice = new Protocol({
     appId: 'bench',
     storage: { path: join(dir, `${name}-alice.db`) },
     transports: { internet: { url: relay.url, authToken: issueToken(SECRET, 'alice') } },
+    encryption: { enabled: encryption },
   })
   const latencies = []
   let done
@@ -81,13 +91,26 @@ async function endToEnd(name, rateLimit, messages = MESSAGES, window = WINDOW) {
       }
     })
   })
+  if (encryption) {
+    // The session first (a directory fetch and the Welcome), outside the measured stretch.
+    const warmup = await alice.sendMessage(to, 'hello')
+    await new Promise((resolve) => {
+      const off = alice.onEvent((e) => {
+        if (e.type === 'message_delivered' && e.messageId === warmup) {
+          off()
+          resolve()
+        }
+      })
+    })
+    latencies.length = 0
+  }
   const started = process.hrtime.bigint()
   // Keep at most WINDOW messages unacknowledged: the outbox holds 500.
   // Sends are not awaited one by one: concurrent sends share a commit, as in a real app.
   const accepted = []
   for (let i = 0; i < messages; i++) {
     while (i - latencies.length >= window) await new Promise((resolve) => (freeSlots = resolve))
-    accepted.push(alice.sendMessage('bob', `payload ${i}`))
+    accepted.push(alice.sendMessage(to, `payload ${i}`))
     if (accepted.length % 50 === 0) await new Promise(setImmediate)
   }
   await Promise.all(accepted)
@@ -116,9 +139,12 @@ try {
     ['saturated, default relay rate limit', undefined, MESSAGES, WINDOW],
     ['saturated, relay rate limit lifted', lifted, MESSAGES, WINDOW],
     ['one message at a time', undefined, 500, 1],
+    ['saturated, default relay rate limit, sealed', undefined, MESSAGES, WINDOW, true],
+    ['saturated, relay rate limit lifted, sealed', lifted, MESSAGES, WINDOW, true],
+    ['one message at a time, sealed', undefined, 500, 1, true],
   ]
-  for (const [name, rateLimit, messages, window] of runs) {
-    const e2e = await endToEnd(name.replace(/\W+/g, '-'), rateLimit, messages, window)
+  for (const [name, rateLimit, messages, window, encryption] of runs) {
+    const e2e = await endToEnd(name.replace(/\W+/g, '-'), rateLimit, messages, window, encryption)
     console.log(`end to end (${name}, window ${window}): ${e2e.messages} delivered in ${e2e.seconds.toFixed(2)} s = ${Math.round(e2e.deliveredPerSecond)}/s; send→ACK latency p50 ${e2e.p50} ms, p99 ${e2e.p99} ms`)
   }
 } finally {

@@ -22,7 +22,7 @@ import { parseArgs } from 'node:util'
 
 import Database from 'better-sqlite3'
 
-import { issueToken } from '../js/index.js'
+import { Protocol, issueToken } from '../js/index.js'
 import { mulberry32 } from './crash/rng.mjs'
 import { Supervised, deadline } from './crash/supervisor.mjs'
 import { verify } from './crash/verify.mjs'
@@ -47,6 +47,7 @@ const { values: opt } = parseArgs({
     'calm-ms': { type: 'string', default: '2000' },
     'quiesce-ms': { type: 'string', default: '180000' },
     keep: { type: 'boolean', default: false },
+    encryption: { type: 'boolean', default: false },
     json: { type: 'boolean', default: false },
     help: { type: 'boolean', default: false },
   },
@@ -64,6 +65,7 @@ if (opt.help) {
   --pause-ms N      mean pause between an app's send bursts of 1-3 messages (default 100)
   --hook-delay-ms N mean pause of the durability hook after its commit, before it resolves (default 10)
   --ghost-share X   share of messages sent to an account that never connects (default 0.02)
+  --encryption      every message sealed in MLS sessions (recipients by address)
   --lifetime-ms N   outbox lifetime, so those end in message_failed (default 30000)
   --calm-ms N       how long the apps go on sending once all three are up and connected after
                     the last kill (default 2000)
@@ -102,6 +104,25 @@ const relay = new Supervised('relay', {
 const [port] = await deadline(relay.start().ready, READY_MS, 'relay start')
 relayPort = Number(port)
 
+/**
+ * With --encryption recipients are addresses: each app's identity is made on its own storage
+ * file before the run (the apps keep it), and the account that never connects is an address too.
+ */
+async function identity(storage) {
+  const protocol = new Protocol({ appId: 'crash-run', storage, encryption: { enabled: true } })
+  await protocol.start()
+  const address = protocol.localAddress()
+  await protocol.stop()
+  return address
+}
+const addresses = opt.encryption
+  ? {
+      alice: await identity({ path: join(dir, 'alice.db') }),
+      bob: await identity({ path: join(dir, 'bob.db') }),
+      ghost: await identity({ memory: true }),
+    }
+  : { alice: 'alice', bob: 'bob', ghost: 'ghost' }
+
 function peer(name, other) {
   const files = { storage: join(dir, `${name}.db`), inbox: join(dir, `${name}-inbox.db`), log: join(dir, `${name}.log`) }
   const proc = new Supervised(name, {
@@ -109,8 +130,9 @@ function peer(name, other) {
     env: (incarnation) => ({
       CRASH_PEER: JSON.stringify({
         name,
-        peer: other,
-        ghost: 'ghost',
+        peer: addresses[other],
+        ghost: addresses.ghost,
+        encryption: opt.encryption,
         ghostShare: num('ghost-share'),
         pauseMs: num('pause-ms'),
         hookDelayMs: num('hook-delay-ms'),
@@ -247,6 +269,7 @@ const report = {
     lost: t.terminalLost,
   },
   receivedEvents: { logged: t.receivedEvents, cutByKill: t.receivedEventsCut },
+  undecryptableAttempts: t.undecryptableAttempts,
   perPeer: result.perPeer,
   quiesceSec,
   durationSec: (Date.now() - t0) / 1000,
@@ -272,6 +295,7 @@ crash run, seed ${seed}: node scripts/crash-run.mjs ${rerun}
   redeliveries the inbox's dedup key absorbed: ${t.redeliveriesAbsorbed}
   terminal events    ${t.terminalOnce} seen once; after a kill of the sender, ${t.terminalReplayedAfterKill} seen again (replayed), ${t.terminalFirstSeenReplayed} first seen as a replay; ${t.terminalLost} lost
   message_received   ${t.receivedEvents} logged, ${t.receivedEventsCut} cut by a kill of the recipient (message in its inbox)
+  undecryptable      ${t.undecryptableAttempts} attempts (each recovered by the sender's re-sealed retry, or counted above)
   quiescence         ${quiesceSec.toFixed(1)} s after the last kill
   duration           ${report.durationSec.toFixed(1)} s
   ${violations.length === 0 ? 'no violations' : `${violations.length} VIOLATIONS:\n    ${violations.slice(0, 50).join('\n    ')}`}`)

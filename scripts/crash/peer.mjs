@@ -69,7 +69,8 @@ const protocol = new Protocol({
   appId: 'crash-run',
   storage: { path: cfg.storage },
   transports: { internet: { url: cfg.relayUrl, authToken: cfg.token } },
-  reliability: { retry: { outboxMaxLifetimeMs: cfg.lifetimeMs } },
+  reliability: { retry: { outboxMaxLifetimeMs: cfg.lifetimeMs, pendingMessageMaxLifetimeMs: cfg.lifetimeMs } },
+  encryption: { enabled: cfg.encryption },
   // The pause after the commit widens the window in which a kill lands between the app's commit
   // and the hook's resolution: the batch must then come back, and the dedup key absorb it.
   inboundDurabilityHook: async (batch) => {
@@ -98,6 +99,8 @@ protocol.onEvent((e) => {
       return log({ t: 'received', id: e.messageId, chat: e.chat, sender: e.sender })
     case 'internet_session_superseded':
       return log({ t: 'superseded', reason: e.reason })
+    case 'message_decryption_failed':
+      return log({ t: 'undecryptable', id: e.messageId, code: e.code, reason: e.reason })
     case 'security_warning':
       return log({ t: 'security_warning', code: e.reasonCode, reason: e.reason })
     case 'diagnostic':

@@ -22,14 +22,7 @@ const SECRET: &[u8] = b"forged-sender-secret";
 const BOBS_ID: &str = "chat-42";
 
 fn config(name: &str, dir: &std::path::Path, url: &str) -> serde_json::Value {
-    json!({
-        "appId": "forged",
-        "storage": { "path": dir.join(format!("{name}.db")) },
-        "transports": { "internet": {
-            "url": url,
-            "authToken": courier_relay::issue_token(SECRET, name, 3600).unwrap(),
-        } },
-    })
+    support::relay_app("forged", name, dir, url, SECRET, json!({}))
 }
 
 /// Mallory authenticates as herself and writes one `SendMessage` carrying `forged`; returns once

@@ -20,20 +20,19 @@ use support::{address, connected, engine, wait_for};
 const SECRET: &[u8] = b"sealed-sessions-secret";
 
 fn config(name: &str, dir: &std::path::Path, url: &str) -> serde_json::Value {
-    json!({
-        "appId": "sealed",
-        "storage": { "path": dir.join(format!("{name}.db")) },
-        "transports": { "internet": {
-            "url": url,
-            "authToken": courier_relay::issue_token(SECRET, name, 3600).unwrap(),
-        } },
-        "encryption": { "enabled": true },
-        "logLevel": "info",
-    })
+    support::relay_app(
+        "sealed",
+        name,
+        dir,
+        url,
+        SECRET,
+        json!({ "encryption": { "enabled": true }, "logLevel": "info" }),
+    )
 }
 
+/// The relay's answer once this device's packages are in the directory.
 fn published(e: &ClientEvent) -> bool {
-    matches!(e, ClientEvent::Diagnostic { message, .. } if message.contains("publishing"))
+    matches!(e, ClientEvent::Diagnostic { message, .. } if message.contains("holds 10 one-time"))
 }
 
 /// Every event until `n` of them matched `pred` (within 20 s); returns the matching ones.

@@ -107,3 +107,27 @@ pub fn engine(e: &ClientEvent) -> Option<&Event> {
         _ => None,
     }
 }
+
+/// The config of app `name` (app id `app_id`) with its database in `dir`, over the relay at
+/// `url` with a token signed by `secret`; `extra` adds top-level keys.
+pub fn relay_app(
+    app_id: &str,
+    name: &str,
+    dir: &std::path::Path,
+    url: &str,
+    secret: &[u8],
+    extra: serde_json::Value,
+) -> serde_json::Value {
+    let mut config = serde_json::json!({
+        "appId": app_id,
+        "storage": { "path": dir.join(format!("{name}.db")) },
+        "transports": { "internet": {
+            "url": url,
+            "authToken": courier_relay::issue_token(secret, name, 3600).unwrap(),
+        } },
+    });
+    if let (Some(config), serde_json::Value::Object(extra)) = (config.as_object_mut(), extra) {
+        config.extend(extra);
+    }
+    config
+}
