@@ -49,6 +49,8 @@ pub struct NativeStats {
     /// Carriers available now: the relay, the gateway once attached, and each registered local
     /// transport.
     pub carriers_up: f64,
+    /// Messages waiting for an end-to-end session with their recipient (the pre-session queue).
+    pub pre_session: f64,
 }
 
 /// Where a `Protocol` stands; `Starting` makes a concurrent second `start()` fail with
@@ -180,6 +182,7 @@ impl NativeProtocol {
             retry_queue: s.retry_queue as f64,
             parked: s.parked as f64,
             carriers_up: s.carriers_up as f64,
+            pre_session: s.pre_session as f64,
         })
     }
 

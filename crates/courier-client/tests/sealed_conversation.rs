@@ -15,58 +15,12 @@ use courier_client::config::parse_protocol_config;
 use courier_client::event::ClientEvent;
 use courier_engine::Event;
 use courier_relay::{RelayConfig, Storage};
-use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
 use support::{address, connected, engine, wait_for};
-use tokio::net::TcpListener;
-use tokio_tungstenite::tungstenite::Message as WsMessage;
 
 const SECRET: &[u8] = b"sealed-conversation-secret";
 const EACH_WAY: usize = 500;
 const STRETCHES: usize = 4;
-
-/// A WebSocket proxy on a loopback port in front of `relay`: every text frame in either
-/// direction is forwarded and kept in `seen`.
-async fn watching_proxy(relay: String, seen: Arc<Mutex<Vec<String>>>) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("ws://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let (relay, seen) = (relay.clone(), Arc::clone(&seen));
-            tokio::spawn(async move {
-                let Ok(client) = tokio_tungstenite::accept_async(tcp).await else {
-                    return;
-                };
-                let Ok((upstream, _)) = tokio_tungstenite::connect_async(relay.as_str()).await
-                else {
-                    return;
-                };
-                let (mut to_client, mut from_client) = client.split();
-                let (mut to_relay, mut from_relay) = upstream.split();
-                let record = |m: &WsMessage| {
-                    if let WsMessage::Text(text) = m {
-                        seen.lock().unwrap().push(text.to_string());
-                    }
-                };
-                loop {
-                    tokio::select! {
-                        m = from_client.next() => match m {
-                            Some(Ok(m)) => { record(&m); if to_relay.send(m).await.is_err() { break } }
-                            _ => break,
-                        },
-                        m = from_relay.next() => match m {
-                            Some(Ok(m)) => { record(&m); if to_client.send(m).await.is_err() { break } }
-                            _ => break,
-                        },
-                    }
-                }
-                let _ = to_client.close().await;
-                let _ = to_relay.close().await;
-            });
-        }
-    });
-    url
-}
 
 fn config(name: &str, dir: &std::path::Path, url: &str) -> serde_json::Value {
     support::relay_app(
@@ -127,7 +81,15 @@ async fn a_thousand_sealed_messages_both_ways_with_the_recipient_offline_half_th
     .await
     .unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let url = watching_proxy(relay.url(), Arc::clone(&seen)).await;
+    let tap_seen = Arc::clone(&seen);
+    let url = support::proxy(
+        relay.url(),
+        Arc::new(move |_: support::Toward, frame: &str| {
+            tap_seen.lock().unwrap().push(frame.to_owned());
+            Vec::new()
+        }),
+    )
+    .await;
     let start =
         |name| support::start(&parse_protocol_config(&config(name, dir.path(), &url)).unwrap());
 

@@ -13,6 +13,7 @@ use courier_client::client::SendInput;
 use courier_client::config::parse_protocol_config;
 use courier_client::event::ClientEvent;
 use courier_engine::Event;
+use courier_proto::{ack_id, ClientFrame, Message, RelayFrame, MLS_ENC_PREFIX};
 use courier_relay::{RelayConfig, Storage};
 use serde_json::json;
 use support::{address, connected, engine, wait_for};
@@ -28,6 +29,13 @@ fn config(name: &str, dir: &std::path::Path, url: &str) -> serde_json::Value {
         SECRET,
         json!({ "encryption": { "enabled": true }, "logLevel": "info" }),
     )
+}
+
+/// A relay on a loopback port, with or without the key-package directory.
+async fn start_relay(storage: Storage, key_directory: bool) -> courier_relay::RelayHandle {
+    let mut config = RelayConfig::new("127.0.0.1:0".parse().unwrap(), storage, SECRET.to_vec());
+    config.key_directory = key_directory;
+    courier_relay::start(config).await.unwrap()
 }
 
 /// The relay's answer once this device's packages are in the directory.
@@ -91,13 +99,7 @@ async fn without_the_directory_a_first_message_waits_for_the_round_trip_through_
 async fn first_message_to_an_offline_peer(key_directory: bool) {
     let dir = tempfile::tempdir().unwrap();
     let relay_db = dir.path().join("relay.db");
-    let mut relay_config = RelayConfig::new(
-        "127.0.0.1:0".parse().unwrap(),
-        Storage::Path(relay_db.clone()),
-        SECRET.to_vec(),
-    );
-    relay_config.key_directory = key_directory;
-    let relay = courier_relay::start(relay_config).await.unwrap();
+    let relay = start_relay(Storage::Path(relay_db.clone()), key_directory).await;
     let url = relay.url();
     let start =
         |name| support::start(&parse_protocol_config(&config(name, dir.path(), &url)).unwrap());
@@ -223,13 +225,7 @@ async fn with_encryption_a_recipient_must_be_an_address() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_without_encryption_reports_a_sealed_message_and_never_shows_it() {
     let dir = tempfile::tempdir().unwrap();
-    let relay = courier_relay::start(RelayConfig::new(
-        "127.0.0.1:0".parse().unwrap(),
-        Storage::Memory,
-        SECRET.to_vec(),
-    ))
-    .await
-    .unwrap();
+    let relay = start_relay(Storage::Memory, true).await;
     let url = relay.url();
     let mut plain = config("bob", dir.path(), &url);
     plain["encryption"]["enabled"] = json!(false);
@@ -264,6 +260,80 @@ async fn a_device_without_encryption_reports_a_sealed_message_and_never_shows_it
         matches!(engine(&failed), Some(Event::MessageDecryptionFailed { code, .. }) if *code == "ENCRYPTION_DISABLED"),
         "{}",
         failed.to_json()
+    );
+    alice.stop().await;
+    bob.stop().await;
+    relay.stop().await;
+}
+
+/// The relay (here a proxy in front of it) forges the recipient's ACK for every sealed message
+/// Alice sends: stamped as Bob's address and account, claiming Bob, in the clear. With sessions
+/// it settles nothing; Bob's own sealed ACK, once he is back, does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_forged_ack_does_not_settle() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = start_relay(Storage::Memory, true).await;
+    let forge = |toward, frame: &str| {
+        let Ok(ClientFrame::SendMessage { content, .. }) = ClientFrame::decode(frame) else {
+            return Vec::new();
+        };
+        let envelope = Message::decode(&content).unwrap();
+        if toward != support::Toward::Relay || !envelope.content.starts_with(MLS_ENC_PREFIX) {
+            return Vec::new();
+        }
+        let ack = envelope.ack(
+            ack_id(&envelope.recipient, &envelope.id),
+            envelope.timestamp,
+            "internet",
+        );
+        let forged = RelayFrame::MessageReceived {
+            seq: None,
+            sender: envelope.recipient.clone(),
+            sender_account: Some("bob".into()),
+            message_id: ack.id.clone(),
+            content: ack.encode(),
+            timestamp: 1,
+            reply_to_msg: None,
+        };
+        vec![forged.encode()]
+    };
+    let url = support::proxy(relay.url(), std::sync::Arc::new(forge)).await;
+    let start =
+        |name| support::start(&parse_protocol_config(&config(name, dir.path(), &url)).unwrap());
+
+    let (bob, bob_events) = start("bob");
+    let bob_address =
+        address(&wait_for(&bob_events, "bob's identity", |e| address(e).is_some()).await).unwrap();
+    wait_for(&bob_events, "bob's key packages published", published).await;
+    bob.stop().await;
+
+    let (alice, alice_events) = start("alice");
+    wait_for(&alice_events, "alice online", connected).await;
+    let id = alice
+        .send(SendInput {
+            recipient: bob_address.clone(),
+            content: "are you there?".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let ignored = wait_for(&alice_events, "the forged ACK ignored", |e| {
+        matches!(e, ClientEvent::Engine(e) if matches!(&**e, Event::Diagnostic { message, .. } if message.contains("not sealed")))
+            || matches!(engine(e), Some(Event::MessageDelivered { .. }))
+    })
+    .await;
+    assert!(
+        !matches!(engine(&ignored), Some(Event::MessageDelivered { .. })),
+        "a forged ACK settled the message"
+    );
+
+    let (bob, _bob_events) = start("bob");
+    let delivered = wait_for(&alice_events, "bob's own ACK", |e| {
+        matches!(engine(e), Some(Event::MessageDelivered { .. }))
+    })
+    .await;
+    assert!(
+        matches!(engine(&delivered), Some(Event::MessageDelivered { message_id, .. }) if *message_id == id)
     );
     alice.stop().await;
     bob.stop().await;

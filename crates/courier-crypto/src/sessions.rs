@@ -10,11 +10,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use courier_proto::{Address, IdentityKey};
+use openmls::framing::errors::MessageDecryptionError;
 use openmls::prelude::tls_codec::{Deserialize as _, Serialize as _};
 use openmls::prelude::{
     BasicCredential, Capabilities, Ciphersuite, CredentialWithKey, ExtensionType, GroupId,
     KeyPackage, KeyPackageIn, MlsGroup, MlsGroupCreateConfig, MlsGroupJoinConfig, MlsMessageBodyIn,
-    MlsMessageIn, ProcessedMessageContent, ProtocolMessage, ProtocolVersion, StagedWelcome,
+    MlsMessageIn, ProcessMessageError, ProcessedMessageContent, ProtocolMessage, ProtocolVersion,
+    SenderRatchetConfiguration, StagedWelcome, ValidationError,
 };
 use openmls_rust_crypto::RustCrypto;
 use openmls_traits::signatures::{Signer, SignerError};
@@ -43,6 +45,10 @@ pub enum SessionError {
     NoSession(Address),
     #[error("the message belongs to no current session with {0}")]
     UnknownGroup(Address),
+    /// The key of the message is spent: this device opened it already (or skipped past it
+    /// further than the ratchet keeps keys), so this copy is a replay.
+    #[error("a copy of a message from {0} whose key is spent")]
+    Spent(Address),
     #[error("MLS refused it: {0}")]
     Mls(String),
     #[error(transparent)]
@@ -73,6 +79,26 @@ pub enum Joined {
     /// A repeat of the Welcome of the session this device already joined: nothing changes.
     Already,
 }
+
+/// How far a receiver's ratchet reaches. Back: a message not kept (refused, or over the hook's
+/// buffer) opens again on redelivery even after this many later ones opened. Forward: messages
+/// that never arrive (expired in a mailbox, failed by their sender) leave a gap of this many
+/// generations before later ones stop opening.
+fn ratchet() -> SenderRatchetConfiguration {
+    SenderRatchetConfiguration::new(OUT_OF_ORDER_TOLERANCE, MAXIMUM_FORWARD_DISTANCE)
+}
+const OUT_OF_ORDER_TOLERANCE: u32 = 1_000;
+
+/// Whether a secret-tree error says the message's key is gone (openmls does not export the
+/// error's type, only its words): a replay of a message opened before.
+fn spent(error: &impl std::fmt::Display) -> bool {
+    matches!(
+        error.to_string().as_str(),
+        "Generation is too old to be processed."
+            | "The requested secret was deleted to preserve forward secrecy."
+    )
+}
+const MAXIMUM_FORWARD_DISTANCE: u32 = 100_000;
 
 /// The identity key as openmls's signer: pure Ed25519 over what openmls asks to sign.
 struct IdentitySigner(IdentityKey);
@@ -289,6 +315,7 @@ impl Sessions {
         let config = MlsGroupCreateConfig::builder()
             .ciphersuite(CIPHERSUITE)
             .use_ratchet_tree_extension(true)
+            .sender_ratchet_configuration(ratchet())
             .build();
         let mut group = MlsGroup::new(
             &self.provider,
@@ -326,6 +353,7 @@ impl Sessions {
         };
         let config = MlsGroupJoinConfig::builder()
             .use_ratchet_tree_extension(true)
+            .sender_ratchet_configuration(ratchet())
             .build();
         let ours = self.sessions.get(&from).map(|s| &s.record);
         let staged = match StagedWelcome::new_from_welcome(&self.provider, &config, welcome, None) {
@@ -468,7 +496,12 @@ impl Sessions {
         let processed = session
             .group
             .process_message(&self.provider, message)
-            .map_err(mls)?;
+            .map_err(|e| match e {
+                ProcessMessageError::ValidationError(ValidationError::UnableToDecrypt(
+                    MessageDecryptionError::SecretTreeError(tree),
+                )) if spent(&tree) => SessionError::Spent(*from),
+                e => mls(e),
+            })?;
         let sender_key = session
             .group
             .members()

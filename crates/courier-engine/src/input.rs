@@ -75,6 +75,13 @@ pub enum Input {
         code: &'static str,
         reason: String,
     },
+    /// The runtime drops an inbound frame unprocessed — a replayed sealed copy whose key is
+    /// spent, a repeat of something this device already opened: its relay frame is released,
+    /// with a debug diagnostic saying why.
+    Discard {
+        origin: InboundOrigin,
+        reason: String,
+    },
     /// The runtime holds an end-to-end session with the device `recipient` names: what waits
     /// for it in the pre-session queue enters the outbox, and later sends to it go straight there.
     SessionReady { recipient: String },

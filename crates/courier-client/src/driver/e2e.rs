@@ -34,7 +34,7 @@ fn failure_code(error: &SessionError) -> &'static str {
         SessionError::NoSession(_) | SessionError::UnknownGroup(_) => code::NO_SESSION,
         SessionError::NotBound { .. } => code::NOT_BOUND,
         SessionError::Malformed { .. } => code::MALFORMED,
-        SessionError::Mls(_) | SessionError::Store(_) => code::REFUSED,
+        SessionError::Mls(_) | SessionError::Store(_) | SessionError::Spent(_) => code::REFUSED,
     }
 }
 
@@ -277,8 +277,17 @@ impl E2e {
                 }
             }
         });
-        if let Err(e) = opened {
-            unopened = Some((failure_code(&e), e.to_string()));
+        match opened {
+            Err(SessionError::Spent(_)) => {
+                let reason = format!(
+                    "dropped {} from {sealer}: a repeat of a sealed message already opened",
+                    message.id
+                );
+                step.apply(engine, Input::Discard { origin, reason }, now);
+                return;
+            }
+            Err(e) => unopened = Some((failure_code(&e), e.to_string())),
+            Ok(_) => {}
         }
         if let Some((code, reason)) = unopened {
             step.apply(engine, undecryptable(origin, code, reason), now);

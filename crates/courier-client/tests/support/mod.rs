@@ -131,3 +131,66 @@ pub fn relay_app(
     }
     config
 }
+
+/// Which way a frame crosses [`proxy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Toward {
+    Relay,
+    Client,
+}
+
+/// Sees every text frame crossing [`proxy`]; what it returns is written to the client right
+/// after that frame.
+pub type Tap = std::sync::Arc<dyn Fn(Toward, &str) -> Vec<String> + Send + Sync>;
+
+/// A WebSocket proxy on a loopback port in front of the relay at `relay`: every text frame in
+/// either direction is forwarded and shown to `tap`. Returns the proxy's URL.
+pub async fn proxy(relay: String, tap: Tap) -> String {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message as WsMessage;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (relay, tap) = (relay.clone(), std::sync::Arc::clone(&tap));
+            tokio::spawn(async move {
+                let Ok(client) = tokio_tungstenite::accept_async(tcp).await else {
+                    return;
+                };
+                let Ok((upstream, _)) = tokio_tungstenite::connect_async(relay.as_str()).await
+                else {
+                    return;
+                };
+                let (mut to_client, mut from_client) = client.split();
+                let (mut to_relay, mut from_relay) = upstream.split();
+                loop {
+                    let (toward, frame) = tokio::select! {
+                        m = from_client.next() => (Toward::Relay, m),
+                        m = from_relay.next() => (Toward::Client, m),
+                    };
+                    let Some(Ok(frame)) = frame else { break };
+                    let injected = match &frame {
+                        WsMessage::Text(text) => tap(toward, text.as_str()),
+                        _ => Vec::new(),
+                    };
+                    let sent = match toward {
+                        Toward::Relay => to_relay.send(frame).await,
+                        Toward::Client => to_client.send(frame).await,
+                    };
+                    if sent.is_err() {
+                        break;
+                    }
+                    for extra in injected {
+                        if to_client.send(WsMessage::text(extra)).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+                let _ = to_client.close().await;
+                let _ = to_relay.close().await;
+            });
+        }
+    });
+    url
+}

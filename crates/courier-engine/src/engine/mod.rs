@@ -180,6 +180,10 @@ impl Engine {
                 code,
                 reason,
             } => self.undecryptable(message_id, sender, &origin, code, reason),
+            Input::Discard { origin, reason } => {
+                self.diagnostic(DiagnosticLevel::Debug, reason);
+                self.release_frame(&origin);
+            }
             Input::Timeout => self.timeout(now),
         }
         self.end_call();

@@ -203,3 +203,17 @@ fn a_buffered_message_is_known_before_the_hook_commits_it() {
         "the hook path keeps the mark"
     );
 }
+
+#[test]
+fn a_discarded_frame_is_released_and_nothing_else() {
+    let mut sim = Sim::with_defaults();
+    sim.carrier_up();
+    let mark = sim.mark();
+    sim.input(Input::Discard {
+        origin: in_clear(BOB, 1),
+        reason: "a repeat".into(),
+    });
+    assert_eq!(count(&sim, mark, is_release), 1);
+    assert_eq!(count(&sim, mark, is_ack), 0);
+    assert!(events_since(&sim, mark).all(|e| matches!(e, Event::Diagnostic { .. })));
+}
