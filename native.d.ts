@@ -158,6 +158,8 @@ export interface NativeStats {
    * transport.
    */
   carriersUp: number
+  /** Messages waiting for an end-to-end session with their recipient (the pre-session queue). */
+  preSession: number
 }
 
 export declare function relayCliHelp(): string

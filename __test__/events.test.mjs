@@ -13,7 +13,7 @@ import { test } from 'node:test'
 import { fileURLToPath } from 'node:url'
 
 import { Gateway, Protocol } from '../js/index.js'
-import { peerConfig, record, startRelay, started, tempDir, unsignedControlFrame, until, waitFor } from './helpers.mjs'
+import { peerConfig, record, sealedFrame, startRelay, started, tempDir, unsignedControlFrame, until, waitFor } from './helpers.mjs'
 
 /** Declared keys no run of this test can produce, and why. */
 const NOT_PRODUCED_HERE = {
@@ -143,6 +143,9 @@ test('every public event occurs, and each matches its declared type', async (t) 
   // A control frame without a valid signature is reported.
   lonely.receiveFrame('void', 'mallory', unsignedControlFrame(lonely.localAddress()))
   await waitFor(lonelyEvents, (e) => e.type === 'security_warning')
+  // A sealed frame on a device without encryption is reported, never shown.
+  lonely.receiveFrame('void', 'mallory', sealedFrame(lonely.localAddress()))
+  await waitFor(lonelyEvents, (e) => e.type === 'message_decryption_failed' && e.code === 'ENCRYPTION_DISABLED')
 
   // A device attached to a gateway.
   const gateway = await Gateway.start()

@@ -37,6 +37,15 @@ export function peerConfig(name, dir, relayUrl, extra = {}) {
   }
 }
 
+/** A frame from `mallory` to `recipient` that claims to be sealed in an MLS session. */
+export function sealedFrame(recipient) {
+  return JSON.stringify({
+    id: 'sealed-1', sender: 'mallory', recipient, app_id: 'test', priority: 'medium',
+    ttl: 5, hop_count: 0, timestamp: 0, lamport_clock: 0, content_type: 'text', content: '__MLS_ENC__AAAA',
+    metadata: {}, requires_ack: true, reply_to_msg: null,
+  })
+}
+
 /** A connection-request control frame from `mallory` to `recipient` that carries no signature. */
 export function unsignedControlFrame(recipient) {
   return JSON.stringify({

@@ -20,7 +20,7 @@ test('--help documents every flag', () => {
     .map((line) => line.trimStart())
     .filter((line) => line.startsWith('--'))
     .map((line) => line.split(/\s/)[0])
-  const flags = ['--listen', '--db', '--memory', '--jwt-secret-file', '--no-mailbox', '--mailbox-max-messages', '--mailbox-max-bytes', '--mailbox-ttl-ms', '--rate-burst', '--rate-per-sec', '--tls-cert', '--tls-key', '--help']
+  const flags = ['--listen', '--db', '--memory', '--jwt-secret-file', '--no-mailbox', '--no-key-directory', '--mailbox-max-messages', '--mailbox-max-bytes', '--mailbox-ttl-ms', '--rate-burst', '--rate-per-sec', '--tls-cert', '--tls-key', '--help']
   assert.deepEqual(documented.sort(), flags.sort())
 })
 

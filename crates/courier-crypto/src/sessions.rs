@@ -32,8 +32,6 @@ pub const CIPHERSUITE: Ciphersuite = Ciphersuite::MLS_128_DHKEMX25519_AES128GCM_
 
 /// The label of our own rows beside openmls's: which group is the session with a peer.
 const SESSION: &str = "session";
-/// Which device a recipient identifier (an account name, or an address) names.
-const RECIPIENT: &str = "recipient";
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -227,38 +225,6 @@ impl Sessions {
 
     pub fn has_session(&self, peer: &Address) -> bool {
         self.sessions.contains_key(peer)
-    }
-
-    /// Records that `recipient` — what the app addresses, an account name or an address — names
-    /// the device `peer` (as the relay's directory answered, or a session established with it).
-    /// Kept with the session state, so it commits and rolls back with it.
-    pub fn bind(&mut self, recipient: &str, peer: Address) -> Result<(), SessionError> {
-        self.provider.store.put(RECIPIENT, &recipient, &peer)?;
-        Ok(())
-    }
-
-    /// The device `recipient` names, if known; an address names itself.
-    pub fn device_of(&self, recipient: &str) -> Result<Option<Address>, SessionError> {
-        if let Ok(address) = Address::parse(recipient) {
-            return Ok(Some(address));
-        }
-        Ok(self.provider.store.get(RECIPIENT, &recipient)?)
-    }
-
-    /// Every recipient with a session with the device it names: what the engine is told is
-    /// ready at start.
-    pub fn ready_recipients(&self) -> Result<Vec<(String, Address)>, SessionError> {
-        let mut ready: Vec<(String, Address)> = self
-            .provider
-            .store
-            .all::<String, Address>(RECIPIENT)?
-            .into_iter()
-            .filter(|(_, peer)| self.sessions.contains_key(peer))
-            .collect();
-        ready.extend(self.sessions.keys().map(|peer| (peer.to_string(), *peer)));
-        ready.sort();
-        ready.dedup();
-        Ok(ready)
     }
 
     /// The Welcome to send ahead of a message to `peer`: this device started the session and

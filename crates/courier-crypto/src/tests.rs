@@ -88,6 +88,7 @@ fn a_restart_from_the_committed_rows_continues_the_session() {
 
     let (mut alice, mut bob) = (alice_rows.restart(1), bob_rows.restart(2));
     assert!(alice.has_session(&bob.address()) && bob.has_session(&alice.address()));
+    assert_eq!(alice.peers().copied().collect::<Vec<_>>(), [bob.address()]);
     let sealed = alice.seal(&bob.address(), b"after").unwrap();
     assert_eq!(bob.open(&alice.address(), &sealed).unwrap(), b"after");
     let sealed = bob.seal(&alice.address(), b"back").unwrap();
@@ -191,29 +192,6 @@ fn a_message_is_only_opened_as_its_mls_sender() {
     assert!(
         bob.open(&alice.address(), &from_carol).is_err(),
         "a message of Carol's session is not Alice's"
-    );
-}
-
-#[test]
-fn recipients_name_devices_and_the_binding_commits_with_the_sessions() {
-    let (mut alice, mut bob) = (device(1), device(2));
-    let mut alice_rows = Rows::default();
-    connect(&mut alice, &mut bob);
-    alice.bind("bob", bob.address()).unwrap();
-    assert_eq!(alice.device_of("bob").unwrap(), Some(bob.address()));
-    let bobs = bob.address().to_string();
-    assert_eq!(alice.device_of(&bobs).unwrap(), Some(bob.address()));
-    assert_eq!(alice.device_of("carol").unwrap(), None);
-    alice_rows.apply(alice.commit());
-
-    alice.bind("carol", device(3).address()).unwrap();
-    alice.rollback().unwrap();
-    assert_eq!(alice.device_of("carol").unwrap(), None, "rolled back");
-
-    let alice = alice_rows.restart(1);
-    assert_eq!(
-        alice.ready_recipients().unwrap(),
-        [("bob".to_owned(), bob.address()), (bobs, bob.address())]
     );
 }
 
