@@ -32,6 +32,8 @@ fn sessions(c: &mut Criterion) {
             std::hint::black_box((sealed, alice.commit()));
         })
     });
+    // A fresh pair: the sealing above ran Alice's ratchet far ahead of anything Bob opened.
+    let (mut alice, mut bob) = pair();
     c.bench_function("open 200 B + take the step's changes", |b| {
         b.iter_custom(|iters| {
             let sealed: Vec<Vec<u8>> = (0..iters)
@@ -48,9 +50,27 @@ fn sessions(c: &mut Criterion) {
     });
 }
 
+/// The floor under `open`: the one Ed25519 verification MLS requires per message (the sender's
+/// signature over the message content), alone.
+fn signature_floor(c: &mut Criterion) {
+    let key = IdentityKey::from_seed([3; 32]);
+    let public = key.public_key();
+    let signature = key.sign(&PLAINTEXT);
+    c.bench_function("Ed25519 verify of 200 B (the floor under open)", |b| {
+        b.iter(|| {
+            std::hint::black_box(courier_proto::verify_strict(
+                &public, &PLAINTEXT, &signature,
+            ))
+        })
+    });
+    c.bench_function("Ed25519 sign of 200 B (the floor under seal)", |b| {
+        b.iter(|| std::hint::black_box(key.sign(&PLAINTEXT)))
+    });
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().measurement_time(Duration::from_secs(5));
-    targets = sessions
+    targets = sessions, signature_floor
 }
 criterion_main!(benches);
