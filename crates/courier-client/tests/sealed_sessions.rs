@@ -43,14 +43,15 @@ fn published(e: &ClientEvent) -> bool {
     matches!(e, ClientEvent::Diagnostic { message, .. } if message.contains("holds 10 one-time"))
 }
 
-/// Every event until `n` of them matched `pred` (within 20 s); returns the matching ones.
+/// Every event until `n` of them matched `pred` (within 30 s: a message sealed in a session that
+/// lost a tie waits out one ACK timeout); returns the matching ones.
 async fn collect(
     events: &mpsc::Receiver<ClientEvent>,
     what: &str,
     n: usize,
     pred: impl Fn(&ClientEvent) -> bool,
 ) -> Vec<ClientEvent> {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(30);
     let mut found = Vec::new();
     while found.len() < n {
         match events.try_recv() {
@@ -335,6 +336,62 @@ async fn a_relay_forged_ack_does_not_settle() {
     assert!(
         matches!(engine(&delivered), Some(Event::MessageDelivered { message_id, .. }) if *message_id == id)
     );
+    alice.stop().await;
+    bob.stop().await;
+    relay.stop().await;
+}
+
+async fn send_to(client: &courier_client::client::Client, to: &str, text: String) -> String {
+    let input = SendInput {
+        recipient: to.to_owned(),
+        content: text,
+        ..Default::default()
+    };
+    client.send(input).await.unwrap()
+}
+
+/// Both devices start a session with each other at once, each from the other's published key
+/// package: the lower address's session wins on both sides, and every message of either arrives
+/// once (one sealed in the losing session is sealed again in the winner's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_sides_starting_at_once_end_in_one_session_and_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = start_relay(Storage::Memory, true).await;
+    let url = relay.url();
+    let start =
+        |name| support::start(&parse_protocol_config(&config(name, dir.path(), &url)).unwrap());
+    let (alice, alice_events) = start("alice");
+    let (bob, bob_events) = start("bob");
+    let alice_address =
+        address(&wait_for(&alice_events, "alice's identity", |e| address(e).is_some()).await)
+            .unwrap();
+    let bob_address =
+        address(&wait_for(&bob_events, "bob's identity", |e| address(e).is_some()).await).unwrap();
+    wait_for(&alice_events, "alice's packages held", published).await;
+    wait_for(&bob_events, "bob's packages held", published).await;
+
+    tokio::join!(
+        send_to(&alice, &bob_address, "from alice 0".into()),
+        send_to(&bob, &alice_address, "from bob 0".into())
+    );
+    for i in 1..5 {
+        send_to(&alice, &bob_address, format!("from alice {i}")).await;
+        send_to(&bob, &alice_address, format!("from bob {i}")).await;
+    }
+    // Per side: the other's five messages received, and its own five delivered — those sealed in
+    // the session that lost the tie only after one ACK timeout, sealed again in the winner's.
+    for (events, from) in [(&bob_events, "alice"), (&alice_events, "bob")] {
+        let delivered = |e: &ClientEvent| matches!(engine(e), Some(Event::MessageDelivered { .. }));
+        let seen = collect(events, "five in, five delivered", 10, |e| {
+            received(e).is_some() || delivered(e)
+        })
+        .await;
+        let mut texts: Vec<String> = seen.iter().filter_map(received).map(|r| r.1).collect();
+        texts.sort();
+        let expected: Vec<String> = (0..5).map(|i| format!("from {from} {i}")).collect();
+        assert_eq!(texts, expected);
+        assert_eq!(seen.iter().filter(|e| delivered(e)).count(), 5);
+    }
     alice.stop().await;
     bob.stop().await;
     relay.stop().await;
