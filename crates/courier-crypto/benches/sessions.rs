@@ -23,7 +23,7 @@ fn pair() -> (Sessions, Sessions) {
 }
 
 fn sessions(c: &mut Criterion) {
-    let (mut alice, mut bob) = pair();
+    let (mut alice, bob) = pair();
     let bob_address = bob.address();
     let alice_address = alice.address();
     c.bench_function("seal 200 B + take the step's changes", |b| {

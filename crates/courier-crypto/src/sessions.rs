@@ -494,7 +494,7 @@ impl Sessions {
     }
 
     /// Every row changed since the last commit, for the runtime to write in the transaction of
-    /// the step that changed them; [`Sessions::commit`] once that transaction is durable, or
+    /// the step that changed them; [`Sessions::committed`] once that transaction is durable, or
     /// [`Sessions::rollback`].
     pub fn changes(&self) -> Vec<Change> {
         self.provider.store.changes()
@@ -503,8 +503,15 @@ impl Sessions {
     /// Every row changed since the last commit, for the runtime to write in the transaction of
     /// the step that changed them; from here on they are the committed state.
     pub fn commit(&mut self) -> Vec<Change> {
+        let changes = self.changes();
+        self.committed();
+        changes
+    }
+
+    /// The transaction that wrote [`Sessions::changes`] is durable: they are the committed state.
+    pub fn committed(&mut self) {
         self.touched.clear();
-        self.provider.store.take_changes()
+        self.provider.store.mark_committed();
     }
 
     /// Forgets every change since the last commit, in storage and in memory: a step whose

@@ -2,7 +2,7 @@
 //! (`docs/architecture.md#end-to-end-sessions`).
 //!
 //! openmls writes its group state through a storage provider. Ours keeps every row in memory
-//! and remembers, per row touched since the last [`Store::take_changes`], the value it had then.
+//! and remembers, per row touched since the last [`Store::mark_committed`], the value it had then.
 //! The runtime writes the changes in the same SQLite transaction as the store ops they protect
 //! (a message's dedup record, its buffered row, an outbox entry), so a kill leaves the ratchet
 //! and what it decrypted or sealed in agreement; [`Store::rollback`] undoes a step whose effects
@@ -92,19 +92,11 @@ impl Store {
             .collect()
     }
 
-    /// What changed since the last commit, each row once with its value now; from here on those
-    /// values are the committed ones.
-    pub fn take_changes(&self) -> Vec<Change> {
+    /// The rows as they are now are the committed ones (the runtime wrote [`Store::changes`]).
+    pub fn mark_committed(&self) {
         let mut rows = self.rows.borrow_mut();
         rows.savepoint = None;
-        let touched = std::mem::take(&mut rows.before);
-        touched
-            .into_keys()
-            .map(|key| {
-                let value = rows.values.get(&key).cloned();
-                Change { key, value }
-            })
-            .collect()
+        rows.before.clear();
     }
 
     /// From here on, changes can be undone alone ([`Store::undo_savepoint`]) while those before
@@ -603,7 +595,8 @@ mod tests {
         store.put("l", &1, &"b").unwrap();
         store.put("l", &2, &"c").unwrap();
         store.delete("l", &2).unwrap();
-        let changes = store.take_changes();
+        let changes = store.changes();
+        store.mark_committed();
         assert_eq!(
             changes,
             [
@@ -623,7 +616,7 @@ mod tests {
         store.rollback();
         assert_eq!(store.get::<String>("l", &1).unwrap().as_deref(), Some("b"));
         assert_eq!(store.get::<String>("l", &3).unwrap(), None);
-        assert!(store.take_changes().is_empty());
+        assert!(store.changes().is_empty());
     }
 
     #[test]

@@ -15,6 +15,8 @@ use courier_proto::{
     KeyPackage, KeyPackageBatch, Message, SessionFrame,
 };
 
+use super::host::send_message;
+use super::mint_id;
 use crate::event::ClientEvent;
 
 /// One-time key packages the driver keeps published in the relay's directory.
@@ -106,7 +108,7 @@ impl E2e {
 
     /// The step's transaction is durable: its session state is the committed one.
     pub fn committed(&mut self) {
-        self.sessions.commit();
+        self.sessions.committed();
     }
 
     pub fn rollback(&mut self) -> Result<(), SessionError> {
@@ -191,7 +193,7 @@ impl E2e {
         bytes: &[u8],
         now: Millis,
     ) -> Message {
-        let id = uuid::Uuid::new_v4().to_string();
+        let id = mint_id();
         let me = self.sessions.address();
         let mut message = kind.message(id, &self.app_id, &me, &peer, bytes, now);
         sign_control(&mut message, &self.identity, now);
@@ -200,12 +202,7 @@ impl E2e {
 
     /// `message` as a frame for the relay after the commit, sent once.
     fn send_after_commit(&mut self, message: &Message) {
-        self.outgoing.push(ClientFrame::SendMessage {
-            recipient: message.recipient.clone(),
-            content: message.encode(),
-            message_id: message.id.clone(),
-            reply_to_msg: None,
-        });
+        self.outgoing.push(send_message(message));
     }
 
     /// The round trip (`docs/protocol.md#session-setup`): a key package of this device to
@@ -234,13 +231,7 @@ impl E2e {
             step.apply(engine, inbound(message, origin), now);
             return;
         };
-        let undecryptable = |origin, code, reason: String| Input::Undecryptable {
-            message_id: message.id.clone(),
-            sender: message.sender.clone(),
-            origin,
-            code,
-            reason,
-        };
+        let undecryptable = |origin, code, reason| undecryptable(&message, origin, code, reason);
         let (from, sealed) = match payload {
             Ok(payload) => payload,
             Err(e) => {
@@ -518,6 +509,22 @@ impl E2e {
                 target: "courier_client::e2e",
             },
         );
+    }
+}
+
+/// A sealed copy `message` that did not open, for the engine to report and release.
+pub(super) fn undecryptable(
+    message: &Message,
+    origin: InboundOrigin,
+    code: &'static str,
+    reason: String,
+) -> Input {
+    Input::Undecryptable {
+        message_id: message.id.clone(),
+        sender: message.sender.clone(),
+        origin,
+        code,
+        reason,
     }
 }
 

@@ -220,23 +220,23 @@ fn addressed(kind: TransmitKind) -> Addressed {
             id: message.id.clone(),
             send_seq,
             recipient: message.recipient.clone(),
-            frame: send_frame(&message),
+            frame: send_message(&message).encode(),
         }),
         TransmitKind::DeliveryAck { message } => Addressed::Frame(Submit::Ack {
-            frame: send_frame(&message),
+            frame: send_message(&message).encode(),
         }),
         TransmitKind::ReleaseFrame { seq } => Addressed::ReleaseFrame(seq),
     }
 }
 
-fn send_frame(message: &Message) -> String {
+/// `message` as the relay frame that carries it.
+pub(super) fn send_message(message: &Message) -> ClientFrame {
     ClientFrame::SendMessage {
         recipient: message.recipient.clone(),
         content: message.encode(),
         message_id: message.id.clone(),
         reply_to_msg: message.reply_to_msg.clone(),
     }
-    .encode()
 }
 
 /// A terminal event's `(message id, JSON)`, held in storage until it has been dispatched.

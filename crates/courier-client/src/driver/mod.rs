@@ -299,13 +299,9 @@ impl Driver {
                     Some(e2e) => e2e.inbound(&mut self.engine, step, *message, origin, now),
                     // Sealed, and this device keeps no sessions: reported, never shown as text.
                     None if message.content.starts_with(courier_proto::MLS_ENC_PREFIX) => {
-                        let input = Input::Undecryptable {
-                            message_id: message.id.clone(),
-                            sender: message.sender.clone(),
-                            origin,
-                            code: e2e::code::ENCRYPTION_DISABLED,
-                            reason: "a sealed message, and encryption is disabled here".into(),
-                        };
+                        let code = e2e::code::ENCRYPTION_DISABLED;
+                        let reason = "a sealed message, and encryption is disabled here".into();
+                        let input = e2e::undecryptable(&message, origin, code, reason);
                         step.apply(&mut self.engine, input, now);
                     }
                     None => step.apply(&mut self.engine, Input::Inbound { message, origin }, now),
