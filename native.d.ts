@@ -43,6 +43,17 @@ export declare class NativeProtocol {
    * is durably in the outbox.
    */
   sendMessage(input: NativeSendInput): Promise<string>
+  /**
+   * Resolves with the request's id once it is durably in the outbox
+   * (`docs/delivery.md#connection-requests`).
+   */
+  sendConnectionRequest(peer: string, message?: string | undefined | null): Promise<string>
+  /**
+   * `answer` is `accept`, `reject` or `cancel`; resolves once the answer is durably in the
+   * outbox.
+   */
+  answerConnection(answer: string, requestId: string): Promise<void>
+  connectionRequests(): Promise<NativeConnectionRequest[]>
   getMessageStatus(id: string): Promise<string>
   stats(): NativeStats
   internetStatusChanged(online: boolean): void
@@ -87,6 +98,16 @@ export interface NativeAppCarrierSend {
   frame: Uint8Array
   /** What the facade reports with `appCarrierSendDone`; absent for a delivery ACK. */
   attempt?: NativeSendAttempt
+}
+
+/** `connectionRequests()`: `ConnectionRequest` in `js/index.d.ts`. */
+export interface NativeConnectionRequest {
+  requestId: string
+  peer: string
+  /** Sent to this device, waiting for its answer (else sent by it). */
+  incoming: boolean
+  message?: string
+  at: number
 }
 
 /** A batch for the durability hook; the facade reports it with `hookDone(batchId, …)`. */

@@ -1,15 +1,17 @@
 // The public API's contract: typed errors with stable codes, validation that names the path.
 import assert from 'node:assert/strict'
+import { execFileSync } from 'node:child_process'
 import { writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import { test } from 'node:test'
 
 import { Protocol, ProtocolError } from '../js/index.js'
-import { peerConfig, startRelay, tempDir } from './helpers.mjs'
+import { PLAINTEXT, peerConfig, startRelay, tempDir } from './helpers.mjs'
 
-const native = createRequire(import.meta.url)('../native.js')
+const require = createRequire(import.meta.url)
+const native = require('../native.js')
 
-const base = (dir) => ({ appId: 'test', storage: { path: `${dir}/p.db` } })
+const base = (dir) => ({ appId: 'test', storage: { path: `${dir}/p.db` }, encryption: PLAINTEXT })
 
 function throwsCode(fn, code, pattern) {
   assert.throws(fn, (e) => {
@@ -267,4 +269,19 @@ test('Relay.start and Gateway.start options are validated natively, naming the p
   // Valid options, but the address is taken: the server cannot start.
   await rejectsCode(Relay.start({ ...base, listen: `127.0.0.1:${relay.port}` }), 'ERR_RELAY')
   await rejectsCode(Gateway.start({ listen: gateway.address }), 'ERR_RELAY')
+})
+
+test('plaintext mode is warned about once per process, however many devices use it', () => {
+  const script = `
+    const { Protocol } = require(${JSON.stringify(require.resolve('../js/index.js'))})
+    const warnings = []
+    process.on('warning', (w) => warnings.push(w.name + ': ' + w.message))
+    new Protocol({ appId: 'a', storage: { memory: true }, encryption: { enabled: false } })
+    new Protocol({ appId: 'b', storage: { memory: true }, encryption: { enabled: false } })
+    new Protocol({ appId: 'c', storage: { memory: true } })
+    setImmediate(() => console.log(JSON.stringify(warnings)))
+  `
+  const warnings = JSON.parse(execFileSync(process.execPath, ['-e', script], { encoding: 'utf8' }))
+  assert.equal(warnings.length, 1, JSON.stringify(warnings))
+  assert.match(warnings[0], /^OfflineCourierConfigWarning: encryption\.enabled is false: messages travel .* in the clear/)
 })

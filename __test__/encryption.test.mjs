@@ -1,5 +1,5 @@
-// End-to-end encryption from the public API: `encryption: { enabled: true }` seals every message
-// in an MLS session between the two devices, addressed by `localAddress()`; the first message to
+// End-to-end encryption from the public API: by default every message is sealed in an MLS session
+// between the two devices, addressed by `localAddress()`; the first message to
 // a device that is offline is sealed at once from the relay's key-package directory, or — with
 // the relay's `keyDirectory: false` — waits in the pre-session queue (`stats().preSession`) until
 // the device's next start answers. `message_received.encrypted` says it arrived sealed.
@@ -7,9 +7,15 @@ import assert from 'node:assert/strict'
 import { test } from 'node:test'
 
 import { ProtocolError } from '../js/index.js'
-import { peerConfig, startRelay, started, tempDir, until, waitFor } from './helpers.mjs'
+import { PipeCarrier } from './pipe-carrier.mjs'
+import { PLAINTEXT, peerConfig, startRelay, started, tempDir, until, waitFor } from './helpers.mjs'
 
-const sealed = (name, dir, url) => peerConfig(name, dir, url, { encryption: { enabled: true }, logLevel: 'info' })
+/** A device as an app configures it by default: no `encryption` key, so sealed. */
+function sealed(name, dir, url) {
+  const { encryption, ...config } = peerConfig(name, dir, url, { logLevel: 'info' })
+  assert.equal(encryption, PLAINTEXT)
+  return config
+}
 const published = (e) => e.type === 'diagnostic' && e.message.includes('holds 10 one-time')
 
 /** Bob is online once (long enough for the directory to hold his packages, when it exists). */
@@ -56,16 +62,28 @@ for (const directory of [true, false]) {
   })
 }
 
-test('with encryption a recipient must be an address; without it, messages say they came in the clear', async (t) => {
+test('by default a recipient must be an address; in plaintext mode every frame says it is in the clear', async (t) => {
   const dir = tempDir(t)
   const relay = await startRelay(t)
   const alice = await started(t, sealed('alice', dir, relay.url))
   await assert.rejects(alice.protocol.sendMessage('bob', 'hi'), (e) => e instanceof ProtocolError && e.code === 'ERR_INVALID_ARGUMENT')
   assert.equal(alice.protocol.stats().outboxRegular + alice.protocol.stats().preSession, 0)
 
-  const carol = await started(t, peerConfig('carol', dir, relay.url))
-  const dave = await started(t, peerConfig('dave', dir, relay.url))
-  await carol.protocol.sendMessage('dave', 'in the clear')
+  // Two devices in plaintext mode, linked by an app carrier that shows what travels.
+  const pipe = new PipeCarrier()
+  const local = (name) => ({ appId: 'test', storage: { path: `${dir}/${name}.db` }, encryption: PLAINTEXT })
+  const carol = await started(t, local('carol'), { connect: false })
+  const dave = await started(t, local('dave'), { connect: false })
+  pipe.attach('carol', carol.protocol)
+  pipe.attach('dave', dave.protocol)
+  pipe.link()
+  const id = await carol.protocol.sendMessage('dave', 'in the clear')
   const got = await waitFor(dave.recorder, (e) => e.type === 'message_received')
   assert.equal(got.encrypted, false)
+  await waitFor(carol.recorder, (e) => e.type === 'message_delivered' && e.messageId === id)
+  const frames = pipe.delivered.map((f) => JSON.parse(f.frame))
+  const message = frames.find((m) => m.sender === carol.protocol.localAddress() && m.content === 'in the clear')
+  assert.equal(message?.encrypted, false, 'the message says it travels in the clear')
+  const ack = frames.find((m) => m.metadata.ack_for !== undefined)
+  assert.equal(ack?.encrypted, false, 'so does its ACK')
 })

@@ -13,7 +13,7 @@ import { test } from 'node:test'
 import { fileURLToPath } from 'node:url'
 
 import { Gateway, Protocol } from '../js/index.js'
-import { peerConfig, record, sealedFrame, startRelay, started, tempDir, unsignedControlFrame, until, waitFor } from './helpers.mjs'
+import { PLAINTEXT, peerConfig, record, sealedFrame, startRelay, started, tempDir, unsignedControlFrame, until, waitFor } from './helpers.mjs'
 
 /** Declared keys no run of this test can produce, and why. */
 const NOT_PRODUCED_HERE = {
@@ -21,6 +21,7 @@ const NOT_PRODUCED_HERE = {
   // (the crash run covers that).
   message_delivered: ['replayed'],
   message_failed: ['replayed'],
+  connection_request_undeliverable: ['replayed'],
   // Media messages, which sendMessage refuses.
   message_undeliverable: ['fileId'],
 }
@@ -125,6 +126,7 @@ test('every public event occurs, and each matches its declared type', async (t) 
   const lonely = new Protocol({
     appId: 'test',
     storage: { path: `${dir}/lonely.db` },
+    encryption: PLAINTEXT,
     reliability: { ack: { defaultTimeoutMs: 100 }, retry: { maxRetries: 1, initialDelayMs: 10, maxDelayMs: 10 } },
   })
   lonely.registerTransport('void', blackHole)
@@ -146,6 +148,28 @@ test('every public event occurs, and each matches its declared type', async (t) 
   // A sealed frame on a device without encryption is reported, never shown.
   lonely.receiveFrame('void', 'mallory', sealedFrame(lonely.localAddress()))
   await waitFor(lonelyEvents, (e) => e.type === 'message_decryption_failed' && e.code === 'ENCRYPTION_DISABLED')
+
+  // Connection requests (by address, in plaintext mode too): one accepted, one declined, one
+  // withdrawn, and one to an address the relay never saw, which is never parked.
+  // Each answer is awaited before the next request: a request to a peer with one still waiting
+  // is that same request.
+  const bobAddress = bob.protocol.localAddress()
+  const ask = async (options) => {
+    const id = await alice.protocol.sendConnectionRequest(bobAddress, options)
+    await waitFor(bob.recorder, (e) => e.type === 'connection_request_received' && e.requestId === id)
+    return id
+  }
+  const accepted = await ask({ message: 'hi, bob' })
+  await bob.protocol.acceptConnection(accepted)
+  await waitFor(alice.recorder, (e) => e.type === 'connection_accepted' && e.requestId === accepted)
+  const rejected = await ask()
+  await bob.protocol.rejectConnection(rejected)
+  await waitFor(alice.recorder, (e) => e.type === 'connection_rejected' && e.requestId === rejected)
+  const withdrawn = await ask()
+  await alice.protocol.cancelConnectionRequest(withdrawn)
+  await waitFor(bob.recorder, (e) => e.type === 'connection_request_cancelled' && e.requestId === withdrawn)
+  const nowhere = await alice.protocol.sendConnectionRequest(lonely.localAddress())
+  await waitFor(alice.recorder, (e) => e.type === 'connection_request_undeliverable' && e.requestId === nowhere)
 
   // A device attached to a gateway.
   const gateway = await Gateway.start()

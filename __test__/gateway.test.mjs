@@ -7,7 +7,7 @@ import { test } from 'node:test'
 import { fileURLToPath } from 'node:url'
 
 import { Gateway, Protocol } from '../js/index.js'
-import { ofType, started, tempDir, until, waitFor } from './helpers.mjs'
+import { PLAINTEXT, ofType, started, tempDir, until, waitFor } from './helpers.mjs'
 
 const attached = (e) => e.type === 'gateway_status_changed' && e.attached
 const lost = (e) => e.type === 'gateway_status_changed' && !e.connected
@@ -19,7 +19,7 @@ async function startGateway(t, listen = '127.0.0.1:0') {
 }
 
 function gatewayConfig(name, dir, address) {
-  return { appId: 'test', storage: { path: `${dir}/${name}.db` }, transports: { gateway: { address } } }
+  return { appId: 'test', storage: { path: `${dir}/${name}.db` }, transports: { gateway: { address } }, encryption: PLAINTEXT }
 }
 
 async function attachedPeer(t, name, dir, address) {

@@ -5,7 +5,7 @@ import assert from 'node:assert/strict'
 import { test } from 'node:test'
 
 import { Protocol } from '../js/index.js'
-import { record, startRelay, token, waitFor } from './helpers.mjs'
+import { PLAINTEXT, record, startRelay, token, waitFor } from './helpers.mjs'
 
 const ROUNDS = 100
 
@@ -18,6 +18,7 @@ test(`inside listeners, stats() and the watchlist are never behind the event (${
       appId: 'test',
       storage: { memory: true },
       transports: { internet: { url: relay.url, authToken: token('alice') } },
+      encryption: PLAINTEXT,
     })
     alice.registerTransport('pipe', { send: async () => {} })
     const recipient = `nobody-${round}`

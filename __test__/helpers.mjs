@@ -28,11 +28,18 @@ export function token(account) {
   return issueToken(SECRET, account)
 }
 
+/**
+ * Plaintext mode: tests of delivery itself address peers by account name, which only plaintext
+ * mode allows (`encryption.test.mjs` covers the default, sealed mode).
+ */
+export const PLAINTEXT = Object.freeze({ enabled: false })
+
 export function peerConfig(name, dir, relayUrl, extra = {}) {
   return {
     appId: 'test',
     storage: { path: join(dir, `${name}.db`) },
     transports: { internet: { url: relayUrl, authToken: token(name) } },
+    encryption: PLAINTEXT,
     ...extra,
   }
 }

@@ -19,7 +19,7 @@ export class PipeCarrier {
     const target = this.ends.get(to)
     if (!target) throw new Error(`nobody called ${to} on the pipe`)
     if (!(frame instanceof Uint8Array)) throw new Error('frames must be bytes')
-    this.delivered.push({ from, to })
+    this.delivered.push({ from, to, frame: Buffer.from(frame).toString('utf8') })
     // Arrives a moment later, like a radio: never inside the sender's call.
     setImmediate(() => {
       if (!this.cut) target.receiveFrame(this.name, from, frame)

@@ -8,7 +8,7 @@ import { test } from 'node:test'
 import { fileURLToPath } from 'node:url'
 
 import { Protocol, issueToken } from '../js/index.js'
-import { record, tempDir, waitFor } from './helpers.mjs'
+import { PLAINTEXT, record, tempDir, waitFor } from './helpers.mjs'
 
 const BIN = fileURLToPath(new URL('../js/relay-cli.js', import.meta.url))
 
@@ -49,6 +49,7 @@ test('the relay command serves clients and stops on SIGTERM', async (t) => {
       appId: 'cli',
       storage: { path: join(dir, `${name}.db`) },
       transports: { internet: { url, authToken: issueToken('cli-secret', name) } },
+      encryption: PLAINTEXT,
     })
     const recorder = record(p)
     await p.start()

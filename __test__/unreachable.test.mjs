@@ -4,7 +4,7 @@ import assert from 'node:assert/strict'
 import { test } from 'node:test'
 
 import { Protocol, Relay } from '../js/index.js'
-import { SECRET, ofType, peerConfig, record, startRelay, started, tempDir, unsignedControlFrame, until, waitFor } from './helpers.mjs'
+import { PLAINTEXT, SECRET, ofType, peerConfig, record, startRelay, started, tempDir, unsignedControlFrame, until, waitFor } from './helpers.mjs'
 import { PipeCarrier } from './pipe-carrier.mjs'
 
 
@@ -44,8 +44,8 @@ test('an offline recipient parks the message; presence brings it back before any
 test('with the relay down, a neighbor on a local carrier gets the message directly', async (t) => {
   const dir = tempDir(t)
   const pipe = new PipeCarrier()
-  const alice = await started(t, { appId: 'test', storage: { path: `${dir}/alice.db` } }, { connect: false })
-  const bob = await started(t, { appId: 'test', storage: { path: `${dir}/bob.db` } }, { connect: false })
+  const alice = await started(t, { appId: 'test', storage: { path: `${dir}/alice.db` }, encryption: PLAINTEXT }, { connect: false })
+  const bob = await started(t, { appId: 'test', storage: { path: `${dir}/bob.db` }, encryption: PLAINTEXT }, { connect: false })
   pipe.attach('alice', alice.protocol)
   pipe.attach('bob', bob.protocol)
 
@@ -108,8 +108,8 @@ test('local carrier inputs are checked', async (t) => {
 test('a transport registered before start() carries messages, and stays registered across stop() and start()', async (t) => {
   const dir = tempDir(t)
   const pipe = new PipeCarrier()
-  const alice = new Protocol({ appId: 'test', storage: { path: `${dir}/alice.db` } })
-  const bob = new Protocol({ appId: 'test', storage: { path: `${dir}/bob.db` } })
+  const alice = new Protocol({ appId: 'test', storage: { path: `${dir}/alice.db` }, encryption: PLAINTEXT })
+  const bob = new Protocol({ appId: 'test', storage: { path: `${dir}/bob.db` }, encryption: PLAINTEXT })
   // Apps set their carriers up first; the bad registrations are refused before start() too.
   pipe.attach('alice', alice)
   pipe.attach('bob', bob)

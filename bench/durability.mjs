@@ -31,6 +31,8 @@ function peer(relay, name, extra = {}) {
     appId: 'bench',
     storage: { path: join(dir, `${name}.db`) },
     transports: { internet: { url: relay.url, authToken: issueToken(SECRET, name) } },
+    // The inbound durability path is measured alone, by account name.
+    encryption: { enabled: false },
     ...extra,
   })
   const waitFor = (predicate) =>

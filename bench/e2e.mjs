@@ -25,7 +25,7 @@ const percentile = (sorted, p) => sorted[Math.min(sorted.length - 1, Math.floor(
 
 async function acceptThroughput() {
   // No carrier: every send is a durable accept and nothing else competes for the driver.
-  const p = new Protocol({ appId: 'bench', storage: { path: join(dir, 'accept.db') } })
+  const p = new Protocol({ appId: 'bench', storage: { path: join(dir, 'accept.db') }, encryption: { enabled: false } })
   await p.start()
   const started = process.hrtime.bigint()
   let inFlight = []

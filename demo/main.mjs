@@ -1,7 +1,9 @@
-// The main job, end to end: an embedded relay with a SQLite mailbox and two peers with their own
-// SQLite outboxes. Shows a live delivery, a recipient that is offline (relay custody), a sender
-// that is offline (deferred, then flushed on reconnect), and an offline sender killed with
-// SIGKILL right after `sendMessage` resolved that delivers after it restarts. Prints a timeline; exits 0.
+// The main job, end to end: an embedded relay with a SQLite mailbox and peers with their own
+// SQLite outboxes, every message sealed end to end (the default) and addressed to a device
+// address. Shows a live delivery, a recipient that is offline (relay custody), a sender that is
+// offline (deferred, then flushed on reconnect), an offline sender killed with SIGKILL right after
+// `sendMessage` resolved that delivers after it restarts, and a first message to a device that
+// has never been online, sent the moment it appears. Prints a timeline; exits 0.
 import { spawn } from 'node:child_process'
 import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -21,19 +23,22 @@ function log(who, what) {
   console.log(`${t}s  ${who.padEnd(7)} ${what}`)
 }
 
+/** Devices are known by their addresses; the timeline shows whose each is. */
+const who = (address) => names.get(address) ?? address
+
 function describe(e) {
   switch (e.type) {
-    case 'message_sent': return `sent ${e.messageId.slice(0, 8)} → ${e.recipient} over ${e.transport} (attempt ${e.attempt})`
-    case 'message_stored': return `relay holds ${e.messageId.slice(0, 8)} in ${e.recipient}'s mailbox (custody, not delivery)`
+    case 'message_sent': return `sent ${e.messageId.slice(0, 8)} → ${who(e.recipient)} over ${e.transport} (attempt ${e.attempt})`
+    case 'message_stored': return `relay holds ${e.messageId.slice(0, 8)} in ${who(e.recipient)}'s mailbox (custody, not delivery)`
     case 'message_deferred': return `deferred ${e.messageId.slice(0, 8)}: ${e.reason}`
     case 'message_retrying': return `retrying ${e.messageId.slice(0, 8)} (retry ${e.retryCount})`
-    case 'message_delivered': return `DELIVERED ${e.messageId.slice(0, 8)} to ${e.recipient} in ${e.latencyMs} ms`
+    case 'message_delivered': return `DELIVERED ${e.messageId.slice(0, 8)} to ${who(e.recipient)} in ${e.latencyMs} ms`
     case 'message_failed': return `FAILED ${e.messageId.slice(0, 8)}: ${e.reason}`
-    case 'message_received': return `received "${e.content}" from ${names.get(e.sender) ?? e.sender}`
+    case 'message_received': return `received "${e.content}" from ${who(e.sender)}${e.encrypted ? ', sealed end to end' : ''}`
     case 'identity_ready': return `identity ${e.address}`
     case 'internet_status_changed': return e.connected ? 'relay connected' : 'relay disconnected'
-    case 'message_undeliverable': return `PARKED ${e.messageId.slice(0, 8)}: ${e.recipient} is unreachable (kept, probed, re-driven when it appears)`
-    case 'presence_updated': return `${e.peerId} is ${e.online ? 'online' : 'offline'}`
+    case 'message_undeliverable': return `PARKED ${e.messageId.slice(0, 8)}: ${who(e.recipient)} is unreachable (kept, probed, re-driven when it appears)`
+    case 'presence_updated': return `${who(e.peerId)} is ${e.online ? 'online' : 'offline'}`
     case 'inbound_drain_completed': return `mailbox drained (${e.count} waiting frame${e.count === 1 ? '' : 's'})`
     default: return null
   }
@@ -71,8 +76,17 @@ function peer(name) {
   return { name, protocol, waitFor }
 }
 
-// Senders are named by their identity address; the timeline shows who that is.
 const names = new Map()
+
+/** A device's identity, made on its storage without connecting: its address, to send to. */
+async function identityOf(name) {
+  const protocol = new Protocol({ appId: 'demo', storage: { path: join(dir, `${name}.db`) } })
+  await protocol.start()
+  const address = protocol.localAddress()
+  await protocol.stop()
+  names.set(address, name)
+  return address
+}
 
 const connected = (e) => e.type === 'internet_status_changed' && e.connected
 const deliveredId = (id) => (e) => e.type === 'message_delivered' && e.messageId === id
@@ -110,16 +124,17 @@ try {
   await alice.protocol.start()
   await bob.protocol.start()
   await Promise.all([alice.waitFor(connected, 'connection'), bob.waitFor(connected, 'connection')])
+  const bobAddress = bob.protocol.localAddress()
 
-  console.log('\n— 1. live delivery —')
-  const live = await alice.protocol.sendMessage('bob', 'hello bob')
+  console.log('\n— 1. live delivery, sealed in a session set up from the relay\'s key directory —')
+  const live = await alice.protocol.sendMessage(bobAddress, 'hello bob')
   log('alice', `sendMessage resolved: ${live.slice(0, 8)} is durably in the outbox`)
   await alice.waitFor(deliveredId(live), 'delivery')
 
   console.log('\n— 2. the recipient is offline: the relay keeps the message —')
   await bob.protocol.stop()
   log('bob', 'stopped (offline)')
-  const stored = await alice.protocol.sendMessage('bob', 'are you there?')
+  const stored = await alice.protocol.sendMessage(bobAddress, 'are you there?')
   await alice.waitFor((e) => e.type === 'message_stored' && e.messageId === stored, 'custody')
   await bob.protocol.start()
   log('bob', 'started again')
@@ -129,31 +144,33 @@ try {
   console.log('\n— 3. the sender is offline: deferred, then flushed on reconnect —')
   alice.protocol.internetStatusChanged(false)
   await alice.waitFor((e) => e.type === 'internet_status_changed' && !e.connected, 'disconnect')
-  const deferred = await alice.protocol.sendMessage('bob', 'written on a plane')
+  const deferred = await alice.protocol.sendMessage(bobAddress, 'written on a plane')
   await alice.waitFor((e) => e.type === 'message_deferred' && e.messageId === deferred, 'deferral')
   log('alice', `status of ${deferred.slice(0, 8)}: ${await alice.protocol.getMessageStatus(deferred)}`)
   alice.protocol.internetStatusChanged(true)
   await alice.waitFor(deliveredId(deferred), 'delivery')
 
   console.log('\n— 4. the sender is killed right after sendMessage resolved —')
-  const { id: crashed, signal } = await sendThenKill('bob', 'sent just before a crash')
+  const { id: crashed, signal } = await sendThenKill(bobAddress, 'sent just before a crash')
   log('carol', `offline; sendMessage resolved ${crashed.slice(0, 8)}; process killed with ${signal}`)
   const carol = peer('carol')
   await carol.protocol.start()
-  log('carol', `restarted with the network: ${carol.protocol.stats().outboxRegular} message restored from carol.db`)
+  const restored = carol.protocol.stats()
+  log('carol', `restarted with the network: ${restored.outboxRegular + restored.preSession} message restored from carol.db`)
   await bob.waitFor(receivedId(crashed), 'the message from carol')
   await carol.waitFor(deliveredId(crashed), 'delivery')
   log('carol', `status of ${crashed.slice(0, 8)}: ${await carol.protocol.getMessageStatus(crashed)}`)
 
-  console.log('\n— 5. a recipient the relay cannot reach yet: parked, then re-driven by presence —')
-  const parked = await alice.protocol.sendMessage('dave', 'welcome, dave')
-  await alice.waitFor((e) => e.type === 'message_undeliverable' && e.messageId === parked, 'the unreachable verdict')
-  log('alice', `status of ${parked.slice(0, 8)}: ${await alice.protocol.getMessageStatus(parked)}; watching ${alice.protocol.internetPresenceWatchlist().join(', ')}`)
+  console.log('\n— 5. a device that has never been online: the message waits, watched by presence —')
+  const daveAddress = await identityOf('dave')
+  const waiting = await alice.protocol.sendMessage(daveAddress, 'welcome, dave')
+  await alice.waitFor((e) => e.type === 'message_deferred' && e.messageId === waiting, 'the deferral')
+  log('alice', `status of ${waiting.slice(0, 8)}: ${await alice.protocol.getMessageStatus(waiting)}; watching ${alice.protocol.internetPresenceWatchlist().map(who).join(', ')}`)
   const dave = peer('dave')
   await dave.protocol.start()
-  log('dave', 'started for the first time')
-  await dave.waitFor(receivedId(parked), 'the parked message')
-  await alice.waitFor(deliveredId(parked), 'delivery')
+  log('dave', 'connected for the first time')
+  await dave.waitFor(receivedId(waiting), 'the first message')
+  await alice.waitFor(deliveredId(waiting), 'delivery')
 
   await Promise.all([alice.protocol.stop(), bob.protocol.stop(), carol.protocol.stop(), dave.protocol.stop()])
   console.log('\nEvery message settled in exactly one terminal event: message_delivered.')

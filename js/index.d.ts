@@ -47,13 +47,24 @@ export interface ProtocolConfig {
    */
   acceptLegacyControlV1?: boolean
   /**
-   * End-to-end encryption (MLS, `docs/delivery.md#sealed-messages`). With `enabled`, every
+   * End-to-end encryption (MLS, `docs/delivery.md#sealed-messages`). On by default: every
    * message travels sealed in a session with the recipient's device, so recipients must be
    * `off1` addresses; a message waits in the pre-session queue until its session is set up
-   * through the relay's key-package directory. Default `false` for now.
+   * through the relay's key-package directory. `enabled: false` is plaintext mode: recipients may
+   * be account names, every message says on the wire that it travels in the clear
+   * (`encrypted: false`), and the process is warned once.
    */
   encryption?: {
     enabled?: boolean
+    /**
+     * What becomes of a message from a peer that is not a contact (contacts: the peers this
+     * device sent a message to, and those a connection request joined it with). `'accept'`
+     * (default): delivered, `knownSender: false`. `'request'`: held — not delivered, not
+     * acknowledged, so the sender sends it again — and reported once as a
+     * `connection_request_received` with `implicit: true`; accepting that request lets it in.
+     * `'refuse'`: dropped unacknowledged.
+     */
+    unknownSenders?: 'accept' | 'request' | 'refuse'
   }
   transports?: {
     internet?: {
@@ -156,6 +167,9 @@ export type MessageFailedReason =
   | 'Max retries exceeded'
   | 'Outbox lifetime exceeded'
   | 'Outbox capacity exceeded'
+  | 'Pending session lifetime exceeded'
+  | 'Pending session queue capacity exceeded'
+  | 'Control signature expired'
 /** Terminal failure. `replayed: true`: see {@link MessageDeliveredEvent}. */
 export interface MessageFailedEvent { type: 'message_failed'; messageId: string; recipient: string; reason: MessageFailedReason; retryCount: number; replayed?: true }
 export interface MessageReceivedEvent {
@@ -173,6 +187,41 @@ export interface MessageReceivedEvent {
   metadata: Record<string, string>
   /** It arrived sealed in an end-to-end session, and `sender` is that session's credential. */
   encrypted: boolean
+  /** The sender is one of this device's contacts (see `encryption.unknownSenders`). */
+  knownSender: boolean
+}
+/**
+ * A peer asks to connect. Answer with `acceptConnection(requestId)` or
+ * `rejectConnection(requestId)`; `connectionRequests()` lists what waits, across restarts.
+ * `implicit`: the peer did not ask but sent a message while `encryption.unknownSenders` is
+ * `'request'` (the request's id is that message's).
+ */
+export interface ConnectionRequestReceivedEvent {
+  type: 'connection_request_received'
+  requestId: string
+  sender: string
+  message: string | null
+  implicit: boolean
+}
+/** The peer accepted this device's request; with encryption the session is set up both ways. */
+export interface ConnectionAcceptedEvent { type: 'connection_accepted'; requestId: string; peer: string }
+export interface ConnectionRejectedEvent { type: 'connection_rejected'; requestId: string; peer: string }
+/** The requester withdrew its request before this device answered. */
+export interface ConnectionRequestCancelledEvent { type: 'connection_request_cancelled'; requestId: string; sender: string }
+/**
+ * Terminal, in place of `message_failed`: the relay cannot reach the peer now, and a connection
+ * request is never parked. `replayed: true`: see {@link MessageDeliveredEvent}.
+ */
+export interface ConnectionRequestUndeliverableEvent { type: 'connection_request_undeliverable'; requestId: string; recipient: string; replayed?: true }
+/** A connection request waiting for an answer. */
+export interface ConnectionRequest {
+  requestId: string
+  peer: string
+  /** Made to this device (it waits for your answer); else made by it. */
+  incoming: boolean
+  message: string | null
+  /** When this device sent or received it (epoch ms). */
+  at: number
 }
 /**
  * A sealed message did not open on this attempt. Advisory, per attempt: it was not acknowledged,
@@ -235,6 +284,11 @@ export type ProtocolEvent =
   | MessageReceivedEvent
   | MessageDecryptionFailedEvent
   | MessageUndeliverableEvent
+  | ConnectionRequestReceivedEvent
+  | ConnectionAcceptedEvent
+  | ConnectionRejectedEvent
+  | ConnectionRequestCancelledEvent
+  | ConnectionRequestUndeliverableEvent
   | PresenceUpdatedEvent
   | NeighborDiscoveredEvent
   | NeighborLostEvent
@@ -268,6 +322,19 @@ export class Protocol {
   stop(): Promise<void>
   /** Resolves with the message id once the message is durably in the outbox. */
   sendMessage(recipient: string, content: string | Uint8Array, options?: SendOptions): Promise<string>
+  /**
+   * Asks the device `peer` (an `off1` address) to connect; resolves with the request's id once
+   * it is durably in the outbox. It settles as `message_delivered` when it reached the device, or
+   * at once as `connection_request_undeliverable` when the relay cannot reach it. A request to
+   * the same peer still waiting resolves with that request's id.
+   */
+  sendConnectionRequest(peer: string, options?: { message?: string }): Promise<string>
+  /** Accepts request `requestId` made to this device. `ERR_INVALID_ARGUMENT` when none waits. */
+  acceptConnection(requestId: string): Promise<void>
+  rejectConnection(requestId: string): Promise<void>
+  /** Withdraws this device's own request `requestId`. */
+  cancelConnectionRequest(requestId: string): Promise<void>
+  connectionRequests(): Promise<ConnectionRequest[]>
   /** Answered from storage; survives restarts. */
   getMessageStatus(id: string): Promise<MessageStatus>
   stats(): ProtocolStats

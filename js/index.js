@@ -43,6 +43,8 @@ const invalid = (message) => new ProtocolError('ERR_INVALID_ARGUMENT', message)
 const isPlainObject = (v) => v !== null && typeof v === 'object' && !Array.isArray(v)
 const SEND_OPTIONS = new Set(['priority', 'id', 'contentType', 'metadata'])
 const DEFAULT_EVENT_BUFFER = 10_000
+/** Configuration warnings already emitted by this process. */
+const warned = new Set()
 
 /** Binary content crosses from Rust as base64 beside the text `content`; apps see bytes. */
 function contentOf(m) {
@@ -102,7 +104,12 @@ class Protocol {
       forNative.inboundDurabilityHook = true
     }
     this.#native = callSync(() => new native.NativeProtocol(toJson(forNative)))
-    for (const warning of this.#native.warnings) process.emitWarning(warning, 'OfflineCourierConfigWarning')
+    for (const warning of this.#native.warnings) {
+      // Once per process: a warning repeated for every device says nothing new.
+      if (warned.has(warning)) continue
+      warned.add(warning)
+      process.emitWarning(warning, 'OfflineCourierConfigWarning')
+    }
   }
 
   /** Opens storage, restores the outbox and connects the carriers. */
@@ -147,6 +154,45 @@ class Protocol {
     }
     // Queued synchronously, so concurrent sends keep their call order.
     return call(callSync(() => this.#native.sendMessage(input)))
+  }
+
+  /**
+   * Asks the device `peer` (an address) to connect; resolves with the request's id once it is
+   * durably in the outbox. `options.message`: a short note shown with the request.
+   */
+  async sendConnectionRequest(peer, options = {}) {
+    if (typeof peer !== 'string') throw invalid('peer must be a string')
+    if (!isPlainObject(options)) throw invalid('options must be an object')
+    for (const key of Object.keys(options)) {
+      if (key !== 'message') throw invalid(`options.${key} is not a known option`)
+    }
+    if (options.message !== undefined && typeof options.message !== 'string') throw invalid('options.message must be a string')
+    return call(this.#native.sendConnectionRequest(peer, options.message ?? null))
+  }
+
+  /** Accepts the request `requestId` made to this device; with sessions, the session is set up. */
+  async acceptConnection(requestId) {
+    return this.#answer('accept', requestId)
+  }
+
+  /** Declines the request `requestId` made to this device. */
+  async rejectConnection(requestId) {
+    return this.#answer('reject', requestId)
+  }
+
+  /** Withdraws this device's own request `requestId`. */
+  async cancelConnectionRequest(requestId) {
+    return this.#answer('cancel', requestId)
+  }
+
+  async #answer(answer, requestId) {
+    if (typeof requestId !== 'string') throw invalid('requestId must be a string')
+    return call(this.#native.answerConnection(answer, requestId))
+  }
+
+  /** The connection requests waiting for an answer, this device's and others', oldest first. */
+  async connectionRequests() {
+    return call(this.#native.connectionRequests())
   }
 
   /** Where a message stands, answered from storage (survives restarts). */

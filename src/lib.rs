@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use courier_client::app::SendAttempt;
 use courier_client::client::{Client, SendInput};
 use courier_client::config::{parse_protocol_config, ProtocolConfig};
+use courier_client::driver::connections::ConnectionCommand;
 use courier_client::driver::Receipts;
 use courier_client::error::ClientError;
 use napi::bindgen_prelude::{Buffer, Env, PromiseRaw};
@@ -32,6 +33,17 @@ pub struct NativeSendInput {
     pub priority: Option<String>,
     pub content_type: Option<String>,
     pub metadata: Option<HashMap<String, String>>,
+}
+
+/// `connectionRequests()`: `ConnectionRequest` in `js/index.d.ts`.
+#[napi(object)]
+pub struct NativeConnectionRequest {
+    pub request_id: String,
+    pub peer: String,
+    /// Sent to this device, waiting for its answer (else sent by it).
+    pub incoming: bool,
+    pub message: Option<String>,
+    pub at: f64,
 }
 
 /// `stats()`: `ProtocolStats` in `js/index.d.ts`. Counts cross as JS numbers, exact up to 2^53.
@@ -161,6 +173,66 @@ impl NativeProtocol {
         let durable = client.enqueue_send(send).map_err(client_error)?;
         env.spawn_future(async move { Ok(Settled(durable.await.map_err(client_error))) })
             .map_err(|e| coded(Code::INTERNAL, e.reason))
+    }
+
+    /// Resolves with the request's id once it is durably in the outbox
+    /// (`docs/delivery.md#connection-requests`).
+    #[napi(ts_return_type = "Promise<string>")]
+    pub async fn send_connection_request(
+        &self,
+        peer: String,
+        message: Option<String>,
+    ) -> Settled<String> {
+        let sent = async {
+            let client = self.started()?;
+            client
+                .request_connection(peer, message)
+                .await
+                .map_err(client_error)
+        };
+        sent.await.into()
+    }
+
+    /// `answer` is `accept`, `reject` or `cancel`; resolves once the answer is durably in the
+    /// outbox.
+    #[napi(ts_return_type = "Promise<void>")]
+    pub async fn answer_connection(&self, answer: String, request_id: String) -> Settled<()> {
+        let answered = async {
+            let command = match answer.as_str() {
+                "accept" => ConnectionCommand::Accept { id: request_id },
+                "reject" => ConnectionCommand::Reject { id: request_id },
+                "cancel" => ConnectionCommand::Cancel { id: request_id },
+                other => return Err(coded(Code::INTERNAL, format!("no answer {other:?}"))),
+            };
+            let client = self.started()?;
+            client
+                .answer_connection(command)
+                .await
+                .map_err(client_error)
+        };
+        answered.await.into()
+    }
+
+    #[napi(ts_return_type = "Promise<NativeConnectionRequest[]>")]
+    pub async fn connection_requests(&self) -> Settled<Vec<NativeConnectionRequest>> {
+        let listed = async {
+            let requests = self
+                .started()?
+                .connection_requests()
+                .await
+                .map_err(client_error)?;
+            Ok(requests
+                .into_iter()
+                .map(|r| NativeConnectionRequest {
+                    request_id: r.id,
+                    peer: r.peer,
+                    incoming: r.incoming,
+                    message: r.note,
+                    at: r.at as f64,
+                })
+                .collect())
+        };
+        listed.await.into()
     }
 
     #[napi(ts_return_type = "Promise<string>")]

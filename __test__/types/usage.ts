@@ -103,3 +103,20 @@ export async function overGateway(): Promise<number> {
   await gateway.stop()
   return bound + gateway.port
 }
+
+export async function connections(protocol: Protocol, bobAddress: string): Promise<void> {
+  const requestId: string = await protocol.sendConnectionRequest(bobAddress, { message: 'hi' })
+  protocol.onEvent(async (ev) => {
+    if (ev.type === 'connection_request_received') {
+      const note: string | null = ev.message
+      if (ev.implicit || note !== null) await protocol.acceptConnection(ev.requestId)
+      else await protocol.rejectConnection(ev.requestId)
+    }
+    if (ev.type === 'connection_request_undeliverable') console.log(ev.recipient, ev.replayed === true)
+    if (ev.type === 'message_received' && !ev.knownSender) console.log('from a stranger', ev.sender)
+  })
+  for (const pending of await protocol.connectionRequests()) {
+    if (!pending.incoming && pending.requestId !== requestId) await protocol.cancelConnectionRequest(pending.requestId)
+  }
+  void new Protocol({ appId: 'chat', storage: { memory: true }, encryption: { unknownSenders: 'request' } })
+}

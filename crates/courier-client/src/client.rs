@@ -18,12 +18,12 @@ use crate::carrier::gateway::{self, GatewayOut, GatewaySettings};
 use crate::carrier::relay::{self, RelayOut, RelaySettings};
 use crate::carrier::tls;
 use crate::config::{ProtocolConfig, StorageConfig};
+use crate::driver::connections::{ConnectionCommand, Connections};
 use crate::driver::e2e::E2e;
 use crate::driver::{self, Command, Driver, DriverTx, Published, Receipts, Wiring};
 use crate::error::ClientError;
 use crate::event::ClientEvent;
-use crate::store::MessageStatus;
-use crate::store::Store;
+use crate::store::{MessageStatus, PendingRequest, Store};
 
 /// What the application passes to `sendMessage`, before validation.
 #[derive(Debug, Clone, Default)]
@@ -191,6 +191,12 @@ impl Client {
             let task = runtime.spawn(gateway::run(settings, rx, driver_tx.clone()));
             (tx, task)
         });
+        let connections = Connections::restore(
+            &store,
+            identity.clone(),
+            config.app_id.clone(),
+            config.unknown_senders,
+        )?;
         let published = Published::default();
         let wiring = Wiring {
             rx: driver_rx,
@@ -200,6 +206,7 @@ impl Client {
             published: published.clone(),
             receipts,
             e2e,
+            connections,
         };
         let driver = Driver::new(
             engine,
@@ -256,6 +263,36 @@ impl Client {
 
     pub async fn send(&self, input: SendInput) -> Result<String, ClientError> {
         self.enqueue_send(input)?.await
+    }
+
+    /// `sendConnectionRequest`: resolves with the request's id once it is durably in the outbox
+    /// (`docs/delivery.md#connection-requests`).
+    pub async fn request_connection(
+        &self,
+        peer: String,
+        note: Option<String>,
+    ) -> Result<String, ClientError> {
+        self.connection(ConnectionCommand::Request { peer, note })
+            .await
+    }
+
+    /// Accepts, rejects or withdraws request `id`; resolves once the answer is durably in the
+    /// outbox.
+    pub async fn answer_connection(&self, command: ConnectionCommand) -> Result<(), ClientError> {
+        self.connection(command).await.map(drop)
+    }
+
+    async fn connection(&self, command: ConnectionCommand) -> Result<String, ClientError> {
+        let (reply, rx) = oneshot::channel();
+        self.driver.send(Command::Connection { command, reply });
+        rx.await.map_err(|_| ClientError::NotStarted)?
+    }
+
+    /// The connection requests waiting for an answer, this device's and others', oldest first.
+    pub async fn connection_requests(&self) -> Result<Vec<PendingRequest>, ClientError> {
+        let (reply, rx) = oneshot::channel();
+        self.driver.send(Command::ConnectionRequests { reply });
+        rx.await.map_err(|_| ClientError::NotStarted)
     }
 
     pub async fn status(&self, id: String) -> Result<MessageStatus, ClientError> {

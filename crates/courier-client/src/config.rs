@@ -19,6 +19,7 @@ use serde_json::Value;
 use zeroize::Zeroizing;
 
 use crate::carrier::gateway::GatewayClientTimings;
+use crate::driver::connections::UnknownSenders;
 
 mod section;
 pub use section::{Section, MAX_SAFE_INTEGER};
@@ -175,12 +176,18 @@ pub struct ProtocolConfig {
     pub has_durability_hook: bool,
     pub inbound_durability_hook_timeout_ms: u64,
     pub log_level: LogLevel,
+    /// `encryption.unknownSenders`: what becomes of a message from a peer that is not a contact.
+    pub unknown_senders: UnknownSenders,
     /// Valid but questionable settings, for the runtime to surface as `diagnostic` events.
     pub warnings: Vec<String>,
     /// Not in the JSON config: the app carriers to register at start, up from the first step
     /// (the Node binding's `registerTransport` calls made before `start()`). Empty once parsed.
     pub app_carriers: BTreeSet<String>,
 }
+
+/// Said once per process by the Node binding, however many devices run in plaintext mode.
+pub const PLAINTEXT_WARNING: &str = "encryption.enabled is false: messages travel and wait at the \
+     relay in the clear, and each says so (encrypted: false)";
 
 const ROOT_KEYS: &[&str] = &[
     "appId",
@@ -230,8 +237,23 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
     // v1 control signatures prove no freshness, so they are refused unless the app opts in
     // (`docs/protocol.md#control-signatures`).
     engine.accept_legacy_control_v1 = root.bool("acceptLegacyControlV1")?.unwrap_or(false);
-    if let Some(encryption) = root.section("encryption", &["enabled"])? {
-        engine.encryption = encryption.bool("enabled")?.unwrap_or(false);
+    let mut unknown_senders = UnknownSenders::default();
+    engine.encryption = match root.section("encryption", &["enabled", "unknownSenders"])? {
+        Some(encryption) => {
+            if let Some(policy) = encryption.string("unknownSenders")? {
+                unknown_senders = UnknownSenders::parse(policy).ok_or_else(|| {
+                    encryption.error(
+                        "unknownSenders",
+                        "must be one of 'accept', 'request', 'refuse'",
+                    )
+                })?;
+            }
+            encryption.bool("enabled")?.unwrap_or(true)
+        }
+        None => true,
+    };
+    if !engine.encryption {
+        warnings.push(PLAINTEXT_WARNING.to_owned());
     }
 
     let has_durability_hook = match root.get("inboundDurabilityHook") {
@@ -269,6 +291,7 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
         has_durability_hook,
         inbound_durability_hook_timeout_ms,
         log_level,
+        unknown_senders,
         warnings,
         app_carriers: BTreeSet::new(),
     })

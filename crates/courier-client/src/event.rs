@@ -2,7 +2,7 @@
 //! relay frames it does not consume). Serialized as `js/index.d.ts` declares them: snake_case
 //! `type`, camelCase fields, epoch-ms times.
 
-use courier_engine::{DiagnosticLevel, Event};
+use courier_engine::{DiagnosticLevel, Event, FailReason};
 use serde_json::{json, Value};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -34,6 +34,35 @@ pub enum ClientEvent {
     /// This device's identity is loaded (or was just created): its address.
     IdentityReady {
         address: String,
+    },
+    /// `message_received` as the application sees it: the engine's event, and whether the
+    /// sender is one of this device's contacts (`docs/delivery.md#connection-requests`).
+    Received {
+        event: Box<Event>,
+        known_sender: bool,
+    },
+    /// A peer asks to connect (`implicit`: it did not ask, but sent a message while
+    /// `encryption.unknownSenders` is `request`; the request's id is that message's).
+    ConnectionRequestReceived {
+        request_id: String,
+        sender: String,
+        note: Option<String>,
+        implicit: bool,
+    },
+    /// The peer accepted this device's request `request_id`; they are contacts, and with
+    /// sessions the session between them is set up.
+    ConnectionAccepted {
+        request_id: String,
+        peer: String,
+    },
+    ConnectionRejected {
+        request_id: String,
+        peer: String,
+    },
+    /// The requester withdrew its request.
+    ConnectionRequestCancelled {
+        request_id: String,
+        sender: String,
     },
     /// A terminal event (`message_delivered` / `message_failed`) committed before a crash cut
     /// off its dispatch, emitted again at the next start: its JSON as it was then, plus
@@ -86,9 +115,43 @@ impl ClientEvent {
         }
     }
 
+    /// The engine's event this is, if it is one (a received message included).
+    pub fn engine(&self) -> Option<&Event> {
+        match self {
+            Self::Engine(e) | Self::Received { event: e, .. } => Some(e),
+            _ => None,
+        }
+    }
+
     pub fn to_json(&self) -> Value {
         match self {
             Self::Engine(e) => engine_event_json(e),
+            Self::Received {
+                event,
+                known_sender,
+            } => {
+                let mut json = engine_event_json(event);
+                json["knownSender"] = Value::Bool(*known_sender);
+                json
+            }
+            Self::ConnectionRequestReceived {
+                request_id,
+                sender,
+                note,
+                implicit,
+            } => json!({
+                "type": "connection_request_received", "requestId": request_id, "sender": sender,
+                "message": note, "implicit": implicit,
+            }),
+            Self::ConnectionAccepted { request_id, peer } => {
+                json!({"type": "connection_accepted", "requestId": request_id, "peer": peer})
+            }
+            Self::ConnectionRejected { request_id, peer } => {
+                json!({"type": "connection_rejected", "requestId": request_id, "peer": peer})
+            }
+            Self::ConnectionRequestCancelled { request_id, sender } => json!({
+                "type": "connection_request_cancelled", "requestId": request_id, "sender": sender,
+            }),
             Self::Replayed { json, .. } => {
                 let mut json = json.clone();
                 if let Some(fields) = json.as_object_mut() {
@@ -190,6 +253,17 @@ fn engine_event_json(e: &Event) -> Value {
         } => json!({
             "type": "message_delivered", "messageId": message_id, "recipient": recipient,
             "latencyMs": latency_ms, "hopCount": hop_count, "transport": transport,
+        }),
+        // A connection request's terminal verdict has its own event
+        // (`docs/delivery.md#connection-requests`).
+        Event::MessageFailed {
+            message_id,
+            recipient,
+            reason: FailReason::ConnectionRequestUndeliverable,
+            ..
+        } => json!({
+            "type": "connection_request_undeliverable", "requestId": message_id,
+            "recipient": recipient,
         }),
         Event::MessageFailed {
             message_id,

@@ -44,8 +44,11 @@ impl App for Channels {
 /// A device called `name` with the pipe registered at start, and the durability hook when
 /// `hook` is set.
 fn device(dir: &std::path::Path, name: &str, hook: bool) -> (Client, Handed) {
-    let mut config =
-        json!({ "appId": "test", "storage": { "path": dir.join(format!("{name}.db")) } });
+    let mut config = json!({
+        "appId": "test",
+        "storage": { "path": dir.join(format!("{name}.db")) },
+        "encryption": { "enabled": false },
+    });
     if hook {
         config["inboundDurabilityHook"] = json!(true);
     }
@@ -83,10 +86,7 @@ struct Seen {
 
 impl Seen {
     fn engine_events(&self) -> impl Iterator<Item = &Event> {
-        self.events.iter().filter_map(|e| match e {
-            ClientEvent::Engine(e) => Some(&**e),
-            _ => None,
-        })
+        self.events.iter().filter_map(ClientEvent::engine)
     }
 }
 

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use courier_client::config::{
-    parse_protocol_config, ConfigError, LogLevel, ProtocolConfig, StorageConfig,
+    parse_protocol_config, ConfigError, LogLevel, ProtocolConfig, StorageConfig, PLAINTEXT_WARNING,
 };
+use courier_client::driver::connections::UnknownSenders;
 use courier_engine::Config;
 use serde_json::{json, Value};
 
@@ -29,6 +30,14 @@ fn merge(target: &mut Value, patch: Value) {
             }
         }
         (t, p) => *t = p,
+    }
+}
+
+/// The engine config of a config that sets nothing: the engine's defaults, sessions required.
+fn defaults() -> Config {
+    Config {
+        encryption: true,
+        ..Config::new("chat")
     }
 }
 
@@ -82,7 +91,7 @@ fn minimal_config_gets_every_default() {
     assert_eq!(c.app_id, "chat");
     assert_eq!(c.storage, StorageConfig::Path(PathBuf::from("alice.db")));
     assert_eq!(c.internet, None);
-    assert_eq!(c.engine, Config::new("chat"));
+    assert_eq!(c.engine, defaults());
     assert!(!c.has_durability_hook);
     assert_eq!(c.inbound_durability_hook_timeout_ms, 30_000);
     assert_eq!(c.log_level, LogLevel::Warn);
@@ -169,7 +178,7 @@ fn the_full_reliability_example_parses() {
             "outboxMaxLifetimeMs": 604800000,
         },
     }})));
-    assert_eq!(c.engine, Config::new("chat"));
+    assert_eq!(c.engine, defaults());
 }
 
 #[test]
@@ -365,7 +374,7 @@ fn null_is_the_same_as_absent() {
         "logLevel": null,
         "inboundDurabilityHook": null,
     })));
-    assert_eq!(c.engine, Config::new("chat"));
+    assert_eq!(c.engine, defaults());
     assert!(!c.has_durability_hook);
     refused(
         json!({ "appId": null, "storage": { "memory": true } }),
@@ -664,38 +673,49 @@ fn ca_certificates_must_be_pem() {
 /// will read them add them back.
 #[test]
 fn keys_nothing_read_are_refused_as_unknown() {
-    for (config, path) in [
-        (
-            json!({ "group": { "relayBroadcastEnabled": true } }),
-            "group",
-        ),
-        (
-            json!({ "encryption": { "unknownSenders": "accept" } }),
-            "encryption.unknownSenders",
-        ),
-    ] {
-        refused(with(config), path, "is not a known option");
-    }
+    refused(
+        with(json!({ "group": { "relayBroadcastEnabled": true } })),
+        "group",
+        "is not a known option",
+    );
 }
 
 #[test]
-fn encryption_is_a_switch_off_unless_enabled() {
-    assert!(!ok(with(json!({}))).engine.encryption);
-    assert!(!ok(with(json!({ "encryption": {} }))).engine.encryption);
-    assert!(
-        ok(with(json!({ "encryption": { "enabled": true } })))
-            .engine
-            .encryption
-    );
-    assert!(
-        !ok(with(json!({ "encryption": { "enabled": false } })))
-            .engine
-            .encryption
-    );
+fn encryption_is_on_unless_switched_off_and_plaintext_says_so() {
+    for on in [
+        json!({}),
+        json!({ "encryption": {} }),
+        json!({ "encryption": { "enabled": true } }),
+    ] {
+        let config = ok(with(on));
+        assert!(config.engine.encryption);
+        assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+    }
+    let plaintext = ok(with(json!({ "encryption": { "enabled": false } })));
+    assert!(!plaintext.engine.encryption);
+    assert_eq!(plaintext.warnings, [PLAINTEXT_WARNING]);
     refused(
         with(json!({ "encryption": { "enabled": "yes" } })),
         "encryption.enabled",
         "boolean",
+    );
+}
+
+#[test]
+fn unknown_senders_are_accepted_unless_the_app_chooses_otherwise() {
+    assert_eq!(ok(base()).unknown_senders, UnknownSenders::Accept);
+    for (name, policy) in [
+        ("accept", UnknownSenders::Accept),
+        ("request", UnknownSenders::Request),
+        ("refuse", UnknownSenders::Refuse),
+    ] {
+        let config = ok(with(json!({ "encryption": { "unknownSenders": name } })));
+        assert_eq!(config.unknown_senders, policy);
+    }
+    refused(
+        with(json!({ "encryption": { "unknownSenders": "ignore" } })),
+        "encryption.unknownSenders",
+        "must be one of 'accept', 'request', 'refuse'",
     );
 }
 

@@ -22,7 +22,15 @@ const SECRET: &[u8] = b"forged-sender-secret";
 const BOBS_ID: &str = "chat-42";
 
 fn config(name: &str, dir: &std::path::Path, url: &str) -> serde_json::Value {
-    support::relay_app("forged", name, dir, url, SECRET, json!({}))
+    // Attribution in the clear; sealed attribution is `sealed_sessions.rs`'s.
+    support::relay_app(
+        "forged",
+        name,
+        dir,
+        url,
+        SECRET,
+        json!({ "encryption": { "enabled": false } }),
+    )
 }
 
 /// Mallory authenticates as herself and writes one `SendMessage` carrying `forged`; returns once
@@ -101,6 +109,7 @@ async fn a_message_claiming_another_sender_is_dropped_and_cannot_spend_its_id() 
         media_metadata: None,
         forwarded_from: None,
         reply_context: None,
+        encrypted: None,
     };
     send_as_mallory(&url, &alice_address, &forged).await;
     let (peer, code, _) = warning(

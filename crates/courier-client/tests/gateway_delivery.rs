@@ -15,6 +15,7 @@ use serde_json::json;
 async fn attached_client(address: &str, name: &str) -> (Client, mpsc::Receiver<ClientEvent>) {
     let config = parse_protocol_config(&json!({
         "appId": "gateway-e2e",
+        "encryption": { "enabled": false },
         "storage": { "memory": true },
         "transports": { "gateway": { "address": address } },
     }))
@@ -48,19 +49,18 @@ async fn exchange(
         .await
         .unwrap();
     let sender = from.local_address().to_owned();
-    let received = support::wait_for(to_events, "the message", |e| {
-        matches!(e, ClientEvent::Engine(e) if matches!(&**e, Event::MessageReceived { message, .. } if message.id == id))
-    })
+    let received = support::wait_for(
+        to_events,
+        "the message",
+        |e| matches!(e.engine(), Some(Event::MessageReceived { message, .. }) if message.id == id),
+    )
     .await;
-    let ClientEvent::Engine(received) = received else {
-        unreachable!()
-    };
-    let Event::MessageReceived {
+    let Some(Event::MessageReceived {
         message,
         sender: from_address,
         transport,
         ..
-    } = *received
+    }) = received.engine().cloned()
     else {
         unreachable!()
     };
@@ -68,7 +68,7 @@ async fn exchange(
     assert_eq!(from_address, sender);
     assert_eq!(transport, "gateway");
     support::wait_for(from_events, "the delivery", |e| {
-        matches!(e, ClientEvent::Engine(e) if matches!(&**e, Event::MessageDelivered { message_id, transport, .. } if *message_id == id && transport == "gateway"))
+        matches!(e.engine(), Some(Event::MessageDelivered { message_id, transport, .. }) if *message_id == id && transport == "gateway")
     })
     .await;
 }

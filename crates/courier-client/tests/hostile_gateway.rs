@@ -37,6 +37,7 @@ fn bob() -> IdentityKey {
 fn config(address: &str) -> ProtocolConfig {
     let mut config = parse_protocol_config(&json!({
         "appId": "hostile",
+        "encryption": { "enabled": false },
         "storage": { "memory": true },
         "transports": { "gateway": { "address": address } },
     }))
@@ -185,7 +186,7 @@ fn warnings(events: &[ClientEvent]) -> Vec<(String, &'static str, String)> {
 fn sent_anything(events: &[ClientEvent]) -> bool {
     events
         .iter()
-        .any(|e| matches!(e, ClientEvent::Engine(e) if matches!(&**e, Event::MessageSent { .. })))
+        .any(|e| matches!(e.engine(), Some(Event::MessageSent { .. })))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -346,6 +347,7 @@ fn from_bob(own: &str, id: &str) -> Value {
         media_metadata: None,
         forwarded_from: None,
         reply_context: None,
+        encrypted: None,
     };
     received(&message)
 }
@@ -406,7 +408,7 @@ async fn nothing_is_submitted_or_received_before_the_gateway_binds_our_address()
     let ack = Message::decode(ack["content"].as_str().unwrap()).unwrap();
     assert_eq!(ack.ack_for(), Some("in-time"));
     support::wait_for(&events, "the message", |e| {
-        matches!(e, ClientEvent::Engine(e) if matches!(&**e, Event::MessageReceived { message, transport, .. } if message.id == "in-time" && transport == "gateway"))
+        matches!(e.engine(), Some(Event::MessageReceived { message, transport, .. }) if message.id == "in-time" && transport == "gateway")
     })
     .await;
 
@@ -415,13 +417,13 @@ async fn nothing_is_submitted_or_received_before_the_gateway_binds_our_address()
     let bobs_ack = frame.ack("ack-queued".into(), 3, "gateway");
     peer.send(received(&bobs_ack)).await;
     support::wait_for(&events, "the delivery", |e| {
-        matches!(e, ClientEvent::Engine(e) if matches!(&**e, Event::MessageDelivered { message_id, transport, .. } if *message_id == queued && transport == "gateway"))
+        matches!(e.engine(), Some(Event::MessageDelivered { message_id, transport, .. }) if *message_id == queued && transport == "gateway")
     })
     .await;
 
     let events = stop(client, events).await;
     let early = events.iter().any(|e| {
-        matches!(e, ClientEvent::Engine(e) if matches!(&**e, Event::MessageReceived { message, .. } if message.id.contains("early")))
+        matches!(e.engine(), Some(Event::MessageReceived { message, .. }) if message.id.contains("early"))
     });
     assert!(
         !early,
@@ -476,7 +478,7 @@ async fn a_flood_of_messages_is_read_no_faster_than_the_app_takes_it() {
     let app = {
         let (written, taken, widest_gap) = (written.clone(), taken.clone(), widest_gap.clone());
         support::Events(move |e: ClientEvent| {
-            let flood = matches!(&e, ClientEvent::Engine(e) if matches!(&**e, Event::MessageReceived { message, .. } if message.id.starts_with("flood-")));
+            let flood = matches!(e.engine(), Some(Event::MessageReceived { message, .. }) if message.id.starts_with("flood-"));
             if flood {
                 let taken = taken.fetch_add(1, Ordering::SeqCst) + 1;
                 let gap = written.load(Ordering::SeqCst).saturating_sub(taken);

@@ -100,6 +100,7 @@ async fn fake_relay(
 fn start_client(dir: &std::path::Path, url: &str) -> (Client, mpsc::Receiver<ClientEvent>) {
     let config = parse_protocol_config(&json!({
         "appId": "hostile",
+        "encryption": { "enabled": false },
         "storage": { "path": dir.join("alice.db") },
         "transports": { "internet": { "url": url, "authToken": courier_relay::issue_token(b"s", "alice", 60).unwrap() } },
     }))
@@ -231,6 +232,7 @@ async fn no_declaration_is_made_when_the_relay_cannot_take_one_and_a_diagnostic_
         // The skip is an `info` diagnostic: an older relay is not an attack.
         let config = parse_protocol_config(&json!({
             "appId": "hostile",
+            "encryption": { "enabled": false },
             "storage": { "path": dir.path().join("alice.db") },
             "transports": { "internet": { "url": url, "authToken": courier_relay::issue_token(b"s", "alice", 60).unwrap() } },
             "logLevel": "info",

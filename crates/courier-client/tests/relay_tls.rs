@@ -54,6 +54,7 @@ impl Peer {
         }
         let config = parse_protocol_config(&json!({
             "appId": "tls",
+            "encryption": { "enabled": false },
             "storage": { "path": dir.join(format!("{name}.db")) },
             "transports": { "internet": internet },
         }))
@@ -109,17 +110,14 @@ async fn clients_trusting_a_private_ca_deliver_over_wss() {
         .await
         .unwrap();
     let received = bob
-        .wait_for("the message", |e| matches!(e, ClientEvent::Engine(e) if matches!(&**e, Event::MessageReceived { message, .. } if message.id == id)))
+        .wait_for("the message", |e| matches!(e.engine(), Some(Event::MessageReceived { message, .. }) if message.id == id))
         .await;
-    let ClientEvent::Engine(event) = received else {
-        unreachable!()
-    };
-    let Event::MessageReceived { message, .. } = *event else {
+    let Some(Event::MessageReceived { message, .. }) = received.engine().cloned() else {
         unreachable!()
     };
     assert_eq!(message.content, "over tls");
     alice
-        .wait_for("delivery", |e| matches!(e, ClientEvent::Engine(e) if matches!(&**e, Event::MessageDelivered { message_id, .. } if *message_id == id)))
+        .wait_for("delivery", |e| matches!(e.engine(), Some(Event::MessageDelivered { message_id, .. }) if *message_id == id))
         .await;
 
     alice.client.stop().await;

@@ -129,6 +129,7 @@ async fn relay() -> courier_relay::RelayHandle {
 fn config(name: &str, db: &Path, url: &str) -> serde_json::Value {
     json!({
         "appId": "faults",
+        "encryption": { "enabled": false },
         "storage": { "path": db },
         "transports": { "internet": {
             "url": url,
@@ -151,10 +152,7 @@ fn text(recipient: &str, content: impl Into<String>) -> SendInput {
 }
 
 fn engine_event(e: &ClientEvent) -> Option<&Event> {
-    match e {
-        ClientEvent::Engine(e) => Some(e),
-        _ => None,
-    }
+    e.engine()
 }
 
 fn delivered(id: &str) -> impl Fn(&ClientEvent) -> bool + '_ {

@@ -27,6 +27,7 @@ fn record(id: &str) -> OutboxRecord {
             media_metadata: None,
             forwarded_from: None,
             reply_context: None,
+            encrypted: None,
         },
         state: EntryState::Queued,
         created_at: 1,

@@ -170,6 +170,8 @@ fn a_version_3_seed_stored_in_the_clear_is_sealed_at_the_next_start() {
         "ALTER TABLE settled DROP COLUMN unreported_event;
          ALTER TABLE pending_inbound DROP COLUMN encrypted;
          DROP TABLE mls_state;
+         DROP TABLE contacts;
+         DROP TABLE connection_requests;
          DROP TABLE identity;
          CREATE TABLE identity (
              id         INTEGER PRIMARY KEY CHECK (id = 1),

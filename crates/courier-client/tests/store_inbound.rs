@@ -57,6 +57,7 @@ fn message(i: u64, sender: &str) -> Message {
         media_metadata: (i % 4 == 2).then(|| json!({"w": 640, "h": 480})),
         forwarded_from: (i % 4 == 3).then(|| json!({"by": "dave"})),
         reply_context: (i == 6).then(|| json!({"quote": "x"})),
+        encrypted: None,
     }
 }
 

@@ -114,6 +114,7 @@ fn expected_outbox() -> Vec<OutboxRecord> {
         media_metadata: None,
         forwarded_from: None,
         reply_context: None,
+        encrypted: None,
     };
     vec![
         OutboxRecord {
@@ -128,6 +129,7 @@ fn expected_outbox() -> Vec<OutboxRecord> {
                 media_metadata: Some(json!({"kind": "none"})),
                 forwarded_from: Some(json!("x")),
                 reply_context: Some(json!({"id": "m0"})),
+                encrypted: None,
                 ..base("m-queued", "bob")
             },
             state: EntryState::Queued,
@@ -151,6 +153,7 @@ fn expected_outbox() -> Vec<OutboxRecord> {
                 media_metadata: Some(json!([1])),
                 forwarded_from: Some(json!({"by": "erin"})),
                 reply_context: Some(json!("r")),
+                encrypted: None,
                 ..base("m-inflight", "bob")
             },
             state: EntryState::InFlight,
@@ -176,6 +179,7 @@ fn expected_outbox() -> Vec<OutboxRecord> {
                 media_metadata: Some(json!({"w": 640, "h": 480})),
                 forwarded_from: Some(json!({"by": "dave"})),
                 reply_context: Some(json!({"quote": "x"})),
+                encrypted: None,
                 ..base("m-parked", "carol")
             },
             state: EntryState::Parked,
@@ -201,6 +205,7 @@ fn expected_outbox() -> Vec<OutboxRecord> {
                 media_metadata: Some(json!({"index": 0, "total": 3})),
                 forwarded_from: Some(json!({"by": "frank"})),
                 reply_context: Some(json!({"q": 1})),
+                encrypted: None,
                 ..base("m-media", "dave")
             },
             state: EntryState::Queued,
@@ -342,7 +347,7 @@ fn the_fixture_is_a_version_1_database() {
 
 #[test]
 fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
-    assert_eq!(SCHEMA_VERSION, 7);
+    assert_eq!(SCHEMA_VERSION, 8);
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("v1.db");
     write_v1_database(&db);
@@ -350,11 +355,11 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
 
     {
         let mut store = Store::open(&db).unwrap();
-        assert_eq!(store.schema_version().unwrap(), 7);
+        assert_eq!(store.schema_version().unwrap(), 8);
         assert_v1_rows_intact(&mut store);
         assert!(store.load_pending_inbound().unwrap().is_empty());
     }
-    assert_eq!(user_version(&db), 7);
+    assert_eq!(user_version(&db), 8);
 
     // The version-1 objects are unchanged but `settled`, which gained one nullable column, and
     // `outbox`, rebuilt with one more allowed state; exactly the new tables and their indexes
@@ -390,6 +395,8 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
         vec![
             ("index", "pending_inbound_by_received_at"),
             ("index", "sqlite_autoindex_pending_inbound_1"),
+            ("table", "connection_requests"),
+            ("table", "contacts"),
             ("table", "identity"),
             ("table", "mls_state"),
             ("table", "pending_inbound"),
@@ -409,7 +416,13 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
         ]
     );
     let conn = Connection::open(&db).unwrap();
-    for table in ["pending_inbound", "identity", "mls_state"] {
+    for table in [
+        "pending_inbound",
+        "identity",
+        "mls_state",
+        "contacts",
+        "connection_requests",
+    ] {
         let empty: i64 = conn
             .query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))
             .unwrap();
@@ -419,7 +432,7 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
 
     // And the migrated file keeps working across reopen.
     let mut store = Store::open(&db).unwrap();
-    assert_eq!(store.schema_version().unwrap(), 7);
+    assert_eq!(store.schema_version().unwrap(), 8);
     assert_v1_rows_intact(&mut store);
 }
 
@@ -434,14 +447,14 @@ fn a_current_version_database_is_opened_untouched() {
 
     {
         let store = Store::open(&db).unwrap();
-        assert_eq!(store.schema_version().unwrap(), 7);
+        assert_eq!(store.schema_version().unwrap(), 8);
         assert_eq!(store.load_outbox().unwrap(), expected_outbox());
     }
     // No migration ran: not a byte of the database file changed (its header holds a change
     // counter that any committed write would bump), and the schema is the same.
     assert_eq!(fs::read(&db).unwrap(), before);
     assert_eq!(schema_of(&db), schema);
-    assert_eq!(user_version(&db), 7);
+    assert_eq!(user_version(&db), 8);
 
     let mut store = Store::open(&db).unwrap();
     assert_v1_rows_intact(&mut store);
@@ -450,16 +463,16 @@ fn a_current_version_database_is_opened_untouched() {
 #[test]
 fn a_database_newer_than_the_current_version_is_refused_and_left_untouched() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("v8.db");
+    let db = dir.path().join("v9.db");
     write_v1_database(&db);
     drop(Store::open(&db).unwrap());
     {
-        // A version-8 build added something and bumped the version.
+        // A version-9 build added something and bumped the version.
         let conn = Connection::open(&db).unwrap();
         conn.execute_batch(
             "BEGIN;
              CREATE TABLE from_the_future (x INTEGER);
-             PRAGMA user_version = 8;
+             PRAGMA user_version = 9;
              COMMIT;",
         )
         .unwrap();
@@ -467,12 +480,12 @@ fn a_database_newer_than_the_current_version_is_refused_and_left_untouched() {
     let before = fs::read(&db).unwrap();
     match Store::open(&db).unwrap_err() {
         StoreError::NewerSchema { found, supported } => {
-            assert_eq!((found, supported), (8, 7));
+            assert_eq!((found, supported), (9, 8));
         }
         other => panic!("expected NewerSchema, got {other}"),
     }
     assert_eq!(fs::read(&db).unwrap(), before, "not a byte changed");
-    assert_eq!(user_version(&db), 8);
+    assert_eq!(user_version(&db), 9);
     let outbox: i64 = Connection::open(&db)
         .unwrap()
         .query_row("SELECT COUNT(*) FROM outbox", [], |r| r.get(0))

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use courier_client::store::{MessageStatus, Reports, Store, StoreError};
+use courier_client::store::{MessageStatus, Reports, RuntimeChanges, Store, StoreError};
 use courier_crypto::Change;
 use courier_engine::io::{EntryState, OutboxRecord, StoreOp};
 use courier_proto::{ContentType, Message, Priority};
@@ -47,6 +47,7 @@ fn waiting(id: &str) -> OutboxRecord {
             media_metadata: None,
             forwarded_from: None,
             reply_context: None,
+            encrypted: None,
         },
         state: EntryState::AwaitingSession,
         created_at: 1,
@@ -78,14 +79,28 @@ fn session_rows_commit_with_the_step_and_come_back_at_the_next_start() {
         let ops = [StoreOp::Put(waiting("w1"))];
         let changes = [put(b"tree:1", SECRET), put(b"gone:1", b"x")];
         store
-            .commit_with_sessions(&ops, &Reports::default(), &changes)
+            .commit_with(
+                &ops,
+                &Reports::default(),
+                &RuntimeChanges {
+                    sessions: &changes,
+                    ..Default::default()
+                },
+            )
             .unwrap();
         let deleted = [Change {
             key: b"gone:1".to_vec(),
             value: None,
         }];
         store
-            .commit_with_sessions(&[], &Reports::default(), &deleted)
+            .commit_with(
+                &[],
+                &Reports::default(),
+                &RuntimeChanges {
+                    sessions: &deleted,
+                    ..Default::default()
+                },
+            )
             .unwrap();
         assert!(
             !files(&db).windows(SECRET.len()).any(|w| w == SECRET),
@@ -108,7 +123,14 @@ fn nothing_is_written_before_the_identity_is_loaded() {
     let mut store = Store::open(&dir.path().join("s.db")).unwrap();
     let ops = [StoreOp::Put(waiting("w1"))];
     assert!(matches!(
-        store.commit_with_sessions(&ops, &Reports::default(), &[put(b"k", b"v")]),
+        store.commit_with(
+            &ops,
+            &Reports::default(),
+            &RuntimeChanges {
+                sessions: &[put(b"k", b"v")],
+                ..Default::default()
+            }
+        ),
         Err(StoreError::NoIdentity)
     ));
     assert!(
@@ -126,7 +148,14 @@ fn a_row_moved_under_another_key_does_not_open() {
         let mut store = open(&db);
         let changes = [put(b"a", b"value of a"), put(b"b", b"value of b")];
         store
-            .commit_with_sessions(&[], &Reports::default(), &changes)
+            .commit_with(
+                &[],
+                &Reports::default(),
+                &RuntimeChanges {
+                    sessions: &changes,
+                    ..Default::default()
+                },
+            )
             .unwrap();
     }
     let conn = Connection::open(&db).unwrap();

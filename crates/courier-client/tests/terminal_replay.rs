@@ -71,7 +71,12 @@ fn settling_an_id_again_replaces_its_held_event() {
 }
 
 fn config(db: &std::path::Path) -> courier_client::config::ProtocolConfig {
-    parse_protocol_config(&json!({ "appId": "replay", "storage": { "path": db } })).unwrap()
+    parse_protocol_config(&json!({
+        "appId": "replay",
+        "storage": { "path": db },
+        "encryption": { "enabled": false },
+    }))
+    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

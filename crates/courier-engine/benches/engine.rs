@@ -372,6 +372,7 @@ fn inbound_message(n: u64) -> Message {
         media_metadata: None,
         forwarded_from: None,
         reply_context: None,
+        encrypted: None,
     }
 }
 

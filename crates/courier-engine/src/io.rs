@@ -175,9 +175,25 @@ pub enum FailReason {
     OutboxCapacityExceeded,
     PendingSessionLifetimeExceeded,
     PendingSessionCapacityExceeded,
+    /// A signed control frame aged out of its receivers' freshness window before it could go
+    /// (`docs/protocol.md#control-signatures`).
+    ControlSignatureExpired,
+    /// The relay's verdict on a connection request: it is never parked
+    /// (`docs/delivery.md#connection-requests`).
+    ConnectionRequestUndeliverable,
 }
 
 impl FailReason {
+    pub const ALL: [FailReason; 7] = [
+        Self::MaxRetriesExceeded,
+        Self::OutboxLifetimeExceeded,
+        Self::OutboxCapacityExceeded,
+        Self::PendingSessionLifetimeExceeded,
+        Self::PendingSessionCapacityExceeded,
+        Self::ControlSignatureExpired,
+        Self::ConnectionRequestUndeliverable,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::MaxRetriesExceeded => "Max retries exceeded",
@@ -185,7 +201,14 @@ impl FailReason {
             Self::OutboxCapacityExceeded => "Outbox capacity exceeded",
             Self::PendingSessionLifetimeExceeded => "Pending session lifetime exceeded",
             Self::PendingSessionCapacityExceeded => "Pending session queue capacity exceeded",
+            Self::ControlSignatureExpired => "Control signature expired",
+            Self::ConnectionRequestUndeliverable => "Connection request undeliverable",
         }
+    }
+
+    /// The reason `as_str` spells `s`, as storage keeps it.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == s)
     }
 }
 

@@ -3,7 +3,8 @@
 //!
 //! The watchlist holds the recipients the parking bookkeeping says to watch: those with parked
 //! entries (unreachable or in relay custody, probing or resting) and those that just got a
-//! verdict (until their next reachability edge). An outbox entry that is merely queued is not
+//! verdict (until their next reachability edge); and the recipients whose messages wait in the
+//! pre-session queue, whose coming online is a reason to set their session up again. An outbox entry that is merely queued is not
 //! watched: it waits for a carrier, and presence arrives over the same relay connection whose
 //! coming up already flushes it. With nothing stranded (`docs/delivery.md#invariant-2`), the parked
 //! entries are the only ones not awaiting an ACK that presence can help.

@@ -7,6 +7,10 @@
 //! waiting message (of the recipient, or of all) is failed until the new one fits. A message
 //! waits at most `pending_session_max_lifetime_ms` from its acceptance; all share that lifetime,
 //! so the oldest waiting message holds the earliest deadline.
+//!
+//! A recipient with waiting messages is on the presence watchlist: a setup that found nobody
+//! (a device that never connected has no key package anywhere, and the relay refuses a round
+//! trip to it) is tried again when the recipient comes online.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -70,6 +74,9 @@ pub(crate) struct PreSession {
     recipients: BTreeMap<String, Recipient>,
     bytes: usize,
     admitted: u64,
+    /// Recipients whose queue was created or emptied since the last `take_touched`: the
+    /// presence watchlist follows them.
+    touched: BTreeSet<String>,
 }
 
 impl PreSession {
@@ -106,6 +113,9 @@ impl PreSession {
         let n = self.admitted;
         self.ids.insert(waiting.message.id.clone(), n);
         self.wire_ids.insert(waiting.wire_id.clone(), n);
+        if !self.recipients.contains_key(&recipient) {
+            self.touched.insert(recipient.clone());
+        }
         let queue = self.recipients.entry(recipient).or_default();
         queue.order.insert(n);
         queue.bytes += bytes;
@@ -125,9 +135,20 @@ impl PreSession {
             queue.bytes -= bytes;
             if queue.order.is_empty() {
                 self.recipients.remove(recipient);
+                self.touched.insert(recipient.clone());
             }
         }
         Some(waiting)
+    }
+
+    /// Whether messages wait for `recipient`'s session.
+    pub(crate) fn waits_for(&self, recipient: &str) -> bool {
+        self.recipients.contains_key(recipient)
+    }
+
+    /// Recipients that started or stopped waiting since the last call.
+    pub(crate) fn take_touched(&mut self) -> BTreeSet<String> {
+        std::mem::take(&mut self.touched)
     }
 
     /// Everything waiting for `recipient`, oldest first: its session is ready.
@@ -164,6 +185,11 @@ impl PreSession {
         config: &'a Config,
     ) -> impl Iterator<Item = OutboxRecord> + 'a {
         self.waiting.values().map(|(w, _)| w.record(config))
+    }
+
+    #[cfg(test)]
+    pub(crate) fn recipients(&self) -> impl Iterator<Item = &String> + '_ {
+        self.recipients.keys()
     }
 
     #[cfg(test)]

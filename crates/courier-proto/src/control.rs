@@ -81,6 +81,43 @@ fn signed_fields(m: &Message) -> [&[u8]; 4] {
     ]
 }
 
+/// Hops a control frame may travel, like any message the engine sends.
+const CONTROL_FRAME_TTL: u8 = 10;
+
+/// The unsigned control frame `id` of app `app_id` from `sender` to `recipient` with `content`,
+/// made at `at`, as the engine would build it from the same send: the fields a control signature
+/// covers are the ones the engine puts on the wire.
+pub fn control_frame(
+    id: String,
+    app_id: &str,
+    sender: &str,
+    recipient: &str,
+    content: String,
+    at: u64,
+) -> Message {
+    Message {
+        id,
+        sender: sender.to_owned(),
+        recipient: recipient.to_owned(),
+        app_id: app_id.to_owned(),
+        priority: crate::Priority::High,
+        ttl: CONTROL_FRAME_TTL,
+        hop_count: 0,
+        timestamp: at,
+        lamport_clock: 0,
+        content_type: crate::ContentType::Text,
+        content,
+        metadata: std::collections::BTreeMap::new(),
+        requires_ack: true,
+        reply_to_msg: None,
+        binary_content: None,
+        media_metadata: None,
+        forwarded_from: None,
+        reply_context: None,
+        encrypted: None,
+    }
+}
+
 /// Signs `message` with `offline-ctrl-v2` at `signed_at_ms` (the sender's wall clock at first
 /// dispatch), setting `__ctrl_sig`, `__ctrl_pk` and `__ctrl_ts`. The message's `sender` must be
 /// `key`'s address for a receiver to accept it. A retransmission keeps the original three keys:
@@ -205,6 +242,7 @@ mod tests {
             media_metadata: None,
             forwarded_from: None,
             reply_context: None,
+            encrypted: None,
         }
     }
 

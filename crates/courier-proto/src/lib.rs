@@ -10,6 +10,7 @@
 //! every bound on untrusted input is checked in one place and decoding never panics.
 
 pub mod address;
+pub mod connection;
 pub mod control;
 mod encoding;
 pub mod frame;
@@ -27,9 +28,12 @@ pub mod unreachable;
 pub mod wire_id;
 
 pub use address::{Address, AddressError};
+pub use connection::{
+    is_connection_request, ConnectionFrame, ConnectionFrameError, MAX_REQUEST_NOTE_BYTES,
+};
 pub use control::{
-    control_signature_expired, control_signed_at, control_v1_payload, control_v2_payload,
-    is_signature_gated, sign_control, verify_control, ControlError,
+    control_frame, control_signature_expired, control_signed_at, control_v1_payload,
+    control_v2_payload, is_signature_gated, sign_control, verify_control, ControlError,
 };
 pub use frame::{ClientFrame, DecodeError, Disposition, MailboxInfo, RateLimitInfo, RelayFrame};
 pub use ident::{validate_account_name, validate_identifier, IdentError};

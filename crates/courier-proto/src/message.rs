@@ -148,6 +148,11 @@ pub struct Message {
     pub forwarded_from: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply_context: Option<Value>,
+    /// `Some(false)` on a message its sender sent in the clear by choice (plaintext mode,
+    /// `docs/protocol.md#message-json`). A receiver never believes `Some(true)`: whether a message
+    /// was sealed is what it had to open, not what it says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encrypted: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -218,6 +223,7 @@ impl Message {
             media_metadata: None,
             forwarded_from: None,
             reply_context: None,
+            encrypted: None,
         }
     }
 }
@@ -246,6 +252,7 @@ mod tests {
             media_metadata: None,
             forwarded_from: None,
             reply_context: None,
+            encrypted: None,
         }
     }
 

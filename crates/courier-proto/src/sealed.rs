@@ -50,11 +50,9 @@ pub fn envelope(inner: &Message, sender: &Address, ciphertext: &[u8]) -> Message
         media_metadata: None,
         forwarded_from: None,
         reply_context: None,
+        encrypted: None,
     }
 }
-
-/// Hops a session frame may travel, like any message the engine sends.
-const SESSION_FRAME_TTL: u8 = 10;
 
 /// The signed control frames that set a session up (`docs/protocol.md#session-setup`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,26 +84,16 @@ impl SessionFrame {
     ) -> Message {
         let mut content = String::from(self.prefix());
         base64::engine::general_purpose::STANDARD.encode_string(bytes, &mut content);
-        Message {
+        let mut message = crate::control::control_frame(
             id,
-            sender: sender.to_string(),
-            recipient: recipient.to_string(),
-            app_id: app_id.to_owned(),
-            priority: crate::Priority::High,
-            ttl: SESSION_FRAME_TTL,
-            hop_count: 0,
-            timestamp: at,
-            lamport_clock: 0,
-            content_type: ContentType::Text,
+            app_id,
+            &sender.to_string(),
+            &recipient.to_string(),
             content,
-            metadata: BTreeMap::new(),
-            requires_ack: false,
-            reply_to_msg: None,
-            binary_content: None,
-            media_metadata: None,
-            forwarded_from: None,
-            reply_context: None,
-        }
+            at,
+        );
+        message.requires_ack = false;
+        message
     }
 
     /// Which session frame `content` is, and the bytes it carries.
@@ -180,6 +168,7 @@ mod tests {
             media_metadata: None,
             forwarded_from: None,
             reply_context: None,
+            encrypted: None,
         }
     }
 

@@ -11,10 +11,11 @@ use courier_crypto::{Joined, SessionError, Sessions};
 use courier_engine::step::Step;
 use courier_engine::{Carrier, Engine, InboundOrigin, Input, Millis, Transmit, TransmitKind};
 use courier_proto::{
-    envelope, open_envelope, sealed_payload, sign_control, Address, ClientFrame, IdentityKey,
-    KeyPackage, KeyPackageBatch, Message, SessionFrame,
+    envelope, is_signature_gated, open_envelope, sealed_payload, sign_control, Address,
+    ClientFrame, IdentityKey, KeyPackage, KeyPackageBatch, Message, SessionFrame,
 };
 
+use super::connections::Connections;
 use super::host::send_message;
 use super::mint_id;
 use crate::event::ClientEvent;
@@ -47,6 +48,19 @@ pub enum Frame {
     /// A Welcome ahead of the first messages of a session this device started: sent as it is,
     /// with no answer awaited (the messages behind it carry it again until the peer answers).
     Welcome { carrier: Carrier, message: Message },
+}
+
+impl Frame {
+    /// An engine transmit that travels unsealed: its message says so (`encrypted: false`,
+    /// `docs/protocol.md#message-json`).
+    pub fn clear(mut transmit: Transmit) -> Self {
+        if let TransmitKind::Outbox { message, .. } | TransmitKind::DeliveryAck { message } =
+            &mut transmit.kind
+        {
+            message.encrypted = Some(false);
+        }
+        Self::Engine(transmit)
+    }
 }
 
 /// What the relay said about session setup: whether it is connected and offers its key-package
@@ -136,6 +150,12 @@ impl E2e {
                     continue;
                 }
             };
+            if is_signature_gated(&message.content) {
+                // A signed control frame (a connection request, an answer to one) is what comes
+                // before a session; its signature is its authentication.
+                frames.push(Frame::Engine(transmit));
+                continue;
+            }
             let peer = Address::parse(&message.recipient).ok();
             let Some(peer) = peer.filter(|p| self.sessions.has_session(p)) else {
                 if let Some(send_seq) = send_seq {
@@ -148,8 +168,10 @@ impl E2e {
                     continue;
                 }
                 // An ACK to a peer without a session acknowledges a message that came in the
-                // clear: it goes back the same way.
-                frames.push(Frame::Engine(transmit));
+                // clear (a connection request, say): it goes back the same way, signed, since
+                // only the recipient may settle (`docs/delivery.md#ack-attribution`).
+                sign_control(message, &self.identity, now);
+                frames.push(Frame::clear(transmit));
                 continue;
             };
             if send_seq.is_some() && welcomed.insert(peer) {
@@ -223,12 +245,13 @@ impl E2e {
         &mut self,
         engine: &mut Engine,
         step: &mut Step<ClientEvent>,
+        connections: &mut Connections,
         message: Message,
         origin: InboundOrigin,
         now: Millis,
     ) {
         let Some(payload) = sealed_payload(&message) else {
-            step.apply(engine, inbound(message, origin), now);
+            connections.deliver(engine, step, message, origin, now);
             return;
         };
         let undecryptable = |origin, code, reason| undecryptable(&message, origin, code, reason);
@@ -252,9 +275,15 @@ impl E2e {
             return;
         }
         let mut unopened = None;
+        let mut held = None;
         let opened = self.sessions.open_if(&from, &sealed, |plaintext| {
             match open_envelope(&message, &plaintext) {
                 Ok(inner) => {
+                    held = connections.screen(&inner, &sealer, &origin, engine, step, now);
+                    if held.is_some() {
+                        // Not taken: the session stays as it was, to open the copy sent again.
+                        return false;
+                    }
                     let (id, sender) = (inner.id.clone(), inner.sender.clone());
                     let ack = inner.ack_for().is_some();
                     step.apply(engine, inbound(inner, origin.clone()), now);
@@ -280,7 +309,9 @@ impl E2e {
             Err(e) => unopened = Some((failure_code(&e), e.to_string())),
             Ok(_) => {}
         }
-        if let Some((code, reason)) = unopened {
+        if let Some(held) = held {
+            step.apply(engine, held, now);
+        } else if let Some((code, reason)) = unopened {
             step.apply(engine, undecryptable(origin, code, reason), now);
         }
     }
@@ -310,6 +341,14 @@ impl E2e {
                         Ok((joined == Joined::Joined).then_some(from))
                     }
                     SessionFrame::KeyPackage => {
+                        // The peer asked again (it came online, or reconnected) before it used
+                        // the session its first ask started: the same Welcome answers it. A
+                        // second session would only race the first.
+                        if let Some(welcome) = self.sessions.welcome_for(&from) {
+                            let frame = self.welcome_frame(from, welcome, now);
+                            self.send_after_commit(&frame);
+                            return Ok(None);
+                        }
                         let welcome = self
                             .sessions
                             .start(from, &bytes)
@@ -321,13 +360,7 @@ impl E2e {
                 }
             });
         match ready {
-            Ok(Some(peer)) => {
-                self.wanted.remove(&peer);
-                let ready = Input::SessionReady {
-                    recipient: peer.to_string(),
-                };
-                step.apply(engine, ready, now);
-            }
+            Ok(Some(peer)) => self.session_ready(engine, step, peer, now),
             Ok(None) => {}
             Err(reason) => self.warn(
                 engine,
@@ -342,8 +375,70 @@ impl E2e {
         }
     }
 
-    /// The engine wants a session with `recipient`: fetched from the relay's directory, else
-    /// asked of the peer; when no relay is connected, once one is.
+    /// A key package for a connection request: accepting it starts the session
+    /// (`docs/delivery.md#connection-requests`).
+    pub fn request_key_package(&mut self) -> Result<Vec<u8>, SessionError> {
+        self.sessions.key_package(false)
+    }
+
+    /// Accepting a connection request: the session starts from the request's key package, and
+    /// is ready at once; returns its Welcome for the acceptance to carry. `None` when a session
+    /// with the peer exists already.
+    pub fn start_for_request(
+        &mut self,
+        engine: &mut Engine,
+        step: &mut Step<ClientEvent>,
+        peer: Address,
+        package: &[u8],
+        now: Millis,
+    ) -> Result<Option<Vec<u8>>, SessionError> {
+        if self.sessions.has_session(&peer) {
+            return Ok(None);
+        }
+        let welcome = self.sessions.start(peer, package)?;
+        self.session_ready(engine, step, peer, now);
+        Ok(Some(welcome))
+    }
+
+    /// The Welcome an acceptance of this device's request carried.
+    pub fn join_from_acceptance(
+        &mut self,
+        engine: &mut Engine,
+        step: &mut Step<ClientEvent>,
+        from: Address,
+        welcome: &[u8],
+        now: Millis,
+    ) {
+        match self.sessions.join(from, welcome) {
+            Ok(Joined::Joined) => self.session_ready(engine, step, from, now),
+            // Already in it, or our own session with the peer won the tie: nothing to join.
+            Ok(Joined::Already | Joined::KeptOurs) => {}
+            Err(e) => self.warn(
+                engine,
+                step,
+                format!("the Welcome in {from}'s acceptance is not usable: {e}"),
+            ),
+        }
+    }
+
+    /// A session with `peer` exists: what waited for it goes.
+    fn session_ready(
+        &mut self,
+        engine: &mut Engine,
+        step: &mut Step<ClientEvent>,
+        peer: Address,
+        now: Millis,
+    ) {
+        self.wanted.remove(&peer);
+        let ready = Input::SessionReady {
+            recipient: peer.to_string(),
+        };
+        step.apply(engine, ready, now);
+    }
+
+    /// The engine wants a session with `recipient` — for the first time, or again because it
+    /// came online: fetched from the relay's directory, else asked of the peer; when no relay is
+    /// connected, once one is.
     pub fn want(
         &mut self,
         engine: &mut Engine,
@@ -354,9 +449,8 @@ impl E2e {
         let Ok(peer) = Address::parse(recipient) else {
             return;
         };
-        if self.wanted.insert(peer) {
-            self.set_up(engine, step, peer, now);
-        }
+        self.wanted.insert(peer);
+        self.set_up(engine, step, peer, now);
     }
 
     fn set_up(
@@ -436,13 +530,7 @@ impl E2e {
                     return;
                 }
                 match self.sessions.start(address, &package) {
-                    Ok(_) => {
-                        self.wanted.remove(&address);
-                        let ready = Input::SessionReady {
-                            recipient: address.to_string(),
-                        };
-                        step.apply(engine, ready, now);
-                    }
+                    Ok(_) => self.session_ready(engine, step, address, now),
                     Err(e) => self.warn(
                         engine,
                         step,

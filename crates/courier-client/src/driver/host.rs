@@ -7,11 +7,13 @@ use std::ops::ControlFlow;
 
 use courier_engine::step::Host;
 use courier_engine::{
-    Carrier, Engine, HookBatch, Input, Millis, PresenceChange, StoreOp, Transmit, TransmitKind,
+    Carrier, Engine, Event, HookBatch, Input, Millis, PresenceChange, StoreOp, Transmit,
+    TransmitKind,
 };
 use courier_proto::{ClientFrame, Message};
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 
+use super::connections::Connections;
 use super::e2e::{E2e, Frame};
 use super::Published;
 use crate::app::{App, AppCarrierSend, SendAttempt};
@@ -20,7 +22,7 @@ use crate::carrier::relay::RelayOut;
 use crate::carrier::Submit;
 use crate::error::ClientError;
 use crate::event::ClientEvent;
-use crate::store::{Reports, Store};
+use crate::store::{Reports, RuntimeChanges, Store};
 
 type Reply = oneshot::Sender<Result<String, ClientError>>;
 
@@ -43,6 +45,7 @@ pub(super) struct StepHost<'a> {
     pub held: Vec<String>,
     /// End-to-end sessions, when encryption is on.
     pub e2e: Option<&'a mut E2e>,
+    pub connections: &'a mut Connections,
     pub now: Millis,
     /// Inputs for the next step: sends that could not be sealed.
     pub refeed: &'a mut Vec<Input>,
@@ -55,7 +58,7 @@ impl Host<ClientEvent> for StepHost<'_> {
     fn prepare(&mut self, transmits: Vec<Transmit>) -> ControlFlow<CommitFailed, Vec<Frame>> {
         ControlFlow::Continue(match self.e2e.as_deref_mut() {
             Some(e2e) => e2e.seal(transmits, self.now, self.refeed),
-            None => transmits.into_iter().map(Frame::Engine).collect(),
+            None => transmits.into_iter().map(Frame::clear).collect(),
         })
     }
 
@@ -73,12 +76,18 @@ impl Host<ClientEvent> for StepHost<'_> {
                 .collect(),
             done: std::mem::take(self.reported),
         };
+        self.connections.settled(events);
         let sessions = self.e2e.as_deref().map(E2e::changes).unwrap_or_default();
-        match self.store.commit_with_sessions(&ops, &reports, &sessions) {
+        let runtime = RuntimeChanges {
+            sessions: &sessions,
+            connections: self.connections.changes(),
+        };
+        match self.store.commit_with(&ops, &reports, &runtime) {
             Ok(()) => {
                 if let Some(e2e) = self.e2e.as_deref_mut() {
                     e2e.committed();
                 }
+                self.connections.committed();
                 self.held = reports.held.into_iter().map(|(id, _)| id).collect();
                 ControlFlow::Continue(())
             }
@@ -114,6 +123,16 @@ impl Host<ClientEvent> for StepHost<'_> {
 
     fn dispatch(&mut self, events: Vec<ClientEvent>) -> ControlFlow<CommitFailed> {
         for event in events {
+            let event = match event {
+                ClientEvent::Engine(event) => match &*event {
+                    Event::MessageReceived { sender, .. } => ClientEvent::Received {
+                        known_sender: self.connections.is_contact(sender),
+                        event,
+                    },
+                    _ => ClientEvent::Engine(event),
+                },
+                other => other,
+            };
             self.app.event(event);
         }
         ControlFlow::Continue(())

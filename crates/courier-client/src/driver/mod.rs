@@ -3,6 +3,7 @@
 //! engine's order (`courier_engine::step`, `docs/architecture.md#the-step`): many concurrent
 //! commands become one step, and so one commit. It decides nothing about delivery.
 
+pub mod connections;
 pub mod e2e;
 mod host;
 
@@ -23,7 +24,9 @@ use crate::carrier::gateway::GatewayOut;
 use crate::carrier::relay::RelayOut;
 use crate::error::ClientError;
 use crate::event::ClientEvent;
-use crate::store::{MessageStatus, Reports, Store, StoreError};
+use crate::store::{MessageStatus, PendingRequest, Reports, Store, StoreError};
+
+use connections::{ConnectionCommand, Connections};
 
 use e2e::{DirectoryReport, E2e};
 use host::{CommitFailed, StepHost};
@@ -58,6 +61,16 @@ pub enum Command {
     Sync(oneshot::Sender<()>),
     /// What the relay's key-package directory said (`docs/protocol.md#key-package-directory`).
     Directory(DirectoryReport),
+    /// A connection request, or an answer to one; answered with the id of the frame it sent
+    /// once the step that took it is committed.
+    Connection {
+        command: ConnectionCommand,
+        reply: oneshot::Sender<Result<String, ClientError>>,
+    },
+    /// The connection requests waiting for an answer.
+    ConnectionRequests {
+        reply: oneshot::Sender<Vec<PendingRequest>>,
+    },
     Stop {
         reply: oneshot::Sender<()>,
     },
@@ -147,6 +160,7 @@ pub struct Driver {
     unconfirmed: Option<HashSet<String>>,
     /// End-to-end sessions, when encryption is on.
     e2e: Option<E2e>,
+    connections: Connections,
     /// Inputs a step left for the next one (sends that could not be sealed).
     refeed: Vec<Input>,
 }
@@ -162,6 +176,7 @@ pub struct Wiring {
     pub receipts: bool,
     /// End-to-end sessions, when encryption is on.
     pub e2e: Option<E2e>,
+    pub connections: Connections,
 }
 
 /// How the application confirms that a terminal event reached its listeners, when its
@@ -225,6 +240,7 @@ impl Driver {
             published,
             receipts,
             e2e,
+            connections,
         } = wiring;
         if let Ok(mut stats) = published.stats.lock() {
             *stats = engine.stats();
@@ -247,6 +263,7 @@ impl Driver {
             reported: Vec::new(),
             unconfirmed: receipts.then(HashSet::new),
             e2e,
+            connections,
             refeed: Vec::new(),
         }
     }
@@ -295,8 +312,11 @@ impl Driver {
         match cmd {
             Command::Engine(Input::Inbound { message, origin }) => {
                 owed.relay_inbound |= origin.carrier == Carrier::Relay;
+                let connections = &mut self.connections;
                 match &mut self.e2e {
-                    Some(e2e) => e2e.inbound(&mut self.engine, step, *message, origin, now),
+                    Some(e2e) => {
+                        e2e.inbound(&mut self.engine, step, connections, *message, origin, now)
+                    }
                     // Sealed, and this device keeps no sessions: reported, never shown as text.
                     None if message.content.starts_with(courier_proto::MLS_ENC_PREFIX) => {
                         let code = e2e::code::ENCRYPTION_DISABLED;
@@ -304,7 +324,7 @@ impl Driver {
                         let input = e2e::undecryptable(&message, origin, code, reason);
                         step.apply(&mut self.engine, input, now);
                     }
-                    None => step.apply(&mut self.engine, Input::Inbound { message, origin }, now),
+                    None => connections.deliver(&mut self.engine, step, *message, origin, now),
                 }
                 self.after_input(step, now);
             }
@@ -321,6 +341,7 @@ impl Driver {
             Command::Send { mut req, reply } => match self.store.settled(&req.id) {
                 Ok(settled) => {
                     req.settled = settled.map(|record| record.outcome);
+                    self.connections.sent_to(&req.recipient, now);
                     // Answered after the commit, a duplicate included: it may name an entry
                     // accepted earlier in this very step, durable only once the step commits.
                     owed.accepted.push((req.id.clone(), reply));
@@ -331,6 +352,22 @@ impl Driver {
                     let _ = reply.send(Err(e.into()));
                 }
             },
+            Command::Connection { command, reply } => {
+                let e2e = self.e2e.as_mut();
+                match self
+                    .connections
+                    .command(command, &mut self.engine, step, e2e, now)
+                {
+                    Ok(id) => owed.accepted.push((id, reply)),
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                }
+                self.after_input(step, now);
+            }
+            Command::ConnectionRequests { reply } => {
+                let _ = reply.send(self.connections.pending());
+            }
             Command::Status { id, reply } => {
                 // Every step commits before it answers, so storage is as current as the engine.
                 let _ = reply.send(self.store.status(&id).map_err(ClientError::from));
@@ -346,15 +383,40 @@ impl Driver {
     }
 
     /// What the engine handed the runtime in an input: verified control frames (a Welcome
-    /// joins its session, in this step) and the recipients it wants a session with.
+    /// joins its session, a connection request is kept, in this step) and the recipients it
+    /// wants a session with.
     fn after_input(&mut self, step: &mut Step<ClientEvent>, now: Millis) {
+        while let Some(message) = self.engine.poll_control() {
+            match courier_proto::ConnectionFrame::parse(&message.content) {
+                Some(Ok(frame)) => self.connections.control(
+                    frame,
+                    &message,
+                    &mut self.engine,
+                    step,
+                    self.e2e.as_mut(),
+                    now,
+                ),
+                Some(Err(e)) => step.emit(
+                    &mut self.engine,
+                    ClientEvent::Diagnostic {
+                        level: DiagnosticLevel::Warn,
+                        message: format!(
+                            "connection frame {} from {} not used: {e}",
+                            message.id, message.sender
+                        ),
+                        target: "courier_client::connections",
+                    },
+                ),
+                None => {
+                    if let Some(e2e) = &mut self.e2e {
+                        e2e.control(&mut self.engine, step, message, now);
+                    }
+                }
+            }
+        }
         let Some(e2e) = &mut self.e2e else {
-            while self.engine.poll_control().is_some() {}
             return;
         };
-        while let Some(message) = self.engine.poll_control() {
-            e2e.control(&mut self.engine, step, message, now);
-        }
         while let Some(recipient) = self.engine.poll_session_wanted() {
             e2e.want(&mut self.engine, step, &recipient, now);
         }
@@ -379,6 +441,7 @@ impl Driver {
             accepted,
             held: Vec::new(),
             e2e: self.e2e.as_mut(),
+            connections: &mut self.connections,
             now,
             refeed: &mut self.refeed,
         };
@@ -480,6 +543,13 @@ impl Driver {
     fn roll_back(&mut self) {
         let now = now_ms();
         self.refeed.clear();
+        if let Err(e) = self.connections.rollback(&self.store) {
+            self.app.event(ClientEvent::Diagnostic {
+                level: DiagnosticLevel::Error,
+                message: format!("cannot reload the connection requests: {e}"),
+                target: "courier_client::connections",
+            });
+        }
         if let Some(e2e) = &mut self.e2e {
             if let Err(e) = e2e.rollback() {
                 self.app.event(ClientEvent::Diagnostic {
@@ -598,6 +668,13 @@ mod tests {
             published: published.clone(),
             receipts: false,
             e2e: None,
+            connections: Connections::restore(
+                &store,
+                courier_proto::IdentityKey::from_seed([1; 32]),
+                "test".into(),
+                Default::default(),
+            )
+            .unwrap(),
         };
         let engine = Engine::new(config.clone(), "alice".into());
         let driver = Driver::new(engine, store, config, "alice".into(), wiring);

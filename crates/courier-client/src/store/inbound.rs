@@ -148,6 +148,7 @@ mod tests {
                 media_metadata: None,
                 forwarded_from: None,
                 reply_context: None,
+                encrypted: None,
             },
             carrier: Carrier::Local("ble".into()),
             stamped_sender: "alice".into(),

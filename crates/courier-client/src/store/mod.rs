@@ -22,6 +22,7 @@
 //! `lock.rs`): a second `open` of the same file, in this process or another, fails with
 //! [`StoreError::Locked`].
 
+mod connections;
 mod dedup;
 mod identity;
 mod inbound;
@@ -41,6 +42,7 @@ use courier_engine::io::{
 };
 use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
 
+pub use connections::{ConnectionChange, PendingRequest};
 use courier_crypto::{Change, RowKey};
 use identity::SealKeys;
 use lock::LockFile;
@@ -60,6 +62,13 @@ const JOURNAL_SIZE_LIMIT_BYTES: i64 = 8 * 1024 * 1024;
 
 /// Prepared statements kept per connection; the commit path uses a handful.
 const STATEMENT_CACHE: usize = 32;
+
+/// What the runtime changed in a step besides the engine's store ops.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RuntimeChanges<'a> {
+    pub sessions: &'a [Change],
+    pub connections: &'a [ConnectionChange],
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -361,21 +370,27 @@ impl Store {
     /// was dispatched. What is still held at a start is emitted again ([`Store::unreported`]):
     /// a terminal event is never lost to a crash between its commit and its dispatch.
     pub fn commit_step(&mut self, ops: &[StoreOp], reports: &Reports) -> Result<(), StoreError> {
-        self.commit_with_sessions(ops, reports, &[])
+        self.commit_with(ops, reports, &RuntimeChanges::default())
     }
 
-    /// [`commit_step`](Self::commit_step), with the step's changes of the end-to-end session
-    /// state in the same transaction: a ratchet step commits with what it sealed or opened.
-    pub fn commit_with_sessions(
+    /// [`commit_step`](Self::commit_step), with what the runtime changed in the step in the same
+    /// transaction: a ratchet step commits with what it sealed or opened, a connection request
+    /// with the frame that brought or sent it.
+    pub fn commit_with(
         &mut self,
         ops: &[StoreOp],
         reports: &Reports,
-        sessions: &[Change],
+        runtime: &RuntimeChanges<'_>,
     ) -> Result<(), StoreError> {
+        let RuntimeChanges {
+            sessions,
+            connections,
+        } = *runtime;
         if ops.is_empty()
             && reports.held.is_empty()
             && reports.done.is_empty()
             && sessions.is_empty()
+            && connections.is_empty()
         {
             return Ok(());
         }
@@ -386,6 +401,7 @@ impl Store {
             let rest = self.rest_key.as_ref().ok_or(StoreError::NoIdentity)?;
             mls::apply(&tx, rest, sessions)?;
         }
+        connections::apply(&tx, connections)?;
         for op in ops {
             match op {
                 StoreOp::Put(record) => outbox::put(&tx, record)?,
@@ -409,6 +425,16 @@ impl Store {
         }
         tx.commit()?;
         Ok(())
+    }
+
+    /// The peers this device talks with.
+    pub fn load_contacts(&self) -> Result<Vec<String>, StoreError> {
+        connections::load_contacts(&self.conn)
+    }
+
+    /// The connection requests waiting for an answer, oldest first.
+    pub fn load_connection_requests(&self) -> Result<Vec<PendingRequest>, StoreError> {
+        connections::load_pending(&self.conn)
     }
 
     /// Terminal events whose settlement committed but whose dispatch was never recorded, as
@@ -607,6 +633,7 @@ mod tests {
             media_metadata: None,
             forwarded_from: None,
             reply_context: None,
+            encrypted: None,
         };
         let put = StoreOp::Put(OutboxRecord {
             message,

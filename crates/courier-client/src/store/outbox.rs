@@ -60,16 +60,6 @@ pub(crate) fn parse_state(s: &str) -> Option<EntryState> {
     }
 }
 
-fn parse_reason(s: &str) -> Option<FailReason> {
-    [
-        FailReason::MaxRetriesExceeded,
-        FailReason::OutboxLifetimeExceeded,
-        FailReason::OutboxCapacityExceeded,
-    ]
-    .into_iter()
-    .find(|r| r.as_str() == s)
-}
-
 /// Upserts the entry's row. A live entry is never also "settled": re-accepting an id that
 /// settled before (a client-chosen id re-sent after `message_failed`) forgets the old outcome,
 /// so `settled()` and the status never contradict the outbox.
@@ -176,7 +166,7 @@ pub(crate) fn settled(conn: &Connection, id: &str) -> Result<Option<SettledRecor
     let outcome = match (outcome.as_str(), reason.as_deref()) {
         ("delivered", _) => Settlement::Delivered,
         ("failed", Some(r)) => Settlement::Failed(
-            parse_reason(r).ok_or_else(|| bad(format!("unknown failure reason {r:?}")))?,
+            FailReason::parse(r).ok_or_else(|| bad(format!("unknown failure reason {r:?}")))?,
         ),
         (o, _) => return Err(bad(format!("unknown outcome {o:?}"))),
     };

@@ -25,6 +25,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     v5_unreported_settlements,
     v6_sessions,
     v7_sealed_inbound,
+    v8_connections,
 ];
 
 /// The schema version this build writes and understands.
@@ -170,6 +171,25 @@ fn v6_sessions(tx: &Transaction<'_>) -> rusqlite::Result<()> {
 /// the `encrypted` mark of its `message_received`.
 fn v7_sealed_inbound(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     tx.execute_batch("ALTER TABLE pending_inbound ADD COLUMN encrypted INTEGER NOT NULL DEFAULT 0;")
+}
+
+/// Version 8: contacts and connection requests (`docs/delivery.md#connection-requests`).
+fn v8_connections(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "CREATE TABLE contacts (
+             peer  TEXT    PRIMARY KEY NOT NULL,
+             since INTEGER NOT NULL
+         ) WITHOUT ROWID;
+
+         CREATE TABLE connection_requests (
+             id          TEXT    PRIMARY KEY NOT NULL,
+             peer        TEXT    NOT NULL,
+             incoming    INTEGER NOT NULL CHECK (incoming IN (0, 1)),
+             note        TEXT    NULL,
+             key_package BLOB    NULL,
+             at          INTEGER NOT NULL
+         ) WITHOUT ROWID;",
+    )
 }
 
 /// `PRAGMA user_version`. The first read of a file, so a non-database fails here.

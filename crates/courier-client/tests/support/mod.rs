@@ -102,10 +102,7 @@ pub fn address(e: &ClientEvent) -> Option<String> {
 
 /// The engine event inside a client event.
 pub fn engine(e: &ClientEvent) -> Option<&Event> {
-    match e {
-        ClientEvent::Engine(e) => Some(e),
-        _ => None,
-    }
+    e.engine()
 }
 
 /// The config of app `name` (app id `app_id`) with its database in `dir`, over the relay at

@@ -143,7 +143,7 @@ impl Engine {
     }
 
     /// One Put per entry changed during the call, reflecting where it ended up; then the
-    /// watchlist follows the parking bookkeeping.
+    /// watchlist follows the parking bookkeeping and the pre-session queue.
     pub(super) fn end_call(&mut self) {
         if let Some(hook) = self.hook.as_mut() {
             let rows = hook.take_to_buffer();
@@ -151,8 +151,10 @@ impl Engine {
                 self.store.push_back(StoreOp::BufferInbound(rows));
             }
         }
-        for peer in self.parking.take_touched() {
-            let wanted = self.parking.watched(&peer);
+        let mut touched = self.parking.take_touched();
+        touched.append(&mut self.presession.take_touched());
+        for peer in touched {
+            let wanted = self.parking.watched(&peer) || self.presession.waits_for(&peer);
             self.presence.set_wanted(&peer, wanted);
         }
         for key in std::mem::take(&mut self.dirty) {

@@ -132,7 +132,11 @@ impl Engine {
         if settled == Some(Settlement::Delivered) || known {
             return;
         }
-        let awaits_session = self.config.encryption && !self.sessions.contains(&recipient);
+        // A signed control frame (a connection request and its answers) is what comes before a
+        // session: it never waits for one (`docs/delivery.md#connection-requests`).
+        let awaits_session = self.config.encryption
+            && !self.sessions.contains(&recipient)
+            && !courier_proto::is_signature_gated(&content);
         if !awaits_session {
             self.make_room(Class::of(content_type), now);
         }
@@ -156,6 +160,7 @@ impl Engine {
             media_metadata: None,
             forwarded_from: None,
             reply_context: None,
+            encrypted: None,
         };
         let waiting = Waiting {
             message,
@@ -230,6 +235,15 @@ impl Engine {
 
     fn want_session(&mut self, recipient: String) {
         if self.wanted.insert(recipient.clone()) {
+            self.session_wanted.push_back(recipient);
+        }
+    }
+
+    /// The recipient came online while its messages wait: whatever setup found before (no key
+    /// package, a round trip refused for an unknown device), it is worth asking again.
+    fn ask_session_again(&mut self, recipient: String) {
+        if !self.session_wanted.contains(&recipient) {
+            self.wanted.insert(recipient.clone());
             self.session_wanted.push_back(recipient);
         }
     }
@@ -405,6 +419,9 @@ impl Engine {
         if self.presence.report(&peer, online) {
             self.edge(&peer, now);
             self.send_due(now);
+            if self.presession.waits_for(&peer) {
+                self.ask_session_again(peer.clone());
+            }
         }
         self.events.push_back(Event::PresenceUpdated {
             peer_id: peer,

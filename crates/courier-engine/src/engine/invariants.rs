@@ -71,12 +71,21 @@ impl Engine {
             );
             assert_eq!(
                 self.presence.is_wanted(recipient),
-                self.parking.watched(recipient),
+                self.parking.watched(recipient) || self.presession.waits_for(recipient),
                 "watchlist out of step for {recipient}"
             );
         }
+        for recipient in self.presession.recipients() {
+            assert!(
+                self.presence.is_wanted(recipient),
+                "{recipient} waits for a session unwatched"
+            );
+        }
         for peer in self.presence.wanted() {
-            assert!(self.parking.watched(&peer), "{peer} watched for nothing");
+            assert!(
+                self.parking.watched(&peer) || self.presession.waits_for(&peer),
+                "{peer} watched for nothing"
+            );
         }
         assert!(
             self.timers.in_flight() <= self.config.max_pending_acks.max(1),

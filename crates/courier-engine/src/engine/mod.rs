@@ -223,14 +223,16 @@ impl Engine {
     }
 
     /// `internetPresenceWatchlist()`: the recipients of parked entries (unreachable or in relay
-    /// custody) and the peers that just got a verdict, sorted.
+    /// custody), the peers that just got a verdict, and the recipients whose messages wait for
+    /// a session, sorted.
     pub fn presence_watchlist(&self) -> Vec<String> {
         self.presence.wanted()
     }
 
     /// The next recipient to set up an end-to-end session with: a message waits for it in the
     /// pre-session queue. Each is asked once until `Input::SessionReady` names it (after a
-    /// restart, again); setting the session up, and trying again, is the runtime's.
+    /// restart, again), and once more each time presence says it came online; setting the
+    /// session up, and trying again over a new connection, is the runtime's.
     #[must_use]
     pub fn poll_session_wanted(&mut self) -> Option<String> {
         self.session_wanted.pop_front()

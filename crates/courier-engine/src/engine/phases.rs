@@ -52,6 +52,12 @@ impl Engine {
         let Some(entry) = self.outbox.get(key) else {
             return;
         };
+        if courier_proto::is_connection_request(&entry.message.content) {
+            // Never parked: a request is for now or not at all
+            // (`docs/delivery.md#connection-requests`).
+            self.settle_failed(key, FailReason::ConnectionRequestUndeliverable, now);
+            return;
+        }
         let recipient = entry.message.recipient.clone();
         let media = entry.class() == Class::Media;
         self.events.push_back(Event::MessageUndeliverable {

@@ -214,6 +214,7 @@ impl Engine {
             origin,
             ack,
             self.config.encryption,
+            now,
         ) {
             let text = format!(
                 "ignored ACK for {acked}: carried by {} claiming {}{}, not its recipient",
@@ -221,7 +222,7 @@ impl Engine {
                 ack.sender,
                 match &origin.sealed_by {
                     Some(sealer) => format!(", sealed by {sealer}"),
-                    None => ", not sealed".to_owned(),
+                    None => ", neither sealed nor signed by it".to_owned(),
                 }
             );
             self.diagnostic(DiagnosticLevel::Warn, text);

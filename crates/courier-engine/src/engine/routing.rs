@@ -123,6 +123,11 @@ impl Engine {
         let Some(entry) = self.outbox.get(key) else {
             return;
         };
+        if courier_proto::control_signature_expired(&entry.message, now) {
+            // Its receivers would refuse it as stale (`docs/protocol.md#control-signatures`).
+            self.settle_failed(key, FailReason::ControlSignatureExpired, now);
+            return;
+        }
         let message = entry.wire_message();
         let parked = entry.park.is_some();
         self.last_send_seq += 1;

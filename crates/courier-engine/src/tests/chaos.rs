@@ -143,6 +143,14 @@ fn outcome(event: &Event) -> Option<&'static str> {
             reason: FailReason::PendingSessionCapacityExceeded,
             ..
         } => "session capacity",
+        Event::MessageFailed {
+            reason: FailReason::ControlSignatureExpired,
+            ..
+        } => "control signature expired",
+        Event::MessageFailed {
+            reason: FailReason::ConnectionRequestUndeliverable,
+            ..
+        } => "request undeliverable",
         Event::InboundDrainCompleted { .. } => "drain completed",
         Event::SecurityWarning { .. } => "security warning",
         Event::MessageDecryptionFailed { .. } => "decryption failed",
@@ -582,5 +590,6 @@ fn inbound_sample() -> courier_proto::Message {
         media_metadata: None,
         forwarded_from: None,
         reply_context: None,
+        encrypted: None,
     }
 }

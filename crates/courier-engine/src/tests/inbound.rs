@@ -26,6 +26,7 @@ fn from_bob(id: &str) -> Message {
         media_metadata: None,
         forwarded_from: None,
         reply_context: None,
+        encrypted: None,
     }
 }
 

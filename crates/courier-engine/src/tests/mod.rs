@@ -4,6 +4,7 @@
 //! when a scenario says so. After every engine call it checks the crate's invariants.
 
 mod chaos;
+mod connection_requests;
 mod custody;
 mod gateway;
 mod inbound;
@@ -1255,6 +1256,7 @@ pub(crate) fn message_from(sender: &str, id: &str) -> Message {
         media_metadata: None,
         forwarded_from: None,
         reply_context: None,
+        encrypted: None,
     }
 }
 

@@ -242,3 +242,49 @@ fn without_sessions_required_rows_left_waiting_go_to_the_outbox() {
         Some((_, Event::MessageDelivered { .. }))
     ));
 }
+
+#[test]
+fn a_waiting_recipient_is_watched_and_its_coming_online_asks_for_the_session_again() {
+    let mut sim = encrypted();
+    let id = sim.send(BOB);
+    assert_eq!(sim.engine.presence_watchlist(), [BOB]);
+    assert_eq!(sim.sessions_wanted, [(0, BOB.to_owned())]);
+
+    // Whatever setup found (nobody, say), Bob coming online is worth another try; a status
+    // that is no news is not.
+    sim.advance(SEC);
+    sim.presence(BOB, true);
+    sim.presence(BOB, true);
+    sim.presence(BOB, false);
+    assert_eq!(
+        sim.sessions_wanted,
+        [(0, BOB.to_owned()), (SEC, BOB.to_owned())]
+    );
+
+    ready(&mut sim, BOB);
+    assert_eq!(sim.sends(&id), [SEC]);
+    assert!(
+        sim.engine.presence_watchlist().is_empty(),
+        "nothing waits for Bob any more (his message is in flight, not parked)"
+    );
+    sim.presence(BOB, true);
+    assert_eq!(
+        sim.sessions_wanted.len(),
+        2,
+        "no session is asked for twice"
+    );
+}
+
+#[test]
+fn a_recipient_whose_waiting_messages_failed_is_no_longer_watched() {
+    let mut sim = encrypted();
+    let id = sim.send(BOB);
+    assert_eq!(sim.engine.presence_watchlist(), [BOB]);
+    sim.advance(LIFETIME);
+    sim.timeout();
+    assert_eq!(
+        failed_with(&sim, &id),
+        Some(FailReason::PendingSessionLifetimeExceeded)
+    );
+    assert!(sim.engine.presence_watchlist().is_empty());
+}

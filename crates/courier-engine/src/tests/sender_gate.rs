@@ -31,6 +31,7 @@ fn control(key: &IdentityKey, id: &str, signed_at: Option<Millis>) -> Message {
         media_metadata: None,
         forwarded_from: None,
         reply_context: None,
+        encrypted: None,
     };
     if let Some(at) = signed_at {
         sign_control(&mut m, key, at);

@@ -171,8 +171,11 @@ impl World {
             FailReason::PendingSessionCapacityExceeded => {
                 Some("its recipient's pre-session queue was full")
             }
-            // A live peer's session comes up long before a week is out.
-            FailReason::PendingSessionLifetimeExceeded => None,
+            // A live peer's session comes up long before a week is out; the simulated apps send
+            // no control frames.
+            FailReason::PendingSessionLifetimeExceeded
+            | FailReason::ControlSignatureExpired
+            | FailReason::ConnectionRequestUndeliverable => None,
             FailReason::OutboxLifetimeExceeded => {
                 (expiry <= honest_since).then_some("its lifetime ran out during the chaos")
             }

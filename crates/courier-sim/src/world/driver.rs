@@ -333,8 +333,10 @@ impl World {
                     match reason {
                         FailReason::MaxRetriesExceeded => self.counts.failed_max_retries += 1,
                         FailReason::OutboxLifetimeExceeded
-                        | FailReason::PendingSessionLifetimeExceeded => {
-                            self.counts.failed_lifetime += 1
+                        | FailReason::PendingSessionLifetimeExceeded
+                        | FailReason::ControlSignatureExpired => self.counts.failed_lifetime += 1,
+                        FailReason::ConnectionRequestUndeliverable => {
+                            violated(format!("{message_id}: the simulated apps send no requests"))
                         }
                         FailReason::OutboxCapacityExceeded
                         | FailReason::PendingSessionCapacityExceeded => {
