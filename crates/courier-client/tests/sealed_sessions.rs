@@ -235,7 +235,10 @@ async fn first_message_to_a_device_never_seen(key_directory: bool) {
         .await
         .unwrap();
     assert_eq!(alice.stats().pre_session, 1);
-    assert_eq!(alice.presence_watchlist(), std::slice::from_ref(&bob_address));
+    assert_eq!(
+        alice.presence_watchlist(),
+        std::slice::from_ref(&bob_address)
+    );
 
     let (bob, bob_events) =
         support::start(&parse_protocol_config(&config("bob", dir.path(), &url)).unwrap());
@@ -447,6 +450,75 @@ async fn both_sides_starting_at_once_end_in_one_session_and_lose_nothing() {
         assert_eq!(texts, expected);
         assert_eq!(seen.iter().filter(|e| delivered(e)).count(), 5);
     }
+    alice.stop().await;
+    bob.stop().await;
+    relay.stop().await;
+}
+
+/// Without a directory, Alice asks Bob (offline) with her key package on every connection while
+/// her message waits; each ask carries the same package, so one private half is kept for Bob
+/// however often she reconnects, and Bob's next start answers it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asking_again_by_the_round_trip_sends_the_same_key_package() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = start_relay(Storage::Memory, false).await;
+    let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = std::sync::Arc::clone(&asked);
+    let tap = move |toward, frame: &str| {
+        if toward == support::Toward::Relay {
+            if let Ok(ClientFrame::SendMessage { content, .. }) = ClientFrame::decode(frame) {
+                let message = Message::decode(&content).unwrap();
+                if message.content.starts_with("__MLS_KEY_PKG__") {
+                    seen.lock().unwrap().push(message.content);
+                }
+            }
+        }
+        Vec::new()
+    };
+    let url = support::proxy(relay.url(), std::sync::Arc::new(tap)).await;
+    let start =
+        |name| support::start(&parse_protocol_config(&config(name, dir.path(), &url)).unwrap());
+
+    let (bob, bob_events) = start("bob");
+    let bob_address =
+        address(&wait_for(&bob_events, "bob's identity", |e| address(e).is_some()).await).unwrap();
+    wait_for(&bob_events, "bob online", connected).await;
+    bob.stop().await;
+    drop(bob_events);
+
+    let (alice, alice_events) = start("alice");
+    wait_for(&alice_events, "alice online", connected).await;
+    let id = alice
+        .send(SendInput {
+            recipient: bob_address.clone(),
+            content: "waits for bob".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    for round in 1..=3 {
+        let at_least = round;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while asked.lock().unwrap().len() < at_least {
+            assert!(Instant::now() < deadline, "ask {round} never went");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        alice.internet_status_changed(false);
+        alice.internet_status_changed(true);
+        wait_for(&alice_events, "alice back online", connected).await;
+    }
+    let asks = asked.lock().unwrap().clone();
+    assert!(asks.len() >= 3, "{} asks", asks.len());
+    assert!(
+        asks.iter().all(|a| *a == asks[0]),
+        "one key package for Bob"
+    );
+
+    let (bob, _bob_events) = start("bob");
+    wait_for(&alice_events, "delivery to bob", |e| {
+        matches!(engine(e), Some(Event::MessageDelivered { message_id, .. }) if *message_id == id)
+    })
+    .await;
     alice.stop().await;
     bob.stop().await;
     relay.stop().await;

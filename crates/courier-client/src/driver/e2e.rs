@@ -5,7 +5,7 @@
 //! is committed in the transaction of the step that changed it, and nothing that depends on it
 //! leaves before that commit.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use courier_crypto::{Joined, SessionError, Sessions};
 use courier_engine::step::Step;
@@ -91,6 +91,10 @@ pub struct E2e {
     app_id: String,
     /// Peers the engine wants a session with and that have none yet.
     wanted: BTreeSet<Address>,
+    /// The key package each peer was asked with by the round trip, sent again when asking again:
+    /// one private half kept per waited-for peer, however often it is asked (the peer answers a
+    /// repeat with the same Welcome).
+    asked_with: BTreeMap<Address, Vec<u8>>,
     /// `Some` while a relay is connected: whether it offers the directory.
     directory: Option<bool>,
     /// Frames for the relay, sent once the step that prepared them is committed: directory
@@ -105,6 +109,7 @@ impl E2e {
             identity,
             app_id,
             wanted: BTreeSet::new(),
+            asked_with: BTreeMap::new(),
             directory: None,
             outgoing: Vec::new(),
         }
@@ -127,6 +132,8 @@ impl E2e {
 
     pub fn rollback(&mut self) -> Result<(), SessionError> {
         self.outgoing.clear();
+        // Their private halves may be what the failed step made.
+        self.asked_with.clear();
         self.sessions.rollback()
     }
 
@@ -230,10 +237,17 @@ impl E2e {
     /// The round trip (`docs/protocol.md#session-setup`): a key package of this device to
     /// `peer`, which starts the session and answers with its Welcome.
     fn ask_peer(&mut self, peer: Address, now: Millis) -> Result<(), String> {
-        let package = self
-            .sessions
-            .key_package(false)
-            .map_err(|e| e.to_string())?;
+        let package = match self.asked_with.get(&peer) {
+            Some(package) => package.clone(),
+            None => {
+                let package = self
+                    .sessions
+                    .key_package(false)
+                    .map_err(|e| e.to_string())?;
+                self.asked_with.insert(peer, package.clone());
+                package
+            }
+        };
         let message = self.session_frame(SessionFrame::KeyPackage, peer, &package, now);
         self.send_after_commit(&message);
         Ok(())
@@ -430,6 +444,7 @@ impl E2e {
         now: Millis,
     ) {
         self.wanted.remove(&peer);
+        self.asked_with.remove(&peer);
         let ready = Input::SessionReady {
             recipient: peer.to_string(),
         };
