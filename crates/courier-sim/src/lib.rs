@@ -61,6 +61,9 @@ pub struct Options {
     pub actions: Option<u32>,
     /// Print every step, event and frame.
     pub verbose: bool,
+    /// Whether messages travel sealed in end-to-end sessions; `None`: the seed decides (about
+    /// half the seeds do).
+    pub encryption: Option<bool>,
 }
 
 /// A seed whose run broke an invariant (or panicked).
@@ -72,9 +75,7 @@ pub struct Failure {
 
 /// Runs one seed to the end and checks it.
 pub fn run_seed(seed: u64, options: Options) -> Result<Summary, Failure> {
-    let result = panic::catch_unwind(AssertUnwindSafe(|| {
-        world::World::new(seed, options.actions, options.verbose).run()
-    }));
+    let result = panic::catch_unwind(AssertUnwindSafe(|| world::World::new(seed, options).run()));
     result.map_err(|payload| {
         let message = payload
             .downcast_ref::<String>()
@@ -82,14 +83,28 @@ pub fn run_seed(seed: u64, options: Options) -> Result<Summary, Failure> {
             .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
             .unwrap_or_else(|| "a panic without a message".to_owned());
         // Addresses read better as the devices' short names.
-        let message = world::World::new(seed, options.actions, false).shorten(&message);
+        let message = world::World::new(
+            seed,
+            Options {
+                verbose: false,
+                ..options
+            },
+        )
+        .shorten(&message);
         Failure { seed, message }
     })
 }
 
 /// One line describing the world a seed builds.
 pub fn describe(seed: u64, options: Options) -> String {
-    world::World::new(seed, options.actions, false).describe()
+    world::World::new(
+        seed,
+        Options {
+            verbose: false,
+            ..options
+        },
+    )
+    .describe()
 }
 
 /// The command that replays a seed.
@@ -98,5 +113,10 @@ pub fn replay_command(seed: u64, options: Options) -> String {
         .actions
         .map(|a| format!(" --actions {a}"))
         .unwrap_or_default();
-    format!("cargo run -p courier-sim --release -- --seed {seed}{actions} --verbose")
+    let encryption = match options.encryption {
+        Some(true) => " --encryption",
+        Some(false) => " --no-encryption",
+        None => "",
+    };
+    format!("cargo run -p courier-sim --release -- --seed {seed}{actions}{encryption} --verbose")
 }

@@ -4,7 +4,9 @@
 //! ```text
 //! courier-sim --seed 1234 [--verbose]         one seed
 //! courier-sim --seeds 10000 [--from 1]        a range of seeds
-//! options: --actions N (fault actions per seed), --determinism (run each seed twice, compare)
+//! options: --actions N (fault actions per seed), --determinism (run each seed twice, compare),
+//!          --encryption / --no-encryption (every seed's messages sealed in end-to-end sessions,
+//!          or none; by default each seed decides)
 //! ```
 
 use std::process::ExitCode;
@@ -45,9 +47,11 @@ fn parse() -> Result<Args, String> {
                 args.options.actions = Some(number("--actions", it.next())? as u32);
             }
             "--verbose" | "-v" => args.options.verbose = true,
+            "--encryption" => args.options.encryption = Some(true),
+            "--no-encryption" => args.options.encryption = Some(false),
             "--determinism" => args.determinism = true,
             "--help" | "-h" => {
-                return Err("usage: courier-sim [--seed N | --seeds N [--from S]] [--actions N] [--verbose] [--determinism]".into())
+                return Err("usage: courier-sim [--seed N | --seeds N [--from S]] [--actions N] [--encryption | --no-encryption] [--verbose] [--determinism]".into())
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }
