@@ -73,6 +73,11 @@ pub struct Ledger {
     unopened: BTreeSet<(String, u64)>,
     /// (recipient, sender, wire id) of data messages that failed to decrypt → when last.
     undecryptable: BTreeMap<(String, String, String), Millis>,
+    /// (device, peer) → when the device last kept its own session over a Welcome from the peer
+    /// (both had started one at once, and the device's address is the lower).
+    outranked: BTreeMap<(String, String), Millis>,
+    /// (device, peer) → when the device last joined a session from a Welcome of the peer.
+    joined: BTreeMap<(String, String), Millis>,
 }
 
 /// What a sealed envelope holds, as far as the checks need it.
@@ -313,6 +318,29 @@ impl Ledger {
     ) -> Option<Millis> {
         let key = (recipient.to_owned(), sender.to_owned(), wire_id.to_owned());
         self.undecryptable.get(&key).copied()
+    }
+
+    /// `device` kept its own session over `peer`'s Welcome (`outranked`), or joined `peer`'s.
+    pub fn on_welcome(&mut self, device: &str, peer: &str, outranked: bool, at: Millis) {
+        let key = (device.to_owned(), peer.to_owned());
+        if outranked {
+            self.outranked.insert(key, at);
+        } else {
+            self.joined.insert(key, at);
+        }
+    }
+
+    /// When `sender` gave up a session it had started with `recipient` for the recipient's own
+    /// (they started at once, and the recipient won the tie): the recipient had kept its own
+    /// first, then the sender joined it.
+    pub fn lost_tie(&self, sender: &str, recipient: &str) -> Option<Millis> {
+        let kept = self
+            .outranked
+            .get(&(recipient.to_owned(), sender.to_owned()))?;
+        let joined = self
+            .joined
+            .get(&(sender.to_owned(), recipient.to_owned()))?;
+        (kept <= joined).then_some(*joined)
     }
 
     /// Every data message that failed to decrypt: (recipient, sender, wire id).

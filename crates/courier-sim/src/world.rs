@@ -145,6 +145,9 @@ pub struct Counts {
     /// Welcome of the session already joined.
     pub welcomes_outranked: u64,
     pub welcomes_repeated: u64,
+    /// Welcomes joined whose sender no longer held that session (it had replaced it, or joined
+    /// the receiver's): the two sides' sessions part ways unless a newer Welcome follows.
+    pub stale_welcomes_joined: u64,
     /// Warnings of the end-to-end layer (a session frame not used, a package not usable).
     pub e2e_warnings: u64,
     pub flush_rounds: u64,
@@ -216,6 +219,7 @@ impl Counts {
             (&mut self.welcomes_sent, other.welcomes_sent),
             (&mut self.welcomes_outranked, other.welcomes_outranked),
             (&mut self.welcomes_repeated, other.welcomes_repeated),
+            (&mut self.stale_welcomes_joined, other.stale_welcomes_joined),
             (&mut self.e2e_warnings, other.e2e_warnings),
             (&mut self.flush_rounds, other.flush_rounds),
             (&mut self.steps, other.steps),

@@ -208,6 +208,16 @@ impl World {
             FailReason::MaxRetriesExceeded if last_written <= honest_since => {
                 Some("its last attempt was written during the chaos")
             }
+            // Both started a session at once and the recipient's won the tie: what the sender
+            // sealed before it joined the winner does not open, and spends its attempts.
+            FailReason::MaxRetriesExceeded
+                if self
+                    .ledger
+                    .lost_tie(sender, recipient.name())
+                    .is_some_and(|joined| last_written <= joined) =>
+            {
+                Some("its last attempt was sealed in the session that lost a simultaneous start")
+            }
             // Lost to a ratchet: in the honest world every attempt is sealed in a session the
             // recipient can open, or carries the Welcome into it.
             FailReason::MaxRetriesExceeded

@@ -318,6 +318,22 @@ impl World {
                             Joined::KeptOurs => self.counts.welcomes_outranked += 1,
                             Joined::Already => self.counts.welcomes_repeated += 1,
                         }
+                        if joined == Joined::Joined && !self.holds_welcome(from, p, &bytes) {
+                            // The sender no longer has the session this Welcome creates: it
+                            // replaced it, or joined ours. The two sides now part ways unless a
+                            // newer Welcome of the sender's follows.
+                            self.counts.stale_welcomes_joined += 1;
+                            self.trace(|w| {
+                                let me = w.peers[p].name();
+                                format!("{me} joined a stale welcome {} from {from}", message.id)
+                            });
+                        }
+                        if joined != Joined::Already {
+                            let me = self.peers[p].name().to_owned();
+                            let outranked = joined == Joined::KeptOurs;
+                            self.ledger
+                                .on_welcome(&me, &from.to_string(), outranked, self.now);
+                        }
                         self.trace(|w| {
                             let me = w.peers[p].name();
                             format!("{me} welcome {} from {from}: {joined:?}", message.id)
@@ -600,6 +616,20 @@ impl World {
             .map_err(|e| {
                 format!("their sessions part ways ({peer} cannot open what {me} seals: {e})")
             })
+    }
+
+    /// Whether device `from` still holds `welcome` for device `p`: the Welcome of its current
+    /// session with `p` (as it runs, or as its store holds it while it is down).
+    fn holds_welcome(&self, from: Address, p: usize, welcome: &[u8]) -> bool {
+        let Some(q) = self.scn.index_of(&from.to_string()) else {
+            return false;
+        };
+        let to = Address::parse(self.peers[p].name()).expect("an address");
+        let running = self.peers[q].run.as_ref().and_then(|run| run.e2e.as_ref());
+        match running {
+            Some(e2e) => e2e.sessions.welcome_for(&to) == Some(welcome),
+            None => self.restore_sessions(q).welcome_for(&to) == Some(welcome),
+        }
     }
 
     /// Device `q`'s sessions as its store holds them.
