@@ -73,7 +73,7 @@ pub struct Ledger {
     unopened: BTreeSet<(String, u64)>,
     /// (recipient, sender, wire id) of data messages that failed to decrypt → when last.
     undecryptable: BTreeMap<(String, String, String), Millis>,
-    /// (device, peer) → when the device last kept its own session over a Welcome from the peer
+    /// (device, peer) → when the device first kept its own session over a Welcome from the peer
     /// (both had started one at once, and the device's address is the lower).
     outranked: BTreeMap<(String, String), Millis>,
     /// (device, peer) → when the device last joined a session from a Welcome of the peer.
@@ -324,7 +324,8 @@ impl Ledger {
     pub fn on_welcome(&mut self, device: &str, peer: &str, outranked: bool, at: Millis) {
         let key = (device.to_owned(), peer.to_owned());
         if outranked {
-            self.outranked.insert(key, at);
+            // The first time counts: later ones are the loser's Welcomes still on their way.
+            self.outranked.entry(key).or_insert(at);
         } else {
             self.joined.insert(key, at);
         }

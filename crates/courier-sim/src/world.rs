@@ -429,8 +429,13 @@ impl World {
                 )
             })
             .collect();
+        let e2e = match (self.scn.encryption, self.scn.directory) {
+            (false, _) => "off",
+            (true, true) => "sessions through the key-package directory",
+            (true, false) => "sessions by the round trip",
+        };
         format!(
-            "peers {} | mailbox {:?} | ble {:?} | {} actions",
+            "peers {} | mailbox {:?} | ble {:?} | {} actions | encryption: {e2e}",
             peers.join(" "),
             self.scn.mailbox.map(|m| m.max_messages),
             self.scn.ble_pairs,
