@@ -44,8 +44,8 @@
 //! none. When the honest world is quiet every device sends a probe of each priority to another
 //! device, and every probe must be delivered; a run that sent to devices must deliver something.
 //! Never lost to a ratchet: in an encrypted world every `message_decryption_failed` is counted,
-//! and a message whose last attempt its recipient failed to decrypt in the honest phase has no
-//! excuse — unless both devices had started a session at once and the attempt was sealed in the
+//! and a message whose last attempt, written in the honest phase, its recipient failed to
+//! decrypt has no excuse — unless both devices had started a session at once and the attempt was sealed in the
 //! one that lost the tie (the sender joined the winner after it). A message to a live device
 //! may fail by its pre-session lifetime only if that ran out during the chaos.
 //!

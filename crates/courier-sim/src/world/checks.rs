@@ -219,13 +219,14 @@ impl World {
                 Some("its last attempt was sealed in the session that lost a simultaneous start")
             }
             // Lost to a ratchet: in the honest world every attempt is sealed in a session the
-            // recipient can open, or carries the Welcome into it.
+            // recipient can open, or carries the Welcome into it. (An attempt that opened and
+            // was not kept, a full hook buffer say, is judged by the rules below.)
             FailReason::MaxRetriesExceeded
                 if !recipient.store.is_processed(&key)
                     && self
                         .ledger
                         .decryption_failed_at(recipient.name(), sender, &wire_id)
-                        .is_some_and(|at| at > honest_since) =>
+                        .is_some_and(|at| at >= last_written) =>
             {
                 None
             }
