@@ -4,8 +4,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use courier_engine::{InboundKey, Settlement};
-use courier_proto::Message;
+use courier_engine::{InboundKey, Millis, Settlement};
+use courier_proto::{Message, SessionFrame, MLS_ENC_PREFIX};
 
 use crate::store::key_of;
 
@@ -47,7 +47,8 @@ pub struct Inbound {
 /// What a relay journal `seq` carried.
 #[derive(Debug, Clone)]
 pub struct SeqInfo {
-    /// The dedup key at the recipient, for a data message; `None` for an end-to-end ACK.
+    /// The dedup key at the recipient, for a data message; `None` for an end-to-end ACK or a
+    /// session frame.
     pub key: Option<InboundKey>,
 }
 
@@ -64,6 +65,39 @@ pub struct Ledger {
     seqs: BTreeMap<(String, u64), SeqInfo>,
     /// (what, sender, wire id) → when the relay last refused it.
     refusals: BTreeMap<(Refused, String, String), u64>,
+    /// (sealing address, envelope id) → what is inside. Only the oracle can see through an
+    /// envelope: a device opens each once.
+    sealed: BTreeMap<(String, String), Sealed>,
+    /// (account, seq) of relay frames a device released without processing them, because the
+    /// sealed copy they carried did not open or was a spent repeat.
+    unopened: BTreeSet<(String, u64)>,
+    /// (recipient, sender, wire id) of data messages that failed to decrypt → when last.
+    undecryptable: BTreeMap<(String, String, String), Millis>,
+    /// (device, peer) → when the device first kept its own session over a Welcome from the peer
+    /// (both had started one at once, and the device's address is the lower).
+    outranked: BTreeMap<(String, String), Millis>,
+    /// (device, peer) → when the device last joined a session from a Welcome of the peer.
+    joined: BTreeMap<(String, String), Millis>,
+}
+
+/// What a sealed envelope holds, as far as the checks need it.
+#[derive(Debug)]
+struct Sealed {
+    recipient: String,
+    /// The id it acknowledges, for a delivery ACK.
+    ack_for: Option<String>,
+}
+
+/// Who a decryption failure was about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Undecryptable {
+    /// A data message addressed to the device that failed to open it.
+    Data,
+    /// A delivery ACK: the sender's retry is acknowledged again, the liveness rules see to it.
+    Ack,
+    /// A copy the device only carries for another (`docs/delivery.md#carried-copies`): sealed
+    /// for its recipient, it can never open here.
+    Carried,
 }
 
 /// What of a message the relay refused.
@@ -218,11 +252,101 @@ impl Ledger {
 
     /// The relay wrote journal frame `seq` of `account`.
     pub fn note_seq(&mut self, account: &str, seq: u64, message: &Message) {
-        let key = message
-            .ack_for()
-            .is_none()
-            .then(|| key_of(&message.sender, &message.id));
+        // A session frame is processed like a data message, but never the application's.
+        let data =
+            self.ack_for(message).is_none() && SessionFrame::parse(&message.content).is_none();
+        let key = data.then(|| key_of(&message.sender, &message.id));
         self.seqs.insert((account.to_owned(), seq), SeqInfo { key });
+    }
+
+    /// `sealer` sealed `inner` into an envelope (which keeps its id).
+    pub fn on_sealed(&mut self, sealer: &str, inner: &Message) {
+        let sealed = Sealed {
+            recipient: inner.recipient.clone(),
+            ack_for: inner.ack_for().map(str::to_owned),
+        };
+        self.sealed
+            .insert((sealer.to_owned(), inner.id.clone()), sealed);
+    }
+
+    /// The id `message` acknowledges, when it is a delivery ACK, sealed or not.
+    pub fn ack_for<'m>(&'m self, message: &'m Message) -> Option<&'m str> {
+        if !message.content.starts_with(MLS_ENC_PREFIX) {
+            return message.ack_for();
+        }
+        let key = (message.sender.clone(), message.id.clone());
+        self.sealed.get(&key).and_then(|s| s.ack_for.as_deref())
+    }
+
+    /// `account` released relay frame `seq` without processing what it carried.
+    pub fn on_unopened(&mut self, account: &str, seq: u64) {
+        self.unopened.insert((account.to_owned(), seq));
+    }
+
+    pub fn was_unopened(&self, account: &str, seq: u64) -> bool {
+        self.unopened.contains(&(account.to_owned(), seq))
+    }
+
+    /// `message_decryption_failed` at `device` for `sender`'s envelope `id`: what it was about.
+    pub fn on_decryption_failed(
+        &mut self,
+        device: &str,
+        sender: &str,
+        id: &str,
+        at: Millis,
+    ) -> Undecryptable {
+        let what = match self.sealed.get(&(sender.to_owned(), id.to_owned())) {
+            Some(sealed) if sealed.recipient != device => Undecryptable::Carried,
+            Some(Sealed {
+                ack_for: Some(_), ..
+            }) => Undecryptable::Ack,
+            _ => Undecryptable::Data,
+        };
+        if what == Undecryptable::Data {
+            let key = (device.to_owned(), sender.to_owned(), id.to_owned());
+            self.undecryptable.insert(key, at);
+        }
+        what
+    }
+
+    /// When `recipient` last failed to decrypt `sender`'s data message `wire_id`.
+    pub fn decryption_failed_at(
+        &self,
+        recipient: &str,
+        sender: &str,
+        wire_id: &str,
+    ) -> Option<Millis> {
+        let key = (recipient.to_owned(), sender.to_owned(), wire_id.to_owned());
+        self.undecryptable.get(&key).copied()
+    }
+
+    /// `device` kept its own session over `peer`'s Welcome (`outranked`), or joined `peer`'s.
+    pub fn on_welcome(&mut self, device: &str, peer: &str, outranked: bool, at: Millis) {
+        let key = (device.to_owned(), peer.to_owned());
+        if outranked {
+            // The first time counts: later ones are the loser's Welcomes still on their way.
+            self.outranked.entry(key).or_insert(at);
+        } else {
+            self.joined.insert(key, at);
+        }
+    }
+
+    /// When `sender` gave up a session it had started with `recipient` for the recipient's own
+    /// (they started at once, and the recipient won the tie): the recipient had kept its own
+    /// first, then the sender joined it.
+    pub fn lost_tie(&self, sender: &str, recipient: &str) -> Option<Millis> {
+        let kept = self
+            .outranked
+            .get(&(recipient.to_owned(), sender.to_owned()))?;
+        let joined = self
+            .joined
+            .get(&(sender.to_owned(), recipient.to_owned()))?;
+        (kept <= joined).then_some(*joined)
+    }
+
+    /// Every data message that failed to decrypt: (recipient, sender, wire id).
+    pub fn undecryptable(&self) -> impl Iterator<Item = &(String, String, String)> {
+        self.undecryptable.keys()
     }
 
     pub fn seq(&self, account: &str, seq: u64) -> Option<&SeqInfo> {

@@ -9,6 +9,15 @@
 //! durability hook, and hooks that commit, refuse or hang. Every run is a pure function of its
 //! seed (the randomness is one splitmix64 stream and every collection is ordered).
 //!
+//! About half the seeds build an *encrypted* world (`--encryption` forces it for all): every
+//! device has a real Ed25519 identity and its `off1` address, `Config::encryption` is on, and
+//! the driver model runs the client's end-to-end layer with real MLS sessions
+//! (`docs/delivery.md#sealed-messages`, `docs/protocol.md#session-setup`): frames sealed before
+//! the step's commit, sealed copies opened before the engine, sessions set up through the
+//! relay's key-package directory or, without it, by the round trip through the peer, session
+//! rows committed with the step. openmls draws its own randomness, so no ciphertext byte reaches
+//! the run's digest: only what the engine and the driver decide does.
+//!
 //! Checked during the run (see `ledger` and `world`):
 //! - an accepted send is durable before `sendMessage` resolves;
 //! - no message settles twice; every terminal event is the committed settlement, and every one
@@ -22,7 +31,10 @@
 //!   its application committed it);
 //! - the engine's queues stay within their configured bounds, and no engine spins;
 //! - a message fails by capacity only with its class full in the outbox, by lifetime only once
-//!   its lifetime ran out.
+//!   its lifetime ran out;
+//! - in an encrypted world no message reaches an application in the clear (`encrypted: true` on
+//!   every `message_received`, the probes' included), and the pre-session queue stays within
+//!   its fixed bounds.
 //!
 //! Liveness, once the world is honest (every device up and reachable over the relay): a
 //! message to a device that fails must have an excuse the chaos left behind, with its evidence
@@ -31,6 +43,11 @@
 //! an attempt answered "offline"); an engine that does not acknowledge what it processed has
 //! none. When the honest world is quiet every device sends a probe of each priority to another
 //! device, and every probe must be delivered; a run that sent to devices must deliver something.
+//! Never lost to a ratchet: in an encrypted world every `message_decryption_failed` is counted,
+//! and a message whose last attempt, written in the honest phase, its recipient failed to
+//! decrypt has no excuse — unless both devices had started a session at once and the attempt was sealed in the
+//! one that lost the tie (the sender joined the winner after it). A message to a live device
+//! may fail by its pre-session lifetime only if that ran out during the chaos.
 //!
 //! Checked once the world turned honest and nothing is pending: every durable send reached
 //! exactly one settlement and at least one terminal event (a crash between the settlement's
@@ -39,7 +56,10 @@
 //! delivered message reached its recipient's application (without a hook a crash between
 //! processing and dispatch loses it: the documented at-most-once, counted as
 //! `at_most_once_losses`); no buffered inbound row and no relay frame is left; idle engines ask
-//! for no wake-up.
+//! for no wake-up. In an encrypted world: every data message that failed to decrypt was
+//! delivered after all or failed with an excuse, and nothing is left that no one can open —
+//! what each device would seal for a peer next, the peer opens (after the Welcome that goes
+//! ahead of it), tried on copies of the committed session state.
 
 mod ledger;
 mod peer;
@@ -61,6 +81,9 @@ pub struct Options {
     pub actions: Option<u32>,
     /// Print every step, event and frame.
     pub verbose: bool,
+    /// Whether messages travel sealed in end-to-end sessions; `None`: the seed decides (about
+    /// half the seeds do).
+    pub encryption: Option<bool>,
 }
 
 /// A seed whose run broke an invariant (or panicked).
@@ -72,9 +95,7 @@ pub struct Failure {
 
 /// Runs one seed to the end and checks it.
 pub fn run_seed(seed: u64, options: Options) -> Result<Summary, Failure> {
-    let result = panic::catch_unwind(AssertUnwindSafe(|| {
-        world::World::new(seed, options.actions, options.verbose).run()
-    }));
+    let result = panic::catch_unwind(AssertUnwindSafe(|| world::World::new(seed, options).run()));
     result.map_err(|payload| {
         let message = payload
             .downcast_ref::<String>()
@@ -82,14 +103,28 @@ pub fn run_seed(seed: u64, options: Options) -> Result<Summary, Failure> {
             .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
             .unwrap_or_else(|| "a panic without a message".to_owned());
         // Addresses read better as the devices' short names.
-        let message = world::World::new(seed, options.actions, false).shorten(&message);
+        let message = world::World::new(
+            seed,
+            Options {
+                verbose: false,
+                ..options
+            },
+        )
+        .shorten(&message);
         Failure { seed, message }
     })
 }
 
 /// One line describing the world a seed builds.
 pub fn describe(seed: u64, options: Options) -> String {
-    world::World::new(seed, options.actions, false).describe()
+    world::World::new(
+        seed,
+        Options {
+            verbose: false,
+            ..options
+        },
+    )
+    .describe()
 }
 
 /// The command that replays a seed.
@@ -98,5 +133,10 @@ pub fn replay_command(seed: u64, options: Options) -> String {
         .actions
         .map(|a| format!(" --actions {a}"))
         .unwrap_or_default();
-    format!("cargo run -p courier-sim --release -- --seed {seed}{actions} --verbose")
+    let encryption = match options.encryption {
+        Some(true) => " --encryption",
+        Some(false) => " --no-encryption",
+        None => "",
+    };
+    format!("cargo run -p courier-sim --release -- --seed {seed}{actions}{encryption} --verbose")
 }

@@ -4,19 +4,29 @@
 //! ```text
 //! courier-sim --seed 1234 [--verbose]         one seed
 //! courier-sim --seeds 10000 [--from 1]        a range of seeds
-//! options: --actions N (fault actions per seed), --determinism (run each seed twice, compare)
+//! options: --actions N (fault actions per seed), --determinism (run each seed twice, compare),
+//!          --encryption / --no-encryption (every seed's messages sealed in end-to-end sessions,
+//!          or none; by default each seed decides), --jobs N (seeds run at once; one per core)
 //! ```
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
 use std::time::Instant;
 
-use courier_sim::{describe, replay_command, run_seed, Options};
+use courier_sim::{describe, replay_command, run_seed, Counts, Options};
+
+/// A worker runs whole worlds; a deep panic unwinding through one needs room.
+const WORKER_STACK: usize = 16 * 1024 * 1024;
 
 struct Args {
     from: u64,
     count: u64,
     options: Options,
     determinism: bool,
+    /// Seeds run at once; `None`: one per core.
+    jobs: Option<usize>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -25,6 +35,7 @@ fn parse() -> Result<Args, String> {
         count: 100,
         options: Options::default(),
         determinism: false,
+        jobs: None,
     };
     let mut it = std::env::args().skip(1);
     let number = |flag: &str, value: Option<String>| -> Result<u64, String> {
@@ -45,14 +56,59 @@ fn parse() -> Result<Args, String> {
                 args.options.actions = Some(number("--actions", it.next())? as u32);
             }
             "--verbose" | "-v" => args.options.verbose = true,
+            "--encryption" => args.options.encryption = Some(true),
+            "--no-encryption" => args.options.encryption = Some(false),
             "--determinism" => args.determinism = true,
+            "--jobs" => args.jobs = Some(number("--jobs", it.next())? as usize),
             "--help" | "-h" => {
-                return Err("usage: courier-sim [--seed N | --seeds N [--from S]] [--actions N] [--verbose] [--determinism]".into())
+                return Err("usage: courier-sim [--seed N | --seeds N [--from S]] [--actions N] [--encryption | --no-encryption] [--jobs N] [--verbose] [--determinism]".into())
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }
     }
     Ok(args)
+}
+
+/// What one seed's run printed, and its counts when it passed.
+struct Outcome {
+    lines: Vec<String>,
+    counts: Option<Counts>,
+}
+
+fn run_one(seed: u64, args: &Args) -> Outcome {
+    let mut lines = Vec::new();
+    if args.count == 1 {
+        lines.push(format!("seed {seed}: {}", describe(seed, args.options)));
+    }
+    let fail = |mut lines: Vec<String>, message: String| {
+        lines.push(format!("FAIL seed {seed}: {message}"));
+        lines.push(format!("  replay: {}", replay_command(seed, args.options)));
+        Outcome {
+            lines,
+            counts: None,
+        }
+    };
+    let summary = match run_seed(seed, args.options) {
+        Ok(summary) => summary,
+        Err(failure) => return fail(lines, failure.message),
+    };
+    if args.determinism {
+        let again = run_seed(seed, args.options);
+        if again.as_ref().map(|s| s.digest).ok() != Some(summary.digest) {
+            return fail(lines, "two runs of the seed diverged".to_owned());
+        }
+    }
+    if args.count == 1 {
+        lines.push(format!(
+            "ok: {} s of virtual time, {:?}",
+            summary.virtual_ms / 1000,
+            summary.counts
+        ));
+    }
+    Outcome {
+        lines,
+        counts: Some(summary.counts),
+    }
 }
 
 fn main() -> ExitCode {
@@ -69,38 +125,50 @@ fn main() -> ExitCode {
     }
     let started = Instant::now();
     let mut failures = 0u64;
-    let mut totals = courier_sim::Counts::default();
-    for seed in args.from..args.from.saturating_add(args.count) {
-        if args.count == 1 {
-            println!("seed {seed}: {}", describe(seed, args.options));
-        }
-        match run_seed(seed, args.options) {
-            Ok(summary) => {
-                if args.determinism {
-                    let again = run_seed(seed, args.options);
-                    if again.as_ref().map(|s| s.digest).ok() != Some(summary.digest) {
-                        failures += 1;
-                        println!("FAIL seed {seed}: two runs of the seed diverged");
-                        println!("  replay: {}", replay_command(seed, args.options));
-                        continue;
+    let mut totals = Counts::default();
+    // Seeds are independent: they run on every core, and are reported in seed order. A verbose
+    // run prints as it goes, so it keeps to one.
+    let parallel = std::thread::available_parallelism().map_or(1, usize::from);
+    let jobs = if args.options.verbose {
+        1
+    } else {
+        args.jobs
+            .unwrap_or(parallel)
+            .clamp(1, args.count.max(1) as usize)
+    };
+    let end = args.from.saturating_add(args.count);
+    let next = AtomicU64::new(args.from);
+    let (tx, rx) = mpsc::channel();
+    std::thread::scope(|scope| {
+        for _ in 0..jobs {
+            let (tx, next, args) = (tx.clone(), &next, &args);
+            std::thread::Builder::new()
+                .stack_size(WORKER_STACK)
+                .spawn_scoped(scope, move || loop {
+                    let seed = next.fetch_add(1, Ordering::Relaxed);
+                    if seed >= end || tx.send((seed, run_one(seed, args))).is_err() {
+                        return;
                     }
+                })
+                .expect("a worker thread starts");
+        }
+        drop(tx);
+        let mut done = BTreeMap::new();
+        let mut due = args.from;
+        for (seed, outcome) in rx {
+            done.insert(seed, outcome);
+            while let Some(outcome) = done.remove(&due) {
+                due += 1;
+                for line in &outcome.lines {
+                    println!("{line}");
                 }
-                totals.add(&summary.counts);
-                if args.count == 1 {
-                    println!(
-                        "ok: {} s of virtual time, {:?}",
-                        summary.virtual_ms / 1000,
-                        summary.counts
-                    );
+                match outcome.counts {
+                    Some(counts) => totals.add(&counts),
+                    None => failures += 1,
                 }
-            }
-            Err(failure) => {
-                failures += 1;
-                println!("FAIL seed {}: {}", failure.seed, failure.message);
-                println!("  replay: {}", replay_command(failure.seed, args.options));
             }
         }
-    }
+    });
     let elapsed = started.elapsed();
     println!(
         "{} seeds from {}: {} passed, {} failed in {:.1} s",
@@ -135,6 +203,33 @@ fn main() -> ExitCode {
             totals.replays_after_loss,
             totals.at_most_once_losses,
         );
+        if totals.encrypted_worlds > 0 {
+            println!(
+                "end-to-end: {} encrypted worlds ({} with the key-package directory), sealed {} opened {} (not kept {}, known and not opened {}), decryption failures {} (of copies carried for another {}; data messages later delivered {}, failed {}), replays discarded {}, seal failures {}, sessions started {} (directory {}, round trip {}) joined {}, key packages sent {}, welcomes sent {} (outranked {}, repeated {}, stale ones joined {}), warnings {}",
+                totals.encrypted_worlds,
+                totals.directory_worlds,
+                totals.sealed,
+                totals.opened,
+                totals.opened_not_kept,
+                totals.copies_known,
+                totals.decryption_failures,
+                totals.carried_undecryptable,
+                totals.undecryptable_then_delivered,
+                totals.undecryptable_then_failed,
+                totals.replays_discarded,
+                totals.seal_failures,
+                totals.sessions_started,
+                totals.directory_setups,
+                totals.round_trip_setups,
+                totals.sessions_joined,
+                totals.key_packages_sent,
+                totals.welcomes_sent,
+                totals.welcomes_outranked,
+                totals.welcomes_repeated,
+                totals.stale_welcomes_joined,
+                totals.e2e_warnings,
+            );
+        }
     }
     if failures == 0 {
         ExitCode::SUCCESS

@@ -1,6 +1,6 @@
 //! One simulated device: its durable store and application state, and — while its process
-//! runs — the engine with the client driver's volatile state (input queue, the relay session,
-//! the neighbors reported to the engine).
+//! runs — the engine with the client driver's volatile state (command queue, end-to-end
+//! sessions, the relay session, the neighbors reported to the engine).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -9,6 +9,22 @@ use courier_engine::{Engine, Event, InboundKey, Input, Millis, SendRequest};
 use crate::relay::ConnId;
 use crate::scenario::PeerSpec;
 use crate::store::Store;
+use crate::world::{DirectoryReport, E2e};
+
+/// What the driver is told between two steps (the client's `driver::Command`, as far as the
+/// simulation goes).
+#[derive(Debug)]
+pub enum Command {
+    Engine(Input),
+    /// What the relay said about session setup.
+    Directory(DirectoryReport),
+}
+
+impl From<Input> for Command {
+    fn from(input: Input) -> Self {
+        Self::Engine(input)
+    }
+}
 
 /// Where inside a driver step a crash hits (the step order of `courier-client`'s driver).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -51,8 +67,12 @@ pub struct Session {
 /// The running process: engine and driver.
 pub struct Running {
     pub engine: Engine,
-    /// Inputs queued for the driver's next step.
-    pub inbox: Vec<Input>,
+    /// End-to-end sessions, in an encrypted world: loaded from the store at start.
+    pub e2e: Option<E2e>,
+    /// Commands queued for the driver's next step.
+    pub inbox: Vec<Command>,
+    /// Inputs a step left for the next one: sends that could not be sealed.
+    pub refeed: Vec<Input>,
     /// When the driver takes its next step for queued commands.
     pub step_at: Option<Millis>,
     pub session: Option<Session>,
@@ -101,8 +121,12 @@ impl Peer {
     }
 
     pub fn push(&mut self, input: Input, at: Millis) {
+        self.command(Command::Engine(input), at);
+    }
+
+    pub fn command(&mut self, command: Command, at: Millis) {
         if let Some(run) = self.run.as_mut() {
-            run.inbox.push(input);
+            run.inbox.push(command);
             run.step_at.get_or_insert(at);
         }
     }

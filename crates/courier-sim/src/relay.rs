@@ -2,13 +2,18 @@
 //! one connection per account, the per-account journal with `seq` (with the mailbox) or
 //! live-only forwarding (without it), dedup of a re-sent frame while it is unacked, mailbox
 //! limits and TTL, the drain on every connection followed by `DrainComplete`, `live`, `stored`
-//! and `unreachable` answers, hop acks, and pushed presence. A restart keeps the journal and the
-//! known accounts (SQLite) and loses every connection and watch.
+//! and `unreachable` answers, hop acks, pushed presence, and — when it offers it — the
+//! key-package directory (`directory`). A restart keeps the journal, the directory and the known
+//! accounts (SQLite) and loses every connection and watch.
+
+mod directory;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use courier_engine::Millis;
 use courier_proto::{Message, UnreachableCause};
+
+pub use directory::{Directory, Held};
 
 pub type ConnId = u64;
 
@@ -27,6 +32,16 @@ pub enum ToRelay {
     },
     Watch(Vec<String>),
     Unwatch(Vec<String>),
+    /// `PublishKeyPackages` for the connection's own address (every simulated connection has
+    /// declared it): `packages` empty and no `last_resort` only asks what is held.
+    Publish {
+        packages: Vec<Vec<u8>>,
+        last_resort: Option<Vec<u8>>,
+    },
+    /// `FetchKeyPackage{address}`.
+    Fetch {
+        address: String,
+    },
 }
 
 /// A frame from the relay to a client.
@@ -34,6 +49,8 @@ pub enum ToRelay {
 pub enum ToClient {
     Authenticated {
         mailbox: bool,
+        /// `key_directory_v1` is advertised.
+        directory: bool,
     },
     Received {
         seq: Option<u64>,
@@ -58,6 +75,17 @@ pub enum ToClient {
     Presence {
         peer: String,
         online: bool,
+    },
+    /// `KeyPackagesPublished`.
+    Published(Held),
+    /// `KeyPackage{address, package}`.
+    KeyPackage {
+        address: String,
+        package: Vec<u8>,
+    },
+    /// `KeyPackageUnavailable{address}`.
+    KeyPackageUnavailable {
+        address: String,
     },
 }
 
@@ -95,11 +123,17 @@ pub struct RelayCounts {
     pub purged: u64,
     pub drained: u64,
     pub max_journal: usize,
+    /// Key packages handed out: one-time, last-resort, and fetches that found none.
+    pub one_time_fetched: u64,
+    pub last_resort_fetched: u64,
+    pub fetched_none: u64,
 }
 
 #[derive(Debug)]
 pub struct Relay {
     pub mailbox: Option<MailboxLimits>,
+    /// The key-package directory, when the relay offers it.
+    directory: Option<Directory>,
     pub up: bool,
     // HookPipeline.
     known: BTreeSet<String>,
@@ -113,9 +147,14 @@ pub struct Relay {
 }
 
 impl Relay {
-    pub fn new(mailbox: Option<MailboxLimits>, accounts: impl IntoIterator<Item = String>) -> Self {
+    pub fn new(
+        mailbox: Option<MailboxLimits>,
+        directory: bool,
+        accounts: impl IntoIterator<Item = String>,
+    ) -> Self {
         Self {
             mailbox,
+            directory: directory.then(Directory::default),
             up: true,
             known: accounts.into_iter().collect(),
             journals: BTreeMap::new(),
@@ -152,6 +191,7 @@ impl Relay {
             conn,
             ToClient::Authenticated {
                 mailbox: self.mailbox.is_some(),
+                directory: self.directory.is_some(),
             },
         ));
         if self.mailbox.is_some() {
@@ -233,6 +273,36 @@ impl Relay {
                     for peer in peers {
                         c.watches.remove(&peer);
                     }
+                }
+            }
+            // Without the directory the relay answers both `unknown_type`, which the client
+            // never provokes: it only asks a relay that advertised the directory.
+            ToRelay::Publish {
+                packages,
+                last_resort,
+            } => {
+                if let Some(directory) = self.directory.as_mut() {
+                    let held = directory.publish(&account, packages, last_resort);
+                    out.push((conn, ToClient::Published(held)));
+                }
+            }
+            ToRelay::Fetch { address } => {
+                if let Some(directory) = self.directory.as_mut() {
+                    let answer = match directory.fetch(&address) {
+                        Some((package, last_resort)) => {
+                            if last_resort {
+                                self.counts.last_resort_fetched += 1;
+                            } else {
+                                self.counts.one_time_fetched += 1;
+                            }
+                            ToClient::KeyPackage { address, package }
+                        }
+                        None => {
+                            self.counts.fetched_none += 1;
+                            ToClient::KeyPackageUnavailable { address }
+                        }
+                    };
+                    out.push((conn, answer));
                 }
             }
         }

@@ -1,10 +1,11 @@
 //! Everything a seed decides before the run starts: the peers and their configurations, which
 //! of them run a durability hook and how it behaves, the local-carrier topology, the relay's
-//! mailbox, and how hostile the network and the scheduler are.
+//! mailbox, how hostile the network and the scheduler are, and whether messages travel sealed
+//! in end-to-end sessions (and whether the relay offers its key-package directory for them).
 
 use courier_engine::{Config, HookConfig, Millis};
 use courier_proto::address::ADDRESS_HASH_LEN;
-use courier_proto::Address;
+use courier_proto::{Address, IdentityKey};
 
 use crate::relay::MailboxLimits;
 use crate::rng::Rng;
@@ -39,6 +40,9 @@ pub struct HookProfile {
 pub struct PeerSpec {
     /// The device's identity: an `off1` address, as the client's engine has it.
     pub name: String,
+    /// The Ed25519 key `name` derives from, in an encrypted world (its sessions' credential and
+    /// its control signatures need the real key); `None` otherwise, where `name` is made up.
+    pub identity: Option<IdentityKey>,
     /// A short name for traces and reports.
     pub alias: String,
     pub config: Config,
@@ -73,12 +77,47 @@ pub struct Scenario {
     pub chaos_gap_ms: Millis,
     /// Weights of the scheduler's actions (see `world::Action`).
     pub weights: Vec<u32>,
+    /// Messages travel sealed in end-to-end sessions (`Config::encryption` on every device).
+    pub encryption: bool,
+    /// The relay offers its key-package directory (`docs/protocol.md#key-package-directory`);
+    /// without it sessions are set up by the round trip through the peer. Only meaningful
+    /// with `encryption`.
+    pub directory: bool,
 }
 
+/// What the encryption choices of a seed are drawn from: a stream of their own, so that a
+/// world without encryption is the same world it was before encryption existed, and forcing
+/// encryption on changes nothing else about the seed's world.
+const E2E_STREAM: u64 = 0x6e32_6565_5f73_6565;
+
 impl Scenario {
-    pub fn generate(rng: &mut Rng, actions: Option<u32>) -> Self {
+    /// The seed's scenario; `encryption`: `Some` forces the choice the seed would make.
+    pub fn generate(
+        rng: &mut Rng,
+        seed: u64,
+        actions: Option<u32>,
+        encryption: Option<bool>,
+    ) -> Self {
         let count = rng.range(3, 5) as usize;
-        let peers = (0..count).map(|i| peer_spec(rng, i)).collect();
+        let mut peers: Vec<PeerSpec> = (0..count).map(|i| peer_spec(rng, i)).collect();
+        let mut e2e = Rng::new(seed ^ E2E_STREAM);
+        let encrypted = e2e.chance(500);
+        let encryption = encryption.unwrap_or(encrypted);
+        let directory = e2e.chance(500);
+        if encryption {
+            let pending_lifetime = e2e.range(10 * MIN, HOUR);
+            for peer in &mut peers {
+                let mut seed = [0u8; 32];
+                for chunk in seed.chunks_mut(8) {
+                    chunk.copy_from_slice(&e2e.next_u64().to_le_bytes());
+                }
+                let identity = IdentityKey::from_seed(seed);
+                peer.name = identity.address().to_string();
+                peer.identity = Some(identity);
+                peer.config.encryption = true;
+                peer.config.pending_session_max_lifetime_ms = pending_lifetime;
+            }
+        }
         let mailbox = (!rng.chance(300)).then(|| MailboxLimits {
             max_messages: rng.range(6, 60) as usize,
             max_bytes: 64 * 1024 * 1024,
@@ -117,6 +156,8 @@ impl Scenario {
             chaos_actions: actions.unwrap_or_else(|| rng.range(150, 300) as u32),
             chaos_gap_ms: rng.range(200, 3 * SEC),
             weights: crate::world::Action::weights(rng),
+            encryption,
+            directory,
         }
     }
 
@@ -178,6 +219,7 @@ fn peer_spec(rng: &mut Rng, i: usize) -> PeerSpec {
     });
     PeerSpec {
         name: address(i as u8 + 1),
+        identity: None,
         alias: format!("p{i}"),
         config,
         hook,

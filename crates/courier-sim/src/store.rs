@@ -1,10 +1,12 @@
 //! One device's storage as the client's SQLite store keeps it: the engine's `StoreOp`s applied
 //! in commit batches with the same row semantics (upserts, insert-or-ignore, deletes), the
-//! terminal events held with their settlements until their dispatch is recorded (schema v5), and
-//! the same loads at start. A crash keeps exactly what was committed.
+//! terminal events held with their settlements until their dispatch is recorded (schema v5), the
+//! MLS session rows written in the same transaction as the step that changed them, and the same
+//! loads at start. A crash keeps exactly what was committed.
 
 use std::collections::BTreeMap;
 
+use courier_crypto::{Change, RowKey};
 use courier_engine::{
     Event, InboundKey, Millis, OutboxRecord, PendingInbound, ProcessedKey, Settlement, StoreOp,
 };
@@ -40,13 +42,22 @@ pub struct Store {
     /// order for the load's tie-break.
     pub pending: BTreeMap<InboundKey, (u64, PendingInbound)>,
     next_rowid: u64,
+    /// The end-to-end session state as `courier_crypto::Sessions` hands its rows over.
+    sessions: BTreeMap<RowKey, Vec<u8>>,
 }
 
 impl Store {
     /// Applies one step's ops in order, then records the dispatched terminal events and holds
-    /// the new ones, all at once (one transaction). An event is held in its settlement's row:
-    /// without one (re-accepted in this very step) there is nothing to hold it in.
-    pub fn commit(&mut self, ops: &[StoreOp], reports: &Reports) {
+    /// the new ones, and writes the session rows the step changed, all at once (one
+    /// transaction). An event is held in its settlement's row: without one (re-accepted in this
+    /// very step) there is nothing to hold it in.
+    pub fn commit(&mut self, ops: &[StoreOp], reports: &Reports, sessions: Vec<Change>) {
+        for Change { key, value } in sessions {
+            match value {
+                Some(value) => self.sessions.insert(key, value),
+                None => self.sessions.remove(&key),
+            };
+        }
         for op in ops {
             match op {
                 StoreOp::Put(record) => {
@@ -156,6 +167,14 @@ impl Store {
         let mut rows: Vec<&(u64, PendingInbound)> = self.pending.values().collect();
         rows.sort_by_key(|(rowid, row)| (row.received_at, *rowid));
         rows.into_iter().map(|(_, row)| row.clone()).collect()
+    }
+
+    /// The session rows, for `Sessions::restore`.
+    pub fn load_sessions(&self) -> Vec<(RowKey, Vec<u8>)> {
+        self.sessions
+            .iter()
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect()
     }
 
     pub fn is_processed(&self, key: &InboundKey) -> bool {

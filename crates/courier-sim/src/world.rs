@@ -23,6 +23,7 @@
 
 mod checks;
 mod driver;
+mod e2e;
 mod network;
 mod scheduler;
 
@@ -35,12 +36,14 @@ use courier_engine::{
 use courier_proto::{ContentType, Message, Priority};
 
 use crate::ledger::{violated, Ledger, Refused};
-use crate::peer::{App, CrashPoint, Peer, Running, Session};
+use crate::peer::{App, Command, CrashPoint, Peer, Running, Session};
 use crate::relay::{ConnId, Relay, ToClient, ToRelay, Writes};
 use crate::rng::Rng;
 use crate::scenario::{LinkFaults, Scenario, BLE, HOUR, POISON, SEC};
 use crate::store::{key_of, Reports, Store};
+use crate::Options;
 
+pub use e2e::{DirectoryReport, E2e};
 pub use scheduler::Action;
 
 /// The virtual clock starts here (a plausible epoch time, so timestamps look like real ones).
@@ -104,6 +107,49 @@ pub struct Counts {
     /// Messages processed without a hook whose `message_received` a crash swallowed (the
     /// documented at-most-once of the default path), of those the sender saw delivered.
     pub at_most_once_losses: u64,
+    /// Runs whose messages travelled sealed, and of those with the relay's key-package directory.
+    pub encrypted_worlds: u64,
+    pub directory_worlds: u64,
+    /// Messages and delivery ACKs sealed, and sealed copies opened and kept.
+    pub sealed: u64,
+    pub opened: u64,
+    /// Sealed copies opened that the engine did not keep: the session was put back, so the
+    /// redelivery opens again.
+    pub opened_not_kept: u64,
+    /// Sealed copies not opened because the engine already knew their id (a ratchet opens each
+    /// ciphertext once).
+    pub copies_known: u64,
+    /// `message_decryption_failed` events.
+    pub decryption_failures: u64,
+    /// Of those, copies a device only carried for another, which it tries to open all the same
+    /// (the client's driver opens every sealed copy before the engine sees whom it is for).
+    pub carried_undecryptable: u64,
+    /// Sealed copies whose key was spent (a repeat of one opened before), dropped.
+    pub replays_discarded: u64,
+    /// Transmits that could not be sealed.
+    pub seal_failures: u64,
+    /// Data messages that failed to decrypt somewhere, by how they ended at their sender.
+    pub undecryptable_then_delivered: u64,
+    pub undecryptable_then_failed: u64,
+    /// Sessions this run's devices started (from a directory package or a peer's key package
+    /// frame) and joined (from a Welcome).
+    pub sessions_started: u64,
+    pub sessions_joined: u64,
+    /// Sessions started from a key package of the relay's directory, and from one the peer sent.
+    pub directory_setups: u64,
+    pub round_trip_setups: u64,
+    /// Key package frames sent to a peer (the round trip), and Welcomes sent.
+    pub key_packages_sent: u64,
+    pub welcomes_sent: u64,
+    /// Welcomes ignored because the receiver's own session wins the tie, and repeats of the
+    /// Welcome of the session already joined.
+    pub welcomes_outranked: u64,
+    pub welcomes_repeated: u64,
+    /// Welcomes joined whose sender no longer held that session (it had replaced it, or joined
+    /// the receiver's): the two sides' sessions part ways unless a newer Welcome follows.
+    pub stale_welcomes_joined: u64,
+    /// Warnings of the end-to-end layer (a session frame not used, a package not usable).
+    pub e2e_warnings: u64,
     pub flush_rounds: u64,
     pub max_outbox: usize,
     pub max_pending_acks: usize,
@@ -147,6 +193,34 @@ impl Counts {
             (&mut self.replays, other.replays),
             (&mut self.replays_after_loss, other.replays_after_loss),
             (&mut self.at_most_once_losses, other.at_most_once_losses),
+            (&mut self.encrypted_worlds, other.encrypted_worlds),
+            (&mut self.directory_worlds, other.directory_worlds),
+            (&mut self.sealed, other.sealed),
+            (&mut self.opened, other.opened),
+            (&mut self.opened_not_kept, other.opened_not_kept),
+            (&mut self.copies_known, other.copies_known),
+            (&mut self.decryption_failures, other.decryption_failures),
+            (&mut self.carried_undecryptable, other.carried_undecryptable),
+            (&mut self.replays_discarded, other.replays_discarded),
+            (&mut self.seal_failures, other.seal_failures),
+            (
+                &mut self.undecryptable_then_delivered,
+                other.undecryptable_then_delivered,
+            ),
+            (
+                &mut self.undecryptable_then_failed,
+                other.undecryptable_then_failed,
+            ),
+            (&mut self.sessions_started, other.sessions_started),
+            (&mut self.sessions_joined, other.sessions_joined),
+            (&mut self.directory_setups, other.directory_setups),
+            (&mut self.round_trip_setups, other.round_trip_setups),
+            (&mut self.key_packages_sent, other.key_packages_sent),
+            (&mut self.welcomes_sent, other.welcomes_sent),
+            (&mut self.welcomes_outranked, other.welcomes_outranked),
+            (&mut self.welcomes_repeated, other.welcomes_repeated),
+            (&mut self.stale_welcomes_joined, other.stale_welcomes_joined),
+            (&mut self.e2e_warnings, other.e2e_warnings),
             (&mut self.flush_rounds, other.flush_rounds),
             (&mut self.steps, other.steps),
         ];
@@ -275,15 +349,22 @@ pub struct World {
     /// Ordered links: the arrival time of the last frame per (connection, towards the relay).
     fifo: BTreeMap<(ConnId, bool), Millis>,
     next_id: u64,
+    /// Session frames minted so far (their ids).
+    next_frame: u64,
     verbose: bool,
     digest: u64,
 }
 
 impl World {
-    pub fn new(seed: u64, actions: Option<u32>, verbose: bool) -> Self {
+    pub fn new(seed: u64, options: Options) -> Self {
         let mut rng = Rng::new(seed);
-        let scn = Scenario::generate(&mut rng, actions);
-        let relay = Relay::new(scn.mailbox, scn.peers.iter().map(|p| p.name.clone()));
+        let scn = Scenario::generate(&mut rng, seed, options.actions, options.encryption);
+        let directory = scn.encryption && scn.directory;
+        let relay = Relay::new(
+            scn.mailbox,
+            directory,
+            scn.peers.iter().map(|p| p.name.clone()),
+        );
         let peers = scn
             .peers
             .iter()
@@ -321,7 +402,8 @@ impl World {
             conn_owner: BTreeMap::new(),
             fifo: BTreeMap::new(),
             next_id: 0,
-            verbose,
+            next_frame: 0,
+            verbose: options.verbose,
             digest: 0xcbf2_9ce4_8422_2325,
         }
     }
@@ -347,8 +429,13 @@ impl World {
                 )
             })
             .collect();
+        let e2e = match (self.scn.encryption, self.scn.directory) {
+            (false, _) => "off",
+            (true, true) => "sessions through the key-package directory",
+            (true, false) => "sessions by the round trip",
+        };
         format!(
-            "peers {} | mailbox {:?} | ble {:?} | {} actions",
+            "peers {} | mailbox {:?} | ble {:?} | {} actions | encryption: {e2e}",
             peers.join(" "),
             self.scn.mailbox.map(|m| m.max_messages),
             self.scn.ble_pairs,
@@ -362,6 +449,8 @@ impl World {
     }
 
     pub fn run(mut self) -> Summary {
+        self.counts.encrypted_worlds = u64::from(self.scn.encryption);
+        self.counts.directory_worlds = u64::from(self.scn.encryption && self.scn.directory);
         for p in 0..self.peers.len() {
             self.restart(p);
         }
@@ -484,13 +573,15 @@ impl World {
             Ev::ToRelay { conn, frame } => {
                 if self.relay.up {
                     let ack = match &frame {
-                        ToRelay::Send { message, .. } => message.ack_for().map(|acked| {
-                            (
-                                message.id.clone(),
-                                message.recipient.clone(),
-                                acked.to_owned(),
-                            )
-                        }),
+                        ToRelay::Send { message, .. } => {
+                            self.ledger.ack_for(message).map(|acked| {
+                                (
+                                    message.id.clone(),
+                                    message.recipient.clone(),
+                                    acked.to_owned(),
+                                )
+                            })
+                        }
                         _ => None,
                     };
                     let writes = self.relay.receive(conn, frame, self.now);

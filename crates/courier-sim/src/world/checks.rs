@@ -1,9 +1,13 @@
 //! The invariants checked against the devices' state: at a sender's settlement, at every ACK
 //! a device transmits, after every step (queue bounds), and at the end of the run.
 
-use courier_engine::OutboxRecord;
+use courier_engine::{EntryState, OutboxRecord};
 
 use super::*;
+
+/// Messages the pre-session queue holds at most, in all and for one recipient.
+const PRE_SESSION_MESSAGES: usize = 4096;
+const PRE_SESSION_PER_RECIPIENT: usize = 64;
 
 /// A device's outbox rows as a commit's ops leave them so far: its store's, with the puts and
 /// settles of the ops already applied. The evidence for a failure settled by a later op.
@@ -131,8 +135,26 @@ impl World {
             return;
         }
         let ago = |t: Millis| (self.now - t) as f64 / 1000.0;
+        let undecryptable = self
+            .ledger
+            .decryption_failed_at(recipient, name, &courier_proto::wire_id(id))
+            .map_or(String::new(), |t| {
+                format!(
+                    ", the recipient last failed to decrypt it {:.1} s ago",
+                    ago(t)
+                )
+            });
+        // Sessions that part ways lose the message or its ACK whatever the engine does.
+        let sessions = match self.scn.index_of(recipient) {
+            Some(q) if self.scn.encryption => {
+                let both = [self.opens(p, q), self.opens(q, p)];
+                let parted: Vec<String> = both.into_iter().filter_map(Result::err).collect();
+                parted.iter().map(|e| format!("; {e}")).collect()
+            }
+            _ => String::new(),
+        };
         violated(format!(
-            "{name}'s {id} to {recipient}, a live device reachable over the relay, failed {:.1} s into the honest phase: {} (accepted {:.1} s ago, last written {} ago, {} ACK timeouts spent, lifetime out in {:.1} s)",
+            "{name}'s {id} to {recipient}, a live device reachable over the relay, failed {:.1} s into the honest phase: {} (accepted {:.1} s ago, last written {} ago, {} ACK timeouts spent, lifetime out in {:.1} s{undecryptable})",
             ago(honest_since),
             reason.as_str(),
             ago(row.created_at),
@@ -140,7 +162,7 @@ impl World {
                 .map_or("never".to_owned(), |t| format!("{:.1} s", ago(t))),
             row.ack_attempts,
             (expiry as f64 - self.now as f64) / 1000.0,
-        ));
+        ) + &sessions);
     }
 
     /// What the chaos left behind that lets a message to a live device fail once the world is
@@ -171,16 +193,46 @@ impl World {
             FailReason::PendingSessionCapacityExceeded => {
                 Some("its recipient's pre-session queue was full")
             }
-            // A live peer's session comes up long before a week is out; the simulated apps send
-            // no control frames.
-            FailReason::PendingSessionLifetimeExceeded
-            | FailReason::ControlSignatureExpired
-            | FailReason::ConnectionRequestUndeliverable => None,
+            // A session with a live peer comes up within moments of the world turning honest.
+            FailReason::PendingSessionLifetimeExceeded => {
+                let lifetime = self.peers[self.scn.index_of(sender)?]
+                    .spec
+                    .config
+                    .pending_session_max_lifetime_ms;
+                (row.created_at + lifetime <= honest_since)
+                    .then_some("its pre-session lifetime ran out during the chaos")
+            }
+            // The simulated apps send no control frames.
+            FailReason::ControlSignatureExpired | FailReason::ConnectionRequestUndeliverable => {
+                None
+            }
             FailReason::OutboxLifetimeExceeded => {
                 (expiry <= honest_since).then_some("its lifetime ran out during the chaos")
             }
             FailReason::MaxRetriesExceeded if last_written <= honest_since => {
                 Some("its last attempt was written during the chaos")
+            }
+            // Both started a session at once and the recipient's won the tie: what the sender
+            // sealed before it joined the winner does not open, and spends its attempts.
+            FailReason::MaxRetriesExceeded
+                if self
+                    .ledger
+                    .lost_tie(sender, recipient.name())
+                    .is_some_and(|joined| last_written <= joined) =>
+            {
+                Some("its last attempt was sealed in the session that lost a simultaneous start")
+            }
+            // Lost to a ratchet: in the honest world every attempt is sealed in a session the
+            // recipient can open, or carries the Welcome into it. (An attempt that opened and
+            // was not kept, a full hook buffer say, is judged by the rules below.)
+            FailReason::MaxRetriesExceeded
+                if !recipient.store.is_processed(&key)
+                    && self
+                        .ledger
+                        .decryption_failed_at(recipient.name(), sender, &wire_id)
+                        .is_some_and(|at| at >= last_written) =>
+            {
+                None
             }
             FailReason::MaxRetriesExceeded if !recipient.store.is_processed(&key) => {
                 Some("the recipient never processed it")
@@ -211,8 +263,9 @@ impl World {
     /// Whether an end-to-end ACK of `sender`'s `wire_id` is travelling towards it: on a link, or
     /// queued for its next step.
     fn ack_on_its_way(&self, sender: &str, wire_id: &str) -> bool {
-        let acks =
-            |message: &Message| message.recipient == sender && message.ack_for() == Some(wire_id);
+        let acks = |message: &Message| {
+            message.recipient == sender && self.ledger.ack_for(message) == Some(wire_id)
+        };
         let queued = self.queue.values().any(|ev| match ev {
             Ev::ToRelay {
                 frame: ToRelay::Send { message, .. },
@@ -231,9 +284,9 @@ impl World {
             .and_then(|p| self.peers[p].run.as_ref());
         queued
             || inbox.is_some_and(|run| {
-                run.inbox
-                    .iter()
-                    .any(|input| matches!(input, Input::Inbound { message, .. } if acks(message)))
+                run.inbox.iter().any(|command| {
+                    matches!(command, Command::Engine(Input::Inbound { message, .. }) if acks(message))
+                })
             })
     }
 
@@ -263,9 +316,11 @@ impl World {
         };
         match &transmit.kind {
             TransmitKind::DeliveryAck { message } => {
-                let acked = message.ack_for().unwrap_or_default();
+                let acked = self.ledger.ack_for(message).unwrap_or_default();
                 check(&key_of(&message.recipient, acked), "end-to-end ACK", false);
             }
+            // A sealed copy that did not open, or a spent repeat, is released unprocessed.
+            TransmitKind::ReleaseFrame { seq } if self.ledger.was_unopened(name, *seq) => {}
             TransmitKind::ReleaseFrame { seq } => {
                 if let Some(key) = self
                     .ledger
@@ -315,10 +370,28 @@ impl World {
                 ));
             }
         }
-        if peer.store.outbox.len() > config.outbox_max_entries + config.outbox_max_media_entries {
+        let (waiting, rows): (Vec<&OutboxRecord>, Vec<&OutboxRecord>) = peer
+            .store
+            .outbox
+            .values()
+            .partition(|row| row.state == EntryState::AwaitingSession);
+        if rows.len() > config.outbox_max_entries + config.outbox_max_media_entries {
+            violated(format!("{name}'s store holds {} outbox rows", rows.len()));
+        }
+        // The pre-session queue's fixed bounds (`docs/delivery.md#pre-session-queue`).
+        let mut per_recipient = BTreeMap::<&str, usize>::new();
+        for row in &waiting {
+            *per_recipient.entry(&row.message.recipient).or_default() += 1;
+        }
+        let most = per_recipient.values().copied().max().unwrap_or(0);
+        if waiting.len() > PRE_SESSION_MESSAGES
+            || most > PRE_SESSION_PER_RECIPIENT
+            || stats.pre_session > PRE_SESSION_MESSAGES
+        {
             violated(format!(
-                "{name}'s store holds {} outbox rows",
-                peer.store.outbox.len()
+                "{name}'s pre-session queue holds {} rows in its store ({most} for one recipient), {} in memory",
+                waiting.len(),
+                stats.pre_session
             ));
         }
         let watchlist = run.engine.presence_watchlist().len();
@@ -407,6 +480,10 @@ impl World {
                 ));
             }
         }
+        self.check_undecryptable();
+        if self.scn.encryption {
+            self.check_sessions();
+        }
         let unsettled = self.ledger.unsettled();
         if let Some((sender, id)) = unsettled.first() {
             violated(format!("{sender}'s {id} never settled"));
@@ -458,6 +535,29 @@ impl World {
                         p.name()
                     ));
                 }
+            }
+        }
+    }
+}
+
+impl World {
+    /// Never lost to a ratchet: every data message that failed to decrypt was delivered after
+    /// all, or failed with an excuse `check_failed` accepted when it settled.
+    fn check_undecryptable(&mut self) {
+        for (recipient, sender, wire_id) in self.ledger.undecryptable() {
+            let latest = self
+                .ledger
+                .outbound
+                .iter()
+                .filter(|((s, id), _)| s == sender && courier_proto::wire_id(id) == *wire_id)
+                .map(|(_, rec)| rec)
+                .next();
+            match latest.and_then(|rec| rec.settled.as_ref()) {
+                Some(Settlement::Delivered) => self.counts.undecryptable_then_delivered += 1,
+                Some(Settlement::Failed(_)) => self.counts.undecryptable_then_failed += 1,
+                None => violated(format!(
+                    "{recipient} failed to decrypt {sender}'s {wire_id}, which never settled"
+                )),
             }
         }
     }

@@ -1,6 +1,8 @@
 //! One device's driver step: `courier_engine::step`, the very code the client driver runs, with
-//! this world as its host. The inputs are applied, then the step's stages are carried out in
-//! the engine's order, and a crash can cut it between any two of them (`CrashPoint`).
+//! this world as its host. The commands are applied, then the step's stages are carried out in
+//! the engine's order, and a crash can cut it between any two of them (`CrashPoint`). In an
+//! encrypted world the driver's end-to-end layer (`e2e`) opens inbound copies as they are
+//! applied, seals in the prepare stage, and commits its session rows with the step.
 
 use std::ops::ControlFlow;
 
@@ -8,6 +10,8 @@ use courier_engine::step::{Host, Step};
 use courier_engine::{HookBatch, Input, PresenceChange};
 
 use super::checks::OutboxView;
+use super::e2e::Frame;
+use crate::ledger::Undecryptable;
 
 use super::*;
 
@@ -23,6 +27,10 @@ struct StepHost<'w> {
     world: &'w mut World,
     p: usize,
     crash: Option<CrashPoint>,
+    /// The device's sessions, out of it for the step like its engine.
+    e2e: Option<E2e>,
+    /// Inputs for the next step: sends that could not be sealed.
+    refeed: Vec<Input>,
     accepted: Vec<String>,
     /// The step's terminal events, held with the commit.
     held: Vec<String>,
@@ -57,10 +65,13 @@ impl StepHost<'_> {
 
 impl Host<AppEvent> for StepHost<'_> {
     type Stop = CrashPoint;
-    type Frame = Transmit;
+    type Frame = Frame;
 
-    fn prepare(&mut self, transmits: Vec<Transmit>) -> ControlFlow<CrashPoint, Vec<Transmit>> {
-        ControlFlow::Continue(transmits)
+    fn prepare(&mut self, transmits: Vec<Transmit>) -> ControlFlow<CrashPoint, Vec<Frame>> {
+        ControlFlow::Continue(match self.e2e.as_mut() {
+            Some(e2e) => self.world.seal(self.p, e2e, transmits, &mut self.refeed),
+            None => transmits.into_iter().map(Frame::Engine).collect(),
+        })
     }
 
     fn commit(
@@ -84,7 +95,8 @@ impl Host<AppEvent> for StepHost<'_> {
             })
             .collect();
         self.sizes = (ops.len() as u64, events.len() as u64);
-        self.world.commit(p, &ops, &reports);
+        let sessions = self.e2e.as_mut().map(E2e::commit).unwrap_or_default();
+        self.world.commit(p, &ops, &reports, sessions);
         ControlFlow::Continue(())
     }
 
@@ -113,29 +125,33 @@ impl Host<AppEvent> for StepHost<'_> {
         ControlFlow::Continue(())
     }
 
-    fn transmit(&mut self, transmits: Vec<Transmit>) -> ControlFlow<CrashPoint> {
+    fn transmit(&mut self, frames: Vec<Frame>) -> ControlFlow<CrashPoint> {
         self.crash_if(CrashPoint::AfterEvents)?;
         let world = &mut *self.world;
-        world.counts.max_transmits_per_step =
-            world.counts.max_transmits_per_step.max(transmits.len());
+        world.counts.max_transmits_per_step = world.counts.max_transmits_per_step.max(frames.len());
         let (ops, events) = self.sizes;
-        world.mix(&[
-            self.p as u64,
-            world.now,
-            ops,
-            events,
-            transmits.len() as u64,
-        ]);
+        world.mix(&[self.p as u64, world.now, ops, events, frames.len() as u64]);
         let cut = if self.crash == Some(CrashPoint::MidTransmits) {
-            world.rng.index(transmits.len() + 1)
+            world.rng.index(frames.len() + 1)
         } else {
             usize::MAX
         };
-        for (i, transmit) in transmits.into_iter().enumerate() {
+        for (i, frame) in frames.into_iter().enumerate() {
             if i == cut {
                 return ControlFlow::Break(CrashPoint::MidTransmits);
             }
-            world.transmit(self.p, transmit);
+            match frame {
+                Frame::Engine(transmit) => world.transmit(self.p, transmit),
+                Frame::Welcome { carrier, message } => world.carry(
+                    self.p,
+                    Transmit {
+                        carrier,
+                        peer: Some(message.recipient.clone()),
+                        // Sent like an ACK: once, with no answer awaited.
+                        kind: TransmitKind::DeliveryAck { message },
+                    },
+                ),
+            }
         }
         self.crash_if(CrashPoint::MidTransmits)
     }
@@ -176,24 +192,32 @@ impl World {
         }
         run.step_at = None;
         let crash = run.crash_at.take();
-        let inputs = std::mem::take(&mut run.inbox);
+        let commands = std::mem::take(&mut run.inbox);
+        let refeed = std::mem::take(&mut run.refeed);
         let replays = std::mem::take(&mut run.replays);
-        // The engine leaves the device for the step, so the world can host it.
+        // The engine and the sessions leave the device for the step, so the world can host it.
         let placeholder = Engine::new(peer.spec.config.clone(), String::new());
         let mut engine = std::mem::replace(&mut run.engine, placeholder);
+        let mut e2e = run.e2e.take();
         self.counts.steps += 1;
         let mut step = Step::default();
         let mut accepted = Vec::new();
         for event in replays {
             step.emit(&mut engine, AppEvent::Replayed(event));
         }
-        for input in inputs {
-            self.apply(p, &mut engine, &mut step, input, &mut accepted);
+        for input in refeed {
+            step.apply(&mut engine, input, now);
         }
+        for command in commands {
+            self.apply(p, &mut engine, &mut e2e, &mut step, command, &mut accepted);
+        }
+        self.after_input(p, &mut engine, &mut e2e, &mut step);
         let mut host = StepHost {
             world: self,
             p,
             crash,
+            e2e,
+            refeed: Vec::new(),
             accepted,
             held: Vec::new(),
             undispatched: Vec::new(),
@@ -201,9 +225,22 @@ impl World {
         };
         let flow = step.finish(&mut engine, now, &mut host);
         let undispatched = std::mem::take(&mut host.undispatched);
-        self.peers[p].run.as_mut().expect("running").engine = engine;
+        let refeed = std::mem::take(&mut host.refeed);
+        let mut e2e = host.e2e.take();
+        let outgoing = e2e
+            .as_mut()
+            .map(|e2e| std::mem::take(&mut e2e.outgoing))
+            .unwrap_or_default();
+        let run = self.peers[p].run.as_mut().expect("running");
+        run.engine = engine;
+        run.e2e = e2e;
+        run.refeed = refeed;
         match flow {
-            ControlFlow::Continue(()) => self.check_bounds(p),
+            ControlFlow::Continue(()) => {
+                // Key packages are published only once their private halves are committed.
+                self.send_setup(p, outgoing);
+                self.check_bounds(p);
+            }
             ControlFlow::Break(point) => self.crash_in_step(p, point, undispatched),
         }
     }
@@ -222,43 +259,106 @@ impl World {
         self.crash(p);
     }
 
-    /// One input of the step. A send carries what the store remembers of its id, as the client
-    /// driver adds it.
+    /// One command of the step. A send carries what the store remembers of its id, as the
+    /// client driver adds it; a sealed inbound copy is opened first.
     fn apply(
         &mut self,
         p: usize,
         engine: &mut Engine,
+        e2e: &mut Option<E2e>,
         step: &mut Step<AppEvent>,
-        mut input: Input,
+        command: Command,
         accepted: &mut Vec<String>,
     ) {
         if self.verbose {
-            let line = format!("{} <- {}", self.peers[p].name(), describe_input(&input));
+            let line = format!("{} <- {}", self.peers[p].name(), describe_command(&command));
             self.trace(|_| line);
         }
         let name = self.peers[p].name();
-        match &mut input {
-            Input::Send(req) => {
-                req.settled = self.peers[p]
-                    .store
-                    .settled
-                    .get(&req.id)
-                    .map(|row| row.settlement.clone());
-                accepted.push(req.id.clone());
+        match (command, e2e.as_mut()) {
+            (Command::Engine(Input::Inbound { message, origin }), Some(e2e)) => {
+                self.open(p, e2e, engine, step, *message, origin)
             }
-            Input::Answer {
-                id,
-                answer: CarrierAnswer::Unreachable(_),
-                ..
-            } => self.ledger.on_refused(Refused::Attempt, name, id, self.now),
-            _ => {}
+            (Command::Engine(mut input), _) => {
+                match &mut input {
+                    Input::Send(req) => {
+                        req.settled = self.peers[p]
+                            .store
+                            .settled
+                            .get(&req.id)
+                            .map(|row| row.settlement.clone());
+                        accepted.push(req.id.clone());
+                    }
+                    Input::Answer {
+                        id,
+                        answer: CarrierAnswer::Unreachable(_),
+                        ..
+                    } => self.ledger.on_refused(Refused::Attempt, name, id, self.now),
+                    _ => {}
+                }
+                step.apply(engine, input, self.now);
+            }
+            (Command::Directory(report), Some(e2e)) => self.directory(p, e2e, engine, step, report),
+            (Command::Directory(_), None) => {}
         }
-        step.apply(engine, input, self.now);
+        self.after_input(p, engine, e2e, step);
     }
 
-    /// Checks the step's ops against the ledger, then applies them and the terminal-event
-    /// bookkeeping to the store.
-    pub(super) fn commit(&mut self, p: usize, ops: &[StoreOp], reports: &Reports) {
+    /// What the engine handed the driver in an input: verified control frames (a Welcome
+    /// joins its session, in this step) and the recipients it wants a session with.
+    fn after_input(
+        &mut self,
+        p: usize,
+        engine: &mut Engine,
+        e2e: &mut Option<E2e>,
+        step: &mut Step<AppEvent>,
+    ) {
+        let Some(e2e) = e2e.as_mut() else {
+            while engine.poll_control().is_some() {}
+            return;
+        };
+        while let Some(message) = engine.poll_control() {
+            self.control(p, e2e, engine, step, message);
+        }
+        while let Some(recipient) = engine.poll_session_wanted() {
+            self.want(p, e2e, engine, step, &recipient);
+        }
+    }
+
+    /// The step's frames for the relay's key-package directory and session setup, sent once it
+    /// is carried out; without a connection they are dropped (the next one asks again).
+    fn send_setup(&mut self, p: usize, outgoing: Vec<ToRelay>) {
+        let conn = self.peers[p]
+            .run
+            .as_ref()
+            .and_then(|run| run.session.as_ref())
+            .filter(|s| s.authenticated)
+            .map(|s| s.conn);
+        let Some(conn) = conn else {
+            return;
+        };
+        for frame in outgoing {
+            if self.verbose {
+                let line = format!(
+                    "{} -> relay {}",
+                    self.peers[p].name(),
+                    describe_setup(&frame)
+                );
+                self.trace(|_| line);
+            }
+            self.send_to_relay(conn, frame);
+        }
+    }
+
+    /// Checks the step's ops against the ledger, then applies them, the terminal-event
+    /// bookkeeping and the session rows to the store.
+    pub(super) fn commit(
+        &mut self,
+        p: usize,
+        ops: &[StoreOp],
+        reports: &Reports,
+        sessions: Vec<courier_crypto::Change>,
+    ) {
         let name = self.peers[p].name().to_owned();
         let mut outbox = OutboxView::new(&self.peers[p].store.outbox);
         for op in ops {
@@ -301,7 +401,7 @@ impl World {
                 StoreOp::MarkProcessed(_) | StoreOp::BufferInbound(_) => {}
             }
         }
-        self.peers[p].store.commit(ops, reports);
+        self.peers[p].store.commit(ops, reports, sessions);
     }
 
     pub(super) fn dispatch(&mut self, p: usize, event: AppEvent) {
@@ -349,8 +449,15 @@ impl World {
                 message,
                 chat,
                 sender,
+                encrypted,
                 ..
             } => {
+                if self.scn.encryption && !encrypted {
+                    violated(format!(
+                        "{name} received {} from {sender} in the clear in an encrypted world",
+                        message.id
+                    ));
+                }
                 self.counts.received += 1;
                 let key = InboundKey {
                     chat: chat.clone(),
@@ -364,6 +471,17 @@ impl World {
             Event::MessageRetrying { .. } => self.counts.retrying += 1,
             Event::MessageDeferred { .. } => self.counts.deferred += 1,
             Event::InboundDrainCompleted { .. } => self.counts.drains_completed += 1,
+            Event::MessageDecryptionFailed {
+                message_id, sender, ..
+            } => {
+                self.counts.decryption_failures += 1;
+                let what = self
+                    .ledger
+                    .on_decryption_failed(&name, sender, message_id, self.now);
+                if what == Undecryptable::Carried {
+                    self.counts.carried_undecryptable += 1;
+                }
+            }
             _ => {}
         }
     }
@@ -379,11 +497,16 @@ impl World {
     /// follows the processing it acknowledges.
     pub(super) fn transmit(&mut self, p: usize, transmit: Transmit) {
         self.check_ack(p, &transmit);
+        self.carry(p, transmit);
+    }
+
+    /// Puts one frame on its carrier.
+    fn carry(&mut self, p: usize, transmit: Transmit) {
         if self.verbose {
             let line = format!(
                 "{} -> {}",
                 self.peers[p].name(),
-                describe_transmit(&transmit)
+                describe_transmit(&self.ledger, &transmit)
             );
             self.trace(|_| line);
         }
@@ -621,7 +744,11 @@ impl World {
     }
 }
 
-fn describe_input(input: &Input) -> String {
+fn describe_command(command: &Command) -> String {
+    let input = match command {
+        Command::Engine(input) => input,
+        Command::Directory(report) => return format!("directory: {}", describe_report(report)),
+    };
     match input {
         Input::Send(req) => format!("send {:?} to {}", req.id, req.recipient),
         Input::Inbound { message, origin } => format!(
@@ -630,11 +757,63 @@ fn describe_input(input: &Input) -> String {
             origin.stamped_sender,
             origin.carrier,
             origin.seq,
-            message
-                .ack_for()
-                .map(|id| format!(" (ack of {id})"))
-                .unwrap_or_default()
+            describe_content(message)
         ),
+        other => format!("{other:?}"),
+    }
+}
+
+fn describe_report(report: &DirectoryReport) -> String {
+    match report {
+        DirectoryReport::Package { address, package } => {
+            format!("key package of {address} ({} bytes)", package.len())
+        }
+        other => format!("{other:?}"),
+    }
+}
+
+/// What a message is, as far as its content shows.
+fn describe_content(message: &Message) -> String {
+    if let Some(id) = message.ack_for() {
+        return format!(" (ack of {id})");
+    }
+    let kinds = [
+        (courier_proto::MLS_ENC_PREFIX, " (sealed)"),
+        (courier_proto::SessionFrame::Welcome.prefix(), " (welcome)"),
+        (
+            courier_proto::SessionFrame::KeyPackage.prefix(),
+            " (key package)",
+        ),
+    ];
+    kinds
+        .into_iter()
+        .find(|(prefix, _)| message.content.starts_with(prefix))
+        .map_or_else(String::new, |(_, kind)| kind.to_owned())
+}
+
+fn describe_setup(frame: &ToRelay) -> String {
+    match frame {
+        ToRelay::Send { message, .. } => {
+            format!(
+                "{}{} to {}",
+                message.id,
+                describe_content(message),
+                message.recipient
+            )
+        }
+        ToRelay::Publish {
+            packages,
+            last_resort,
+        } => format!(
+            "publish {} key packages{}",
+            packages.len(),
+            if last_resort.is_some() {
+                " and a last-resort one"
+            } else {
+                ""
+            }
+        ),
+        ToRelay::Fetch { address } => format!("fetch a key package of {address}"),
         other => format!("{other:?}"),
     }
 }
@@ -642,22 +821,40 @@ fn describe_input(input: &Input) -> String {
 fn describe_event(event: &Event) -> String {
     match event {
         Event::MessageReceived {
-            message, sender, ..
-        } => format!("message_received {} from {sender}", message.id),
+            message,
+            sender,
+            encrypted,
+            ..
+        } => format!(
+            "message_received {} from {sender}{}",
+            message.id,
+            if *encrypted { " (sealed)" } else { "" }
+        ),
         other => format!("{other:?}"),
     }
 }
 
-fn describe_transmit(t: &Transmit) -> String {
+fn describe_transmit(ledger: &Ledger, t: &Transmit) -> String {
     let kind = match &t.kind {
-        TransmitKind::Outbox { message, send_seq } => {
-            format!("send {}#{send_seq} to {}", message.id, message.recipient)
-        }
-        TransmitKind::DeliveryAck { message } => format!(
-            "ack of {} to {}",
-            message.ack_for().unwrap_or_default(),
-            message.recipient
+        TransmitKind::Outbox { message, send_seq } => format!(
+            "send {}#{send_seq} to {}{}",
+            message.id,
+            message.recipient,
+            describe_content(message)
         ),
+        TransmitKind::DeliveryAck { message } => match ledger.ack_for(message) {
+            Some(acked) => format!(
+                "ack of {acked} to {}{}",
+                message.recipient,
+                describe_content(message)
+            ),
+            None => format!(
+                "{} to {}{}",
+                message.id,
+                message.recipient,
+                describe_content(message)
+            ),
+        },
         TransmitKind::ReleaseFrame { seq } => format!("release {seq}"),
     };
     format!("{} {kind} (peer {:?})", t.carrier, t.peer)

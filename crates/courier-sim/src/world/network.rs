@@ -68,6 +68,10 @@ impl World {
         run.backoff_ms = (backoff * 2).min(MAX_BACKOFF);
         self.conn_owner.remove(&session.conn);
         if session.authenticated {
+            if self.scn.encryption {
+                let report = Command::Directory(DirectoryReport::Disconnected);
+                self.peers[p].command(report, now);
+            }
             self.peers[p].push(Input::CarrierDown(Carrier::Relay), now);
         }
         for (id, send_seq) in session.unanswered {
@@ -161,33 +165,49 @@ impl World {
         };
         let mut cmds = Vec::new();
         let mut watch = None;
+        let encryption = self.scn.encryption;
+        let directory = |report| directory_command(encryption, report);
         match frame {
-            ToClient::Authenticated { mailbox } => {
+            ToClient::Authenticated {
+                mailbox,
+                directory: offered,
+            } => {
                 session.authenticated = true;
                 run.backoff_ms = SEC;
                 if mailbox {
-                    cmds.push(Input::DrainStarted(Carrier::Relay));
+                    cmds.push(Input::DrainStarted(Carrier::Relay).into());
                 }
-                cmds.push(Input::CarrierUp(Carrier::Relay));
+                cmds.push(Input::CarrierUp(Carrier::Relay).into());
+                cmds.extend(directory(DirectoryReport::Connected { directory: offered }));
                 let list = run.engine.presence_watchlist();
                 if !list.is_empty() {
                     watch = Some(list);
                 }
             }
+            ToClient::Published(held) => cmds.extend(directory(DirectoryReport::Published(held))),
+            ToClient::KeyPackage { address, package } => {
+                cmds.extend(directory(DirectoryReport::Package { address, package }))
+            }
+            ToClient::KeyPackageUnavailable { address } => {
+                cmds.extend(directory(DirectoryReport::Unavailable { address }))
+            }
             ToClient::Received {
                 seq,
                 sender,
                 message,
-            } => cmds.push(Input::Inbound {
-                message,
-                origin: InboundOrigin {
-                    carrier: Carrier::Relay,
-                    stamped_sender: sender.clone(),
-                    sender_account: Some(sender),
-                    seq,
-                    sealed_by: None,
-                },
-            }),
+            } => cmds.push(
+                Input::Inbound {
+                    message,
+                    origin: InboundOrigin {
+                        carrier: Carrier::Relay,
+                        stamped_sender: sender.clone(),
+                        sender_account: Some(sender),
+                        seq,
+                        sealed_by: None,
+                    },
+                }
+                .into(),
+            ),
             ToClient::Sent {
                 message_id,
                 tag: Some(send_seq),
@@ -199,11 +219,14 @@ impl World {
                     } else {
                         CarrierAnswer::Live
                     };
-                    cmds.push(Input::Answer {
-                        id: message_id,
-                        send_seq,
-                        answer,
-                    });
+                    cmds.push(
+                        Input::Answer {
+                            id: message_id,
+                            send_seq,
+                            answer,
+                        }
+                        .into(),
+                    );
                 }
             }
             ToClient::Unreachable {
@@ -212,26 +235,35 @@ impl World {
                 cause,
             } => {
                 if session.unanswered.remove(&(message_id.clone(), send_seq)) {
-                    cmds.push(Input::Answer {
-                        id: message_id,
-                        send_seq,
-                        answer: CarrierAnswer::Unreachable(cause),
-                    });
+                    cmds.push(
+                        Input::Answer {
+                            id: message_id,
+                            send_seq,
+                            answer: CarrierAnswer::Unreachable(cause),
+                        }
+                        .into(),
+                    );
                 }
             }
             ToClient::Sent { tag: None, .. } | ToClient::Unreachable { tag: None, .. } => {}
-            ToClient::DrainComplete { count } => cmds.push(Input::DrainComplete {
-                carrier: Carrier::Relay,
-                count,
-            }),
-            ToClient::Presence { peer, online } => cmds.push(Input::Presence {
-                peer,
-                online,
-                last_seen_ms: None,
-            }),
+            ToClient::DrainComplete { count } => cmds.push(
+                Input::DrainComplete {
+                    carrier: Carrier::Relay,
+                    count,
+                }
+                .into(),
+            ),
+            ToClient::Presence { peer, online } => cmds.push(
+                Input::Presence {
+                    peer,
+                    online,
+                    last_seen_ms: None,
+                }
+                .into(),
+            ),
         }
         for cmd in cmds {
-            peer.push(cmd, now);
+            peer.command(cmd, now);
         }
         if let Some(list) = watch {
             self.send_to_relay(conn, ToRelay::Watch(list));
@@ -285,4 +317,9 @@ impl World {
             self.schedule(delay, Ev::Local { from, to, message });
         }
     }
+}
+
+/// A directory report for the driver, which only an encrypted world's driver listens to.
+fn directory_command(encryption: bool, report: DirectoryReport) -> Option<Command> {
+    encryption.then_some(Command::Directory(report))
 }

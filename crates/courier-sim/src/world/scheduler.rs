@@ -254,9 +254,18 @@ impl World {
             inbound: peer.store.load_pending(),
         };
         engine.handle(Input::Restore(restore), now);
+        let e2e = peer.spec.identity.clone().map(|identity| {
+            let e2e = E2e::restore(identity, &peer.store, &config.app_id);
+            for recipient in e2e.ready() {
+                engine.handle(Input::SessionReady { recipient }, now);
+            }
+            e2e
+        });
         let mut run = Running {
             engine,
+            e2e,
             inbox: Vec::new(),
+            refeed: Vec::new(),
             step_at: Some(now),
             session: None,
             connecting: false,
@@ -276,7 +285,7 @@ impl World {
         if peer.has_ble {
             run.ble = true;
             run.inbox
-                .push(Input::CarrierUp(Carrier::Local(BLE.to_owned())));
+                .push(Input::CarrierUp(Carrier::Local(BLE.to_owned())).into());
         }
         peer.run = Some(run);
         let owed: Vec<SendRequest> = peer.app.owed.values().cloned().collect();
@@ -339,7 +348,14 @@ impl World {
             .map(|p| {
                 let c = &p.spec.config;
                 let retention = c.durability_hook.as_ref().map_or(0, |d| d.retention_ms);
-                c.absolute_lifetime_ms().max(retention.min(HOUR))
+                let pending = if c.encryption {
+                    c.pending_session_max_lifetime_ms
+                } else {
+                    0
+                };
+                c.absolute_lifetime_ms()
+                    .max(retention.min(HOUR))
+                    .max(pending)
             })
             .max()
             .unwrap_or(0);
