@@ -4,8 +4,11 @@
 //! address derives from, so the MLS sender of a message *is* its address: a peer's key package,
 //! a Welcome and every message are checked against that binding. Both sides may start a
 //! session at once; the session whose creator has the lower address wins on both sides (the
-//! other side's Welcome is ignored by the winner and replaces the loser's own group). Once the
-//! peer has used a session, a Welcome from it always replaces it: the peer started again.
+//! other side's Welcome is ignored by the winner and replaces the loser's own group) — also once
+//! the peer has used the winner's session: a Welcome of the loser's that arrives after that is a
+//! stale one of a session its sender already gave up. (A device never starts again under the
+//! same address with its sessions lost: its identity key and its session state are in the same
+//! store.)
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -304,7 +307,7 @@ impl Sessions {
     /// A Welcome from `from` (a verified control frame of that address).
     pub fn join(&mut self, from: Address, welcome: &[u8]) -> Result<Joined, SessionError> {
         if let Some(ours) = self.sessions.get(&from) {
-            if ours.record.creator == self.me && !ours.record.used_by_peer && self.me < from {
+            if ours.record.creator == self.me && self.me < from {
                 return Ok(Joined::KeptOurs);
             }
         }

@@ -147,21 +147,40 @@ fn when_both_start_at_once_both_end_in_the_lower_addresss_session() {
 }
 
 #[test]
-fn a_peer_that_lost_its_state_starts_again_and_the_old_session_is_gone() {
-    let (mut alice, mut bob) = (device(1), device(2));
-    connect(&mut alice, &mut bob);
-    let used = bob.seal(&alice.address(), b"bob was here").unwrap();
-    alice.open(&bob.address(), &used).unwrap();
-    let stale = alice.seal(&bob.address(), b"old session").unwrap();
-    // Bob's device is wiped; he starts again from one of Alice's key packages.
-    let mut bob = device(2);
-    connect(&mut bob, &mut alice);
-    assert!(matches!(
-        bob.open(&alice.address(), &stale),
-        Err(SessionError::UnknownGroup(_))
-    ));
-    let fresh = alice.seal(&bob.address(), b"new session").unwrap();
-    assert_eq!(bob.open(&alice.address(), &fresh).unwrap(), b"new session");
+fn a_stale_welcome_of_the_tie_loser_never_replaces_the_winners_session_in_use() {
+    let (mut low, mut high) = {
+        let (a, b) = (device(1), device(2));
+        if a.address() < b.address() {
+            (a, b)
+        } else {
+            (b, a)
+        }
+    };
+    // Both start at once; the higher address joins the lower's session and uses it.
+    let (low_package, high_package) = (
+        low.key_package(false).unwrap(),
+        high.key_package(false).unwrap(),
+    );
+    let from_low = low.start(high.address(), &high_package).unwrap();
+    let from_high = high.start(low.address(), &low_package).unwrap();
+    assert_eq!(high.join(low.address(), &from_low).unwrap(), Joined::Joined);
+    let used = high
+        .seal(&low.address(), b"in the winner's session")
+        .unwrap();
+    assert_eq!(
+        low.open(&high.address(), &used).unwrap(),
+        b"in the winner's session"
+    );
+    // The loser's Welcome, sent before it gave its session up, arrives late.
+    assert_eq!(
+        low.join(high.address(), &from_high).unwrap(),
+        Joined::KeptOurs
+    );
+    let sealed = low.seal(&high.address(), b"still one session").unwrap();
+    assert_eq!(
+        high.open(&low.address(), &sealed).unwrap(),
+        b"still one session"
+    );
 }
 
 #[test]

@@ -99,7 +99,11 @@ pub struct E2e {
     directory: Option<bool>,
     /// Frames for the relay, sent once the step that prepared them is committed: directory
     /// requests, and key packages and Welcomes sent on their own.
-    pub(super) outgoing: Vec<ClientFrame>,
+    outgoing: Vec<ClientFrame>,
+    /// Welcomes sent on their own after the commit, by peer: a session replaced in the same step
+    /// (this device joined the peer's, which won the tie) takes its Welcome back, so the peer
+    /// never reads a Welcome of a session that is gone after a message of the one that stands.
+    welcomes: BTreeMap<Address, Message>,
 }
 
 impl E2e {
@@ -112,6 +116,7 @@ impl E2e {
             asked_with: BTreeMap::new(),
             directory: None,
             outgoing: Vec::new(),
+            welcomes: BTreeMap::new(),
         }
     }
 
@@ -132,6 +137,7 @@ impl E2e {
 
     pub fn rollback(&mut self) -> Result<(), SessionError> {
         self.outgoing.clear();
+        self.welcomes.clear();
         // Their private halves may be what the failed step made.
         self.asked_with.clear();
         self.sessions.rollback()
@@ -229,6 +235,14 @@ impl E2e {
         message
     }
 
+    /// The frames for the relay that the committed step prepared.
+    pub fn take_outgoing(&mut self) -> Vec<ClientFrame> {
+        let welcomes = std::mem::take(&mut self.welcomes);
+        let mut frames = std::mem::take(&mut self.outgoing);
+        frames.extend(welcomes.values().map(send_message));
+        frames
+    }
+
     /// `message` as a frame for the relay after the commit, sent once.
     fn send_after_commit(&mut self, message: &Message) {
         self.outgoing.push(send_message(message));
@@ -264,6 +278,14 @@ impl E2e {
         origin: InboundOrigin,
         now: Millis,
     ) {
+        if matches!(origin.carrier, Carrier::Local(_))
+            && message.recipient != self.sessions.address().to_string()
+        {
+            // A copy a neighbor carries for another device: not this device's to open, and the
+            // engine only notes the neighbor (`docs/delivery.md#carried-copies`).
+            step.apply(engine, inbound(message, origin), now);
+            return;
+        }
         let Some(payload) = sealed_payload(&message) else {
             connections.deliver(engine, step, message, origin, now);
             return;
@@ -352,6 +374,9 @@ impl E2e {
                             .sessions
                             .join(from, &bytes)
                             .map_err(|e| e.to_string())?;
+                        if joined == Joined::Joined {
+                            self.welcomes.remove(&from);
+                        }
                         Ok((joined == Joined::Joined).then_some(from))
                     }
                     SessionFrame::KeyPackage => {
@@ -360,7 +385,12 @@ impl E2e {
                         // second session would only race the first.
                         if let Some(welcome) = self.sessions.welcome_for(&from) {
                             let frame = self.welcome_frame(from, welcome, now);
-                            self.send_after_commit(&frame);
+                            self.welcomes.insert(from, frame);
+                            return Ok(None);
+                        }
+                        // Any other session with the peer is one it has joined or started since
+                        // it asked: the ask is stale, and a new session would part the two ways.
+                        if self.sessions.has_session(&from) {
                             return Ok(None);
                         }
                         let welcome = self
@@ -368,7 +398,7 @@ impl E2e {
                             .start(from, &bytes)
                             .map_err(|e| e.to_string())?;
                         let frame = self.welcome_frame(from, &welcome, now);
-                        self.send_after_commit(&frame);
+                        self.welcomes.insert(from, frame);
                         Ok(Some(from))
                     }
                 }
@@ -424,7 +454,10 @@ impl E2e {
         now: Millis,
     ) {
         match self.sessions.join(from, welcome) {
-            Ok(Joined::Joined) => self.session_ready(engine, step, from, now),
+            Ok(Joined::Joined) => {
+                self.welcomes.remove(&from);
+                self.session_ready(engine, step, from, now);
+            }
             // Already in it, or our own session with the peer won the tie: nothing to join.
             Ok(Joined::Already | Joined::KeptOurs) => {}
             Err(e) => self.warn(

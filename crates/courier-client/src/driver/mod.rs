@@ -450,7 +450,7 @@ impl Driver {
             (&outcome, &mut self.e2e, &self.relay)
         {
             // Key packages are published only once their private halves are committed.
-            for frame in e2e.outgoing.drain(..) {
+            for frame in e2e.take_outgoing() {
                 let _ = relay.send(RelayOut::Setup(frame));
             }
         }

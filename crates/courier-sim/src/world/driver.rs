@@ -227,10 +227,7 @@ impl World {
         let undispatched = std::mem::take(&mut host.undispatched);
         let refeed = std::mem::take(&mut host.refeed);
         let mut e2e = host.e2e.take();
-        let outgoing = e2e
-            .as_mut()
-            .map(|e2e| std::mem::take(&mut e2e.outgoing))
-            .unwrap_or_default();
+        let outgoing = e2e.as_mut().map(E2e::take_outgoing).unwrap_or_default();
         let run = self.peers[p].run.as_mut().expect("running");
         run.engine = engine;
         run.e2e = e2e;

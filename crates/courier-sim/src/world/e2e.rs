@@ -11,7 +11,7 @@
 //! The oracle learns what each envelope holds when it is sealed (`Ledger::on_sealed`): no device
 //! can look inside one twice.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use courier_crypto::{Joined, SessionError, Sessions};
 use courier_engine::step::Step;
@@ -52,11 +52,16 @@ pub struct E2e {
     app_id: String,
     /// Peers the engine wants a session with and that have none yet.
     wanted: BTreeSet<Address>,
+    /// The key package each peer was asked with by the round trip, sent again when asking again.
+    asked_with: BTreeMap<Address, Vec<u8>>,
     /// `Some` while a relay is connected: whether it offers the directory.
     directory: Option<bool>,
     /// Frames for the relay, sent once the step that prepared them is carried out: directory
     /// requests, and key packages and Welcomes sent on their own.
     pub(super) outgoing: Vec<ToRelay>,
+    /// Welcomes sent on their own, by peer: joining the peer's session in the same step takes
+    /// the replaced session's Welcome back.
+    welcomes: BTreeMap<Address, ToRelay>,
 }
 
 impl E2e {
@@ -71,9 +76,19 @@ impl E2e {
             identity,
             app_id: app_id.to_owned(),
             wanted: BTreeSet::new(),
+            asked_with: BTreeMap::new(),
             directory: None,
             outgoing: Vec::new(),
+            welcomes: BTreeMap::new(),
         }
+    }
+
+    /// The frames for the relay that the carried-out step prepared.
+    pub(super) fn take_outgoing(&mut self) -> Vec<ToRelay> {
+        let welcomes = std::mem::take(&mut self.welcomes);
+        let mut frames = std::mem::take(&mut self.outgoing);
+        frames.extend(welcomes.into_values());
+        frames
     }
 
     /// The peers with a session: the engine hears they are ready at start.
@@ -222,6 +237,13 @@ impl World {
         origin: InboundOrigin,
     ) {
         let now = self.now;
+        if matches!(origin.carrier, courier_engine::Carrier::Local(_))
+            && message.recipient != e2e.sessions.address().to_string()
+        {
+            // A copy a neighbor carries for another device: not this device's to open.
+            step.apply(engine, inbound(message, origin), now);
+            return;
+        }
         let Some(payload) = sealed_payload(&message) else {
             step.apply(engine, inbound(message, origin), now);
             return;
@@ -313,6 +335,9 @@ impl World {
                 match kind {
                     SessionFrame::Welcome => {
                         let joined = e2e.sessions.join(from, &bytes).map_err(|e| e.to_string())?;
+                        if joined == Joined::Joined {
+                            e2e.welcomes.remove(&from);
+                        }
                         match joined {
                             Joined::Joined => self.counts.sessions_joined += 1,
                             Joined::KeptOurs => self.counts.welcomes_outranked += 1,
@@ -341,6 +366,19 @@ impl World {
                         Ok((joined == Joined::Joined).then_some(from))
                     }
                     SessionFrame::KeyPackage => {
+                        // Asked again before the peer used the session its first ask started:
+                        // the same Welcome answers it.
+                        if let Some(welcome) = e2e.sessions.welcome_for(&from).map(<[u8]>::to_vec) {
+                            let frame =
+                                self.session_frame(p, e2e, SessionFrame::Welcome, from, &welcome);
+                            self.counts.welcomes_sent += 1;
+                            e2e.welcomes.insert(from, send_once(frame));
+                            return Ok(None);
+                        }
+                        // A session the peer joined or started since it asked: a stale ask.
+                        if e2e.sessions.has_session(&from) {
+                            return Ok(None);
+                        }
                         let welcome = e2e
                             .sessions
                             .start(from, &bytes)
@@ -357,7 +395,7 @@ impl World {
                         let frame =
                             self.session_frame(p, e2e, SessionFrame::Welcome, from, &welcome);
                         self.counts.welcomes_sent += 1;
-                        e2e.outgoing.push(send_once(frame));
+                        e2e.welcomes.insert(from, send_once(frame));
                         Ok(Some(from))
                     }
                 }
@@ -365,6 +403,7 @@ impl World {
         match ready {
             Ok(Some(peer)) => {
                 e2e.wanted.remove(&peer);
+                e2e.asked_with.remove(&peer);
                 let ready = Input::SessionReady {
                     recipient: peer.to_string(),
                 };
@@ -397,9 +436,9 @@ impl World {
         let Ok(peer) = Address::parse(recipient) else {
             return;
         };
-        if e2e.wanted.insert(peer) {
-            self.set_up(p, e2e, engine, step, peer);
-        }
+        // The first time, or again because the peer came online.
+        e2e.wanted.insert(peer);
+        self.set_up(p, e2e, engine, step, peer);
     }
 
     fn set_up(
@@ -429,7 +468,13 @@ impl World {
         step: &mut Step<AppEvent>,
         peer: Address,
     ) {
-        match e2e.sessions.key_package(false) {
+        let package = match e2e.asked_with.get(&peer) {
+            Some(package) => Ok(package.clone()),
+            None => e2e.sessions.key_package(false).inspect(|package| {
+                e2e.asked_with.insert(peer, package.clone());
+            }),
+        };
+        match package {
             Ok(package) => {
                 let frame = self.session_frame(p, e2e, SessionFrame::KeyPackage, peer, &package);
                 self.counts.key_packages_sent += 1;
@@ -498,6 +543,7 @@ impl World {
                             format!("{me} starts a session with {address} from the directory")
                         });
                         e2e.wanted.remove(&address);
+                        e2e.asked_with.remove(&address);
                         let ready = Input::SessionReady {
                             recipient: address.to_string(),
                         };
