@@ -113,6 +113,7 @@ mod outbox;
 mod parking;
 mod presence;
 mod presession;
+mod recent;
 mod retry_queue;
 mod sender_gate;
 pub mod step;

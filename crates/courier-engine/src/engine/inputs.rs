@@ -129,7 +129,8 @@ impl Engine {
             || self.outbox.key_of_wire(&wire_id).is_some()
             || self.presession.holds(&id)
             || self.presession.holds(&wire_id);
-        if settled == Some(Settlement::Delivered) || known {
+        let delivered = settled == Some(Settlement::Delivered) || self.delivered.contains(&id);
+        if delivered || known {
             return;
         }
         // A signed control frame (a connection request and its answers) is what comes before a

@@ -26,6 +26,7 @@ use crate::outbox::{self, Class, Entry, Key, Outbox, Phase};
 use crate::parking::{Park, Parking, ResendBudget, EDGE_DRIVEN_PROBES};
 use crate::presence::Presence;
 use crate::presession::{PreSession, Waiting};
+use crate::recent::RecentlyDelivered;
 use crate::sender_gate::{SenderGate, Verdict};
 use crate::timers::{Gate, Slot, Timers};
 
@@ -76,6 +77,8 @@ pub struct Engine {
     gate: SenderGate,
     /// Messages waiting for an end-to-end session, when sessions are required.
     presession: PreSession,
+    /// App ids delivered lately: a repeat in the step that delivered it is a no-op.
+    delivered: RecentlyDelivered,
     /// Recipients the runtime holds a session with.
     sessions: BTreeSet<String>,
     /// Recipients asked for and not ready yet; `session_wanted` is what is still to be polled.
@@ -115,6 +118,7 @@ impl Engine {
             dedup,
             hook,
             presession: PreSession::default(),
+            delivered: RecentlyDelivered::default(),
             sessions: BTreeSet::new(),
             wanted: BTreeSet::new(),
             session_wanted: VecDeque::new(),

@@ -232,6 +232,7 @@ impl Engine {
             return;
         };
         let recipient = entry.message.recipient;
+        self.delivered.insert(entry.message.id.clone());
         self.events.push_back(Event::MessageDelivered {
             message_id: entry.message.id.clone(),
             recipient: recipient.clone(),

@@ -122,6 +122,25 @@ fn an_id_already_delivered_is_a_no_op_in_the_same_input_and_after() {
     assert_eq!(sim.mark(), mark, "nothing later either");
 }
 
+/// The repeat comes in the step whose ACK delivered the id: storage cannot say so yet (the step
+/// has not committed), so the runtime passes `settled: None`; the engine remembers.
+#[test]
+fn an_id_delivered_earlier_in_the_same_step_is_a_no_op() {
+    let mut sim = Sim::with_defaults();
+    sim.net = Net::silent_peer();
+    sim.carrier_up();
+    let id = sim.send_with(BOB, Priority::High, ContentType::Text, Some("order-8"));
+    sim.acked_by_recipient.insert(id.clone());
+    sim.ack(&id);
+    assert!(matches!(
+        sim.terminal(&id),
+        Some((_, Event::MessageDelivered { .. }))
+    ));
+    let mark = sim.mark();
+    assert!(!sim.submit(request(BOB, Priority::High, ContentType::Text, "order-8")));
+    assert_eq!(sim.mark(), mark, "no store op, event or transmit");
+}
+
 #[test]
 fn an_id_that_failed_is_accepted_again() {
     let mut sim = Sim::with_defaults();
