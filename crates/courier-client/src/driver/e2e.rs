@@ -374,8 +374,20 @@ impl E2e {
                             .sessions
                             .join(from, &bytes)
                             .map_err(|e| e.to_string())?;
-                        if joined == Joined::Joined {
-                            self.welcomes.remove(&from);
+                        match joined {
+                            Joined::Joined => {
+                                self.welcomes.remove(&from);
+                            }
+                            // The peer is in a session that lost the tie to ours: it needs our
+                            // Welcome, which otherwise only rides ahead of messages we may never
+                            // send it.
+                            Joined::KeptOurs => {
+                                if let Some(welcome) = self.sessions.welcome_for(&from) {
+                                    let frame = self.welcome_frame(from, welcome, now);
+                                    self.welcomes.insert(from, frame);
+                                }
+                            }
+                            Joined::Already => {}
                         }
                         Ok((joined == Joined::Joined).then_some(from))
                     }

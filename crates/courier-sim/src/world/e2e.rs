@@ -335,8 +335,28 @@ impl World {
                 match kind {
                     SessionFrame::Welcome => {
                         let joined = e2e.sessions.join(from, &bytes).map_err(|e| e.to_string())?;
-                        if joined == Joined::Joined {
-                            e2e.welcomes.remove(&from);
+                        match joined {
+                            Joined::Joined => {
+                                e2e.welcomes.remove(&from);
+                            }
+                            // The peer needs the winner's Welcome, which otherwise only rides
+                            // ahead of messages the winner may never send it.
+                            Joined::KeptOurs => {
+                                if let Some(welcome) =
+                                    e2e.sessions.welcome_for(&from).map(<[u8]>::to_vec)
+                                {
+                                    let frame = self.session_frame(
+                                        p,
+                                        e2e,
+                                        SessionFrame::Welcome,
+                                        from,
+                                        &welcome,
+                                    );
+                                    self.counts.welcomes_sent += 1;
+                                    e2e.welcomes.insert(from, send_once(frame));
+                                }
+                            }
+                            Joined::Already => {}
                         }
                         match joined {
                             Joined::Joined => self.counts.sessions_joined += 1,
