@@ -9,7 +9,7 @@
 mod sessions;
 mod store;
 
-pub use sessions::{Joined, SessionError, Sessions, CIPHERSUITE};
+pub use sessions::{code, Joined, SessionError, Sessions, CIPHERSUITE};
 pub use store::{Change, RowKey, StoreError};
 
 #[cfg(test)]

@@ -56,6 +56,27 @@ pub enum SessionError {
     Store(#[from] StoreError),
 }
 
+/// `message_decryption_failed` codes (`docs/delivery.md#sealed-messages`).
+pub mod code {
+    pub const NO_SESSION: &str = "NO_SESSION";
+    pub const NOT_BOUND: &str = "NOT_BOUND";
+    pub const MALFORMED: &str = "MALFORMED";
+    pub const REFUSED: &str = "REFUSED";
+    pub const ENCRYPTION_DISABLED: &str = "ENCRYPTION_DISABLED";
+}
+
+impl SessionError {
+    /// The `message_decryption_failed` code of a copy that did not open for this reason.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::NoSession(_) | Self::UnknownGroup(_) => code::NO_SESSION,
+            Self::NotBound { .. } => code::NOT_BOUND,
+            Self::Malformed { .. } => code::MALFORMED,
+            Self::Mls(_) | Self::Store(_) | Self::Spent(_) => code::REFUSED,
+        }
+    }
+}
+
 fn mls(error: impl std::fmt::Display) -> SessionError {
     SessionError::Mls(error.to_string())
 }

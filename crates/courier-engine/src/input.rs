@@ -99,3 +99,21 @@ pub struct Restore {
     /// Inbound messages buffered for the durability hook and not committed.
     pub inbound: Vec<PendingInbound>,
 }
+
+impl Input {
+    /// `Input::Undecryptable` for the sealed copy `message` that did not open.
+    pub fn undecryptable(
+        message: &courier_proto::Message,
+        origin: InboundOrigin,
+        code: &'static str,
+        reason: String,
+    ) -> Self {
+        Self::Undecryptable {
+            message_id: message.id.clone(),
+            sender: message.sender.clone(),
+            origin,
+            code,
+            reason,
+        }
+    }
+}

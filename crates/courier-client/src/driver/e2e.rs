@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use courier_crypto::{Joined, SessionError, Sessions};
+use courier_crypto::{code, Joined, SessionError, Sessions};
 use courier_engine::step::Step;
 use courier_engine::{Carrier, Engine, InboundOrigin, Input, Millis, Transmit, TransmitKind};
 use courier_proto::{
@@ -22,24 +22,6 @@ use crate::event::ClientEvent;
 
 /// One-time key packages the driver keeps published in the relay's directory.
 const PUBLISHED_TARGET: u32 = 10;
-
-/// `message_decryption_failed` codes.
-pub mod code {
-    pub const NO_SESSION: &str = "NO_SESSION";
-    pub const NOT_BOUND: &str = "NOT_BOUND";
-    pub const MALFORMED: &str = "MALFORMED";
-    pub const REFUSED: &str = "REFUSED";
-    pub const ENCRYPTION_DISABLED: &str = "ENCRYPTION_DISABLED";
-}
-
-fn failure_code(error: &SessionError) -> &'static str {
-    match error {
-        SessionError::NoSession(_) | SessionError::UnknownGroup(_) => code::NO_SESSION,
-        SessionError::NotBound { .. } => code::NOT_BOUND,
-        SessionError::Malformed { .. } => code::MALFORMED,
-        SessionError::Mls(_) | SessionError::Store(_) | SessionError::Spent(_) => code::REFUSED,
-    }
-}
 
 /// A frame as the driver puts it on a carrier.
 pub enum Frame {
@@ -290,7 +272,8 @@ impl E2e {
             connections.deliver(engine, step, message, origin, now);
             return;
         };
-        let undecryptable = |origin, code, reason| undecryptable(&message, origin, code, reason);
+        let undecryptable =
+            |origin, code, reason| Input::undecryptable(&message, origin, code, reason);
         let (from, sealed) = match payload {
             Ok(payload) => payload,
             Err(e) => {
@@ -342,7 +325,7 @@ impl E2e {
                 step.apply(engine, Input::Discard { origin, reason }, now);
                 return;
             }
-            Err(e) => unopened = Some((failure_code(&e), e.to_string())),
+            Err(e) => unopened = Some((e.code(), e.to_string())),
             Ok(_) => {}
         }
         if let Some(held) = held {
@@ -657,22 +640,6 @@ impl E2e {
                 target: "courier_client::e2e",
             },
         );
-    }
-}
-
-/// A sealed copy `message` that did not open, for the engine to report and release.
-pub(super) fn undecryptable(
-    message: &Message,
-    origin: InboundOrigin,
-    code: &'static str,
-    reason: String,
-) -> Input {
-    Input::Undecryptable {
-        message_id: message.id.clone(),
-        sender: message.sender.clone(),
-        origin,
-        code,
-        reason,
     }
 }
 

@@ -319,9 +319,9 @@ impl Driver {
                     }
                     // Sealed, and this device keeps no sessions: reported, never shown as text.
                     None if message.content.starts_with(courier_proto::MLS_ENC_PREFIX) => {
-                        let code = e2e::code::ENCRYPTION_DISABLED;
+                        let code = courier_crypto::code::ENCRYPTION_DISABLED;
                         let reason = "a sealed message, and encryption is disabled here".into();
-                        let input = e2e::undecryptable(&message, origin, code, reason);
+                        let input = Input::undecryptable(&message, origin, code, reason);
                         step.apply(&mut self.engine, input, now);
                     }
                     None => connections.deliver(&mut self.engine, step, *message, origin, now),

@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use courier_crypto::{Joined, SessionError, Sessions};
+use courier_crypto::{code, Joined, SessionError, Sessions};
 use courier_engine::step::Step;
 use courier_engine::DiagnosticLevel;
 use courier_proto::{
@@ -27,23 +27,6 @@ use super::*;
 
 /// One-time key packages the driver keeps published in the relay's directory.
 const PUBLISHED_TARGET: u32 = 10;
-
-/// `message_decryption_failed` codes, as the client reports them.
-mod code {
-    pub const NO_SESSION: &str = "NO_SESSION";
-    pub const NOT_BOUND: &str = "NOT_BOUND";
-    pub const MALFORMED: &str = "MALFORMED";
-    pub const REFUSED: &str = "REFUSED";
-}
-
-fn failure_code(error: &SessionError) -> &'static str {
-    match error {
-        SessionError::NoSession(_) | SessionError::UnknownGroup(_) => code::NO_SESSION,
-        SessionError::NotBound { .. } => code::NOT_BOUND,
-        SessionError::Malformed { .. } => code::MALFORMED,
-        SessionError::Mls(_) | SessionError::Store(_) | SessionError::Spent(_) => code::REFUSED,
-    }
-}
 
 /// One running device's sessions and what the driver remembers about setting them up.
 pub struct E2e {
@@ -252,7 +235,7 @@ impl World {
             Ok(payload) => payload,
             Err(e) => {
                 self.unopened(p, &origin);
-                let input = undecryptable(&message, origin, code::MALFORMED, e.to_string());
+                let input = Input::undecryptable(&message, origin, code::MALFORMED, e.to_string());
                 step.apply(engine, input, now);
                 return;
             }
@@ -299,11 +282,15 @@ impl World {
                 step.apply(engine, Input::Discard { origin, reason }, now);
                 return;
             }
-            Err(e) => unopened = Some((failure_code(&e), e.to_string())),
+            Err(e) => unopened = Some((e.code(), e.to_string())),
         }
         if let Some((code, reason)) = unopened {
             self.unopened(p, &origin);
-            step.apply(engine, undecryptable(&message, origin, code, reason), now);
+            step.apply(
+                engine,
+                Input::undecryptable(&message, origin, code, reason),
+                now,
+            );
         }
     }
 
@@ -620,22 +607,6 @@ fn send_once(message: Message) -> ToRelay {
     ToRelay::Send {
         message: Box::new(message),
         tag: None,
-    }
-}
-
-/// A sealed copy `message` that did not open, for the engine to report and release.
-fn undecryptable(
-    message: &Message,
-    origin: InboundOrigin,
-    code: &'static str,
-    reason: String,
-) -> Input {
-    Input::Undecryptable {
-        message_id: message.id.clone(),
-        sender: message.sender.clone(),
-        origin,
-        code,
-        reason,
     }
 }
 
