@@ -10,7 +10,11 @@
 //!
 //! A recipient with waiting messages is on the presence watchlist: a setup that found nobody
 //! (a device that never connected has no key package anywhere, and the relay refuses a round
-//! trip to it) is tried again when the recipient comes online.
+//! trip to it) is tried again when the recipient comes online. Setup frames can also be lost in
+//! transit (a key package or Welcome dropped with a connection), so the session is asked for
+//! again on a timer as well: [`FIRST_REASK_MS`] after the recipient's first waiting message,
+//! doubling up to [`MAX_REASK_MS`]. The runtime answers a repeat ask with the same key package,
+//! and the peer a repeat key package with the same Welcome, so a repeat never forks a session.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -28,6 +32,11 @@ pub(crate) const MESSAGES: usize = 4096;
 pub(crate) const PER_RECIPIENT_BYTES: usize = 2 * 1024 * 1024;
 /// Content bytes waiting in all.
 pub(crate) const BYTES: usize = 16 * 1024 * 1024;
+
+/// How long after its first waiting message a recipient's session is asked for again.
+pub(crate) const FIRST_REASK_MS: Millis = 30_000;
+/// The longest gap between two asks for the same recipient's session.
+pub(crate) const MAX_REASK_MS: Millis = 30 * 60 * 1000;
 
 /// A message accepted while its recipient had no session.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,11 +67,25 @@ impl Waiting {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Recipient {
     /// Admission numbers of its waiting messages, oldest first.
     order: BTreeSet<u64>,
     bytes: usize,
+    /// When its session is asked for again, and the gap after that.
+    reask_at: Millis,
+    reask_gap: Millis,
+}
+
+impl Recipient {
+    fn new(now: Millis) -> Self {
+        Self {
+            order: BTreeSet::new(),
+            bytes: 0,
+            reask_at: now.saturating_add(FIRST_REASK_MS),
+            reask_gap: FIRST_REASK_MS,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -89,9 +112,9 @@ impl PreSession {
         self.ids.contains_key(id) || self.wire_ids.contains_key(id)
     }
 
-    /// Admits `waiting`, after taking out the oldest messages (of its recipient, then of all)
-    /// until it fits every bound; returns those, to be failed.
-    pub(crate) fn admit(&mut self, waiting: Waiting) -> Vec<Waiting> {
+    /// Admits `waiting` at `now`, after taking out the oldest messages (of its recipient, then
+    /// of all) until it fits every bound; returns those, to be failed.
+    pub(crate) fn admit(&mut self, waiting: Waiting, now: Millis) -> Vec<Waiting> {
         let bytes = content_bytes(&waiting.message);
         let recipient = waiting.message.recipient.clone();
         let mut evicted = Vec::new();
@@ -116,7 +139,10 @@ impl PreSession {
         if !self.recipients.contains_key(&recipient) {
             self.touched.insert(recipient.clone());
         }
-        let queue = self.recipients.entry(recipient).or_default();
+        let queue = self
+            .recipients
+            .entry(recipient)
+            .or_insert_with(|| Recipient::new(now));
         queue.order.insert(n);
         queue.bytes += bytes;
         self.bytes += bytes;
@@ -159,6 +185,25 @@ impl PreSession {
             .map(|queue| queue.order.iter().copied().collect::<Vec<_>>())
             .unwrap_or_default();
         order.into_iter().filter_map(|n| self.remove(n)).collect()
+    }
+
+    /// The recipients whose session is due to be asked for again at `now`; each one's next ask
+    /// moves a doubled gap on.
+    pub(crate) fn due_reasks(&mut self, now: Millis) -> Vec<String> {
+        let mut due = Vec::new();
+        for (recipient, queue) in &mut self.recipients {
+            if queue.reask_at <= now {
+                queue.reask_gap = queue.reask_gap.saturating_mul(2).min(MAX_REASK_MS);
+                queue.reask_at = now.saturating_add(queue.reask_gap);
+                due.push(recipient.clone());
+            }
+        }
+        due
+    }
+
+    /// When a recipient's session is next asked for again.
+    pub(crate) fn next_reask(&self) -> Option<Millis> {
+        self.recipients.values().map(|queue| queue.reask_at).min()
     }
 
     /// The messages whose lifetime ended by `now`, oldest first.

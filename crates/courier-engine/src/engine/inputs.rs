@@ -226,7 +226,7 @@ impl Engine {
     /// the recipient's session if nobody has yet.
     fn queue_for_session(&mut self, waiting: Waiting, now: Millis) {
         let recipient = waiting.message.recipient.clone();
-        for evicted in self.presession.admit(waiting) {
+        for evicted in self.presession.admit(waiting, now) {
             let Message { id, recipient, .. } = evicted.message;
             let reason = FailReason::PendingSessionCapacityExceeded;
             self.emit_failed(id, recipient, reason, 0, now);
@@ -240,8 +240,9 @@ impl Engine {
         }
     }
 
-    /// The recipient came online while its messages wait: whatever setup found before (no key
-    /// package, a round trip refused for an unknown device), it is worth asking again.
+    /// The recipient came online while its messages wait, or its re-ask timer ran out: whatever
+    /// setup found before (no key package, a round trip refused for an unknown device, a setup
+    /// frame lost in transit), it is worth asking again.
     fn ask_session_again(&mut self, recipient: String) {
         if !self.session_wanted.contains(&recipient) {
             self.wanted.insert(recipient.clone());
@@ -250,7 +251,10 @@ impl Engine {
     }
 
     /// The runtime holds a session with `recipient`: what waited for it enters the outbox, in
-    /// the order it was accepted.
+    /// the order it was accepted. A session that replaces an earlier one (this device joined the
+    /// one that won a tie) also sends again, now, what was sealed for the old one and awaits its
+    /// ACK: the peer cannot open it, and waiting out the ACK timeout would only delay it
+    /// (`docs/delivery.md#sealed-messages`).
     pub(super) fn session_ready(&mut self, recipient: String, now: Millis) {
         self.wanted.remove(&recipient);
         self.session_wanted.retain(|r| *r != recipient);
@@ -258,7 +262,35 @@ impl Engine {
             self.make_room(Class::of(waiting.message.content_type), now);
             self.enter_outbox(waiting, now);
         }
-        self.sessions.insert(recipient);
+        if !self.sessions.insert(recipient.clone()) {
+            self.resend_sealed_for_old_session(&recipient, now);
+        }
+    }
+
+    /// Every attempt to `recipient` in flight (handed to a carrier, or written and awaiting its
+    /// ACK) goes back to the queue, due now, with no retry spent: the attempt was lost to the
+    /// session change, not to the peer. A later report on the old attempt is stale and ignored.
+    fn resend_sealed_for_old_session(&mut self, recipient: &str, now: Millis) {
+        let mut resent = 0;
+        for key in self.outbox.keys_to(recipient) {
+            let in_flight = self
+                .outbox
+                .get(key)
+                .is_some_and(|e| e.current_send_seq().is_some());
+            if in_flight && self.requeue(key, now, now) {
+                resent += 1;
+            }
+        }
+        if resent > 0 {
+            self.diagnostic(
+                DiagnosticLevel::Debug,
+                format!(
+                    "the session with {recipient} changed: {resent} message(s) sealed for the \
+                     old one go again"
+                ),
+            );
+            self.send_due(now);
+        }
     }
 
     /// A carrier became available. `Carrier::Local(name)` registers an app-supplied carrier
@@ -378,6 +410,9 @@ impl Engine {
         }
         for key in self.timers.due_expiries(now) {
             self.settle_failed(key, FailReason::OutboxLifetimeExceeded, now);
+        }
+        for recipient in self.presession.due_reasks(now) {
+            self.ask_session_again(recipient);
         }
         let lifetime = self.config.pending_session_max_lifetime_ms;
         for expired in self.presession.expire(now, lifetime) {

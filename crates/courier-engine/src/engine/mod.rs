@@ -235,7 +235,8 @@ impl Engine {
 
     /// The next recipient to set up an end-to-end session with: a message waits for it in the
     /// pre-session queue. Each is asked once until `Input::SessionReady` names it (after a
-    /// restart, again), and once more each time presence says it came online; setting the
+    /// restart, again), once more each time presence says it came online, and again on a
+    /// doubling timer while it waits (`docs/delivery.md#pre-session-queue`); setting the
     /// session up, and trying again over a new connection, is the runtime's.
     #[must_use]
     pub fn poll_session_wanted(&mut self) -> Option<String> {
@@ -287,7 +288,8 @@ impl Engine {
     /// add only their expiry; app carrier sends their deadline. The durability hook adds the
     /// deadline of the batch it holds, the open drain batch's age, the retry of refused batches
     /// (while a carrier is up) and the retention of buffered rows; nothing when nothing is
-    /// buffered. The pre-session queue adds the end of its oldest message's lifetime.
+    /// buffered. The pre-session queue adds the end of its oldest message's lifetime and the
+    /// next time a session is asked for again.
     #[must_use]
     pub fn next_deadline(&self) -> Option<Millis> {
         let fixed = self.timers.next_fixed_deadline();
@@ -314,7 +316,8 @@ impl Engine {
         let presession = self
             .presession
             .next_expiry(self.config.pending_session_max_lifetime_ms);
-        [fixed, sends, inbound, presession]
+        let reask = self.presession.next_reask();
+        [fixed, sends, inbound, presession, reask]
             .into_iter()
             .flatten()
             .min()

@@ -174,11 +174,6 @@ fn a_message_waits_at_most_its_lifetime_from_acceptance() {
     let first = sim.send(BOB);
     sim.advance(HOUR);
     let second = sim.send(CAROL);
-    assert_eq!(
-        sim.engine.next_deadline(),
-        Some(LIFETIME),
-        "the earliest deadline"
-    );
     sim.advance_to(LIFETIME - 1);
     assert!(sim.terminal(&first).is_none());
     sim.advance_to(LIFETIME);
@@ -191,7 +186,18 @@ fn a_message_waits_at_most_its_lifetime_from_acceptance() {
         "Pending session lifetime exceeded"
     );
     assert!(sim.terminal(&second).is_none());
-    assert_eq!(sim.engine.next_deadline(), Some(HOUR + LIFETIME));
+    sim.advance_to(HOUR + LIFETIME - 1);
+    assert!(sim.terminal(&second).is_none());
+    sim.advance_to(HOUR + LIFETIME);
+    assert_eq!(
+        failed_with(&sim, &second),
+        Some(FailReason::PendingSessionLifetimeExceeded)
+    );
+    assert_eq!(
+        sim.engine.next_deadline(),
+        None,
+        "nothing waits, nothing is timed"
+    );
 }
 
 #[test]
@@ -287,4 +293,88 @@ fn a_recipient_whose_waiting_messages_failed_is_no_longer_watched() {
         Some(FailReason::PendingSessionLifetimeExceeded)
     );
     assert!(sim.engine.presence_watchlist().is_empty());
+}
+
+#[test]
+fn a_waiting_recipients_session_is_asked_for_again_at_doubling_gaps() {
+    use crate::presession::{FIRST_REASK_MS, MAX_REASK_MS};
+    let mut sim = encrypted();
+    let id = sim.send(BOB);
+    sim.advance(FIRST_REASK_MS - 1);
+    assert_eq!(sim.sessions_wanted.len(), 1, "nothing before the first gap");
+    sim.advance(4 * HOUR);
+    let asks: Vec<Millis> = sim.sessions_wanted.iter().map(|(at, _)| *at).collect();
+    let gaps: Vec<Millis> = asks.windows(2).map(|w| w[1] - w[0]).collect();
+    assert_eq!(
+        gaps[..7],
+        [30, 60, 120, 240, 480, 960, 1800].map(|s| s * SEC),
+        "asks at {asks:?}"
+    );
+    assert!(gaps[7..].iter().all(|gap| *gap == MAX_REASK_MS));
+    assert!(sim.sessions_wanted.iter().all(|(_, r)| r == BOB));
+
+    ready(&mut sim, BOB);
+    let asked = sim.sessions_wanted.len();
+    sim.advance(4 * HOUR);
+    assert_eq!(
+        sim.sessions_wanted.len(),
+        asked,
+        "a ready session is not asked for"
+    );
+    assert!(matches!(
+        sim.terminal(&id),
+        Some((_, Event::MessageDelivered { .. }))
+    ));
+    assert_eq!(sim.engine.next_deadline(), None, "no timer is left behind");
+}
+
+#[test]
+fn what_was_sealed_for_a_replaced_session_goes_again_at_once_with_no_retry_spent() {
+    let mut sim = encrypted();
+    sim.net = Net::silent_peer();
+    ready(&mut sim, BOB);
+    let id = sim.send(BOB);
+    assert_eq!(sim.sends(&id), [0]);
+    sim.advance(SEC);
+
+    // This device lost a tie and joined the peer's session: the first attempt can never open.
+    sim.net = Net::honest();
+    ready(&mut sim, BOB);
+    assert_eq!(sim.sends(&id), [0, SEC], "sent again in the same step");
+    assert!(sim.retries(&id).is_empty(), "no retry spent");
+    sim.advance(SEC);
+    assert!(matches!(
+        sim.terminal(&id),
+        Some((_, Event::MessageDelivered { .. }))
+    ));
+
+    // An attempt still being handed to the carrier goes again too; the carrier's late report
+    // on it changes nothing.
+    sim.net = Net::silent_peer();
+    sim.net.write = false;
+    let handed = sim.send(BOB);
+    assert_eq!(sim.unwritten.len(), 1);
+    ready(&mut sim, BOB);
+    assert_eq!(sim.unwritten.len(), 2, "handed to the carrier again");
+    sim.write_unwritten(0);
+    assert!(
+        sim.sends(&handed).is_empty(),
+        "the old attempt's write is stale"
+    );
+    sim.write_unwritten(0);
+    assert_eq!(sim.sends(&handed).len(), 1);
+    sim.ack(&handed);
+    assert!(sim.retries(&handed).is_empty());
+    assert!(matches!(
+        sim.terminal(&handed),
+        Some((_, Event::MessageDelivered { .. }))
+    ));
+
+    // The first session with a recipient sends nothing again.
+    sim.net = Net::silent_peer();
+    ready(&mut sim, CAROL);
+    let other = sim.send(CAROL);
+    ready(&mut sim, ALICE);
+    sim.advance(SEC);
+    assert_eq!(sim.sends(&other).len(), 1);
 }
