@@ -32,7 +32,7 @@ export declare class NativeProtocol {
    * app carrier frames. Resolves once the app carriers registered so far are up for
    * `stats()`.
    */
-  start(onEvent: (event: string) => void, onHookBatch: (batch: NativeHookBatch) => void, onAppCarrierSend: (send: NativeAppCarrierSend) => void): Promise<void>
+  start(onEvent: (event: string) => void, onHookBatch: (batch: NativeHookBatch) => void, onAppCarrierSend: (send: NativeAppCarrierSend) => void, onAuthTokenWanted: (requestId: number) => void): Promise<void>
   /**
    * Stops carriers and timers and releases storage; the callbacks are released with the
    * driver, so nothing keeps the process alive afterwards.
@@ -69,6 +69,15 @@ export declare class NativeProtocol {
   hookDone(batchId: number, ok: boolean, reason?: string | undefined | null): void
   /** The facade's report on a frame an app carrier was handed (`onAppCarrierSend`). */
   appCarrierSendDone(messageId: string, sendSeq: number, ok: boolean, reason?: string | undefined | null): void
+  /**
+   * The app's token provider answered request `requestId`: `token`, or `error` saying why
+   * it has none. An answer that comes after its connect gave up is dropped.
+   */
+  authTokenProvided(requestId: number, token?: string | undefined | null, error?: string | undefined | null): void
+  /** Replaces the fixed relay token for the next connect. */
+  setAuthToken(token: string): void
+  /** Drops the relay connection, if one is up, and dials again at once. */
+  reconnect(): void
   /** This device's `off1` address (after `start()`). */
   localAddress(): string
   internetPresenceWatchlist(): Array<string>

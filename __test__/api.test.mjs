@@ -80,7 +80,7 @@ test('stats cross from the native side as plain objects of numbers', async (t) =
   assert.deepEqual(relay.stats(), { connections: 0, accounts: 0, storedFrames: 0, watches: 0 })
 
   const p = new native.NativeProtocol(JSON.stringify(base(dir)))
-  await p.start(() => {}, () => {}, () => {})
+  await p.start(() => {}, () => {}, () => {}, () => {})
   t.after(() => p.stop())
   const stats = p.stats()
   assert.equal(Object.getPrototypeOf(stats), Object.prototype)

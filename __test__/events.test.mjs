@@ -183,6 +183,13 @@ test('every public event occurs, and each matches its declared type', async (t) 
   watch(await started(t, { ...peerConfig('alice', dir, relay.url), storage: { path: `${dir}/alice-phone.db` } }))
   await waitFor(alice.recorder, (e) => e.type === 'internet_session_superseded')
 
+  // A token the relay refuses, and a token provider with none: both typed.
+  const withToken = (name, authToken) => ({ ...peerConfig(name, dir, relay.url), transports: { internet: { url: relay.url, authToken } } })
+  const refused = watch(await started(t, withToken('mallory', 'not.a.jwt'), { connect: false }))
+  await waitFor(refused.recorder, (e) => e.type === 'auth_failed' && e.reason === 'invalid_token')
+  const tokenless = watch(await started(t, withToken('trent', () => Promise.reject(new Error('no token today'))), { connect: false }))
+  await waitFor(tokenless.recorder, (e) => e.type === 'auth_failed' && e.reason === 'token_unavailable')
+
   const events = recorders.flatMap((r) => r.events)
   const source = typeCheckSource(events)
   const result = compile(source)

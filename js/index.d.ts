@@ -71,7 +71,13 @@ export interface ProtocolConfig {
       /** Relay WebSocket URL. `ws://` is accepted only for loopback hosts. */
       url: string
       /** JWT for the relay; required with `url`. */
-      authToken: string
+      /**
+       * The relay token: a JWT, or a function returning one (or a Promise of one), called at
+       * every connect so a long-lived app never presents an expired token. A provider has 10 s
+       * to answer; one that throws or returns no string gives `auth_failed` with
+       * `reason: 'token_unavailable'`. A fixed token can be replaced with `setAuthToken()`.
+       */
+      authToken: string | (() => string | Promise<string>)
       tls?: { /** Extra trust anchors (PEM) for `wss://`, e.g. a private CA. */ caCertificates?: string }
       /** Reconnect with backoff 1 s doubling to 30 s, with jitter. Default `true`. */
       autoReconnect?: boolean
@@ -268,6 +274,22 @@ export interface InternetStatusChangedEvent { type: 'internet_status_changed'; c
  */
 export interface GatewayStatusChangedEvent { type: 'gateway_status_changed'; connected: boolean; attached: boolean }
 export interface InternetSessionSupersededEvent { type: 'internet_session_superseded'; reason: string }
+/** Why a relay connection was not authenticated: the relay's `AuthError` reasons, `rejected` for a bare close 4001, `token_unavailable` when the provider gave no token. */
+export type AuthFailureReason =
+  | 'token_expired'
+  | 'invalid_token'
+  | 'token_not_yet_valid'
+  | 'invalid_account'
+  | 'not_authenticated'
+  | 'auth_timeout'
+  | 'rejected'
+  | 'token_unavailable'
+/**
+ * The relay refused this connection's token, or the token provider gave none (`message` says
+ * why). The carrier tries again in `retryInMs`: 30 s for a fixed token (sooner if
+ * `setAuthToken()` brings a new one), the reconnect backoff for a provider.
+ */
+export interface AuthFailedEvent { type: 'auth_failed'; reason: AuthFailureReason; message: string | null; retryInMs: number }
 /** A relay frame the engine does not consume, verbatim. */
 export interface InternetServerMessageEvent { type: 'internet_server_message'; json: string }
 export interface InboundDrainCompletedEvent { type: 'inbound_drain_completed'; count: number }
@@ -297,6 +319,7 @@ export type ProtocolEvent =
   | InternetStatusChangedEvent
   | GatewayStatusChangedEvent
   | InternetSessionSupersededEvent
+  | AuthFailedEvent
   | InternetServerMessageEvent
   | InboundDrainCompletedEvent
   | DiagnosticEvent
@@ -338,8 +361,22 @@ export class Protocol {
   /** Answered from storage; survives restarts. */
   getMessageStatus(id: string): Promise<MessageStatus>
   stats(): ProtocolStats
-  /** OS hint: `true` reconnects now and flushes; `false` marks the relay carrier down. */
+  /**
+   * OS hint: `true` reconnects now and flushes; `false` closes the relay connection, which is
+   * dialled again after 60 s unless a `true` or `reconnect()` comes first.
+   */
   internetStatusChanged(online: boolean): void
+  /**
+   * Drops the relay connection, if one is up, and dials again at once: call it when the OS
+   * resumes from sleep (Electron `powerMonitor` `resume`), when a socket may be dead without
+   * anyone knowing yet.
+   */
+  reconnect(): void
+  /**
+   * Replaces the fixed relay token for the next connect, and ends the 30 s wait after a refused
+   * one. `ERR_INVALID_ARGUMENT` when no relay is configured or `authToken` is a provider.
+   */
+  setAuthToken(token: string): void
   /**
    * Registers a local carrier under `name` (not `'internet'` or `'gateway'`); it reaches the peers
    * reported as neighbors. Works before `start()`, and a registration survives `stop()` and `start()`.

@@ -82,6 +82,7 @@ class Protocol {
   #streams = new Set()
   #transports = new Map()
   #hook
+  #tokenProvider
 
   constructor(config) {
     if (!isPlainObject(config)) throw new ProtocolError('ERR_CONFIG', 'config must be an object')
@@ -103,6 +104,12 @@ class Protocol {
       // Rust only needs to know there is one; the function stays on this side.
       forNative.inboundDurabilityHook = true
     }
+    const internet = isPlainObject(config.transports) && isPlainObject(config.transports.internet) ? config.transports.internet : null
+    if (internet && typeof internet.authToken === 'function') {
+      this.#tokenProvider = internet.authToken
+      // Rust only needs to know tokens come from the app; the function stays on this side.
+      forNative.transports = { ...config.transports, internet: { ...internet, authToken: true } }
+    }
     this.#native = callSync(() => new native.NativeProtocol(toJson(forNative)))
     for (const warning of this.#native.warnings) {
       // Once per process: a warning repeated for every device says nothing new.
@@ -119,6 +126,7 @@ class Protocol {
         (json) => this.#dispatch(json),
         (batch) => this.#callHook(batch),
         (send) => this.#appCarrierSend(send),
+        (requestId) => this.#provideToken(requestId),
       ),
     )
   }
@@ -212,6 +220,20 @@ class Protocol {
     callSync(() => this.#native.internetStatusChanged(online))
   }
 
+  /**
+   * Drops the relay connection, if one is up, and dials again at once: call it when the OS
+   * resumes from sleep, when a socket may be dead without anyone knowing yet.
+   */
+  reconnect() {
+    callSync(() => this.#native.reconnect())
+  }
+
+  /** Replaces the fixed relay token for the next connect (and ends a wait after a refused one). */
+  setAuthToken(token) {
+    if (typeof token !== 'string') throw invalid('token must be a string')
+    callSync(() => this.#native.setAuthToken(token))
+  }
+
   /** Adds a listener; returns the function that removes it. */
   onEvent(listener) {
     if (typeof listener !== 'function') throw invalid('listener must be a function')
@@ -274,6 +296,27 @@ class Protocol {
   /** Recipients of pending and parked messages: the peers whose presence the engine watches. */
   internetPresenceWatchlist() {
     return callSync(() => this.#native.internetPresenceWatchlist())
+  }
+
+  /** Runs the app's token provider for the relay connect `requestId` is for. */
+  #provideToken(requestId) {
+    const answer = (token, error) => {
+      try {
+        this.#native.authTokenProvided(requestId, token, error)
+      } catch {
+        // Stopped meanwhile: nobody waits for the token.
+      }
+    }
+    // The native side bounds the wait (docs/protocol.md#reconnection); a late answer is dropped.
+    Promise.resolve()
+      .then(() => this.#tokenProvider())
+      .then(
+        (token) => {
+          if (typeof token === 'string') answer(token, null)
+          else answer(null, `the token provider returned ${token === null ? 'null' : typeof token}, not a string`)
+        },
+        (e) => answer(null, String((e && e.message) || e)),
+      )
   }
 
   /** Hands a frame to an app carrier; an outbox frame's `attempt` is reported written or failed. */

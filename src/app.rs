@@ -1,8 +1,9 @@
-//! The application's three callbacks, passed by the facade to `start()`, each a thread-safe
+//! The application's four callbacks, passed by the facade to `start()`, each a thread-safe
 //! function of its own: events cross as JSON text (one string per event, parsed by the facade's
-//! dispatcher), durability hook batches and app carrier frames as typed objects.
+//! dispatcher), durability hook batches and app carrier frames as typed objects, token requests
+//! as their id.
 //!
-//! All three are held by the client's driver and released with it in `stop()`: while started
+//! All four are held by the client's driver and released with it in `stop()`: while started
 //! they keep the process alive (a script awaiting an event must not exit first), and after
 //! `stop()` nothing does.
 
@@ -22,6 +23,9 @@ pub type HookBatchCallback =
     ThreadsafeFunction<NativeHookBatch, (), NativeHookBatch, Status, false>;
 pub type AppCarrierSendCallback =
     ThreadsafeFunction<NativeAppCarrierSend, (), NativeAppCarrierSend, Status, false>;
+/// Asked with a request id; the facade runs the app's token provider and answers with
+/// `authTokenProvided`.
+pub type AuthTokenCallback = ThreadsafeFunction<f64, (), f64, Status, false>;
 
 /// A batch for the durability hook; the facade reports it with `hookDone(batchId, …)`.
 #[napi(object)]
@@ -97,6 +101,7 @@ pub struct JsApp {
     pub on_event: EventCallback,
     pub on_hook_batch: HookBatchCallback,
     pub on_app_carrier_send: AppCarrierSendCallback,
+    pub on_auth_token_wanted: AuthTokenCallback,
     pub receipts: Receipts,
     /// Until the first call went through.
     pub gate: Option<Gate>,
@@ -160,6 +165,13 @@ impl App for JsApp {
         };
         self.on_app_carrier_send
             .call(send, ThreadsafeFunctionCallMode::NonBlocking);
+    }
+
+    fn auth_token_wanted(&mut self, request: u64) {
+        self.pass_gate();
+        // Request ids count up from 1: far below 2^53, exact as a JS number.
+        self.on_auth_token_wanted
+            .call(request as f64, ThreadsafeFunctionCallMode::NonBlocking);
     }
 }
 

@@ -14,7 +14,10 @@ use courier_client::error::ClientError;
 use napi::bindgen_prelude::{Buffer, Env, PromiseRaw};
 use napi_derive::napi;
 
-use crate::app::{AppCarrierSendCallback, EventCallback, Gate, HookBatchCallback, JsApp, Opener};
+use crate::app::{
+    AppCarrierSendCallback, AuthTokenCallback, EventCallback, Gate, HookBatchCallback, JsApp,
+    Opener,
+};
 use crate::error::{client_error, coded, Code, Result, Settled};
 
 mod app;
@@ -110,7 +113,7 @@ impl NativeProtocol {
     /// app carrier frames. Resolves once the app carriers registered so far are up for
     /// `stats()`.
     #[napi(
-        ts_args_type = "onEvent: (event: string) => void, onHookBatch: (batch: NativeHookBatch) => void, onAppCarrierSend: (send: NativeAppCarrierSend) => void",
+        ts_args_type = "onEvent: (event: string) => void, onHookBatch: (batch: NativeHookBatch) => void, onAppCarrierSend: (send: NativeAppCarrierSend) => void, onAuthTokenWanted: (requestId: number) => void",
         ts_return_type = "Promise<void>"
     )]
     pub async fn start(
@@ -118,6 +121,7 @@ impl NativeProtocol {
         on_event: EventCallback,
         on_hook_batch: HookBatchCallback,
         on_app_carrier_send: AppCarrierSendCallback,
+        on_auth_token_wanted: AuthTokenCallback,
     ) -> Settled<()> {
         let gate = Gate::default();
         let opener = Opener(gate.clone());
@@ -125,6 +129,7 @@ impl NativeProtocol {
             on_event,
             on_hook_batch,
             on_app_carrier_send,
+            on_auth_token_wanted,
             receipts,
             gate: Some(gate),
         };
@@ -338,6 +343,44 @@ impl NativeProtocol {
             send_seq,
         };
         self.started()?.app_carrier_send_done(attempt, result);
+        Ok(())
+    }
+
+    /// The app's token provider answered request `requestId`: `token`, or `error` saying why
+    /// it has none. An answer that comes after its connect gave up is dropped.
+    #[napi]
+    pub fn auth_token_provided(
+        &self,
+        request_id: f64,
+        token: Option<String>,
+        error: Option<String>,
+    ) -> Result<()> {
+        let provided = match (token, error) {
+            (Some(token), None) => Ok(token),
+            (None, Some(error)) => Err(error),
+            _ => {
+                return Err(coded(
+                    Code::INVALID_ARGUMENT,
+                    "exactly one of token and error is given",
+                ))
+            }
+        };
+        // A request id is a whole number the native side handed out.
+        self.started()?
+            .auth_token_provided(request_id as u64, provided);
+        Ok(())
+    }
+
+    /// Replaces the fixed relay token for the next connect.
+    #[napi]
+    pub fn set_auth_token(&self, token: String) -> Result<()> {
+        self.started()?.set_auth_token(&token).map_err(client_error)
+    }
+
+    /// Drops the relay connection, if one is up, and dials again at once.
+    #[napi]
+    pub fn reconnect(&self) -> Result<()> {
+        self.started()?.reconnect();
         Ok(())
     }
 

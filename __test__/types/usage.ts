@@ -1,5 +1,5 @@
 // Compiled by `tsc --noEmit` in `npm test`: the typings must accept real usage and narrow events.
-import { Gateway, Protocol, ProtocolError, Relay, issueToken, type ProtocolEvent, type UndeliverableReasonCode } from '../../js/index.js'
+import { Gateway, Protocol, ProtocolError, Relay, issueToken, type AuthFailureReason, type ProtocolEvent, type UndeliverableReasonCode } from '../../js/index.js'
 
 async function main(): Promise<void> {
   const relay = await Relay.start({ listen: '127.0.0.1:0', storage: { memory: true }, jwtSecret: 's3cret' })
@@ -119,4 +119,22 @@ export async function connections(protocol: Protocol, bobAddress: string): Promi
     if (!pending.incoming && pending.requestId !== requestId) await protocol.cancelConnectionRequest(pending.requestId)
   }
   void new Protocol({ appId: 'chat', storage: { memory: true }, encryption: { unknownSenders: 'request' } })
+}
+
+export function longLived(url: string, mint: () => Promise<string>): Protocol {
+  const protocol = new Protocol({
+    appId: 'chat',
+    storage: { memory: true },
+    transports: { internet: { url, authToken: mint } },
+  })
+  protocol.onEvent((ev) => {
+    if (ev.type === 'auth_failed') {
+      const why: AuthFailureReason = ev.reason
+      if (why === 'token_expired' || ev.message !== null) console.log(ev.retryInMs)
+    }
+  })
+  protocol.reconnect()
+  protocol.setAuthToken('a.b.c')
+  void new Protocol({ appId: 'chat', storage: { memory: true }, transports: { internet: { url, authToken: () => 'a.b.c' } } })
+  return protocol
 }

@@ -22,6 +22,10 @@ pub trait App: Send + 'static {
     /// A frame for an app carrier registered with
     /// [`Client::register_transport`](crate::client::Client::register_transport).
     fn app_carrier_send(&mut self, send: AppCarrierSend);
+
+    /// The relay carrier is about to connect and `authToken` is the application's provider:
+    /// answer `request` with [`Client::auth_token_provided`](crate::client::Client::auth_token_provided).
+    fn auth_token_wanted(&mut self, request: u64);
 }
 
 /// A frame to put on an app carrier.
@@ -71,5 +75,9 @@ impl App for LevelFiltered {
 
     fn app_carrier_send(&mut self, send: AppCarrierSend) {
         self.app.app_carrier_send(send);
+    }
+
+    fn auth_token_wanted(&mut self, request: u64) {
+        self.app.auth_token_wanted(request);
     }
 }

@@ -1,7 +1,7 @@
 //! `Client`: what the binding holds while a `Protocol` is started.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 use std::thread;
 
 use courier_crypto::Sessions;
@@ -15,9 +15,10 @@ use tokio::task::JoinHandle;
 
 use crate::app::{App, LevelFiltered, SendAttempt};
 use crate::carrier::gateway::{self, GatewayOut, GatewaySettings};
+use crate::carrier::relay::token::{ProviderRequests, TokenSource};
 use crate::carrier::relay::{self, RelayOut, RelaySettings};
 use crate::carrier::tls;
-use crate::config::{ProtocolConfig, StorageConfig};
+use crate::config::{AuthToken, ProtocolConfig, StorageConfig};
 use crate::driver::connections::{ConnectionCommand, Connections};
 use crate::driver::e2e::E2e;
 use crate::driver::{self, Command, Driver, DriverTx, Published, Receipts, Wiring};
@@ -43,6 +44,8 @@ pub struct Client {
     address: String,
     driver: DriverTx,
     relay_tx: Option<tokio_mpsc::UnboundedSender<RelayOut>>,
+    /// Where the relay carrier takes each connection's token from.
+    relay_token: Option<TokenSource>,
     gateway_tx: Option<tokio_mpsc::UnboundedSender<GatewayOut>>,
     published: Published,
     /// Names of the app carriers registered so far (a carrier cannot be unregistered).
@@ -169,18 +172,29 @@ impl Client {
                 })),
             }
         }
-        let relay = config.internet.as_ref().map(|internet| {
-            let (tx, rx) = tokio_mpsc::unbounded_channel();
-            let settings = RelaySettings {
-                url: internet.url.clone(),
-                token: internet.auth_token.clone(),
-                tls: tls.clone(),
-                auto_reconnect: internet.auto_reconnect,
-                identity: identity.clone(),
-            };
-            let task = runtime.spawn(relay::run(settings, rx, driver_tx.clone()));
-            (tx, task)
-        });
+        let relay_token = config
+            .internet
+            .as_ref()
+            .map(|internet| match &internet.auth_token {
+                AuthToken::Fixed(token) => TokenSource::fixed(token.clone()),
+                AuthToken::Provided => TokenSource::Provided(ProviderRequests::default()),
+            });
+        let relay = config
+            .internet
+            .as_ref()
+            .zip(relay_token.clone())
+            .map(|(internet, token)| {
+                let (tx, rx) = tokio_mpsc::unbounded_channel();
+                let settings = RelaySettings {
+                    url: internet.url.clone(),
+                    token,
+                    tls: tls.clone(),
+                    auto_reconnect: internet.auto_reconnect,
+                    identity: identity.clone(),
+                };
+                let task = runtime.spawn(relay::run(settings, rx, driver_tx.clone()));
+                (tx, task)
+            });
         let gateway = config.gateway.as_ref().map(|gateway| {
             let (tx, rx) = tokio_mpsc::unbounded_channel();
             let settings = GatewaySettings {
@@ -226,6 +240,7 @@ impl Client {
             address,
             driver: driver_tx,
             relay_tx,
+            relay_token,
             gateway_tx,
             published,
             transports: Mutex::new(config.app_carriers.clone()),
@@ -455,6 +470,57 @@ impl Client {
     pub fn internet_status_changed(&self, online: bool) {
         if let Some(tx) = &self.relay_tx {
             let _ = tx.send(RelayOut::Hint(online));
+        }
+    }
+
+    /// Drops the relay connection, if one is up, and dials again at once: after a resume from
+    /// sleep the socket may be dead without anyone knowing yet.
+    pub fn reconnect(&self) {
+        if let Some(tx) = &self.relay_tx {
+            let _ = tx.send(RelayOut::Reconnect);
+        }
+    }
+
+    /// Replaces the fixed relay token; the next connect presents it, and a wait after the relay
+    /// refused the old one ends now. Refused when no relay is configured, or when its token
+    /// comes from the application's provider.
+    pub fn set_auth_token(&self, token: &str) -> Result<(), ClientError> {
+        if token.trim().is_empty() {
+            return Err(ClientError::InvalidArgument(
+                "token must be a non-empty string".into(),
+            ));
+        }
+        match &self.relay_token {
+            None => Err(ClientError::InvalidArgument(
+                "no relay is configured (transports.internet)".into(),
+            )),
+            Some(TokenSource::Provided(_)) => Err(ClientError::InvalidArgument(
+                "authToken is a provider function, which every connect asks; setAuthToken \
+                 replaces a fixed token"
+                    .into(),
+            )),
+            Some(TokenSource::Fixed(fixed)) => {
+                *fixed.lock().unwrap_or_else(PoisonError::into_inner) = token.to_owned();
+                if let Some(tx) = &self.relay_tx {
+                    let _ = tx.send(RelayOut::TokenChanged);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The application provider's answer to token request `request`
+    /// ([`App::auth_token_wanted`]). An answer that comes too late is dropped.
+    pub fn auth_token_provided(&self, request: u64, provided: Result<String, String>) {
+        let provided = provided.and_then(|token| {
+            if token.trim().is_empty() {
+                Err("the token provider returned an empty token".into())
+            } else {
+                Ok(token)
+            }
+        });
+        if let Some(TokenSource::Provided(requests)) = &self.relay_token {
+            requests.answer(request, provided);
         }
     }
 

@@ -73,7 +73,7 @@ impl fmt::Debug for IdentitySealKey {
 pub struct InternetConfig {
     /// The relay URL as given (`ws://` or `wss://`).
     pub url: String,
-    pub auth_token: String,
+    pub auth_token: AuthToken,
     /// Extra trust anchors (PEM) for `wss://`, added to the system roots.
     pub ca_certificates: Option<String>,
     pub auto_reconnect: bool,
@@ -83,12 +83,32 @@ pub struct InternetConfig {
     pub tls: bool,
 }
 
+/// `transports.internet.authToken`: where the relay token of each connection comes from.
+#[derive(Clone, PartialEq, Eq)]
+pub enum AuthToken {
+    /// One token, until `setAuthToken` replaces it.
+    Fixed(String),
+    /// The application's provider, asked at every connect (the facade passes `true` in place of
+    /// the function, which stays on its side).
+    Provided,
+}
+
+impl std::fmt::Debug for AuthToken {
+    // A token is a bearer credential: never in logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Fixed(_) => f.write_str("Fixed(<redacted>)"),
+            Self::Provided => f.write_str("Provided"),
+        }
+    }
+}
+
 impl std::fmt::Debug for InternetConfig {
     // The token is a bearer credential: never in logs.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InternetConfig")
             .field("url", &self.url)
-            .field("auth_token", &"<redacted>")
+            .field("auth_token", &self.auth_token)
             .field(
                 "ca_certificates",
                 &self.ca_certificates.as_ref().map(|_| "<pem>"),
@@ -368,12 +388,15 @@ fn parse_internet(
         .ok_or_else(|| internet.error("url", "is required"))?;
     let (tls, host_is_loopback) = check_relay_url(url).map_err(|m| internet.error("url", m))?;
 
-    let auth_token = internet
-        .string("authToken")?
-        .ok_or_else(|| internet.error("authToken", "is required with url"))?;
-    if auth_token.trim().is_empty() {
-        return Err(internet.error("authToken", "must be a non-empty string"));
-    }
+    const TOKEN_KIND: &str = "must be a non-empty string or a function returning one";
+    let auth_token = match internet.get("authToken") {
+        None => return Err(internet.error("authToken", "is required with url")),
+        Some(serde_json::Value::String(token)) if !token.trim().is_empty() => {
+            AuthToken::Fixed(token.clone())
+        }
+        Some(serde_json::Value::Bool(true)) => AuthToken::Provided,
+        Some(_) => return Err(internet.error("authToken", TOKEN_KIND)),
+    };
 
     let ca_certificates = match internet.section("tls", &["caCertificates"])? {
         Some(tls_section) => match tls_section.string("caCertificates")? {
@@ -396,7 +419,7 @@ fn parse_internet(
 
     Ok(Some(InternetConfig {
         url: url.to_owned(),
-        auth_token: auth_token.to_owned(),
+        auth_token,
         ca_certificates,
         auto_reconnect,
         host_is_loopback,

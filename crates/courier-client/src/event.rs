@@ -16,6 +16,14 @@ pub enum ClientEvent {
     RelaySessionSuperseded {
         reason: String,
     },
+    /// The relay refused this connection's token (`reason`: its `AuthError` reason, or
+    /// `rejected` for a bare close 4001), or the application's token provider gave none
+    /// (`token_unavailable`, with `message`). The carrier tries again in `retry_in_ms`.
+    AuthFailed {
+        reason: String,
+        message: Option<String>,
+        retry_in_ms: u64,
+    },
     /// The gateway carrier's connection (`connected`) and binding (`attached`: the gateway
     /// bound this device's own address, so the carrier is available).
     GatewayStatusChanged {
@@ -173,6 +181,13 @@ impl ClientEvent {
             }
             Self::RelaySessionSuperseded { reason } => {
                 json!({"type": "internet_session_superseded", "reason": reason})
+            }
+            Self::AuthFailed {
+                reason,
+                message,
+                retry_in_ms,
+            } => {
+                json!({"type": "auth_failed", "reason": reason, "message": message, "retryInMs": retry_in_ms})
             }
             Self::RelayServerMessage { json } => {
                 json!({"type": "internet_server_message", "json": json})

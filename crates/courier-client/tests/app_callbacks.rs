@@ -39,6 +39,10 @@ impl App for Channels {
     fn app_carrier_send(&mut self, send: AppCarrierSend) {
         let _ = self.sends.send(send);
     }
+
+    fn auth_token_wanted(&mut self, request: u64) {
+        panic!("no token provider is configured, yet request {request} came");
+    }
 }
 
 /// A device called `name` with the pipe registered at start, and the durability hook when

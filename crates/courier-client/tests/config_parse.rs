@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use courier_client::config::{
-    parse_protocol_config, ConfigError, LogLevel, ProtocolConfig, StorageConfig, PLAINTEXT_WARNING,
+    parse_protocol_config, AuthToken, ConfigError, LogLevel, ProtocolConfig, StorageConfig,
+    PLAINTEXT_WARNING,
 };
 use courier_client::driver::connections::UnknownSenders;
 use courier_engine::Config;
@@ -123,7 +124,10 @@ fn the_api_example_parses() {
     assert_eq!(c.engine.ack_timeout_ms, 5000);
     assert_eq!(c.engine.max_retries, 5);
     // The token never shows in debug output.
-    assert!(!format!("{c:?}").contains(&i.auth_token));
+    let AuthToken::Fixed(token) = &i.auth_token else {
+        panic!("a string is a fixed token");
+    };
+    assert!(!format!("{c:?}").contains(token.as_str()));
 }
 
 // The three presets of `docs/delivery.md#presets`, exactly as written.
@@ -569,11 +573,19 @@ fn auth_token_is_required_with_url() {
         "transports.internet.authToken",
         "non-empty",
     );
-    refused(
-        internet_with(json!({ "authToken": 5 })),
-        "transports.internet.authToken",
-        "must be a string",
-    );
+    for bad in [json!(5), json!(false), json!({})] {
+        refused(
+            internet_with(json!({ "authToken": bad })),
+            "transports.internet.authToken",
+            "must be a non-empty string or a function returning one",
+        );
+    }
+}
+
+#[test]
+fn an_auth_token_provider_is_marked_true() {
+    let config = ok(internet_with(json!({ "authToken": true })));
+    assert_eq!(config.internet.unwrap().auth_token, AuthToken::Provided);
 }
 
 #[test]

@@ -71,6 +71,10 @@ pub enum Command {
     ConnectionRequests {
         reply: oneshot::Sender<Vec<PendingRequest>>,
     },
+    /// The relay carrier needs a token from the application's provider.
+    TokenWanted {
+        request: u64,
+    },
     Stop {
         reply: oneshot::Sender<()>,
     },
@@ -378,6 +382,7 @@ impl Driver {
             }
             Command::Sync(reply) => owed.synced.push(reply),
             Command::TerminalSeen { message_id } => self.confirm(message_id),
+            Command::TokenWanted { request } => self.app.auth_token_wanted(request),
             Command::Stop { reply } => owed.stop = Some(reply),
         }
     }
@@ -640,6 +645,10 @@ mod tests {
                 "no app carrier is registered, yet {} got a frame",
                 send.carrier
             );
+        }
+
+        fn auth_token_wanted(&mut self, request: u64) {
+            panic!("no token provider is configured, yet request {request} came");
         }
     }
 

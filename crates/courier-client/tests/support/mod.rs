@@ -34,6 +34,10 @@ impl<F: FnMut(ClientEvent) + Send + 'static> App for Events<F> {
             send.carrier
         );
     }
+
+    fn auth_token_wanted(&mut self, request: u64) {
+        panic!("no token provider is configured, yet request {request} came");
+    }
 }
 
 /// Starts `config` on the current tokio runtime; every event goes to the receiver.

@@ -11,6 +11,7 @@ pub(super) async fn connect(
     presence: &mut PresenceWatch,
 ) -> Result<Option<(Ws, Authenticated)>, Loss> {
     let attempt = async {
+        let token = settings.token.token(driver).await.map_err(Loss::NoToken)?;
         let config = WebSocketConfig::default()
             .max_message_size(Some(MAX_FRAME_BYTES))
             .max_frame_size(Some(MAX_FRAME_BYTES));
@@ -29,7 +30,7 @@ pub(super) async fn connect(
         .map_err(|_| Loss::Dropped("connect timed out".into()))?
         .map_err(|e| Loss::Dropped(format!("connect failed: {e}")))?;
         let hello = ClientFrame::Authenticate {
-            token: settings.token.clone(),
+            token,
             client_capabilities: Some(vec![CAP_MAILBOX.to_owned()]),
         };
         ws.send(WsMessage::text(hello.encode()))
@@ -46,7 +47,8 @@ pub(super) async fn connect(
             result = &mut attempt => return result.map(Some),
             cmd = rx.recv() => match cmd {
                 None | Some(RelayOut::Stop) => return Ok(None),
-                Some(RelayOut::Hint(_)) => {}
+                Some(RelayOut::Reconnect) => return Err(Loss::Reconnect),
+                Some(RelayOut::Hint(_) | RelayOut::TokenChanged) => {}
                 Some(cmd) => refuse_while_down(cmd, driver, presence),
             },
         }
@@ -127,7 +129,7 @@ pub(super) fn close_message(code: u16, reason: &str) -> WsMessage {
 pub(super) fn close_loss(frame: Option<&CloseFrame>) -> Loss {
     match frame.map(|f| u16::from(f.code)) {
         Some(close::SUPERSEDED) => Loss::Superseded("close_4000".into()),
-        Some(close::AUTH_FAILED) => Loss::AuthRejected("close_4001".into()),
+        Some(close::AUTH_FAILED) => Loss::AuthRejected("rejected".into()),
         Some(code) => Loss::Dropped(format!("closed by relay ({code})")),
         None => Loss::Dropped("closed by relay".into()),
     }

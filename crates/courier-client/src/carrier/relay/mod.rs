@@ -42,6 +42,9 @@ const PING_EVERY: Duration = Duration::from_secs(10);
 const DEAD_AFTER: Duration = Duration::from_secs(30);
 /// After close 4001 the same token is presented at most once per this period.
 const AUTH_RETRY_MIN: Duration = Duration::from_secs(30);
+/// After `internetStatusChanged(false)` the carrier dials again this late even if no `true`
+/// came: a hint cannot keep the client offline for good.
+const OFFLINE_REDIAL: Duration = Duration::from_secs(60);
 /// Frames owed to the relay (end-to-end ACKs, releases) past which reading waits: an inbound
 /// flood is then read no faster than the rate limit lets its ACKs out, instead of piling
 /// them up here.
@@ -51,9 +54,11 @@ type Ws = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
 
 mod connect;
 mod session;
+pub mod token;
 
 use connect::{close_code_for, close_loss, close_message, connect, diagnostic, Authenticated};
 use session::Session;
+use token::TokenSource;
 
 /// What the driver asks of the relay carrier.
 #[derive(Debug)]
@@ -65,6 +70,10 @@ pub enum RelayOut {
     },
     /// The OS says the network is up (`true`: reconnect now) or down.
     Hint(bool),
+    /// Drop the connection, if one is up, and dial again at once (`reconnect()`).
+    Reconnect,
+    /// `setAuthToken()` replaced the fixed token: a wait after a refused token ends now.
+    TokenChanged,
     /// Inbound frames were processed but could not be stored (a failed commit), so they were not
     /// acked: start a new session, whose drain writes every unacked frame again.
     Redeliver,
@@ -81,7 +90,7 @@ pub enum RelayOut {
 #[derive(Debug, Clone)]
 pub struct RelaySettings {
     pub url: String,
-    pub token: String,
+    pub token: TokenSource,
     pub tls: Option<Arc<rustls::ClientConfig>>,
     pub auto_reconnect: bool,
     /// Proves this device's address to the relay on every connection
@@ -93,8 +102,12 @@ pub struct RelaySettings {
 enum Loss {
     /// Reconnect with backoff.
     Dropped(String),
-    /// The relay refused the token: not again for 30 s.
+    /// The relay refused the token: a fixed one not again for 30 s.
     AuthRejected(String),
+    /// The application's provider gave no token.
+    NoToken(String),
+    /// The application asked for a new connection now.
+    Reconnect,
     /// Another session took over the account: no automatic reconnect.
     Superseded(String),
     /// The app said the network is down: wait for a hint or the backoff.
@@ -130,6 +143,7 @@ pub async fn run(
         if !matches!(loss, Loss::Redeliver) {
             redeliveries = 0;
         }
+        let refused = matches!(loss, Loss::AuthRejected(_));
         let wait = match loss {
             Loss::Stopped => return,
             Loss::Redeliver => {
@@ -156,30 +170,50 @@ pub async fn run(
                 None
             }
             Loss::AuthRejected(reason) => {
+                let wait = match settings.token {
+                    TokenSource::Fixed(_) => AUTH_RETRY_MIN,
+                    TokenSource::Provided(_) => next_backoff(&mut attempt),
+                };
                 diagnostic(
                     &driver,
                     DiagnosticLevel::Error,
-                    format!("relay refused the token: {reason}"),
+                    format!(
+                        "relay refused the token: {reason}; trying again in {} ms",
+                        wait.as_millis()
+                    ),
                 );
-                Some(AUTH_RETRY_MIN)
+                auth_failed(&driver, reason, None, wait);
+                Some(wait)
             }
-            Loss::Offline => None,
+            Loss::NoToken(message) => {
+                let wait = next_backoff(&mut attempt);
+                diagnostic(
+                    &driver,
+                    DiagnosticLevel::Error,
+                    format!(
+                        "no relay token: {message}; trying again in {} ms",
+                        wait.as_millis()
+                    ),
+                );
+                auth_failed(&driver, "token_unavailable".into(), Some(message), wait);
+                Some(wait)
+            }
+            Loss::Reconnect => {
+                attempt = 0;
+                Some(Duration::ZERO)
+            }
+            Loss::Offline => settings.auto_reconnect.then_some(OFFLINE_REDIAL),
             Loss::Dropped(reason) => {
                 diagnostic(
                     &driver,
                     DiagnosticLevel::Warn,
                     format!("relay connection lost: {reason}"),
                 );
-                if settings.auto_reconnect {
-                    let delay = Backoff::default().delay(attempt);
-                    attempt = attempt.saturating_add(1);
-                    Some(delay)
-                } else {
-                    None
-                }
+                settings.auto_reconnect.then(|| next_backoff(&mut attempt))
             }
         };
-        if !wait_for_reconnect(wait, &mut rx, &driver, &mut presence).await {
+        let after_refusal = matches!(settings.token, TokenSource::Fixed(_)) && refused;
+        if !wait_for_reconnect(wait, after_refusal, &mut rx, &driver, &mut presence).await {
             return;
         }
         if superseded_reported {
@@ -189,11 +223,28 @@ pub async fn run(
     }
 }
 
+/// The pause before the next attempt of a run of failed ones.
+fn next_backoff(attempt: &mut u32) -> Duration {
+    let delay = Backoff::default().delay(*attempt);
+    *attempt = attempt.saturating_add(1);
+    delay
+}
+
+fn auth_failed(driver: &DriverTx, reason: String, message: Option<String>, wait: Duration) {
+    driver.send(Command::Emit(ClientEvent::AuthFailed {
+        reason,
+        message,
+        retry_in_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+    }));
+}
+
 /// Waits out a pause between connections while answering the driver: sends fail at once (the
-/// carrier is down), a `Hint(true)` cuts the wait short. `None` waits for a hint only.
-/// Returns false when the client is stopping.
+/// carrier is down), a `Hint(true)` or `Reconnect` cuts the wait short, and so does a new token
+/// when the wait follows a refused one. `None` waits for those only. Returns false when the
+/// client is stopping.
 async fn wait_for_reconnect(
     wait: Option<Duration>,
+    after_refusal: bool,
     rx: &mut mpsc::UnboundedReceiver<RelayOut>,
     driver: &DriverTx,
     presence: &mut PresenceWatch,
@@ -209,7 +260,8 @@ async fn wait_for_reconnect(
         };
         match cmd {
             None | Some(RelayOut::Stop) => return false,
-            Some(RelayOut::Hint(true)) => return true,
+            Some(RelayOut::Hint(true) | RelayOut::Reconnect) => return true,
+            Some(RelayOut::TokenChanged) if after_refusal => return true,
             Some(cmd) => refuse_while_down(cmd, driver, presence),
         }
     }
@@ -230,6 +282,8 @@ fn refuse_while_down(cmd: RelayOut, driver: &DriverTx, presence: &mut PresenceWa
         | RelayOut::Setup(_)
         | RelayOut::ReleaseFrame { .. }
         | RelayOut::Hint(_)
+        | RelayOut::Reconnect
+        | RelayOut::TokenChanged
         // The next session's drain writes every unacked frame anyway.
         | RelayOut::Redeliver
         | RelayOut::Stop => {}

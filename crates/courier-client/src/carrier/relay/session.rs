@@ -179,7 +179,9 @@ impl<'a> Session<'a> {
                 Ok(())
             }
             Some(RelayOut::Hint(false)) => Err(Loss::Offline),
-            Some(RelayOut::Hint(true)) => Ok(()),
+            Some(RelayOut::Reconnect) => Err(Loss::Reconnect),
+            // The next connect reads the token.
+            Some(RelayOut::Hint(true) | RelayOut::TokenChanged) => Ok(()),
             Some(RelayOut::Redeliver) => Err(Loss::Redeliver),
         }
     }
@@ -446,7 +448,7 @@ impl<'a> Session<'a> {
     /// Every send not yet answered is a transmission failure; the engine re-queues it.
     async fn teardown(&mut self, loss: &Loss) {
         let close = match loss {
-            Loss::Stopped | Loss::Offline => Some(close::NORMAL),
+            Loss::Stopped | Loss::Offline | Loss::Reconnect => Some(close::NORMAL),
             _ => self.violation,
         };
         if let Some(code) = close {
