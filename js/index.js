@@ -4,7 +4,7 @@
 // cannot express well: the `ProtocolError` class, listener sets, the async event iterator and
 // argument checks that name the offending argument.
 
-const native = require('../native.js')
+const native = require('./binding.js')
 
 class ProtocolError extends Error {
   constructor(code, message) {

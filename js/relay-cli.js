@@ -4,7 +4,7 @@
 // `Relay.start` (or, as `npx courier-relay gateway`, the gateway daemon of `Gateway.start`).
 // Stops cleanly on SIGINT / SIGTERM.
 
-const native = require('../native.js')
+const native = require('./binding.js')
 
 async function main(args) {
   // `courier-relay gateway …` runs the gateway daemon instead of the relay.
