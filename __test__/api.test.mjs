@@ -66,9 +66,19 @@ test('native errors carry their code as data, and the message is only the messag
     assert.doesNotMatch(e.message, /ERR_/)
     return true
   })
-  // Through the facade: a ProtocolError with the same code and message.
+  // Through the facade: a ProtocolError with the same code and message, and the native error,
+  // with its stack, as its cause.
   await rejectsCode(new Protocol(base(dir)).getMessageStatus('m'), 'ERR_NOT_STARTED', /^the protocol is not started$/)
   throwsCode(() => new Protocol({ appId: 'test' }), 'ERR_CONFIG', /^storage is required/)
+  assert.throws(() => new Protocol(base(dir)).stats(), (e) => {
+    assert.ok(e instanceof ProtocolError)
+    assert.ok(e.cause instanceof Error && !(e.cause instanceof ProtocolError), `cause: ${e.cause}`)
+    assert.deepEqual(nativeCode(e.cause), { code: 'ERR_NOT_STARTED', message: 'the protocol is not started' })
+    assert.equal(typeof e.cause.stack, 'string')
+    return true
+  })
+  // An error the facade raises itself has no cause.
+  await assert.rejects(new Protocol(base(dir)).getMessageStatus(7), (e) => e.code === 'ERR_INVALID_ARGUMENT' && !('cause' in e))
 })
 
 test('stats cross from the native side as plain objects of numbers', async (t) => {

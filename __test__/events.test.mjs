@@ -4,16 +4,11 @@
 // an event type the typings do not declare, and a declared event type or key that never occurs
 // all fail this test.
 import assert from 'node:assert/strict'
-import { spawnSync } from 'node:child_process'
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
-import { createRequire } from 'node:module'
-import { tmpdir } from 'node:os'
-import { join } from 'node:path'
 import { test } from 'node:test'
 import { fileURLToPath } from 'node:url'
 
 import { Gateway, Protocol } from '../js/index.js'
-import { PLAINTEXT, peerConfig, record, sealedFrame, startRelay, started, tempDir, unsignedControlFrame, until, waitFor } from './helpers.mjs'
+import { PLAINTEXT, peerConfig, record, sealedFrame, startRelay, started, tempDir, typeCheck, unsignedControlFrame, until, waitFor } from './helpers.mjs'
 
 /** Declared keys no run of this test can produce, and why. */
 const NOT_PRODUCED_HERE = {
@@ -70,19 +65,6 @@ function typeCheckSource(events) {
     lines.push(`export type UnseenKeys_${type} = Empty<Exclude<keyof Declared<'${type}'>, ${union(excused)}>>`)
   }
   return `${lines.join('\n')}\n`
-}
-
-function compile(source) {
-  const dir = mkdtempSync(join(tmpdir(), 'courier-events-'))
-  try {
-    writeFileSync(join(dir, 'events.ts'), source)
-    const compilerOptions = { strict: true, noEmit: true, skipLibCheck: true, target: 'es2022', module: 'node16', moduleResolution: 'node16', types: [] }
-    writeFileSync(join(dir, 'tsconfig.json'), JSON.stringify({ compilerOptions, files: ['events.ts'] }))
-    const tsc = createRequire(import.meta.url).resolve('typescript/bin/tsc')
-    return spawnSync(process.execPath, [tsc, '-p', dir], { encoding: 'utf8' })
-  } finally {
-    rmSync(dir, { recursive: true, force: true })
-  }
 }
 
 /** An app carrier that takes every frame and delivers none: sends to it time out unacknowledged. */
@@ -192,6 +174,8 @@ test('every public event occurs, and each matches its declared type', async (t) 
 
   const events = recorders.flatMap((r) => r.events)
   const source = typeCheckSource(events)
-  const result = compile(source)
+  const result = typeCheck(source)
   assert.equal(result.status, 0, `the events do not match js/index.d.ts:\n${result.stdout}${result.stderr}\n${source}`)
+  // Every type that occurred (so, by the check above, every declared one) can be subscribed to.
+  for (const type of new Set(events.map((e) => e.type))) assert.equal(typeof lonely.on(type, () => {}), 'function')
 })

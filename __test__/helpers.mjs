@@ -1,7 +1,8 @@
 // Shared test plumbing: temp dirs, a real relay on loopback, peers in child processes that
 // speak line-delimited JSON, and waiting with deadlines (never fixed sleeps).
-import { spawn } from 'node:child_process'
-import { mkdtempSync, rmSync } from 'node:fs'
+import { spawn, spawnSync } from 'node:child_process'
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { createRequire } from 'node:module'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { createInterface } from 'node:readline'
@@ -44,6 +45,15 @@ export function peerConfig(name, dir, relayUrl, extra = {}) {
   }
 }
 
+/** The address of a device that is never started again: no relay or carrier knows it. */
+export async function strayAddress() {
+  const device = new Protocol({ appId: 'test', storage: { memory: true } })
+  await device.start()
+  const address = device.localAddress()
+  await device.stop()
+  return address
+}
+
 /** A frame from `mallory` to `recipient` that claims to be sealed in an MLS session. */
 export function sealedFrame(recipient) {
   return JSON.stringify({
@@ -60,6 +70,20 @@ export function unsignedControlFrame(recipient) {
     ttl: 5, hop_count: 0, timestamp: Date.now(), lamport_clock: 1, content_type: 'text', content: '__CONN_REQ__{}',
     metadata: {}, requires_ack: true, reply_to_msg: null,
   })
+}
+
+/** Compiles `source` (TypeScript) with tsc, strict, in a temporary folder; returns tsc's result. */
+export function typeCheck(source) {
+  const dir = mkdtempSync(join(tmpdir(), 'courier-tsc-'))
+  try {
+    writeFileSync(join(dir, 'check.ts'), source)
+    const compilerOptions = { strict: true, noEmit: true, skipLibCheck: true, target: 'es2022', module: 'node16', moduleResolution: 'node16', types: [] }
+    writeFileSync(join(dir, 'tsconfig.json'), JSON.stringify({ compilerOptions, files: ['check.ts'] }))
+    const tsc = createRequire(import.meta.url).resolve('typescript/bin/tsc')
+    return spawnSync(process.execPath, [tsc, '-p', dir], { encoding: 'utf8' })
+  } finally {
+    rmSync(dir, { recursive: true, force: true })
+  }
 }
 
 /** Resolves when `predicate` holds for an event seen (past or future) by `recorder`. */

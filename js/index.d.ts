@@ -1,6 +1,9 @@
 /// <reference types="node" />
-import type { NativeRelayStats, NativeStats } from '../native.js'
 // Typings of the offline-courier public API.
+
+// The stats are declared, and documented, with the native binding that produces them.
+import type { NativeRelayStats as RelayStats, NativeStats as ProtocolStats } from '../native.js'
+export type { ProtocolStats, RelayStats }
 
 /** Stable error codes carried by every `ProtocolError`. */
 export type ProtocolErrorCode =
@@ -12,25 +15,96 @@ export type ProtocolErrorCode =
   | 'ERR_UNSUPPORTED_DURABILITY_BACKEND'
   | 'ERR_EVENT_OVERFLOW'
   | 'ERR_RELAY'
+  /** `whenDelivered`: the message ended in `message_failed` (or `connection_request_undeliverable`). */
+  | 'ERR_MESSAGE_FAILED'
+  /** `once` or `whenDelivered`: its `signal` was aborted first. */
+  | 'ERR_ABORTED'
   | 'ERR_INTERNAL'
 
-/** Every rejection or throw of this package. A failing call changes nothing. */
+/**
+ * Every rejection or throw of this package. A failing call changes nothing.
+ *
+ * @example
+ * ```ts
+ * try {
+ *   await protocol.sendMessage(address, text)
+ * } catch (e) {
+ *   if (e instanceof ProtocolError && e.code === 'ERR_INVALID_ARGUMENT') showInputError(e.message)
+ *   else throw e
+ * }
+ * ```
+ */
 export class ProtocolError extends Error {
   readonly name: 'ProtocolError'
+  /** What went wrong, as a stable code. */
   readonly code: ProtocolErrorCode
-  constructor(code: ProtocolErrorCode, message: string)
+  /**
+   * What led to it: the native error the facade wrapped (with its stack), or for
+   * `ERR_MESSAGE_FAILED` the failure event, or `signal.reason` for `ERR_ABORTED`.
+   */
+  readonly cause?: unknown
+  /**
+   * `ERR_MESSAGE_FAILED` only: the failure event, when it was dispatched while
+   * `whenDelivered` waited (absent when the message had failed before the call).
+   */
+  readonly event?: MessageFailedEvent | ConnectionRequestUndeliverableEvent
+  /** `options.cause`: what led to this error (ES2022 `Error` cause). */
+  constructor(code: ProtocolErrorCode, message: string, options?: { cause?: unknown })
 }
 
+/** A message's priority: higher ones go first. */
 export type Priority = 'low' | 'medium' | 'high' | 'critical'
+/** What a message holds, as the app says (`SendOptions.contentType`). */
 export type ContentType = 'text' | 'image' | 'video' | 'audio' | 'voice_note' | 'video_note' | 'file' | 'poll'
+/** Where a message stands (`Protocol.getMessageStatus`); `unknown`: this storage never had it, or forgot its outcome. */
 export type MessageStatus = 'queued' | 'in_flight' | 'parked' | 'delivered' | 'failed' | 'unknown'
+/** The `logLevel` threshold. `'trace'` is accepted and lets everything through, as `'debug'` does. */
 export type LogLevel = 'error' | 'warn' | 'info' | 'debug' | 'trace'
+/** The level of a diagnostic. */
+export type DiagnosticLevel = 'error' | 'warn' | 'info' | 'debug'
+/**
+ * The carrier a message went or came by: `'internet'` (the relay), `'gateway'`, or the name an
+ * app carrier was registered under (`Protocol.registerTransport`).
+ */
+export type Transport = 'internet' | 'gateway' | (string & {})
 
+/**
+ * Where a `Protocol` or a relay keeps its state: exactly one of `path` (an SQLite file, WAL
+ * mode, created if missing) or `memory: true` (nothing survives `stop()`).
+ */
+export type StorageLocation = { path: string; memory?: never } | { memory: true; path?: never }
+
+/**
+ * The structured fields of a diagnostic handed to a {@link Logger}, as its first argument.
+ */
+export interface LogFields {
+  /** The module that wrote it, e.g. `courier_client::carrier::relay`. */
+  target: string
+}
+
+/**
+ * What the `logger` option takes: pino, console, or any object with these four methods. Each
+ * diagnostic is one call, fields first and the message second, as pino and bunyan take them:
+ * `logger.warn({ target }, message)`. A method that throws is reported as a process warning
+ * (`OfflineCourierLoggerError`) and changes nothing else.
+ */
+export interface Logger {
+  /** Receives `debug` diagnostics. */
+  debug(fields: LogFields, message: string): void
+  /** Receives `info` diagnostics. */
+  info(fields: LogFields, message: string): void
+  /** Receives `warn` diagnostics. */
+  warn(fields: LogFields, message: string): void
+  /** Receives `error` diagnostics. */
+  error(fields: LogFields, message: string): void
+}
+
+/** The options of `new Protocol(config)`. Unknown keys are an error (`ERR_CONFIG`). */
 export interface ProtocolConfig {
   /** Namespace of this app's messages. */
   appId: string
   /** Exactly one of `path` (SQLite file, WAL) or `memory: true` (nothing survives `stop()`). */
-  storage: ({ path: string } | { memory: true }) & {
+  storage: StorageLocation & {
     /**
      * 32 bytes, kept by your app outside the database (Electron `safeStorage`, the OS keychain),
      * that seal this device's identity key at rest. Without it a file store seals the key under
@@ -130,8 +204,18 @@ export interface ProtocolConfig {
   inboundDurabilityHook?: (batch: InboundMessage[]) => Promise<void>
   /** Timeout of the inbound durability hook. Default 30000. */
   inboundDurabilityHookTimeoutMs?: number
-  /** Level of diagnostics forwarded as `diagnostic` events. Default `'warn'`. */
+  /**
+   * Level of diagnostics forwarded as `diagnostic` events (and to `logger`); those below it are
+   * never produced. Default `'warn'`.
+   */
   logLevel?: LogLevel
+  /**
+   * The app's logger (pino, console, …): each diagnostic at or above `logLevel` goes to it as
+   * `logger[level]({ target }, message)`. With a logger, `diagnostic` events still reach
+   * `onEvent`, `on('diagnostic')` and `once('diagnostic')` listeners, but no longer the
+   * `events()` iterators, whose bounded buffers a verbose level could otherwise overflow.
+   */
+  logger?: Logger
 }
 
 /** One message handed to the inbound durability hook. */
@@ -147,6 +231,7 @@ export interface InboundMessage {
   origin: 'live' | 'drain' | 'redelivery'
 }
 
+/** The options of `Protocol.sendMessage`. */
 export interface SendOptions {
   /** Default `'medium'`. */
   priority?: Priority
@@ -158,17 +243,37 @@ export interface SendOptions {
   metadata?: Record<string, string>
 }
 
-export interface MessageSentEvent { type: 'message_sent'; messageId: string; recipient: string; priority: Priority; transport: string; attempt: number }
-export interface MessageDeferredEvent { type: 'message_deferred'; messageId: string; recipient: string; reason: string; retryCount: number; /** `null` when no timer is set (waiting for a carrier). */ nextRetryAt: number | null }
+/** A carrier wrote the message; `attempt` counts the ACK ladder's attempts from 1. */
+export interface MessageSentEvent { type: 'message_sent'; messageId: string; recipient: string; priority: Priority; transport: Transport; attempt: number }
+/**
+ * Why a message waits for a carrier: one of the engine's fixed reasons, or a carrier's own words
+ * (an app carrier's rejection message, a sealing error).
+ */
+export type MessageDeferredReason =
+  | 'no carrier available'
+  | 'in-flight limit reached'
+  | 'carrier unavailable'
+  | 'neighbor lost'
+  | 'app carrier send timed out'
+  | 'awaiting end-to-end session'
+  | 'no end-to-end session with the recipient'
+  | 'relay not connected'
+  | 'relay connection lost'
+  | 'gateway not attached'
+  | (string & {})
+/** No carrier can take the message now: it waits, and goes the moment one is up. */
+export interface MessageDeferredEvent { type: 'message_deferred'; messageId: string; recipient: string; reason: MessageDeferredReason; retryCount: number; /** `null` when no timer is set (waiting for a carrier). */ nextRetryAt: number | null }
 /** The relay took custody (its mailbox holds the message). Not delivery; never becomes a failure by timeout. */
 export interface MessageStoredEvent { type: 'message_stored'; messageId: string; recipient: string }
+/** No ACK in time: the next attempt is at `nextRetryAt`. */
 export interface MessageRetryingEvent { type: 'message_retrying'; messageId: string; recipient: string; retryCount: number; nextRetryAt: number }
 /**
  * Terminal: the recipient acknowledged the message. `replayed: true` marks a terminal event
  * emitted again at `start()` because the process ended after committing it and before recording
  * that the listeners had run for it: key your handling by `messageId`.
  */
-export interface MessageDeliveredEvent { type: 'message_delivered'; messageId: string; recipient: string; latencyMs: number; hopCount: number; transport: string; replayed?: true }
+export interface MessageDeliveredEvent { type: 'message_delivered'; messageId: string; recipient: string; latencyMs: number; hopCount: number; transport: Transport; replayed?: true }
+/** Why a message failed (`docs/delivery.md#exactly-one-terminal-event`). */
 export type MessageFailedReason =
   | 'Max retries exceeded'
   | 'Outbox lifetime exceeded'
@@ -178,6 +283,7 @@ export type MessageFailedReason =
   | 'Control signature expired'
 /** Terminal failure. `replayed: true`: see {@link MessageDeliveredEvent}. */
 export interface MessageFailedEvent { type: 'message_failed'; messageId: string; recipient: string; reason: MessageFailedReason; retryCount: number; replayed?: true }
+/** An inbound message. */
 export interface MessageReceivedEvent {
   type: 'message_received'
   messageId: string
@@ -188,7 +294,7 @@ export interface MessageReceivedEvent {
   content: string | Uint8Array
   contentType: ContentType
   timestamp: number
-  transport: string
+  transport: Transport
   hopCount: number
   metadata: Record<string, string>
   /** It arrived sealed in an end-to-end session, and `sender` is that session's credential. */
@@ -211,6 +317,7 @@ export interface ConnectionRequestReceivedEvent {
 }
 /** The peer accepted this device's request; with encryption the session is set up both ways. */
 export interface ConnectionAcceptedEvent { type: 'connection_accepted'; requestId: string; peer: string }
+/** The peer declined this device's request. */
 export interface ConnectionRejectedEvent { type: 'connection_rejected'; requestId: string; peer: string }
 /** The requester withdrew its request before this device answered. */
 export interface ConnectionRequestCancelledEvent { type: 'connection_request_cancelled'; requestId: string; sender: string }
@@ -230,18 +337,22 @@ export interface ConnectionRequest {
   at: number
 }
 /**
+ * Why a sealed message did not open: `NO_SESSION` (no session with the sender), `NOT_BOUND` (the
+ * session's credential is not the sender's address), `MALFORMED`, `REFUSED` (MLS refused it, or
+ * its key is spent: a replay), `ENCRYPTION_DISABLED` (this device runs with `encryption.enabled: false`).
+ */
+export type DecryptionFailureCode = 'NO_SESSION' | 'NOT_BOUND' | 'MALFORMED' | 'REFUSED' | 'ENCRYPTION_DISABLED'
+/**
  * A sealed message did not open on this attempt. Advisory, per attempt: it was not acknowledged,
- * and the sender's retry, sealed again, is what recovers it. `code` is one of `NO_SESSION`,
- * `NOT_BOUND`, `MALFORMED`, `REFUSED`, `ENCRYPTION_DISABLED`.
+ * and the sender's retry, sealed again, is what recovers it.
  */
 export interface MessageDecryptionFailedEvent {
   type: 'message_decryption_failed'
   messageId: string
   sender: string
-  code: string
+  code: DecryptionFailureCode
   reason: string
 }
-/** Why the relay or the gateway could not reach a recipient. */
 /** Why the relay or gateway said the recipient cannot be reached; `unspecified` when its verdict named no known cause. */
 export type UndeliverableReasonCode = 'unknown_recipient' | 'offline_no_mailbox' | 'mailbox_full' | 'unspecified'
 /**
@@ -259,12 +370,28 @@ export interface MessageUndeliverableEvent {
 }
 /** A watched peer came online or went offline (`lastSeenMs` when the relay knows it). */
 export interface PresenceUpdatedEvent { type: 'presence_updated'; peerId: string; online: boolean; lastSeenMs?: number }
+/** An app carrier reported `peerId` in reach (`Protocol.neighborDiscovered`). */
 export interface NeighborDiscoveredEvent { type: 'neighbor_discovered'; peerId: string; transport: string }
+/** An app carrier reported `peerId` out of reach (`Protocol.neighborLost`). */
 export interface NeighborLostEvent { type: 'neighbor_lost'; peerId: string; transport: string }
-/** `reasonCode` e.g. `INBOUND_RETENTION_EXPIRED` (a buffered message the hook never committed within 7 days). */
-export interface SecurityWarningEvent { type: 'security_warning'; peerId: string; reasonCode: string; reason: string }
+/** What a `security_warning` is about (`docs/protocol.md#security-warnings` says when each occurs). */
+export type SecurityWarningReasonCode =
+  | 'UNSIGNED_CONTROL_REJECTED'
+  | 'CONTROL_SIGNATURE_INVALID'
+  | 'SENDER_ADDRESS_MISMATCH'
+  | 'CONTROL_SIGNATURE_STALE'
+  | 'TRANSPORT_IDENTITY_MISMATCH'
+  | 'RELAY_ADDRESS_BINDING_MISMATCH'
+  | 'RELAY_ADDRESS_DECLARATION_REFUSED'
+  | 'GATEWAY_ADDRESS_BINDING_MISMATCH'
+  | 'GATEWAY_ADDRESS_DECLARATION_REFUSED'
+  /** A buffered message the durability hook never committed within 7 days was removed. */
+  | 'INBOUND_RETENTION_EXPIRED'
+/** Something that deserves attention on security or data-retention grounds; `reason` is fixed local text. */
+export interface SecurityWarningEvent { type: 'security_warning'; peerId: string; reasonCode: SecurityWarningReasonCode; reason: string }
 /** First event of every start: the address this device sends as (its identity key is persisted in storage). */
 export interface IdentityReadyEvent { type: 'identity_ready'; address: string }
+/** The relay connection came up (`authenticated` once the relay took the token) or went down. */
 export interface InternetStatusChangedEvent { type: 'internet_status_changed'; connected: boolean; authenticated: boolean }
 /**
  * The gateway carrier: `connected` once the TCP connection is up, `attached` once the gateway
@@ -273,6 +400,7 @@ export interface InternetStatusChangedEvent { type: 'internet_status_changed'; c
  * `GATEWAY_ADDRESS_BINDING_MISMATCH`) and the connection closes.
  */
 export interface GatewayStatusChangedEvent { type: 'gateway_status_changed'; connected: boolean; attached: boolean }
+/** Another connection of this account took over this device's relay session. */
 export interface InternetSessionSupersededEvent { type: 'internet_session_superseded'; reason: string }
 /** Why a relay connection was not authenticated: the relay's `AuthError` reasons, `rejected` for a bare close 4001, `token_unavailable` when the provider gave no token. */
 export type AuthFailureReason =
@@ -292,8 +420,10 @@ export type AuthFailureReason =
 export interface AuthFailedEvent { type: 'auth_failed'; reason: AuthFailureReason; message: string | null; retryInMs: number }
 /** A relay frame the engine does not consume, verbatim. */
 export interface InternetServerMessageEvent { type: 'internet_server_message'; json: string }
+/** The relay's offline backlog has been processed: `count` frames since connect. */
 export interface InboundDrainCompletedEvent { type: 'inbound_drain_completed'; count: number }
-export interface DiagnosticEvent { type: 'diagnostic'; level: LogLevel; message: string; target: string }
+/** A log line at or above `logLevel`; `target` is the module that wrote it. */
+export interface DiagnosticEvent { type: 'diagnostic'; level: DiagnosticLevel; message: string; target: string }
 
 /** Every event, discriminated on `type`. */
 export type ProtocolEvent =
@@ -324,8 +454,16 @@ export type ProtocolEvent =
   | InboundDrainCompletedEvent
   | DiagnosticEvent
 
-/** Counts of what the engine holds right now (declared with the native binding). */
-export type ProtocolStats = NativeStats
+/** The `type` of every event. */
+export type ProtocolEventType = ProtocolEvent['type']
+/** The event whose `type` is `K`, e.g. `ProtocolEventOf<'message_delivered'>`. */
+export type ProtocolEventOf<K extends ProtocolEventType> = Extract<ProtocolEvent, { type: K }>
+
+/** The options of a wait (`Protocol.once`, `Protocol.whenDelivered`). */
+export interface WaitOptions {
+  /** Aborting it rejects the wait with `ERR_ABORTED` (`cause`: the signal's reason). */
+  signal?: AbortSignal
+}
 
 /** An app-supplied local carrier (BLE, Wi-Fi Direct, a socket…). */
 export interface LocalTransport {
@@ -336,13 +474,31 @@ export interface LocalTransport {
   send(peerId: string, frame: Uint8Array): Promise<void>
 }
 
+/**
+ * One device: its storage, outbox and carriers.
+ *
+ * @example
+ * ```ts
+ * await using protocol = new Protocol({ appId: 'chat', storage: { path: 'chat.db' }, logger: pino() })
+ * protocol.on('message_received', (ev) => show(ev.sender, ev.content))
+ * await protocol.start()
+ * const id = await protocol.sendMessage(address, 'hello')
+ * await protocol.whenDelivered(id, { signal: AbortSignal.timeout(60_000) })
+ * ```
+ */
 export class Protocol {
   /** Validates the whole config synchronously; throws `ProtocolError` `ERR_CONFIG` naming the path. */
   constructor(config: ProtocolConfig)
   /** Opens storage (one `Protocol` per file, across processes), restores the outbox, connects. */
   start(): Promise<void>
-  /** Stops timers and carriers and flushes storage; the process can exit afterwards. Restartable. */
+  /**
+   * Stops timers and carriers and flushes storage; the process can exit afterwards. Restartable.
+   * Ends the `events()` iterators and rejects pending `once` and `whenDelivered` waits with
+   * `ERR_NOT_STARTED`. Stopping a stopped protocol does nothing.
+   */
   stop(): Promise<void>
+  /** `stop()`, so that `await using protocol = new Protocol(…)` stops it at the end of the scope. */
+  [Symbol.asyncDispose](): Promise<void>
   /** Resolves with the message id once the message is durably in the outbox. */
   sendMessage(recipient: string, content: string | Uint8Array, options?: SendOptions): Promise<string>
   /**
@@ -354,12 +510,25 @@ export class Protocol {
   sendConnectionRequest(peer: string, options?: { message?: string }): Promise<string>
   /** Accepts request `requestId` made to this device. `ERR_INVALID_ARGUMENT` when none waits. */
   acceptConnection(requestId: string): Promise<void>
+  /** Declines request `requestId` made to this device. `ERR_INVALID_ARGUMENT` when none waits. */
   rejectConnection(requestId: string): Promise<void>
   /** Withdraws this device's own request `requestId`. */
   cancelConnectionRequest(requestId: string): Promise<void>
+  /** The connection requests waiting for an answer, this device's and others', oldest first. */
   connectionRequests(): Promise<ConnectionRequest[]>
   /** Answered from storage; survives restarts. */
   getMessageStatus(id: string): Promise<MessageStatus>
+  /**
+   * Waits for message `id` (a `sendMessage` or `sendConnectionRequest` id) to settle. Resolves
+   * with its `message_delivered` event, or with `null` when it had been delivered before this
+   * call (storage keeps the outcome, not the event). Rejects with `ERR_MESSAGE_FAILED` when it
+   * fails (`message_failed`, or `connection_request_undeliverable` for a connection request),
+   * the failure event as `event` and `cause` when this wait saw it; with `ERR_INVALID_ARGUMENT`
+   * when this storage does not know `id`; with `ERR_ABORTED` on `signal`; with
+   * `ERR_NOT_STARTED` before `start()` or on `stop()`. Nothing is held for `id` once it settled.
+   */
+  whenDelivered(id: string, options?: WaitOptions): Promise<MessageDeliveredEvent | null>
+  /** Counts of what the engine holds right now. Throws `ERR_NOT_STARTED` before `start()`. */
   stats(): ProtocolStats
   /**
    * OS hint: `true` reconnects now and flushes; `false` closes the relay connection, which is
@@ -384,6 +553,7 @@ export class Protocol {
   registerTransport(name: string, transport: LocalTransport): void
   /** A reachability edge: `peerId` is in reach on `transport`; its queued and parked messages go now. */
   neighborDiscovered(peerId: string, transport: string): void
+  /** `peerId` went out of reach on `transport`. */
   neighborLost(peerId: string, transport: string): void
   /** Bytes that arrived from `peerId` on `transport`. Invalid frames are dropped with a `diagnostic`. */
   receiveFrame(transport: string, peerId: string, frame: Uint8Array | string): void
@@ -391,16 +561,48 @@ export class Protocol {
   localAddress(): string
   /** Recipients of pending and parked messages, whose presence the engine watches itself. */
   internetPresenceWatchlist(): string[]
-  /** Listeners run on the JS thread in event order. Returns the unsubscribe function. */
+  /**
+   * Adds a listener for every event. Listeners run on the JS thread in event order, in the order
+   * they were added (with those of `on`); one that throws is reported as a process warning
+   * (`OfflineCourierListenerError`) and the others still run. Returns the unsubscribe function.
+   */
   onEvent(listener: (event: ProtocolEvent) => void): () => void
-  /** Bounded buffer (default 10000 events); ends on `signal` abort or `stop()`. */
+  /**
+   * Adds a listener for the events of one `type`, which it receives narrowed to that type. Runs
+   * like an `onEvent` listener. Returns the unsubscribe function. An unknown `type` throws
+   * `ERR_INVALID_ARGUMENT`.
+   *
+   * @example
+   * ```ts
+   * const off = protocol.on('message_delivered', (ev) => console.log(ev.messageId, ev.latencyMs))
+   * ```
+   */
+  on<K extends ProtocolEventType>(type: K, listener: (event: ProtocolEventOf<K>) => void): () => void
+  /**
+   * The next event of `type`. Rejects with `ERR_ABORTED` on `signal`, with `ERR_NOT_STARTED` on
+   * `stop()`, with `ERR_INVALID_ARGUMENT` for an unknown `type`.
+   *
+   * @example
+   * ```ts
+   * const ready = protocol.once('identity_ready')
+   * await protocol.start()
+   * console.log((await ready).address)
+   * ```
+   */
+  once<K extends ProtocolEventType>(type: K, options?: WaitOptions): Promise<ProtocolEventOf<K>>
+  /**
+   * Events as an async iterator. Bounded buffer (default 10000 events): an iterator that falls
+   * further behind fails with `ERR_EVENT_OVERFLOW`. Ends on `signal` abort or `stop()`.
+   */
   events(options?: { signal?: AbortSignal; bufferSize?: number }): AsyncIterableIterator<ProtocolEvent>
 }
 
+/** The options of `Relay.start`. */
 export interface RelayOptions {
   /** Address to listen on. Default `'127.0.0.1:0'` (an ephemeral port). */
   listen?: string
-  storage: { path: string } | { memory: true }
+  /** The relay's mailbox and journal: an SQLite file, or memory. */
+  storage: StorageLocation
   /** HS256 secret for client tokens. */
   jwtSecret: string | Buffer
   /** `false` disables store-and-forward (offline recipients are reported unreachable). */
@@ -417,17 +619,21 @@ export interface RelayOptions {
   tls?: { cert: string; key: string }
 }
 
-/** A relay's counts for monitoring (declared with the native binding). */
-export type RelayStats = NativeRelayStats
-
+/** A running relay (`Relay.start`). */
 export interface RelayHandle {
   /** `ws://host:port` (or `wss://localhost:port` with TLS). */
   readonly url: string
+  /** The port it listens on. */
   readonly port: number
+  /** Stops it; stopping a stopped relay does nothing. */
   stop(): Promise<void>
+  /** `stop()`, for `await using`. */
+  [Symbol.asyncDispose](): Promise<void>
+  /** Counts for monitoring. Throws `ERR_NOT_STARTED` once stopped. */
   stats(): RelayStats
 }
 
+/** The relay server, run in this process. */
 export const Relay: {
   /**
    * Starts a relay in this process: the same code as the `courier-relay` command. Invalid options
@@ -437,20 +643,27 @@ export const Relay: {
   start(options: RelayOptions): Promise<RelayHandle>
 }
 
+/** The options of `Gateway.start`. */
 export interface GatewayOptions {
   /** Address to listen on. Default `'127.0.0.1:0'` (an ephemeral port). */
   listen?: string
 }
 
+/** A running gateway daemon (`Gateway.start`). */
 export interface GatewayHandle {
   /** `host:port`, as `transports.gateway.address` takes it. */
   readonly address: string
+  /** The port it listens on. */
   readonly port: number
   /** Devices bound right now (one per attached address). */
   boundAddresses(): number
+  /** Stops it; stopping a stopped gateway does nothing. */
   stop(): Promise<void>
+  /** `stop()`, for `await using`. */
+  [Symbol.asyncDispose](): Promise<void>
 }
 
+/** The gateway daemon, run in this process. */
 export const Gateway: {
   /**
    * Starts a gateway daemon in this process: the same code as `courier-relay gateway`. Options are

@@ -1,5 +1,25 @@
 // Compiled by `tsc --noEmit` in `npm test`: the typings must accept real usage and narrow events.
-import { Gateway, Protocol, ProtocolError, Relay, issueToken, type AuthFailureReason, type ProtocolEvent, type UndeliverableReasonCode } from '../../js/index.js'
+import {
+  Gateway,
+  Protocol,
+  ProtocolError,
+  Relay,
+  issueToken,
+  type AuthFailureReason,
+  type ConnectionRequestUndeliverableEvent,
+  type DecryptionFailureCode,
+  type DiagnosticLevel,
+  type IdentityReadyEvent,
+  type MessageDeferredReason,
+  type MessageDeliveredEvent,
+  type MessageFailedEvent,
+  type MessageFailedReason,
+  type ProtocolEvent,
+  type ProtocolEventOf,
+  type SecurityWarningReasonCode,
+  type Transport,
+  type UndeliverableReasonCode,
+} from '../../js/index.js'
 
 async function main(): Promise<void> {
   const relay = await Relay.start({ listen: '127.0.0.1:0', storage: { memory: true }, jwtSecret: 's3cret' })
@@ -138,3 +158,83 @@ export function longLived(url: string, mint: () => Promise<string>): Protocol {
   void new Protocol({ appId: 'chat', storage: { memory: true }, transports: { internet: { url, authToken: () => 'a.b.c' } } })
   return protocol
 }
+
+/** pino's `LogFn` overloads, so a pino logger is checked against `Logger` without depending on pino. */
+interface PinoLogFn {
+  <T extends object>(obj: T, msg?: string, ...args: unknown[]): void
+  (obj: unknown, msg?: string, ...args: unknown[]): void
+  (msg: string, ...args: unknown[]): void
+}
+declare const pino: { level: string; debug: PinoLogFn; info: PinoLogFn; warn: PinoLogFn; error: PinoLogFn; fatal: PinoLogFn }
+
+export async function polish(bobAddress: string): Promise<void> {
+  await using relay = await Relay.start({ storage: { memory: true }, jwtSecret: 's3cret' })
+  await using gateway = await Gateway.start()
+  await using protocol = new Protocol({
+    appId: 'chat',
+    storage: { path: 'dave.db' },
+    transports: { internet: { url: relay.url, authToken: issueToken('s3cret', 'dave') }, gateway: { address: gateway.address } },
+    logger: pino,
+  })
+  const off = protocol.on('message_delivered', (ev) => {
+    const latency: number = ev.latencyMs
+    const over: Transport = ev.transport
+    // @ts-expect-error: a delivery has no content
+    void ev.content
+    void [latency, over === 'ble']
+  })
+  off()
+  // @ts-expect-error: not an event type
+  protocol.on('message_deliverd', () => {})
+  protocol.on('security_warning', (ev) => {
+    const code: SecurityWarningReasonCode = ev.reasonCode
+    // @ts-expect-error: the reason codes are a closed set
+    if (ev.reasonCode === 'NOT_A_CODE') console.log(code)
+  })
+  protocol.on('message_decryption_failed', (ev) => {
+    const code: DecryptionFailureCode = ev.code
+    void code
+  })
+  protocol.on('message_deferred', (ev) => {
+    // Open: a carrier's own words are reasons too.
+    const reason: MessageDeferredReason = ev.reason
+    if (reason === 'no carrier available' || reason.startsWith('cannot seal')) console.log(ev.nextRetryAt)
+  })
+  protocol.on('diagnostic', (ev) => {
+    const level: DiagnosticLevel = ev.level
+    void level
+  })
+  const ready: IdentityReadyEvent = await protocol.once('identity_ready', { signal: AbortSignal.timeout(5000) })
+  const next: ProtocolEventOf<'message_failed'> = await protocol.once('message_failed')
+  const why: MessageFailedReason = next.reason
+  void [ready.address, why]
+  await protocol.start()
+  const id = await protocol.sendMessage(bobAddress, 'hi')
+  try {
+    const delivered: MessageDeliveredEvent | null = await protocol.whenDelivered(id, { signal: AbortSignal.timeout(60_000) })
+    console.log(delivered?.latencyMs ?? 'delivered before the wait began')
+  } catch (e) {
+    if (e instanceof ProtocolError && e.code === 'ERR_MESSAGE_FAILED') {
+      const failure: MessageFailedEvent | ConnectionRequestUndeliverableEvent | undefined = e.event
+      const cause: unknown = e.cause
+      void [failure, cause]
+    }
+  }
+  void new ProtocolError('ERR_INTERNAL', 'wrapped', { cause: new Error('native') })
+}
+
+export const loggers: Protocol[] = [
+  new Protocol({ appId: 'chat', storage: { memory: true }, logger: console, logLevel: 'debug' }),
+  new Protocol({ appId: 'chat', storage: { memory: true }, logger: { debug() {}, info() {}, warn() {}, error() {} } }),
+  // @ts-expect-error: a logger needs all four methods
+  new Protocol({ appId: 'chat', storage: { memory: true }, logger: { debug() {}, info() {}, warn() {} } }),
+]
+
+export const storages = [
+  // @ts-expect-error: exactly one of path and memory
+  new Protocol({ appId: 'chat', storage: { path: 'x.db', memory: true } }),
+  // @ts-expect-error: exactly one of path and memory
+  new Protocol({ appId: 'chat', storage: {} }),
+  // @ts-expect-error: exactly one of path and memory
+  Relay.start({ storage: { path: 'relay.db', memory: true }, jwtSecret: 's3cret' }),
+]
