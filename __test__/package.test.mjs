@@ -17,7 +17,9 @@ test('the entry points are the facade and every published file exists', () => {
     assert.ok(!existsSync(`${root}${generated}`), `a root ${generated} is back: the loader is native.js`)
   }
   assert.match(readFileSync(`${root}scripts/build-native.mjs`, 'utf8'), /'--js', 'native\.js', '--dts', 'native\.d\.ts'/)
-  assert.match(readFileSync(`${root}js/index.js`, 'utf8'), /require\('\.\.\/native\.js'\)/)
+  // The facade loads the addon through `js/binding.js`, which wraps napi-rs's loader.
+  assert.match(readFileSync(`${root}js/index.js`, 'utf8'), /require\('\.\/binding\.js'\)/)
+  assert.match(readFileSync(`${root}js/binding.js`, 'utf8'), /require\('\.\.\/native\.js'\)/)
 })
 
 test('the README lists every error code the typings declare', () => {
