@@ -1,7 +1,7 @@
 'use strict'
-// The Electron main process: one instance per user, the window, and the app lifecycle calls into
-// the courier (resume from sleep, network hints, a clean stop on quit). The courier runs here,
-// or with COURIER_IN_UTILITY=1 in a utilityProcess (utility.js); both use courier.js.
+// The Electron main process: one instance per userData folder, the window, and the lifecycle
+// calls into the courier (resume from sleep, network hints, a clean stop on quit). The courier
+// runs here, or with COURIER_IN_UTILITY=1 in a utilityProcess (utility.js); both use courier.js.
 
 const path = require('node:path')
 const { app, BrowserWindow, MessageChannelMain, dialog, ipcMain, net, powerMonitor, utilityProcess } = require('electron')
@@ -48,8 +48,9 @@ if (!app.requestSingleInstanceLock()) {
   app.quit()
 } else {
   app.on('second-instance', () => {
-    if (!mainWindow) return
-    if (mainWindow.isMinimized()) mainWindow.restore()
+    if (!backend) return // still starting: the window comes when the courier is up
+    if (!mainWindow) mainWindow = createWindow()
+    else if (mainWindow.isMinimized()) mainWindow.restore()
     mainWindow.focus()
   })
   app.whenReady().then(ready).catch(fail)
@@ -104,7 +105,7 @@ async function startInMain(userData) {
   const link = rendererLink()
   const courier = await startCourier({
     userData,
-    sealKeyStore: safeStorageKeyStore(userData),
+    sealKeyStore: await safeStorageKeyStore(userData),
     relayUrl: RELAY_URL,
     authToken: fetchRelayToken,
     onEvent: link.forward,
@@ -124,8 +125,8 @@ async function startInMain(userData) {
  * keeps what only it can do: safeStorage, and the app's session for relay tokens.
  */
 async function startInUtility(userData) {
-  const keyStore = safeStorageKeyStore(userData)
-  const sealKey = keyStore.read()
+  const keyStore = await safeStorageKeyStore(userData)
+  const sealKey = await keyStore.read()
   const child = utilityProcess.fork(path.join(__dirname, 'utility.js'), [], { serviceName: 'offline-courier' })
   let alive = true
   let stopRequested = false
