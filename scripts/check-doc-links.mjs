@@ -20,7 +20,7 @@ const root = resolve(dirname(fileURLToPath(import.meta.url)), '..')
 const self = relative(root, fileURLToPath(import.meta.url)).split(sep).join('/')
 
 /** Folders whose files are read, and top-level files; everything else is out of scope. */
-const DIRS = ['crates', 'src', 'js', '__test__', 'scripts', 'fuzz', 'bench', 'demo', 'docs']
+const DIRS = ['crates', 'src', 'js', '__test__', 'scripts', 'fuzz', 'bench', 'demo', 'examples', 'docs']
 const TOP_FILES = ['README.md', 'BENCHMARKS.md']
 const SKIP_DIRS = new Set(['node_modules', 'target', '.git', 'corpus', 'artifacts', 'coverage'])
 const EXTENSIONS = ['.rs', '.js', '.mjs', '.cjs', '.ts', '.mts', '.cts', '.md', '.toml']
