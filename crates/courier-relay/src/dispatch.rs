@@ -133,6 +133,7 @@ impl Session {
         match self.bucket.try_take(Instant::now()) {
             Ok(()) => Ok(()),
             Err(wait) => {
+                self.ctx.metrics.rate_limited(frame_type);
                 let limited = RelayFrame::RateLimited {
                     retry_after_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1),
                     frame_type: frame_type.to_owned(),
@@ -145,6 +146,7 @@ impl Session {
     }
 
     pub async fn on_malformed(&mut self) -> Flow {
+        self.ctx.metrics.received(None);
         if let flow @ (Flow::WriterGone | Flow::Close(_)) = self.request_drain().await {
             return flow;
         }
@@ -157,17 +159,21 @@ impl Session {
     }
 
     pub async fn on_text(&mut self, text: &str) -> Flow {
+        let metrics = &self.ctx.metrics;
         let frame = match ClientFrame::decode(text) {
             Ok(frame) => frame,
             Err(DecodeError::Malformed) => return self.on_malformed().await,
             Err(DecodeError::UnknownType(frame_type)) => {
+                metrics.received(Some(&frame_type));
                 return self.refuse(&frame_type, "unknown_type").await;
             }
             Err(DecodeError::Invalid { frame_type, detail }) => {
+                metrics.received(Some(&frame_type));
                 tracing::debug!(%frame_type, %detail, "invalid frame");
                 return self.refuse(&frame_type, "invalid_frame").await;
             }
         };
+        metrics.received(Some(frame.type_name()));
         let is_declaration = matches!(frame, ClientFrame::DeclareAddress { .. });
         if !is_declaration {
             if let flow @ (Flow::WriterGone | Flow::Close(_)) = self.request_drain().await {
