@@ -305,7 +305,7 @@ where
                 });
             }
             AuthEvent::Message(Some(Ok(message))) => match message {
-                Message::Text(text) => match ClientFrame::decode(&text) {
+                Message::Text(text) => match counted(ctx, ClientFrame::decode(&text)) {
                     Ok(ClientFrame::Authenticate {
                         token,
                         client_capabilities,
@@ -326,7 +326,10 @@ where
                     }
                     _ => AuthFailure::NotAuthenticated,
                 },
-                Message::Binary(_) => AuthFailure::NotAuthenticated,
+                Message::Binary(_) => {
+                    ctx.metrics.received_binary();
+                    AuthFailure::NotAuthenticated
+                }
                 Message::Close(_) => {
                     answer_peer_close(ws, linger).await;
                     return Err("peer_closed");
@@ -346,6 +349,15 @@ where
         }
         return Err("auth_failed");
     }
+}
+
+/// A decoded first frame, counted.
+fn counted(
+    ctx: &Ctx,
+    decoded: Result<ClientFrame, DecodeError>,
+) -> Result<ClientFrame, DecodeError> {
+    ctx.metrics.received(&decoded);
+    decoded
 }
 
 /// Why the relay closed a connection with `code`, as logs and metrics name it.
@@ -485,7 +497,7 @@ where
             let handling = async {
                 match message {
                     Message::Text(text) => Some(session.on_text(&text).await),
-                    Message::Binary(_) => Some(session.on_malformed().await),
+                    Message::Binary(_) => Some(session.on_binary().await),
                     Message::Close(_) => None,
                     Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => Some(Flow::Continue),
                 }

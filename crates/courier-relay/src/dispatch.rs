@@ -145,8 +145,13 @@ impl Session {
         }
     }
 
-    pub async fn on_malformed(&mut self) -> Flow {
-        self.ctx.metrics.received(None);
+    /// A binary message: no frame.
+    pub async fn on_binary(&mut self) -> Flow {
+        self.ctx.metrics.received_binary();
+        self.on_malformed().await
+    }
+
+    async fn on_malformed(&mut self) -> Flow {
         if let flow @ (Flow::WriterGone | Flow::Close(_)) = self.request_drain().await {
             return flow;
         }
@@ -159,21 +164,19 @@ impl Session {
     }
 
     pub async fn on_text(&mut self, text: &str) -> Flow {
-        let metrics = &self.ctx.metrics;
-        let frame = match ClientFrame::decode(text) {
+        let decoded = ClientFrame::decode(text);
+        self.ctx.metrics.received(&decoded);
+        let frame = match decoded {
             Ok(frame) => frame,
             Err(DecodeError::Malformed) => return self.on_malformed().await,
             Err(DecodeError::UnknownType(frame_type)) => {
-                metrics.received(Some(&frame_type));
                 return self.refuse(&frame_type, "unknown_type").await;
             }
             Err(DecodeError::Invalid { frame_type, detail }) => {
-                metrics.received(Some(&frame_type));
                 tracing::debug!(%frame_type, %detail, "invalid frame");
                 return self.refuse(&frame_type, "invalid_frame").await;
             }
         };
-        metrics.received(Some(frame.type_name()));
         let is_declaration = matches!(frame, ClientFrame::DeclareAddress { .. });
         if !is_declaration {
             if let flow @ (Flow::WriterGone | Flow::Close(_)) = self.request_drain().await {

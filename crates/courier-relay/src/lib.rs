@@ -263,7 +263,7 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
     tracing::info!(
         url = %handle.url(),
         metrics = handle.metrics_addr().map(tracing::field::display),
-        storage,
+        storage = %storage,
         mailbox = config.mailbox.is_some(),
         key_directory = config.key_directory,
         max_connections = config.max_connections,

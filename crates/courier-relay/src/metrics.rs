@@ -4,7 +4,7 @@
 //! read at scrape time instead of being counted twice. Label values come from fixed sets, never
 //! from what a client sent, so no input can grow the number of series.
 
-use courier_proto::{ClientFrame, RelayFrame};
+use courier_proto::{ClientFrame, DecodeError, RelayFrame, UnreachableCause};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -78,7 +78,7 @@ pub(crate) struct Metrics {
     frames_received: Family<FrameLabels, Counter>,
     frames_sent: Family<FrameLabels, Counter>,
     errors: Family<CodeLabels, Counter>,
-    delivery_errors: Family<CodeLabels, Counter>,
+    delivery_errors: Family<ReasonLabels, Counter>,
     auth_failures: Family<ReasonLabels, Counter>,
     closed: Family<ReasonLabels, Counter>,
     rate_limited: Family<FrameLabels, Counter>,
@@ -142,7 +142,11 @@ impl Metrics {
             ),
             frames_sent: add(r, "frames_sent", "Frames written to clients, by frame type"),
             errors: add(r, "errors", "Error frames sent, by code"),
-            delivery_errors: add(r, "delivery_errors", "DeliveryError frames sent, by reason"),
+            delivery_errors: add(
+                r,
+                "delivery_errors",
+                "DeliveryError frames sent, by why the recipient is unreachable",
+            ),
             rate_limited: add(
                 r,
                 "rate_limited_frames",
@@ -206,10 +210,23 @@ impl Metrics {
         }
     }
 
-    /// A frame read from a client: of `frame_type` (as it named it), or `None` when it was
-    /// no frame at all.
-    pub fn received(&self, frame_type: Option<&str>) {
-        let r#type = frame_type.map_or("malformed", client_frame_type);
+    /// A text message read from a client, as it decoded.
+    pub fn received(&self, decoded: &Result<ClientFrame, DecodeError>) {
+        let r#type = match decoded {
+            Ok(frame) => frame.type_name(),
+            Err(DecodeError::UnknownType(_)) => "unknown",
+            Err(DecodeError::Invalid { frame_type, .. }) => client_frame_type(frame_type),
+            Err(DecodeError::Malformed) => "malformed",
+        };
+        self.count_received(r#type);
+    }
+
+    /// A binary message read from a client: no frame at all.
+    pub fn received_binary(&self) {
+        self.count_received("malformed");
+    }
+
+    fn count_received(&self, r#type: &'static str) {
         self.frames_received
             .get_or_create(&FrameLabels { r#type })
             .inc();
@@ -228,10 +245,10 @@ impl Metrics {
                     .inc();
             }
             RelayFrame::DeliveryError { reason, .. } => {
+                let reason =
+                    UnreachableCause::of_reason(reason).map_or("other", UnreachableCause::as_str);
                 self.delivery_errors
-                    .get_or_create(&CodeLabels {
-                        code: reason.clone(),
-                    })
+                    .get_or_create(&ReasonLabels { reason })
                     .inc();
             }
             _ => {}
