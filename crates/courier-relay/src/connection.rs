@@ -56,11 +56,11 @@ async fn serve_tls(
         Ok(Ok(stream)) => run(ctx, stream, handshake_deadline, remote).await,
         Ok(Err(e)) => {
             tracing::debug!(%remote, error = %e, "TLS handshake failed");
-            ctx.metrics.closed("handshake_failed");
+            ctx.metrics.closed(CloseReason::HandshakeFailed);
         }
         Err(_) => {
             tracing::debug!(%remote, "TLS handshake timed out");
-            ctx.metrics.closed("handshake_timeout");
+            ctx.metrics.closed(CloseReason::HandshakeTimeout);
         }
     }
 }
@@ -112,19 +112,19 @@ where
         Ok(Ok(ws)) => ws,
         Ok(Err(e)) => {
             tracing::debug!(%remote, error = %e, "WebSocket upgrade failed");
-            ctx.metrics.closed("handshake_failed");
+            ctx.metrics.closed(CloseReason::HandshakeFailed);
             return;
         }
         Err(_) => {
             tracing::debug!(%remote, "WebSocket upgrade timed out");
-            ctx.metrics.closed("handshake_timeout");
+            ctx.metrics.closed(CloseReason::HandshakeTimeout);
             return;
         }
     };
     let authed = match authenticate(&ctx, &mut ws, remote).await {
         Ok(authed) => authed,
         Err(reason) => {
-            tracing::debug!(%remote, reason, "connection closed before authentication");
+            tracing::debug!(%remote, reason = reason.as_str(), "connection closed before authentication");
             ctx.metrics.closed(reason);
             return;
         }
@@ -157,7 +157,7 @@ where
     let Some(challenge) = ready else {
         let linger = ctx.timings.close_linger;
         close_and_read_out(&mut ws, close::INTERNAL, Input::Parsing, linger).await;
-        ctx.metrics.closed("internal");
+        ctx.metrics.closed(CloseReason::Internal);
         return;
     };
     let (queue, deliveries) = DeliveryQueue::new();
@@ -203,7 +203,7 @@ where
         if let Some(at) = leave(&ctx, &peer) {
             record_last_seen(&ctx, &account, at).await;
         }
-        ctx.metrics.closed("gone");
+        ctx.metrics.closed(CloseReason::Gone);
         return;
     }
     tracing::debug!(%remote, %account, opted_in, "authenticated");
@@ -236,7 +236,7 @@ where
     if let Some(at) = offline_at {
         record_last_seen(&ctx, &account, at).await;
     }
-    tracing::debug!(%remote, %account, reason, "connection closed");
+    tracing::debug!(%remote, %account, reason = reason.as_str(), "connection closed");
     ctx.metrics.closed(reason);
 }
 
@@ -276,7 +276,7 @@ async fn authenticate<S>(
     ctx: &Ctx,
     ws: &mut WebSocketStream<S>,
     remote: SocketAddr,
-) -> Result<Authed, &'static str>
+) -> Result<Authed, CloseReason>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -292,16 +292,16 @@ where
             AuthEvent::Timeout => AuthFailure::AuthTimeout,
             AuthEvent::Shutdown => {
                 close_and_read_out(ws, close::GOING_AWAY, Input::Parsing, linger).await;
-                return Err("shutdown");
+                return Err(CloseReason::Shutdown);
             }
-            AuthEvent::Message(None) => return Err("gone"),
+            AuthEvent::Message(None) => return Err(CloseReason::Gone),
             AuthEvent::Message(Some(Err(e))) => {
                 return Err(match close_code_for(&e) {
                     Some(code) => {
                         close_and_read_out(ws, code, Input::Failed, linger).await;
-                        close_reason(code)
+                        CloseReason::with(code)
                     }
-                    None => "gone",
+                    None => CloseReason::Gone,
                 });
             }
             AuthEvent::Message(Some(Ok(message))) => match message {
@@ -332,14 +332,14 @@ where
                 }
                 Message::Close(_) => {
                     answer_peer_close(ws, linger).await;
-                    return Err("peer_closed");
+                    return Err(CloseReason::PeerClosed);
                 }
                 Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => continue,
             },
         };
         // The token itself is never logged: it is a credential.
         tracing::info!(%remote, reason = failure.reason(), "authentication refused");
-        ctx.metrics.auth_failed(failure.reason());
+        ctx.metrics.auth_failed(failure);
         let refusal = RelayFrame::AuthError {
             reason: failure.reason().to_owned(),
         };
@@ -347,7 +347,7 @@ where
         if ws.send(Message::text(refusal.encode())).await.is_ok() {
             close_and_read_out(ws, close::AUTH_FAILED, Input::Parsing, linger).await;
         }
-        return Err("auth_failed");
+        return Err(CloseReason::AuthFailed);
     }
 }
 
@@ -360,18 +360,64 @@ fn counted(
     decoded
 }
 
-/// Why the relay closed a connection with `code`, as logs and metrics name it.
-fn close_reason(code: u16) -> &'static str {
-    match code {
-        close::GOING_AWAY => "shutdown",
-        close::INVALID_UTF8 => "invalid_utf8",
-        close::TOO_BIG => "frame_too_big",
-        close::INTERNAL => "internal",
-        close::SUPERSEDED => "superseded",
-        close::AUTH_FAILED => "auth_failed",
-        close::TOO_MANY_MALFORMED => "too_many_malformed",
-        close::KEEPALIVE_TIMEOUT => "keepalive_timeout",
-        _ => "closed_by_relay",
+/// Why a connection ended, as logs and `connections_closed_total` name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CloseReason {
+    /// The client closed.
+    PeerClosed,
+    /// The socket ended without a close.
+    Gone,
+    KeepaliveTimeout,
+    /// The same account connected again.
+    Superseded,
+    AuthFailed,
+    Shutdown,
+    /// The TLS handshake or the WebSocket upgrade failed.
+    HandshakeFailed,
+    HandshakeTimeout,
+    FrameTooBig,
+    InvalidUtf8,
+    TooManyMalformed,
+    /// Writing to the socket failed.
+    WriteFailed,
+    Internal,
+    /// A close code of the relay's not named above.
+    ClosedByRelay,
+}
+
+impl CloseReason {
+    /// The relay closed with `code`.
+    fn with(code: u16) -> Self {
+        match code {
+            close::GOING_AWAY => Self::Shutdown,
+            close::INVALID_UTF8 => Self::InvalidUtf8,
+            close::TOO_BIG => Self::FrameTooBig,
+            close::INTERNAL => Self::Internal,
+            close::SUPERSEDED => Self::Superseded,
+            close::AUTH_FAILED => Self::AuthFailed,
+            close::TOO_MANY_MALFORMED => Self::TooManyMalformed,
+            close::KEEPALIVE_TIMEOUT => Self::KeepaliveTimeout,
+            _ => Self::ClosedByRelay,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PeerClosed => "peer_closed",
+            Self::Gone => "gone",
+            Self::KeepaliveTimeout => "keepalive_timeout",
+            Self::Superseded => "superseded",
+            Self::AuthFailed => "auth_failed",
+            Self::Shutdown => "shutdown",
+            Self::HandshakeFailed => "handshake_failed",
+            Self::HandshakeTimeout => "handshake_timeout",
+            Self::FrameTooBig => "frame_too_big",
+            Self::InvalidUtf8 => "invalid_utf8",
+            Self::TooManyMalformed => "too_many_malformed",
+            Self::WriteFailed => "write_failed",
+            Self::Internal => "internal",
+            Self::ClosedByRelay => "closed_by_relay",
+        }
     }
 }
 
@@ -419,16 +465,16 @@ enum End<S> {
 }
 
 impl<S> End<S> {
-    fn reason(&self) -> &'static str {
+    fn reason(&self) -> CloseReason {
         match self {
-            End::Close(code, _) => close_reason(*code),
-            End::Superseded(_) => "superseded",
-            End::Dead => "keepalive_timeout",
-            End::PeerClosed => "peer_closed",
-            End::Gone => "gone",
+            End::Close(code, _) => CloseReason::with(*code),
+            End::Superseded(_) => CloseReason::Superseded,
+            End::Dead => CloseReason::KeepaliveTimeout,
+            End::PeerClosed => CloseReason::PeerClosed,
+            End::Gone => CloseReason::Gone,
             // The writer closes of its own accord only when the journal cannot be read.
-            End::WriterStopped(Some(_)) => "internal",
-            End::WriterStopped(None) => "write_failed",
+            End::WriterStopped(Some(_)) => CloseReason::Internal,
+            End::WriterStopped(None) => CloseReason::WriteFailed,
         }
     }
 }
@@ -471,7 +517,7 @@ where
         mut self,
         mut session: Session,
         mut superseded: oneshot::Receiver<SupersedeAck>,
-    ) -> (&'static str, Option<u64>) {
+    ) -> (CloseReason, Option<u64>) {
         let timings = self.ctx.timings;
         let mut shutdown = self.ctx.shutdown.clone();
         let mut last_heard = Instant::now();

@@ -13,6 +13,9 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Metric, Registry, Unit};
 
+use crate::auth::AuthFailure;
+use crate::connection::CloseReason;
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct FrameLabels {
     r#type: &'static str,
@@ -255,14 +258,20 @@ impl Metrics {
         }
     }
 
-    pub fn auth_failed(&self, reason: &'static str) {
+    pub fn auth_failed(&self, failure: AuthFailure) {
         self.auth_failures
-            .get_or_create(&ReasonLabels { reason })
+            .get_or_create(&ReasonLabels {
+                reason: failure.reason(),
+            })
             .inc();
     }
 
-    pub fn closed(&self, reason: &'static str) {
-        self.closed.get_or_create(&ReasonLabels { reason }).inc();
+    pub fn closed(&self, why: CloseReason) {
+        self.closed
+            .get_or_create(&ReasonLabels {
+                reason: why.as_str(),
+            })
+            .inc();
     }
 
     pub fn rate_limited(&self, frame_type: &str) {

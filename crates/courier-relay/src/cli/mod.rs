@@ -25,8 +25,8 @@ const PROGRAM: &str = "courier-relay";
 
 const LAYERS: &str = "\
 Every option can also be set by the environment variable shown with it, and by a key of the
---config file spelled like the option without its dashes (listen = \"0.0.0.0:8080\"). The
-command line wins over the environment, which wins over the file.";
+file named by --config, spelled like the option without its dashes (listen = \"0.0.0.0:8080\").
+The command line wins over the environment, which wins over the file.";
 
 /// The relay's command line.
 #[derive(Parser)]

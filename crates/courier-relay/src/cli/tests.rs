@@ -52,14 +52,23 @@ fn defaults_and_trimmed_secret() {
     assert_eq!(launch.logging, Logging::default());
 }
 
-/// The long options a help text lists, one per line that starts with one.
+/// The long options a help text lists, one per line that starts with one. Each is listed
+/// once, as scripts that read the help expect.
 fn documented(help: &str) -> BTreeSet<String> {
-    help.lines()
+    let listed: Vec<String> = help
+        .lines()
         .map(str::trim_start)
         .filter(|line| line.starts_with("--"))
         .filter_map(|line| line.split_whitespace().next())
         .map(str::to_owned)
-        .collect()
+        .collect();
+    let unique: BTreeSet<String> = listed.iter().cloned().collect();
+    assert_eq!(
+        unique.len(),
+        listed.len(),
+        "an option listed twice: {listed:?}"
+    );
+    unique
 }
 
 #[test]
