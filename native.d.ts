@@ -12,7 +12,10 @@ export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-was
 export declare class NativeGateway {
   /** `options`: `GatewayOptions` as JSON text, validated here. Serves until `stop()`. */
   static start(options: string): Promise<NativeGateway>
-  /** Starts a gateway from the arguments that follow `courier-relay gateway`. */
+  /**
+   * Starts a gateway from the arguments that follow `courier-relay gateway` (and the
+   * environment and config file they read). The log options are not applied here.
+   */
   static startFromArgs(args: Array<string>): Promise<NativeGateway>
   /** `host:port`, as `transports.gateway.address` takes it. */
   get address(): string
@@ -87,10 +90,15 @@ export declare class NativeProtocol {
 export declare class NativeRelay {
   /** `options`: `RelayOptions` as JSON text, validated here. */
   static start(options: string): Promise<NativeRelay>
-  /** Starts a relay from `courier-relay` command-line arguments. */
+  /**
+   * Starts a relay from `courier-relay` command-line arguments (and the environment and
+   * config file they read). The log options are not applied here: see `relayCliInit`.
+   */
   static startFromArgs(args: Array<string>): Promise<NativeRelay>
   get url(): string
   get port(): number
+  /** `host:port` of `/healthz`, `/readyz` and `/metrics`, when the relay serves them. */
+  get metricsAddress(): string | null
   stats(): NativeRelayStats
   stop(): Promise<void>
 }
@@ -193,3 +201,11 @@ export interface NativeStats {
 }
 
 export declare function relayCliHelp(): string
+
+/**
+ * For `npx courier-relay` only, once, before it starts anything: reads the whole command line
+ * (`gateway` and its options included) and returns what `--help` or `--version` print, or
+ * else installs the log subscriber its options choose (stderr, level, format) and returns
+ * null. A program that merely loads the package never calls this, so it keeps its own logging.
+ */
+export declare function relayCliInit(args: Array<string>): string | null

@@ -841,3 +841,4 @@ module.exports.NativeRelay = nativeBinding.NativeRelay
 module.exports.gatewayCliHelp = nativeBinding.gatewayCliHelp
 module.exports.issueToken = nativeBinding.issueToken
 module.exports.relayCliHelp = nativeBinding.relayCliHelp
+module.exports.relayCliInit = nativeBinding.relayCliInit

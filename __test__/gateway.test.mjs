@@ -103,7 +103,7 @@ test('transports.gateway is validated, naming the path', () => {
 
 test('npx courier-relay gateway serves devices and stops on SIGTERM', async (t) => {
   const bin = fileURLToPath(new URL('../js/relay-cli.js', import.meta.url))
-  assert.match(execFileSync(process.execPath, [bin, 'gateway', '--help'], { encoding: 'utf8' }), /--listen ADDR/)
+  assert.match(execFileSync(process.execPath, [bin, 'gateway', '--help'], { encoding: 'utf8' }), /--listen <ADDR>/)
   assert.throws(
     () => execFileSync(process.execPath, [bin, 'gateway', '--listen', 'nowhere'], { encoding: 'utf8', stdio: 'pipe' }),
     (e) => e.status === 2 && /^courier-relay gateway: /.test(e.stderr),

@@ -1,6 +1,6 @@
 // `npx courier-relay`: the package's bin, run as its own process.
 import assert from 'node:assert/strict'
-import { execFileSync, spawn } from 'node:child_process'
+import { execFileSync, spawn, spawnSync } from 'node:child_process'
 import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { createInterface } from 'node:readline'
@@ -8,9 +8,23 @@ import { test } from 'node:test'
 import { fileURLToPath } from 'node:url'
 
 import { Protocol, issueToken } from '../js/index.js'
-import { PLAINTEXT, record, tempDir, waitFor } from './helpers.mjs'
+import { PLAINTEXT, record, tempDir, until, waitFor } from './helpers.mjs'
 
 const BIN = fileURLToPath(new URL('../js/relay-cli.js', import.meta.url))
+const NATIVE = fileURLToPath(new URL('../native.js', import.meta.url))
+
+/** This process's environment without the relay's own variables, plus `extra`. */
+function environment(extra = {}) {
+  const inherited = Object.entries(process.env).filter(([key]) => !key.startsWith('COURIER_RELAY_') && key !== 'RUST_LOG')
+  return { ...Object.fromEntries(inherited), ...extra }
+}
+
+/** The lines a stream has written so far (the array grows as more come). */
+function lines(stream) {
+  const seen = []
+  createInterface({ input: stream }).on('line', (line) => seen.push(line))
+  return seen
+}
 
 test('--help documents every flag', () => {
   const help = execFileSync(process.execPath, [BIN, '--help'], { encoding: 'utf8' })
@@ -20,8 +34,13 @@ test('--help documents every flag', () => {
     .map((line) => line.trimStart())
     .filter((line) => line.startsWith('--'))
     .map((line) => line.split(/\s/)[0])
-  const flags = ['--listen', '--db', '--memory', '--jwt-secret-file', '--no-mailbox', '--no-key-directory', '--mailbox-max-messages', '--mailbox-max-bytes', '--mailbox-ttl-ms', '--rate-burst', '--rate-per-sec', '--tls-cert', '--tls-key', '--help']
+  const flags = ['--config', '--listen', '--db', '--memory', '--jwt-secret-file', '--no-mailbox', '--no-key-directory', '--mailbox-max-messages', '--mailbox-max-bytes', '--mailbox-ttl-ms', '--rate-burst', '--rate-per-sec', '--max-connections', '--tls-cert', '--tls-key', '--metrics-listen', '--log-level', '--log-format']
   assert.deepEqual(documented.sort(), flags.sort())
+  // Each with its environment variable, and the two that only print.
+  for (const flag of flags) assert.match(help, new RegExp(`\\[env: COURIER_RELAY_${flag.slice(2).replaceAll('-', '_').toUpperCase()}\\]`))
+  assert.match(help, /-h, --help/)
+  assert.match(help, /-V, --version/)
+  assert.match(execFileSync(process.execPath, [BIN, '--version'], { encoding: 'utf8' }), /^courier-relay \d+\.\d+\.\d+\S*\n$/)
 })
 
 test('bad arguments exit with status 2 and say why', () => {
@@ -66,4 +85,52 @@ test('the relay command serves clients and stops on SIGTERM', async (t) => {
 
   child.kill('SIGTERM')
   assert.deepEqual(await exited, { code: 0, signal: null })
+})
+
+test('the relay command reads its environment, logs JSON to stderr and serves probes', async (t) => {
+  const dir = tempDir(t)
+  const secretFile = join(dir, 'secret.txt')
+  writeFileSync(secretFile, 'cli-secret\n')
+  const child = spawn(process.execPath, [BIN, '--memory', '--log-format', 'json'], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: environment({
+      COURIER_RELAY_LISTEN: '127.0.0.1:0',
+      COURIER_RELAY_JWT_SECRET_FILE: secretFile,
+      COURIER_RELAY_METRICS_LISTEN: '127.0.0.1:0',
+    }),
+  })
+  // 'close' comes once stdout and stderr have ended too.
+  const closed = new Promise((resolve) => child.once('close', (code, signal) => resolve({ code, signal })))
+  t.after(() => child.kill('SIGKILL'))
+  const stdout = lines(child.stdout)
+  const stderr = lines(child.stderr)
+  await until(() => stdout.length >= 2, { what: 'the listening lines' })
+  assert.match(stdout[0], /^courier-relay listening on ws:\/\/127\.0\.0\.1:\d+$/)
+  const metrics = /^courier-relay metrics listening on http:\/\/(127\.0\.0\.1:\d+)$/.exec(stdout[1])?.[1]
+  assert.ok(metrics, `unexpected second line: ${stdout[1]}`)
+
+  const health = await fetch(`http://${metrics}/healthz`)
+  assert.deepEqual([health.status, await health.text()], [200, 'ok\n'])
+  const scrape = await fetch(`http://${metrics}/metrics`)
+  assert.equal(scrape.status, 200)
+  assert.match(await scrape.text(), /^courier_relay_connections 0$/m)
+
+  child.kill('SIGTERM')
+  assert.deepEqual(await closed, { code: 0, signal: null })
+  const events = stderr.map((line) => JSON.parse(line))
+  for (const event of events) assert.match(event.level, /^(ERROR|WARN|INFO|DEBUG|TRACE)$/)
+  assert.ok(events.some((e) => e.message === 'relay listening' && e.metrics === metrics), JSON.stringify(events))
+  assert.ok(events.some((e) => e.message === 'relay stopped'), JSON.stringify(events))
+})
+
+test('a program that only loads the package gets no logs from a relay it starts', (t) => {
+  // Only the command installs a log subscriber, whatever RUST_LOG says.
+  const dir = tempDir(t)
+  const secretFile = join(dir, 'secret.txt')
+  writeFileSync(secretFile, 'cli-secret\n')
+  const args = ['--listen', '127.0.0.1:0', '--memory', '--jwt-secret-file', secretFile, '--log-level', 'debug']
+  const script = `require(${JSON.stringify(NATIVE)}).NativeRelay.startFromArgs(${JSON.stringify(args)}).then((relay) => relay.stop())`
+  const run = spawnSync(process.execPath, ['-e', script], { encoding: 'utf8', env: environment({ RUST_LOG: 'trace' }), timeout: 30_000 })
+  assert.equal(run.status, 0, run.stderr)
+  assert.equal(run.stderr, '')
 })

@@ -1,7 +1,7 @@
 //! `Gateway.start` and `npx courier-relay gateway`: the gateway daemon of
 //! `courier-relay gateway`, in this process.
 
-use courier_relay::cli::{self, Command, GatewayCommand};
+use courier_relay::cli::{self, Parsed};
 use courier_relay::{start_gateway, GatewayConfig, GatewayHandle};
 use napi_derive::napi;
 
@@ -28,16 +28,16 @@ impl NativeGateway {
         .into()
     }
 
-    /// Starts a gateway from the arguments that follow `courier-relay gateway`.
+    /// Starts a gateway from the arguments that follow `courier-relay gateway` (and the
+    /// environment and config file they read). The log options are not applied here.
     #[napi(ts_return_type = "Promise<NativeGateway>")]
     pub async fn start_from_args(args: Vec<String>) -> Settled<NativeGateway> {
-        let args: Vec<String> = std::iter::once("gateway".to_owned()).chain(args).collect();
-        match cli::parse_command(&args).map_err(|e| coded(Code::CONFIG, e)) {
-            Ok(Command::Gateway(GatewayCommand::Run(config))) => serve(config).await,
-            Ok(Command::Gateway(GatewayCommand::Help)) => {
-                Err(coded(Code::CONFIG, "--help has no gateway to start"))
-            }
-            Ok(Command::Relay(_)) => Err(coded(Code::INTERNAL, "not a gateway command line")),
+        match cli::parse_gateway(&args).map_err(|e| coded(Code::CONFIG, e)) {
+            Ok(Parsed::Run(launch)) => serve(launch.config).await,
+            Ok(Parsed::Print(_)) => Err(coded(
+                Code::CONFIG,
+                "--help and --version have no gateway to start",
+            )),
             Err(e) => Err(e),
         }
         .into()
@@ -81,5 +81,5 @@ async fn serve(config: GatewayConfig) -> Result<NativeGateway> {
 
 #[napi]
 pub fn gateway_cli_help() -> String {
-    cli::GATEWAY_HELP.to_owned()
+    cli::gateway_help()
 }

@@ -1,6 +1,8 @@
 //! `Relay.start`, `issueToken` and the `courier-relay` command line, over `courier-relay`.
 
-use courier_relay::{cli, RelayConfig, RelayHandle};
+use courier_relay::cli::{self, Command, Parsed};
+use courier_relay::logging::LoggingError;
+use courier_relay::{RelayConfig, RelayHandle};
 use napi_derive::napi;
 
 use crate::error::{coded, config_error, Code, Result, Settled};
@@ -26,6 +28,7 @@ pub struct NativeRelay {
     handle: Running<RelayHandle>,
     url: String,
     port: u16,
+    metrics_address: Option<String>,
 }
 
 async fn start_relay(config: RelayConfig) -> Result<NativeRelay> {
@@ -35,6 +38,7 @@ async fn start_relay(config: RelayConfig) -> Result<NativeRelay> {
     Ok(NativeRelay {
         url: handle.url(),
         port: handle.port(),
+        metrics_address: handle.metrics_addr().map(|addr| addr.to_string()),
         handle: Running::new(handle),
     })
 }
@@ -51,13 +55,16 @@ impl NativeRelay {
         .into()
     }
 
-    /// Starts a relay from `courier-relay` command-line arguments.
+    /// Starts a relay from `courier-relay` command-line arguments (and the environment and
+    /// config file they read). The log options are not applied here: see `relayCliInit`.
     #[napi(ts_return_type = "Promise<NativeRelay>")]
     pub async fn start_from_args(args: Vec<String>) -> Settled<NativeRelay> {
-        let config = cli::parse(&args).map_err(|e| coded(Code::CONFIG, e));
-        match config {
-            Ok(cli::CliCommand::Run(config)) => start_relay(config).await,
-            Ok(cli::CliCommand::Help) => Err(coded(Code::CONFIG, "--help has no relay to start")),
+        match cli::parse_relay(&args).map_err(|e| coded(Code::CONFIG, e)) {
+            Ok(Parsed::Run(launch)) => start_relay(launch.config).await,
+            Ok(Parsed::Print(_)) => Err(coded(
+                Code::CONFIG,
+                "--help and --version have no relay to start",
+            )),
             Err(e) => Err(e),
         }
         .into()
@@ -71,6 +78,12 @@ impl NativeRelay {
     #[napi(getter)]
     pub fn port(&self) -> u32 {
         u32::from(self.port)
+    }
+
+    /// `host:port` of `/healthz`, `/readyz` and `/metrics`, when the relay serves them.
+    #[napi(getter)]
+    pub fn metrics_address(&self) -> Option<String> {
+        self.metrics_address.clone()
     }
 
     #[napi]
@@ -94,7 +107,27 @@ impl NativeRelay {
 
 #[napi]
 pub fn relay_cli_help() -> String {
-    cli::HELP.to_owned()
+    cli::relay_help()
+}
+
+/// For `npx courier-relay` only, once, before it starts anything: reads the whole command line
+/// (`gateway` and its options included) and returns what `--help` or `--version` print, or
+/// else installs the log subscriber its options choose (stderr, level, format) and returns
+/// null. A program that merely loads the package never calls this, so it keeps its own logging.
+#[napi]
+pub fn relay_cli_init(args: Vec<String>) -> Result<Option<String>> {
+    let logging = match cli::parse_command(&args).map_err(|e| coded(Code::CONFIG, e))? {
+        Command::Relay(Parsed::Print(text)) | Command::Gateway(Parsed::Print(text)) => {
+            return Ok(Some(text))
+        }
+        Command::Relay(Parsed::Run(launch)) => launch.logging,
+        Command::Gateway(Parsed::Run(launch)) => launch.logging,
+    };
+    logging.install().map_err(|e| match e {
+        LoggingError::InvalidRustLog(_) => coded(Code::CONFIG, e),
+        LoggingError::AlreadyInstalled => coded(Code::INTERNAL, e),
+    })?;
+    Ok(None)
 }
 
 /// An HS256 JWT for `account`, valid for `expiresInSec` (default one day).

@@ -15,6 +15,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 
 use courier_engine::Config;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
 use serde_json::Value;
 use zeroize::Zeroizing;
 
@@ -530,7 +532,7 @@ fn check_pem_certificates(pem: &str) -> Result<(), String> {
         return Err(MESSAGE.to_owned());
     }
     let mut count = 0usize;
-    for cert in rustls_pemfile::certs(&mut pem.as_bytes()) {
+    for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
         cert.map_err(|e| format!("holds a malformed PEM certificate ({e})"))?;
         count += 1;
     }

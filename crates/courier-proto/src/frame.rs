@@ -398,6 +398,33 @@ impl RelayFrame {
         decode_tagged(text, Self::TYPES)
     }
 
+    /// The `type` the frame is written with.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Self::Authenticated { .. } => "Authenticated",
+            Self::AuthError { .. } => "AuthError",
+            Self::AddressDeclared { .. } => "AddressDeclared",
+            Self::AddressError { .. } => "AddressError",
+            Self::MessageSent { .. } => "MessageSent",
+            Self::DeliveryError { .. } => "DeliveryError",
+            Self::MessageReceived { .. } => "MessageReceived",
+            Self::DrainComplete { .. } => "DrainComplete",
+            Self::PresenceStatus { .. } => "PresenceStatus",
+            Self::RateLimited { .. } => "RateLimited",
+            Self::SessionSuperseded { .. } => "SessionSuperseded",
+            Self::GroupCreated { .. } => "GroupCreated",
+            Self::GroupMemberAdded { .. } => "GroupMemberAdded",
+            Self::GroupMemberRemoved { .. } => "GroupMemberRemoved",
+            Self::GroupError { .. } => "GroupError",
+            Self::GroupMessageReceived { .. } => "GroupMessageReceived",
+            Self::GroupMessageSent { .. } => "GroupMessageSent",
+            Self::Error { .. } => "Error",
+            Self::KeyPackagesPublished { .. } => "KeyPackagesPublished",
+            Self::KeyPackage { .. } => "KeyPackage",
+            Self::KeyPackageUnavailable { .. } => "KeyPackageUnavailable",
+        }
+    }
+
     pub fn encode(&self) -> String {
         serde_json::to_string(self).expect("relay frames always serialize")
     }
@@ -471,6 +498,27 @@ fn truncate(s: &str) -> String {
 mod tests {
     use super::*;
     use crate::limits::{MAX_KEY_PACKAGES_PER_FRAME, MAX_KEY_PACKAGE_BYTES};
+
+    #[test]
+    fn a_relay_frame_names_the_type_it_is_written_with() {
+        let frames = [
+            RelayFrame::error("malformed", None),
+            RelayFrame::DrainComplete { count: 1 },
+            RelayFrame::PresenceStatus {
+                user_id: "bob".into(),
+                online: true,
+                last_seen: None,
+            },
+            RelayFrame::SessionSuperseded {
+                reason: "new_session".into(),
+            },
+        ];
+        for frame in frames {
+            let written: Value = serde_json::from_str(&frame.encode()).unwrap();
+            assert_eq!(written["type"], frame.type_name());
+            assert!(RelayFrame::TYPES.contains(&frame.type_name()));
+        }
+    }
 
     #[test]
     fn decode_distinguishes_malformed_unknown_and_invalid() {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use courier_proto::proof::CHALLENGE_LEN;
 
+use crate::accept::DEFAULT_MAX_CONNECTIONS;
 use crate::auth::new_challenge;
 use crate::RelayError;
 
@@ -143,6 +144,13 @@ pub struct RelayConfig {
     /// Offer the key-package directory (`key_directory_v1`); `false` with `--no-key-directory`:
     /// clients then set sessions up by the round trip through the peer.
     pub key_directory: bool,
+    /// Connections served at once, authenticated or not; beyond it new ones are closed at
+    /// accept. Each holds a file descriptor, so `ulimit -n` must leave room for it.
+    pub max_connections: usize,
+    /// Where to serve `/healthz`, `/readyz` and `/metrics` over plain HTTP
+    /// (`docs/operating-the-relay.md#metrics`); `None` opens no port. `127.0.0.1:0` binds an
+    /// ephemeral one, `RelayHandle::metrics_addr` tells which.
+    pub metrics_listen: Option<SocketAddr>,
     #[doc(hidden)]
     pub timings: Timings,
 }
@@ -158,6 +166,8 @@ impl RelayConfig {
             rate_limit: RateLimit::default(),
             tls: None,
             key_directory: true,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            metrics_listen: None,
             timings: Timings::default(),
         }
     }
@@ -166,6 +176,9 @@ impl RelayConfig {
         let fail = |msg: &str| Err(RelayError::Config(msg.to_owned()));
         if self.jwt_secret.is_empty() {
             return fail("jwt_secret must not be empty");
+        }
+        if self.max_connections == 0 {
+            return fail("max_connections must be at least 1");
         }
         if self.rate_limit.burst == 0 || self.rate_limit.per_sec == 0 {
             return fail("rate_limit.burst and rate_limit.per_sec must be at least 1");

@@ -54,8 +54,14 @@ async fn serve_tls(
 ) {
     match tokio::time::timeout_at(handshake_deadline, acceptor.accept(tcp)).await {
         Ok(Ok(stream)) => run(ctx, stream, handshake_deadline, remote).await,
-        Ok(Err(e)) => tracing::debug!(%remote, error = %e, "TLS handshake failed"),
-        Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),
+        Ok(Err(e)) => {
+            tracing::debug!(%remote, error = %e, "TLS handshake failed");
+            ctx.metrics.closed(CloseReason::HandshakeFailed);
+        }
+        Err(_) => {
+            tracing::debug!(%remote, "TLS handshake timed out");
+            ctx.metrics.closed(CloseReason::HandshakeTimeout);
+        }
     }
 }
 
@@ -106,12 +112,22 @@ where
         Ok(Ok(ws)) => ws,
         Ok(Err(e)) => {
             tracing::debug!(%remote, error = %e, "WebSocket upgrade failed");
+            ctx.metrics.closed(CloseReason::HandshakeFailed);
             return;
         }
-        Err(_) => return,
+        Err(_) => {
+            tracing::debug!(%remote, "WebSocket upgrade timed out");
+            ctx.metrics.closed(CloseReason::HandshakeTimeout);
+            return;
+        }
     };
-    let Some(authed) = authenticate(&ctx, &mut ws).await else {
-        return;
+    let authed = match authenticate(&ctx, &mut ws, remote).await {
+        Ok(authed) => authed,
+        Err(reason) => {
+            tracing::debug!(%remote, reason = reason.as_str(), "connection closed before authentication");
+            ctx.metrics.closed(reason);
+            return;
+        }
     };
     // Boxed: the session's state is most of what is left of this task's size, and a
     // connection that never authenticates should not hold room for it.
@@ -141,6 +157,7 @@ where
     let Some(challenge) = ready else {
         let linger = ctx.timings.close_linger;
         close_and_read_out(&mut ws, close::INTERNAL, Input::Parsing, linger).await;
+        ctx.metrics.closed(CloseReason::Internal);
         return;
     };
     let (queue, deliveries) = DeliveryQueue::new();
@@ -177,6 +194,7 @@ where
             ttl_ms: m.ttl_ms,
         }),
     };
+    ctx.metrics.sent(&authenticated);
     if ws
         .send(Message::text(authenticated.encode()))
         .await
@@ -185,6 +203,7 @@ where
         if let Some(at) = leave(&ctx, &peer) {
             record_last_seen(&ctx, &account, at).await;
         }
+        ctx.metrics.closed(CloseReason::Gone);
         return;
     }
     tracing::debug!(%remote, %account, opted_in, "authenticated");
@@ -213,10 +232,12 @@ where
         out,
         writer: WriterTask(writer),
     };
-    if let Some(at) = reader.run(session, superseded).await {
+    let (reason, offline_at) = reader.run(session, superseded).await;
+    if let Some(at) = offline_at {
         record_last_seen(&ctx, &account, at).await;
     }
-    tracing::debug!(%remote, %account, "connection ended");
+    tracing::debug!(%remote, %account, reason = reason.as_str(), "connection closed");
+    ctx.metrics.closed(reason);
 }
 
 /// The connection stops being the account's: its watches end, and if it was the account's
@@ -250,8 +271,12 @@ enum AuthEvent {
 
 /// Waits for the first frame; it must be a valid Authenticate (`docs/protocol.md#handshake`).
 /// Everything else ends the connection with the matching AuthError and close 4001, and has no
-/// effect.
-async fn authenticate<S>(ctx: &Ctx, ws: &mut WebSocketStream<S>) -> Option<Authed>
+/// effect. Without an account, says why the connection ended.
+async fn authenticate<S>(
+    ctx: &Ctx,
+    ws: &mut WebSocketStream<S>,
+    remote: SocketAddr,
+) -> Result<Authed, CloseReason>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -267,17 +292,20 @@ where
             AuthEvent::Timeout => AuthFailure::AuthTimeout,
             AuthEvent::Shutdown => {
                 close_and_read_out(ws, close::GOING_AWAY, Input::Parsing, linger).await;
-                return None;
+                return Err(CloseReason::Shutdown);
             }
-            AuthEvent::Message(None) => return None,
+            AuthEvent::Message(None) => return Err(CloseReason::Gone),
             AuthEvent::Message(Some(Err(e))) => {
-                if let Some(code) = close_code_for(&e) {
-                    close_and_read_out(ws, code, Input::Failed, linger).await;
-                }
-                return None;
+                return Err(match close_code_for(&e) {
+                    Some(code) => {
+                        close_and_read_out(ws, code, Input::Failed, linger).await;
+                        CloseReason::with(code)
+                    }
+                    None => CloseReason::Gone,
+                });
             }
             AuthEvent::Message(Some(Ok(message))) => match message {
-                Message::Text(text) => match ClientFrame::decode(&text) {
+                Message::Text(text) => match counted(ctx, ClientFrame::decode(&text)) {
                     Ok(ClientFrame::Authenticate {
                         token,
                         client_capabilities,
@@ -287,7 +315,7 @@ where
                                 .unwrap_or_default()
                                 .iter()
                                 .any(|c| c == CAP_MAILBOX);
-                            return Some(Authed { account, opted_in });
+                            return Ok(Authed { account, opted_in });
                         }
                         Err(failure) => failure,
                     },
@@ -298,22 +326,98 @@ where
                     }
                     _ => AuthFailure::NotAuthenticated,
                 },
-                Message::Binary(_) => AuthFailure::NotAuthenticated,
+                Message::Binary(_) => {
+                    ctx.metrics.received_binary();
+                    AuthFailure::NotAuthenticated
+                }
                 Message::Close(_) => {
                     answer_peer_close(ws, linger).await;
-                    return None;
+                    return Err(CloseReason::PeerClosed);
                 }
                 Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => continue,
             },
         };
-        tracing::debug!(reason = failure.reason(), "authentication refused");
+        // The token itself is never logged: it is a credential.
+        tracing::info!(%remote, reason = failure.reason(), "authentication refused");
+        ctx.metrics.auth_failed(failure);
         let refusal = RelayFrame::AuthError {
             reason: failure.reason().to_owned(),
         };
+        ctx.metrics.sent(&refusal);
         if ws.send(Message::text(refusal.encode())).await.is_ok() {
             close_and_read_out(ws, close::AUTH_FAILED, Input::Parsing, linger).await;
         }
-        return None;
+        return Err(CloseReason::AuthFailed);
+    }
+}
+
+/// A decoded first frame, counted.
+fn counted(
+    ctx: &Ctx,
+    decoded: Result<ClientFrame, DecodeError>,
+) -> Result<ClientFrame, DecodeError> {
+    ctx.metrics.received(&decoded);
+    decoded
+}
+
+/// Why a connection ended, as logs and `connections_closed_total` name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CloseReason {
+    /// The client closed.
+    PeerClosed,
+    /// The socket ended without a close.
+    Gone,
+    KeepaliveTimeout,
+    /// The same account connected again.
+    Superseded,
+    AuthFailed,
+    Shutdown,
+    /// The TLS handshake or the WebSocket upgrade failed.
+    HandshakeFailed,
+    HandshakeTimeout,
+    FrameTooBig,
+    InvalidUtf8,
+    TooManyMalformed,
+    /// Writing to the socket failed.
+    WriteFailed,
+    Internal,
+    /// A close code of the relay's not named above.
+    ClosedByRelay,
+}
+
+impl CloseReason {
+    /// The relay closed with `code`.
+    fn with(code: u16) -> Self {
+        match code {
+            close::GOING_AWAY => Self::Shutdown,
+            close::INVALID_UTF8 => Self::InvalidUtf8,
+            close::TOO_BIG => Self::FrameTooBig,
+            close::INTERNAL => Self::Internal,
+            close::SUPERSEDED => Self::Superseded,
+            close::AUTH_FAILED => Self::AuthFailed,
+            close::TOO_MANY_MALFORMED => Self::TooManyMalformed,
+            close::KEEPALIVE_TIMEOUT => Self::KeepaliveTimeout,
+            _ => Self::ClosedByRelay,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PeerClosed => "peer_closed",
+            Self::Gone => "gone",
+            Self::KeepaliveTimeout => "keepalive_timeout",
+            Self::Superseded => "superseded",
+            Self::AuthFailed => "auth_failed",
+            Self::Shutdown => "shutdown",
+            Self::HandshakeFailed => "handshake_failed",
+            Self::HandshakeTimeout => "handshake_timeout",
+            Self::FrameTooBig => "frame_too_big",
+            Self::InvalidUtf8 => "invalid_utf8",
+            Self::TooManyMalformed => "too_many_malformed",
+            Self::WriteFailed => "write_failed",
+            Self::Internal => "internal",
+            Self::ClosedByRelay => "closed_by_relay",
+        }
     }
 }
 
@@ -360,6 +464,21 @@ enum End<S> {
     WriterStopped(Option<Sink<S>>),
 }
 
+impl<S> End<S> {
+    fn reason(&self) -> CloseReason {
+        match self {
+            End::Close(code, _) => CloseReason::with(*code),
+            End::Superseded(_) => CloseReason::Superseded,
+            End::Dead => CloseReason::KeepaliveTimeout,
+            End::PeerClosed => CloseReason::PeerClosed,
+            End::Gone => CloseReason::Gone,
+            // The writer closes of its own accord only when the journal cannot be read.
+            End::WriterStopped(Some(_)) => CloseReason::Internal,
+            End::WriterStopped(None) => CloseReason::WriteFailed,
+        }
+    }
+}
+
 /// The writer task, aborted when its connection task ends or is dropped (e.g. aborted at
 /// shutdown), so no writer outlives its connection.
 struct WriterTask<S>(tokio::task::JoinHandle<Option<Sink<S>>>);
@@ -392,12 +511,13 @@ impl<S> Reader<S>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    /// Reads until the connection ends; returns when the account went offline with it.
+    /// Reads until the connection ends; returns why it ended, and when the account went
+    /// offline with it.
     async fn run(
         mut self,
         mut session: Session,
         mut superseded: oneshot::Receiver<SupersedeAck>,
-    ) -> Option<u64> {
+    ) -> (CloseReason, Option<u64>) {
         let timings = self.ctx.timings;
         let mut shutdown = self.ctx.shutdown.clone();
         let mut last_heard = Instant::now();
@@ -423,7 +543,7 @@ where
             let handling = async {
                 match message {
                     Message::Text(text) => Some(session.on_text(&text).await),
-                    Message::Binary(_) => Some(session.on_malformed().await),
+                    Message::Binary(_) => Some(session.on_binary().await),
                     Message::Close(_) => None,
                     Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => Some(Flow::Continue),
                 }
@@ -451,7 +571,8 @@ where
         };
         // The session holds a sender too; the writer must see the channel close.
         drop(session);
-        self.finish(end).await
+        let reason = end.reason();
+        (reason, self.finish(end).await)
     }
 
     async fn finish(mut self, end: End<S>) -> Option<u64> {

@@ -133,6 +133,7 @@ impl Session {
         match self.bucket.try_take(Instant::now()) {
             Ok(()) => Ok(()),
             Err(wait) => {
+                self.ctx.metrics.rate_limited(frame_type);
                 let limited = RelayFrame::RateLimited {
                     retry_after_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1),
                     frame_type: frame_type.to_owned(),
@@ -144,7 +145,13 @@ impl Session {
         }
     }
 
-    pub async fn on_malformed(&mut self) -> Flow {
+    /// A binary message: no frame.
+    pub async fn on_binary(&mut self) -> Flow {
+        self.ctx.metrics.received_binary();
+        self.on_malformed().await
+    }
+
+    async fn on_malformed(&mut self) -> Flow {
         if let flow @ (Flow::WriterGone | Flow::Close(_)) = self.request_drain().await {
             return flow;
         }
@@ -157,7 +164,9 @@ impl Session {
     }
 
     pub async fn on_text(&mut self, text: &str) -> Flow {
-        let frame = match ClientFrame::decode(text) {
+        let decoded = ClientFrame::decode(text);
+        self.ctx.metrics.received(&decoded);
+        let frame = match decoded {
             Ok(frame) => frame,
             Err(DecodeError::Malformed) => return self.on_malformed().await,
             Err(DecodeError::UnknownType(frame_type)) => {

@@ -38,7 +38,10 @@ mod dispatch;
 mod error;
 pub mod gateway;
 mod linger;
+pub mod logging;
 mod mailbox;
+mod metrics;
+mod monitor;
 mod presence;
 mod rate;
 mod router;
@@ -52,7 +55,9 @@ pub use config::{MailboxLimits, RateLimit, RelayConfig, Storage, Timings, TlsCon
 pub use error::RelayError;
 pub use gateway::{start_gateway, GatewayConfig, GatewayDaemonTimings, GatewayHandle};
 
+use accept::Serving;
 use auth::TokenVerifier;
+use metrics::Metrics;
 use router::Router;
 use store::Store;
 
@@ -72,6 +77,7 @@ pub(crate) struct Ctx {
     pub verifier: TokenVerifier,
     pub store: Store,
     pub router: Arc<Router>,
+    pub metrics: Metrics,
     pub shutdown: watch::Receiver<bool>,
     next_connection: AtomicU64,
 }
@@ -107,6 +113,14 @@ pub struct RelayHandle {
     ctx: Arc<Ctx>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    monitor: Option<Monitor>,
+}
+
+/// The monitoring listener's task, stopped after the relay's own.
+struct Monitor {
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
 }
 
 impl RelayHandle {
@@ -127,6 +141,11 @@ impl RelayHandle {
         self.local_addr
     }
 
+    /// Where `/healthz`, `/readyz` and `/metrics` are served, with `metrics_listen` set.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.monitor.as_ref().map(|m| m.addr)
+    }
+
     pub fn stats(&self) -> RelayStats {
         RelayStats {
             connections: self.ctx.router.connections() as u64,
@@ -139,17 +158,26 @@ impl RelayHandle {
     /// Stops accepting, closes every connection with 1001, then flushes and closes the
     /// database. Returns when no relay task is left.
     pub async fn stop(mut self) {
+        tracing::info!(url = %self.url(), "relay stopping");
         self.shutdown.send_replace(true);
         for task in std::mem::take(&mut self.tasks) {
             let _ = task.await;
         }
         self.ctx.store.shutdown().await;
+        if let Some(monitor) = self.monitor.take() {
+            monitor.stop.send_replace(true);
+            let _ = monitor.task.await;
+        }
+        tracing::info!(url = %self.url(), "relay stopped");
     }
 }
 
 impl Drop for RelayHandle {
     fn drop(&mut self) {
         self.shutdown.send_replace(true);
+        if let Some(monitor) = &self.monitor {
+            monitor.stop.send_replace(true);
+        }
     }
 }
 
@@ -158,20 +186,30 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
     config.validate()?;
     let verifier = TokenVerifier::new(&config.jwt_secret)?;
     let tls = config.tls.as_ref().map(tls::acceptor).transpose()?;
+    let metrics = Metrics::new();
     let router = Arc::new(Router::default());
     let storage = config.storage.clone();
     let store_router = Arc::clone(&router);
-    let store = tokio::task::spawn_blocking(move || Store::open(&storage, store_router))
-        .await
-        .map_err(|e| RelayError::Config(format!("opening the database was interrupted: {e}")))??;
-    let listener = accept::listen(config.listen).map_err(|source| RelayError::Bind {
+    let commit_seconds = metrics.commit_seconds.clone();
+    let store =
+        tokio::task::spawn_blocking(move || Store::open(&storage, store_router, commit_seconds))
+            .await
+            .map_err(|e| {
+                RelayError::Config(format!("opening the database was interrupted: {e}"))
+            })??;
+    let bind = |addr: SocketAddr| {
+        let listener = accept::listen(addr)?;
+        let local_addr = listener.local_addr()?;
+        Ok((listener, local_addr))
+    };
+    let (listener, local_addr) = bind(config.listen).map_err(|source| RelayError::Bind {
         addr: config.listen,
         source,
     })?;
-    let local_addr = listener.local_addr().map_err(|source| RelayError::Bind {
-        addr: config.listen,
-        source,
-    })?;
+    let monitor_listener = config
+        .metrics_listen
+        .map(|addr| bind(addr).map_err(|source| RelayError::Bind { addr, source }))
+        .transpose()?;
 
     let (shutdown, shutdown_rx) = watch::channel(false);
     let ctx = Arc::new(Ctx {
@@ -182,16 +220,22 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
         verifier,
         store,
         router,
+        metrics,
         shutdown: shutdown_rx,
         next_connection: AtomicU64::new(1),
     });
     let serving = {
         let (ctx, tls) = (Arc::clone(&ctx), tls.clone());
+        let serving = Serving {
+            what: "relay",
+            max_connections: config.max_connections,
+            close_linger: ctx.timings.close_linger,
+            counters: ctx.metrics.accept.clone(),
+        };
         accept::accept_loop(
             listener,
             ctx.shutdown.clone(),
-            ctx.timings.close_linger,
-            "relay",
+            serving,
             move |tcp, remote| connection::serve(Arc::clone(&ctx), tcp, tls.clone(), remote),
         )
     };
@@ -199,14 +243,33 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
     if let Some(limits) = config.mailbox {
         tasks.push(tokio::spawn(purge_loop(Arc::clone(&ctx), limits)));
     }
-    tracing::info!(%local_addr, tls = tls.is_some(), mailbox = config.mailbox.is_some(), "relay started");
-    Ok(RelayHandle {
+    let monitor = monitor_listener.map(|(listener, addr)| {
+        let (stop, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(monitor::serve(listener, Arc::clone(&ctx), stop_rx));
+        Monitor { addr, stop, task }
+    });
+    let handle = RelayHandle {
         local_addr,
         tls: tls.is_some(),
         ctx,
         shutdown,
         tasks,
-    })
+        monitor,
+    };
+    let storage = match &config.storage {
+        Storage::Path(path) => path.display().to_string(),
+        Storage::Memory => "memory".to_owned(),
+    };
+    tracing::info!(
+        url = %handle.url(),
+        metrics = handle.metrics_addr().map(tracing::field::display),
+        storage = %storage,
+        mailbox = config.mailbox.is_some(),
+        key_directory = config.key_directory,
+        max_connections = config.max_connections,
+        "relay listening"
+    );
+    Ok(handle)
 }
 
 async fn purge_loop(ctx: Arc<Ctx>, limits: MailboxLimits) {
@@ -220,8 +283,14 @@ async fn purge_loop(ctx: Arc<Ctx>, limits: MailboxLimits) {
                 let cutoff = now_ms().saturating_sub(limits.ttl_ms);
                 match ctx.store.purge(cutoff).await {
                     Ok(0) => {}
-                    Ok(n) => tracing::info!(frames = n, "purged expired frames"),
-                    Err(e) => tracing::warn!(error = %e, "purging expired frames failed"),
+                    Ok(n) => {
+                        ctx.metrics.purged(n);
+                        tracing::info!(frames = n, "purged expired frames");
+                    }
+                    Err(e) => {
+                        ctx.metrics.purge_failed();
+                        tracing::warn!(error = %e, "purging expired frames failed");
+                    }
                 }
             }
         }

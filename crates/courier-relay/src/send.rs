@@ -141,6 +141,7 @@ pub async fn send_message(
         return error_frame("invalid_frame", "SendMessage", Some(message_id));
     }
     let accepted_ms = envelope.accepted_ms;
+    let content_bytes = envelope.content.len();
     let resolved = resolve_recipient(&recipient);
     let Some(named) = resolved.named() else {
         return recipient_unreachable(message_id, recipient, UnreachableCause::UnknownRecipient);
@@ -196,9 +197,13 @@ pub async fn send_message(
     // An address is resolved in the append's own transaction: the frame belongs to the
     // account the address named at acceptance (`docs/protocol.md#identifiers`).
     match tokio::time::timeout(deadline, ctx.store.append(named, envelope, limits)).await {
-        Ok(Ok(
-            AppendOutcome::Accepted { disposition, .. } | AppendOutcome::Duplicate { disposition },
-        )) => sent(recipient, message_id, accepted_ms, disposition),
+        Ok(Ok(AppendOutcome::Accepted { disposition, .. })) => {
+            ctx.metrics.appended(content_bytes);
+            sent(recipient, message_id, accepted_ms, disposition)
+        }
+        Ok(Ok(AppendOutcome::Duplicate { disposition })) => {
+            sent(recipient, message_id, accepted_ms, disposition)
+        }
         Ok(Ok(AppendOutcome::UnknownRecipient)) => {
             recipient_unreachable(message_id, recipient, UnreachableCause::UnknownRecipient)
         }

@@ -2,13 +2,15 @@
 
 use std::sync::Arc;
 
+use rustls::pki_types::pem::{self, PemObject};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::ServerConfig;
 use tokio_rustls::TlsAcceptor;
 
 use crate::{RelayError, TlsConfig};
 
 pub fn acceptor(config: &TlsConfig) -> Result<TlsAcceptor, RelayError> {
-    let certs = rustls_pemfile::certs(&mut config.cert_pem.as_bytes())
+    let certs = CertificateDer::pem_slice_iter(config.cert_pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| RelayError::Tls(format!("cannot read the certificate PEM: {e}")))?;
     if certs.is_empty() {
@@ -16,9 +18,12 @@ pub fn acceptor(config: &TlsConfig) -> Result<TlsAcceptor, RelayError> {
             "the certificate PEM holds no certificate".into(),
         ));
     }
-    let key = rustls_pemfile::private_key(&mut config.key_pem.as_bytes())
-        .map_err(|e| RelayError::Tls(format!("cannot read the private key PEM: {e}")))?
-        .ok_or_else(|| RelayError::Tls("the private key PEM holds no private key".into()))?;
+    let key = PrivateKeyDer::from_pem_slice(config.key_pem.as_bytes()).map_err(|e| match e {
+        pem::Error::NoItemsFound => {
+            RelayError::Tls("the private key PEM holds no private key".into())
+        }
+        e => RelayError::Tls(format!("cannot read the private key PEM: {e}")),
+    })?;
     let server =
         ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_safe_default_protocol_versions()

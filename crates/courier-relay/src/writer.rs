@@ -121,9 +121,7 @@ where
         let result = match step {
             Step::Presence => writer.presence().await,
             Step::Control(None) | Step::Deliver(None) => Err(Stop::Broken),
-            Step::Control(Some(Outbound::Frame(frame))) => {
-                writer.send(Message::text(frame.encode())).await
-            }
+            Step::Control(Some(Outbound::Frame(frame))) => writer.send_frame(&frame).await,
             Step::Control(Some(Outbound::StartDrain)) | Step::StartDrain => {
                 writer.start_drain().await
             }
@@ -152,6 +150,11 @@ where
         self.sink.send(message).await.map_err(|_| Stop::Broken)
     }
 
+    async fn send_frame(&mut self, frame: &RelayFrame) -> Result<(), Stop> {
+        self.ctx.metrics.sent(frame);
+        self.send(Message::text(frame.encode())).await
+    }
+
     /// Writes every queued PresenceStatus (`docs/protocol.md#presence`).
     async fn presence(&mut self) -> Result<(), Stop> {
         let frames = self.peer.watchlist.take();
@@ -159,6 +162,7 @@ where
             return Ok(());
         }
         for frame in frames {
+            self.ctx.metrics.sent(&frame);
             self.sink
                 .feed(Message::text(frame.encode()))
                 .await
@@ -225,10 +229,9 @@ where
                 self.flow.watermark = self.flow.watermark.max(bound);
                 self.flow.phase = Phase::Live { catching_up: false };
                 self.catch_up_if_lagged();
+                self.ctx.metrics.drained(count);
                 if self.opted_in {
-                    return self
-                        .send(Message::text(RelayFrame::DrainComplete { count }.encode()))
-                        .await;
+                    return self.send_frame(&RelayFrame::DrainComplete { count }).await;
                 }
             } else {
                 self.flow.phase = Phase::Live { catching_up: false };
@@ -270,6 +273,7 @@ where
             self.peer.queue.mark_written(seq);
         }
         let frame = envelope.to_frame(self.opted_in);
+        self.ctx.metrics.sent(&frame);
         self.sink
             .feed(Message::text(frame.encode()))
             .await

@@ -565,7 +565,7 @@ async fn the_binary_serves_the_attach_and_stops_on_sigterm() {
         .output()
         .expect("run courier-relay gateway --help");
     assert!(help.status.success());
-    assert!(String::from_utf8_lossy(&help.stdout).contains("--listen ADDR"));
+    assert!(String::from_utf8_lossy(&help.stdout).contains("--listen <ADDR>"));
 }
 
 #[tokio::test]

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use rustls::{ClientConfig, RootCertStore};
 
@@ -14,7 +15,7 @@ pub fn client_config(extra_pem: Option<&str>) -> Result<Arc<ClientConfig>, Strin
         let _ = roots.add(cert);
     }
     if let Some(pem) = extra_pem {
-        let certs: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut pem.as_bytes())
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem.as_bytes())
             .collect::<Result<_, _>>()
             .map_err(|e| format!("transports.internet.tls.caCertificates is not valid PEM: {e}"))?;
         if certs.is_empty() {

@@ -1,96 +1,119 @@
-//! `courier-relay`: runs the relay until SIGINT or SIGTERM.
+//! `courier-relay`: runs the relay (or, as `courier-relay gateway`, the gateway daemon) until
+//! SIGINT or SIGTERM.
 
 use std::io::Write;
 use std::process::ExitCode;
 
-use courier_relay::cli::{self, CliCommand, Command, GatewayCommand};
+use courier_relay::cli::{self, Command, Launch, Parsed};
+use courier_relay::logging::Logging;
+use courier_relay::{GatewayConfig, RelayConfig};
+
+/// Usage errors (as `npx courier-relay` does).
+const USAGE: u8 = 2;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(tracing::Level::INFO)
-        .init();
-
     let args: Result<Vec<String>, _> = std::env::args_os()
         .skip(1)
         .map(|a| a.into_string())
         .collect();
     let Ok(args) = args else {
         eprintln!("courier-relay: arguments must be valid UTF-8");
-        return ExitCode::from(2);
+        return ExitCode::from(USAGE);
     };
-    let config = match cli::parse_command(&args) {
-        Ok(Command::Relay(CliCommand::Help)) => {
-            print!("{}", cli::HELP);
-            return ExitCode::SUCCESS;
+    match cli::parse_command(&args) {
+        Ok(Command::Relay(Parsed::Print(text)) | Command::Gateway(Parsed::Print(text))) => {
+            print!("{text}");
+            ExitCode::SUCCESS
         }
-        Ok(Command::Relay(CliCommand::Run(config))) => config,
-        Ok(Command::Gateway(GatewayCommand::Help)) => {
-            print!("{}", cli::GATEWAY_HELP);
-            return ExitCode::SUCCESS;
-        }
-        Ok(Command::Gateway(GatewayCommand::Run(config))) => return run_gateway(config).await,
+        Ok(Command::Relay(Parsed::Run(launch))) => run_relay(launch).await,
+        Ok(Command::Gateway(Parsed::Run(launch))) => run_gateway(launch).await,
         Err(message) => {
             eprintln!("courier-relay: {message} (see --help)");
-            return ExitCode::from(2);
+            ExitCode::from(USAGE)
         }
-    };
-    let relay = match courier_relay::start(config).await {
+    }
+}
+
+fn install(logging: &Logging) -> Result<(), ExitCode> {
+    logging.install().map_err(|e| {
+        eprintln!("courier-relay: {e}");
+        ExitCode::from(USAGE)
+    })
+}
+
+/// Scripts and tests wait for the first line this prints.
+fn announce(lines: &[String]) {
+    let mut stdout = std::io::stdout().lock();
+    for line in lines {
+        let _ = writeln!(stdout, "{line}");
+    }
+    let _ = stdout.flush();
+}
+
+async fn run_relay(launch: Launch<RelayConfig>) -> ExitCode {
+    if let Err(code) = install(&launch.logging) {
+        return code;
+    }
+    let relay = match courier_relay::start(launch.config).await {
         Ok(relay) => relay,
         Err(e) => {
-            eprintln!("courier-relay: {e}");
+            tracing::error!(error = %e, "the relay cannot start");
             return ExitCode::FAILURE;
         }
     };
-    // Scripts and tests wait for this exact line.
-    println!("courier-relay listening on {}", relay.url());
-    let _ = std::io::stdout().flush();
-
-    wait_for_signal().await;
-    tracing::info!("stopping");
+    let mut lines = vec![format!("courier-relay listening on {}", relay.url())];
+    if let Some(addr) = relay.metrics_addr() {
+        lines.push(format!("courier-relay metrics listening on http://{addr}"));
+    }
+    announce(&lines);
+    let signal = wait_for_signal().await;
+    tracing::info!(signal, "stopping");
     relay.stop().await;
     ExitCode::SUCCESS
 }
 
-async fn run_gateway(config: courier_relay::GatewayConfig) -> ExitCode {
-    let gateway = match courier_relay::start_gateway(config).await {
+async fn run_gateway(launch: Launch<GatewayConfig>) -> ExitCode {
+    if let Err(code) = install(&launch.logging) {
+        return code;
+    }
+    let gateway = match courier_relay::start_gateway(launch.config).await {
         Ok(gateway) => gateway,
         Err(e) => {
-            eprintln!("courier-relay gateway: {e}");
+            tracing::error!(error = %e, "the gateway cannot start");
             return ExitCode::FAILURE;
         }
     };
-    // Scripts and tests wait for this exact line.
-    println!(
+    announce(&[format!(
         "courier-relay gateway listening on {}",
         gateway.local_addr()
-    );
-    let _ = std::io::stdout().flush();
-
-    wait_for_signal().await;
-    tracing::info!("stopping");
+    )]);
+    let signal = wait_for_signal().await;
+    tracing::info!(signal, "stopping");
     gateway.stop().await;
     ExitCode::SUCCESS
 }
 
+/// Waits for SIGINT or SIGTERM; returns which.
 #[cfg(unix)]
-async fn wait_for_signal() {
+async fn wait_for_signal() -> &'static str {
     use tokio::signal::unix::{signal, SignalKind};
     match signal(SignalKind::terminate()) {
         Ok(mut term) => {
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => "SIGINT",
+                _ = term.recv() => "SIGTERM",
             }
         }
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
+            "SIGINT"
         }
     }
 }
 
 #[cfg(not(unix))]
-async fn wait_for_signal() {
+async fn wait_for_signal() -> &'static str {
     let _ = tokio::signal::ctrl_c().await;
+    "Ctrl-C"
 }

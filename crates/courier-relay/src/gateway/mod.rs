@@ -19,6 +19,8 @@ use courier_proto::Address;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+use crate::accept::{accept_loop, listen, Serving};
+use crate::metrics::AcceptCounters;
 use crate::RelayError;
 
 pub mod attach;
@@ -74,6 +76,8 @@ impl Default for GatewayDaemonTimings {
 pub struct GatewayConfig {
     /// `127.0.0.1:0` binds an ephemeral port; `GatewayHandle::port` tells which.
     pub listen: SocketAddr,
+    /// Connections served at once; beyond it new ones are closed at accept.
+    pub max_connections: usize,
     #[doc(hidden)]
     pub timings: GatewayDaemonTimings,
 }
@@ -82,6 +86,7 @@ impl GatewayConfig {
     pub fn new(listen: SocketAddr) -> Self {
         Self {
             listen,
+            max_connections: crate::accept::DEFAULT_MAX_CONNECTIONS,
             timings: GatewayDaemonTimings::default(),
         }
     }
@@ -198,10 +203,12 @@ impl GatewayHandle {
 
     /// Stops accepting and closes every connection; returns when no gateway task is left.
     pub async fn stop(mut self) {
+        tracing::info!(local_addr = %self.local_addr, "gateway stopping");
         self.shutdown.send_replace(true);
         if let Some(task) = self.task.take() {
             let _ = task.await;
         }
+        tracing::info!(local_addr = %self.local_addr, "gateway stopped");
     }
 }
 
@@ -217,7 +224,12 @@ pub async fn start_gateway(config: GatewayConfig) -> Result<GatewayHandle, Relay
         addr: config.listen,
         source,
     };
-    let listener = crate::accept::listen(config.listen).map_err(bind_error)?;
+    if config.max_connections == 0 {
+        return Err(RelayError::Config(
+            "max_connections must be at least 1".into(),
+        ));
+    }
+    let listener = listen(config.listen).map_err(bind_error)?;
     let local_addr = listener.local_addr().map_err(bind_error)?;
     let (shutdown, shutdown_rx) = watch::channel(false);
     let shared = Arc::new(Shared {
@@ -229,16 +241,21 @@ pub async fn start_gateway(config: GatewayConfig) -> Result<GatewayHandle, Relay
     });
     let serving = {
         let shared = Arc::clone(&shared);
-        crate::accept::accept_loop(
+        let serving = Serving {
+            what: "gateway",
+            max_connections: config.max_connections,
+            close_linger: shared.timings.close_linger,
+            counters: AcceptCounters::default(),
+        };
+        accept_loop(
             listener,
             shared.shutdown.clone(),
-            shared.timings.close_linger,
-            "gateway",
+            serving,
             move |tcp, remote| connection::serve(Arc::clone(&shared), tcp, remote),
         )
     };
     let task = tokio::spawn(serving);
-    tracing::info!(%local_addr, "gateway started");
+    tracing::info!(%local_addr, max_connections = config.max_connections, "gateway listening");
     Ok(GatewayHandle {
         local_addr,
         shared,

@@ -15,7 +15,7 @@ pub(super) fn ensure(conn: &Connection, name: &str, now_ms: u64) -> rusqlite::Re
         .execute(params![name, to_sql(now_ms)])?;
     Ok(Applied::value(()).counting(Delta {
         accounts: i64::from(created > 0),
-        frames: 0,
+        ..Delta::default()
     }))
 }
 

@@ -105,6 +105,7 @@ pub(super) fn append(
     Ok(accepted.counting(Delta {
         accounts: 0,
         frames: 1,
+        bytes,
     }))
 }
 
@@ -193,6 +194,7 @@ pub(super) fn release(
     Ok(Applied::value(()).counting(Delta {
         accounts: 0,
         frames: -count,
+        bytes: -bytes,
     }))
 }
 
@@ -210,14 +212,16 @@ pub(super) fn purge(conn: &Connection, older_than_ms: u64) -> rusqlite::Result<A
             entry.1 += row.get::<_, i64>(1)?;
         }
     }
-    let mut total = 0i64;
+    let (mut total, mut total_bytes) = (0i64, 0i64);
     for (account, (count, bytes)) in &per_account {
         uncount(conn, account, *count, *bytes)?;
         total += count;
+        total_bytes += bytes;
     }
     Ok(Applied::value(from_sql(total)).counting(Delta {
         accounts: 0,
         frames: -total,
+        bytes: -total_bytes,
     }))
 }
 

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use courier_proto::{Address, Disposition, KeyPackage, KeyPackageBatch};
+use prometheus_client::metrics::histogram::Histogram;
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
@@ -102,12 +103,15 @@ pub enum Named {
 struct Counters {
     accounts: AtomicU64,
     frames: AtomicU64,
+    /// Content bytes of the journal's frames.
+    bytes: AtomicU64,
 }
 
 impl Counters {
     fn add(&self, delta: Delta) {
         add(&self.accounts, delta.accounts);
         add(&self.frames, delta.frames);
+        add(&self.bytes, delta.bytes);
     }
 }
 
@@ -139,7 +143,11 @@ pub struct Store {
 impl Store {
     /// Opens (creating or upgrading if needed) the database and starts the store thread.
     /// Blocking.
-    pub fn open(storage: &Storage, router: Arc<Router>) -> Result<Self, RelayError> {
+    pub fn open(
+        storage: &Storage,
+        router: Arc<Router>,
+        commit_seconds: Histogram,
+    ) -> Result<Self, RelayError> {
         let (mut conn, file_backed) = match storage {
             Storage::Path(path) => (Connection::open(path)?, true),
             Storage::Memory => (Connection::open_in_memory()?, false),
@@ -158,9 +166,16 @@ impl Store {
         schema::migrate(&mut conn)?;
         let accounts: i64 = conn.query_row("SELECT COUNT(*) FROM accounts", [], |r| r.get(0))?;
         let frames: i64 = conn.query_row("SELECT COUNT(*) FROM journal", [], |r| r.get(0))?;
+        // Kept per account with the journal (journal.rs), so no scan of the journal.
+        let bytes: i64 = conn.query_row(
+            "SELECT COALESCE(SUM(byte_count), 0) FROM accounts",
+            [],
+            |r| r.get(0),
+        )?;
         let counters = Arc::new(Counters {
             accounts: AtomicU64::new(from_sql(accounts)),
             frames: AtomicU64::new(from_sql(frames)),
+            bytes: AtomicU64::new(from_sql(bytes)),
         });
 
         let (tx, rx) = mpsc::channel(QUEUE);
@@ -168,6 +183,7 @@ impl Store {
             conn,
             router,
             counters: Arc::clone(&counters),
+            commit_seconds,
             file_backed,
             writes_since_checkpoint: 0,
         };
@@ -184,6 +200,17 @@ impl Store {
 
     pub fn stored_frames(&self) -> u64 {
         self.counters.frames.load(Ordering::Relaxed)
+    }
+
+    /// Content bytes of the journal's frames.
+    pub fn stored_bytes(&self) -> u64 {
+        self.counters.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Whether the store thread still takes requests (it ends only at `shutdown`, or if it
+    /// failed).
+    pub fn is_open(&self) -> bool {
+        !self.tx.is_closed()
     }
 
     /// Sends the request `op` builds around its reply channel and waits for the answer.

@@ -5,6 +5,9 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
+
+use prometheus_client::metrics::histogram::Histogram;
 
 use courier_proto::{KeyPackage, KeyPackageBatch};
 use rusqlite::{Connection, Transaction};
@@ -126,11 +129,13 @@ pub(super) enum Msg {
     Shutdown(oneshot::Sender<()>),
 }
 
-/// Accounts and journal frames one request added (negative: removed), for the counters.
+/// Accounts, journal frames and their content bytes one request added (negative: removed),
+/// for the counters.
 #[derive(Debug, Default, Clone, Copy)]
 pub(super) struct Delta {
     pub accounts: i64,
     pub frames: i64,
+    pub bytes: i64,
 }
 
 /// One request's work inside the transaction, and what it leaves for after the commit.
@@ -295,6 +300,8 @@ pub(super) struct Worker {
     pub conn: Connection,
     pub router: Arc<Router>,
     pub counters: Arc<Counters>,
+    /// Observes each write batch, BEGIN to durable COMMIT.
+    pub commit_seconds: Histogram,
     pub file_backed: bool,
     pub writes_since_checkpoint: u32,
 }
@@ -361,6 +368,7 @@ impl Worker {
     /// One transaction for the batch. Nobody hears an answer before it is durable.
     fn execute(&mut self, ops: &mut Vec<Op>) {
         let writes = ops.iter().any(Op::writes);
+        let began_at = Instant::now();
         let mut began = self.conn.transaction().map_err(StoreError::from);
         if let Err(e) = &began {
             tracing::error!(error = %e, "cannot begin a journal transaction");
@@ -371,7 +379,11 @@ impl Worker {
             .collect();
         let committed = began.and_then(|tx| tx.commit().map_err(StoreError::from));
         match &committed {
-            Ok(()) if writes => self.writes_since_checkpoint += 1,
+            Ok(()) if writes => {
+                self.writes_since_checkpoint += 1;
+                self.commit_seconds
+                    .observe(began_at.elapsed().as_secs_f64());
+            }
             Ok(()) => {}
             Err(e) => tracing::error!(error = %e, "journal commit failed"),
         }

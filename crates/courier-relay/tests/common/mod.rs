@@ -779,3 +779,59 @@ impl Drop for RelayProcess {
         let _ = self.child.wait();
     }
 }
+
+/// `GET path` on the relay's monitoring listener over HTTP/1.0 (one request per connection,
+/// the server closes after answering): the status code and the body.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    http_request(addr, "GET", path).await
+}
+
+pub async fn http_request(addr: std::net::SocketAddr, method: &str, path: &str) -> (u16, String) {
+    let exchange = async {
+        let mut tcp = TcpStream::connect(addr).await.expect("connect to /metrics");
+        let request = format!("{method} {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+        tcp.write_all(request.as_bytes()).await.expect("request");
+        let mut response = Vec::new();
+        tcp.read_to_end(&mut response).await.expect("response");
+        String::from_utf8(response).expect("a UTF-8 response")
+    };
+    let response = within(exchange).await.expect("an HTTP answer in time");
+    let (head, body) = response.split_once("\r\n\r\n").expect("a head and a body");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    (status, body.to_owned())
+}
+
+/// The value of one series (`name` or `name{label="value"}`) in a Prometheus text exposition.
+pub fn metric(exposition: &str, series: &str) -> Option<f64> {
+    exposition.lines().find_map(|line| {
+        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+        Some(value.trim().parse().expect("a number"))
+    })
+}
+
+/// Scrapes `/metrics` until `series` satisfies `check`, within the deadline; returns the
+/// exposition that did.
+pub async fn wait_metric(
+    addr: std::net::SocketAddr,
+    series: &str,
+    check: impl Fn(f64) -> bool,
+) -> String {
+    let mut last = String::new();
+    let reached = within(async {
+        loop {
+            let (status, body) = http_get(addr, "/metrics").await;
+            assert_eq!(status, 200);
+            if metric(&body, series).is_some_and(&check) {
+                return body;
+            }
+            last = body;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    reached.unwrap_or_else(|| panic!("timed out waiting for {series}; last scrape:\n{last}"))
+}
