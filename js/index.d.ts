@@ -617,6 +617,13 @@ export interface RelayOptions {
   rateLimit?: { burst?: number; perSec?: number }
   /** Serve `wss://` with this certificate chain and key (PEM). */
   tls?: { cert: string; key: string }
+  /** Connections held at once, authenticated or not; more are refused. Default 16 384. */
+  maxConnections?: number
+  /**
+   * Serve `/healthz`, `/readyz` and Prometheus `/metrics` over HTTP on this address (e.g.
+   * `'127.0.0.1:0'`); see `docs/operating-the-relay.md`. Default: no metrics listener.
+   */
+  metricsListen?: string
 }
 
 /** A running relay (`Relay.start`). */
@@ -625,6 +632,8 @@ export interface RelayHandle {
   readonly url: string
   /** The port it listens on. */
   readonly port: number
+  /** `host:port` of `/healthz`, `/readyz` and `/metrics` with `metricsListen`, else `null`. */
+  readonly metricsAddress: string | null
   /** Stops it; stopping a stopped relay does nothing. */
   stop(): Promise<void>
   /** `stop()`, for `await using`. */

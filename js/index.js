@@ -490,6 +490,7 @@ function wrapRelay(handle) {
   return {
     url: handle.url,
     port: handle.port,
+    metricsAddress: handle.metricsAddress ?? null,
     stop,
     [asyncDispose]: stop,
     stats: () => callSync(() => handle.stats()),

@@ -19,6 +19,8 @@ const RELAY_KEYS: &[&str] = &[
     "rateLimit",
     "tls",
     "keyDirectory",
+    "maxConnections",
+    "metricsListen",
 ];
 
 /// `options`: the `RelayOptions` object as JSON text.
@@ -38,6 +40,17 @@ pub fn relay_config(options: &str) -> Result<RelayConfig, ConfigError> {
     let mut config = RelayConfig::new(listen, storage, secret.as_bytes().to_vec());
     config.mailbox = mailbox(&root)?;
     config.key_directory = root.bool("keyDirectory")?.unwrap_or(true);
+    if let Some(max) = root.positive_int("maxConnections", u64::from(u32::MAX))? {
+        config.max_connections = max as usize;
+    }
+    if let Some(metrics) = root.string("metricsListen")? {
+        config.metrics_listen = Some(metrics.parse().map_err(|_| {
+            root.error(
+                "metricsListen",
+                format!("must be an address like 127.0.0.1:9090, got {metrics:?}"),
+            )
+        })?);
+    }
     if let Some(rate) = root.section("rateLimit", &["burst", "perSec"])? {
         let per_connection = |key| {
             rate.positive_int(key, u64::from(u32::MAX))
