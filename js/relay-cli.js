@@ -33,10 +33,6 @@ async function main(argv) {
     }
     return
   }
-  // Scripts and tests wait for the first line.
-  const lines = [`${name} listening on ${gateway ? server.address : server.url}`]
-  if (!gateway && server.metricsAddress) lines.push(`${name} metrics listening on http://${server.metricsAddress}`)
-  process.stdout.write(`${lines.join('\n')}\n`)
   // The server runs on native threads, which do not hold Node's event loop open by themselves.
   const keepAlive = setInterval(() => {}, 1 << 30)
   const stop = async () => {
@@ -49,8 +45,13 @@ async function main(argv) {
     }
     process.exit(0)
   }
+  // Caught before the first line: a supervisor may signal as soon as it reads it.
   process.once('SIGINT', stop)
   process.once('SIGTERM', stop)
+  // Scripts and tests wait for the first line.
+  const lines = [`${name} listening on ${gateway ? server.address : server.url}`]
+  if (!gateway && server.metricsAddress) lines.push(`${name} metrics listening on http://${server.metricsAddress}`)
+  process.stdout.write(`${lines.join('\n')}\n`)
 }
 
 main(process.argv.slice(2))

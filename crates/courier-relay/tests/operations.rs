@@ -17,6 +17,9 @@ use common::*;
 use courier_proto::RelayFrame;
 
 const BIN: &str = env!("CARGO_BIN_EXE_courier-relay");
+/// A child process starting, printing or exiting: generous, since CI runs the other test
+/// binaries' threads beside it on two cores; a healthy run takes milliseconds.
+const PROCESS_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The binary with none of the caller's COURIER_RELAY_* or RUST_LOG variables.
 fn courier_relay() -> Command {
@@ -90,7 +93,7 @@ impl Running {
     }
 
     fn stdout_line(&self) -> String {
-        match self.stdout.recv_timeout(DEADLINE) {
+        match self.stdout.recv_timeout(PROCESS_DEADLINE) {
             Ok(line) => line,
             Err(e) => {
                 let stderr: Vec<String> = self.stderr.try_iter().collect();
@@ -120,7 +123,7 @@ impl Running {
         let pid = self.child.id().to_string();
         let sent = Command::new("kill").args(["-TERM", &pid]).status();
         assert!(sent.expect("run kill").success());
-        let deadline = Instant::now() + DEADLINE;
+        let deadline = Instant::now() + PROCESS_DEADLINE;
         let status = loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
                 break status;
@@ -162,7 +165,7 @@ fn finished(mut command: Command) -> Output {
     std::thread::spawn(move || {
         let _ = tx.send(child.wait_with_output());
     });
-    rx.recv_timeout(DEADLINE)
+    rx.recv_timeout(PROCESS_DEADLINE)
         .expect("the command ends by itself")
         .expect("its output")
 }

@@ -66,8 +66,9 @@ async fn run_relay(launch: Launch<RelayConfig>) -> ExitCode {
     if let Some(addr) = relay.metrics_addr() {
         lines.push(format!("courier-relay metrics listening on http://{addr}"));
     }
+    let stop = Stop::listen();
     announce(&lines);
-    let signal = wait_for_signal().await;
+    let signal = stop.wait().await;
     tracing::info!(signal, "stopping");
     relay.stop().await;
     ExitCode::SUCCESS
@@ -84,36 +85,64 @@ async fn run_gateway(launch: Launch<GatewayConfig>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let stop = Stop::listen();
     announce(&[format!(
         "courier-relay gateway listening on {}",
         gateway.local_addr()
     )]);
-    let signal = wait_for_signal().await;
+    let signal = stop.wait().await;
     tracing::info!(signal, "stopping");
     gateway.stop().await;
     ExitCode::SUCCESS
 }
 
-/// Waits for SIGINT or SIGTERM; returns which.
+/// SIGINT and SIGTERM, caught from the moment this is made: made before the "listening" line,
+/// so a supervisor that signals as soon as it reads the line stops the process cleanly instead
+/// of killing it with the default action.
 #[cfg(unix)]
-async fn wait_for_signal() -> &'static str {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => "SIGINT",
-                _ = term.recv() => "SIGTERM",
+struct Stop {
+    interrupt: Option<tokio::signal::unix::Signal>,
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+#[cfg(unix)]
+impl Stop {
+    fn listen() -> Self {
+        use tokio::signal::unix::{signal, SignalKind};
+        Self {
+            interrupt: signal(SignalKind::interrupt()).ok(),
+            terminate: signal(SignalKind::terminate()).ok(),
+        }
+    }
+
+    /// Which signal came.
+    async fn wait(mut self) -> &'static str {
+        async fn next(signal: &mut Option<tokio::signal::unix::Signal>) {
+            match signal {
+                Some(signal) => {
+                    signal.recv().await;
+                }
+                None => std::future::pending().await,
             }
         }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            "SIGINT"
+        tokio::select! {
+            _ = next(&mut self.interrupt) => "SIGINT",
+            _ = next(&mut self.terminate) => "SIGTERM",
         }
     }
 }
 
 #[cfg(not(unix))]
-async fn wait_for_signal() -> &'static str {
-    let _ = tokio::signal::ctrl_c().await;
-    "Ctrl-C"
+struct Stop;
+
+#[cfg(not(unix))]
+impl Stop {
+    fn listen() -> Self {
+        Self
+    }
+
+    async fn wait(self) -> &'static str {
+        let _ = tokio::signal::ctrl_c().await;
+        "Ctrl-C"
+    }
 }
