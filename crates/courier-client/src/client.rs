@@ -190,6 +190,7 @@ impl Client {
                     token,
                     tls: tls.clone(),
                     auto_reconnect: internet.auto_reconnect,
+                    offline_redial: internet.offline_redial,
                     identity: identity.clone(),
                 };
                 let task = runtime.spawn(relay::run(settings, rx, driver_tx.clone()));

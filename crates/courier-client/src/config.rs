@@ -79,11 +79,18 @@ pub struct InternetConfig {
     /// Extra trust anchors (PEM) for `wss://`, added to the system roots.
     pub ca_certificates: Option<String>,
     pub auto_reconnect: bool,
+    /// How long an offline hint keeps the relay carrier down without a `true` hint
+    /// ([`OFFLINE_REDIAL`]; not an option of the JS config, tests shorten it).
+    pub offline_redial: std::time::Duration,
     /// The host is `localhost`, in `127.0.0.0/8` or `::1`.
     pub host_is_loopback: bool,
     /// `wss://`.
     pub tls: bool,
 }
+
+/// After `internetStatusChanged(false)` the relay carrier dials again this late even if no `true`
+/// hint came (`docs/protocol.md#reconnection`).
+pub const OFFLINE_REDIAL: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// `transports.internet.authToken`: where the relay token of each connection comes from.
 #[derive(Clone, PartialEq, Eq)]
@@ -424,6 +431,7 @@ fn parse_internet(
         auth_token,
         ca_certificates,
         auto_reconnect,
+        offline_redial: OFFLINE_REDIAL,
         host_is_loopback,
         tls,
     }))

@@ -241,6 +241,22 @@ async fn without_a_relay_there_is_no_token_to_set() {
     alice.stop().await;
 }
 
+/// Waits for `alice` to connect, then gives the offline hint and waits for the disconnect.
+async fn online_then_offline_hint(alice: &Client, events: &mpsc::Receiver<ClientEvent>) {
+    wait_for(events, "alice online", connected).await;
+    alice.internet_status_changed(false);
+    wait_for(events, "alice offline", |e| {
+        matches!(
+            e,
+            ClientEvent::RelayStatusChanged {
+                connected: false,
+                ..
+            }
+        )
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_offline_hint_is_not_for_good_and_reconnect_dials_at_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -254,21 +270,34 @@ async fn an_offline_hint_is_not_for_good_and_reconnect_dials_at_once() {
         ))
         .unwrap(),
     );
-    wait_for(&events, "alice online", connected).await;
-    alice.internet_status_changed(false);
-    wait_for(&events, "alice offline", |e| {
-        matches!(
-            e,
-            ClientEvent::RelayStatusChanged {
-                connected: false,
-                ..
-            }
-        )
-    })
-    .await;
+    online_then_offline_hint(&alice, &events).await;
     // No `true` hint: `reconnect()` alone brings the connection back at once.
     alice.reconnect();
     wait_for(&events, "alice online again", connected).await;
+    alice.stop().await;
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_offline_hint_the_carrier_dials_again_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = start_relay().await;
+    let mut config = parse_protocol_config(&config(
+        dir.path(),
+        "alice",
+        &relay.url(),
+        json!(valid("alice")),
+    ))
+    .unwrap();
+    assert_eq!(
+        config.internet.as_ref().unwrap().offline_redial,
+        courier_client::config::OFFLINE_REDIAL
+    );
+    // The 60 s pause, shortened: what is under test is that it ends without any call.
+    config.internet.as_mut().unwrap().offline_redial = Duration::from_millis(300);
+    let (alice, events) = support::start(&config);
+    online_then_offline_hint(&alice, &events).await;
+    wait_for(&events, "alice online with no hint", connected).await;
     alice.stop().await;
     relay.stop().await;
 }

@@ -42,9 +42,6 @@ const PING_EVERY: Duration = Duration::from_secs(10);
 const DEAD_AFTER: Duration = Duration::from_secs(30);
 /// After close 4001 the same token is presented at most once per this period.
 const AUTH_RETRY_MIN: Duration = Duration::from_secs(30);
-/// After `internetStatusChanged(false)` the carrier dials again this late even if no `true`
-/// came: a hint cannot keep the client offline for good.
-const OFFLINE_REDIAL: Duration = Duration::from_secs(60);
 /// Frames owed to the relay (end-to-end ACKs, releases) past which reading waits: an inbound
 /// flood is then read no faster than the rate limit lets its ACKs out, instead of piling
 /// them up here.
@@ -93,6 +90,9 @@ pub struct RelaySettings {
     pub token: TokenSource,
     pub tls: Option<Arc<rustls::ClientConfig>>,
     pub auto_reconnect: bool,
+    /// After `internetStatusChanged(false)` the carrier dials again this late even if no `true`
+    /// came: a hint cannot keep the client offline for good.
+    pub offline_redial: Duration,
     /// Proves this device's address to the relay on every connection
     /// (`docs/protocol.md#client-declaration`).
     pub identity: IdentityKey,
@@ -202,7 +202,7 @@ pub async fn run(
                 attempt = 0;
                 Some(Duration::ZERO)
             }
-            Loss::Offline => settings.auto_reconnect.then_some(OFFLINE_REDIAL),
+            Loss::Offline => settings.auto_reconnect.then_some(settings.offline_redial),
             Loss::Dropped(reason) => {
                 diagnostic(
                     &driver,
