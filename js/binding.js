@@ -4,10 +4,8 @@
 // an optional dependency npm installs only on the platform it is for. When neither loads, the
 // error says which package this platform needs and how to get it.
 
-const pkg = require('../package.json')
-
 /** The name napi-rs gives this platform's package. */
-function platformPackage() {
+function platformPackage(pkg) {
   const { platform, arch } = process
   if (platform === 'linux') return `${pkg.name}-linux-${arch}-${isMusl() ? 'musl' : 'gnu'}`
   if (platform === 'win32') return `${pkg.name}-win32-${arch}-msvc`
@@ -29,7 +27,9 @@ function isInstalled(name) {
 }
 
 function missingBinding(cause) {
-  const needed = platformPackage()
+  // Read only when loading failed: a successful load needs nothing from the manifest.
+  const pkg = require('../package.json')
+  const needed = platformPackage(pkg)
   const supported = Object.keys(pkg.optionalDependencies ?? {})
   let message
   if (isInstalled(needed)) {
