@@ -3,7 +3,7 @@
 
 use courier_proto::{Message, Priority, UnreachableCause};
 
-use crate::io::{FailReason, InboundKey, Millis};
+use crate::io::{FailReason, InboundKey, MemberState, Millis};
 
 // Events are drained right after the call that produced them; boxing the large variant would
 // cost an allocation per event for no memory that is ever held.
@@ -62,6 +62,29 @@ pub enum Event {
         recipient: String,
         reason: FailReason,
         retry_count: u32,
+    },
+    /// A group message was accepted and went on its path: `"relay"` (one broadcast awaiting its
+    /// report) or `"fanout"` (a copy per member).
+    GroupMessageSent {
+        group_id: String,
+        message_id: String,
+        path: &'static str,
+        members: usize,
+    },
+    /// The relay's report on a broadcast, after its backstop: `missed_reissued` got copies.
+    GroupMessageDeliveryReport {
+        group_id: String,
+        message_id: String,
+        delivered: Vec<String>,
+        pushed: Vec<String>,
+        missed_reissued: Vec<String>,
+    },
+    /// One member's state of a group message changed (`getGroupMessageStatus`).
+    GroupMemberStatus {
+        group_id: String,
+        message_id: String,
+        member: String,
+        state: MemberState,
     },
     /// A new inbound message for the application. `chat` is the dedup chat key.
     MessageReceived {

@@ -6,8 +6,8 @@
 use courier_proto::Message;
 
 use crate::io::{
-    Carrier, CarrierAnswer, InboundOrigin, Millis, OutboxRecord, PendingInbound, ProcessedKey,
-    SendRequest,
+    Carrier, CarrierAnswer, GroupReport, GroupSendRecord, GroupSendRequest, InboundOrigin, Millis,
+    OutboxRecord, PendingInbound, ProcessedKey, SendRequest,
 };
 
 /// One input. Every variant is handled by `Engine::handle(input, now)`; after it the runtime
@@ -85,6 +85,15 @@ pub enum Input {
     /// The runtime holds an end-to-end session with the device `recipient` names: what waits
     /// for it in the pre-session queue enters the outbox, and later sends to it go straight there.
     SessionReady { recipient: String },
+    /// The application sends a group message, sealed for its roster (`docs/delivery.md#group-sends`).
+    GroupSend(GroupSendRequest),
+    /// The relay is ready to broadcast to `group_id` (registered and answered on this connection,
+    /// group delivery advertised), or no longer is.
+    GroupRelay { group_id: String, ready: bool },
+    /// The relay's delivery report on a broadcast.
+    GroupReport(GroupReport),
+    /// The relay refused the broadcast `message_id` (its wire id): `GroupError` naming it.
+    GroupRefused { message_id: String, reason: String },
     /// Time passed. Spurious calls are harmless: nothing that is not due happens.
     Timeout,
 }
@@ -98,6 +107,8 @@ pub struct Restore {
     pub processed: Vec<ProcessedKey>,
     /// Inbound messages buffered for the durability hook and not committed.
     pub inbound: Vec<PendingInbound>,
+    /// Group messages with something left to deliver (`docs/delivery.md#group-sends`).
+    pub group_sends: Vec<GroupSendRecord>,
 }
 
 impl Input {

@@ -64,6 +64,82 @@ pub struct SendRequest {
     pub binary_content: Option<String>,
 }
 
+/// What the application asked to send to a group, sealed once for its roster
+/// (`docs/delivery.md#group-sends`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupSendRequest {
+    /// The app's id, or one the runtime minted.
+    pub id: String,
+    pub group_id: String,
+    /// The roster the message was sealed for, this device excluded.
+    pub members: Vec<String>,
+    /// The sealed message every path carries: id = the wire id of `id`, recipient = the group,
+    /// content = the group ciphertext, group markers in its metadata.
+    pub message: Message,
+    /// `group.relayBroadcastEnabled`: the relay broadcast may be used when the relay is ready.
+    pub broadcast: bool,
+}
+
+/// Where one member of a group message stands (`getGroupMessageStatus`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemberState {
+    /// Not reached yet: a report or its copy's ACK is awaited.
+    Pending,
+    /// The relay's mailbox holds it for the member (the report's `pushed`, or custody of its copy).
+    Stored,
+    /// The relay wrote it to the member's live connection (the report's `delivered`), or the
+    /// member acknowledged its copy.
+    Delivered,
+    /// Its copy failed (retries, lifetime, capacity).
+    Failed,
+}
+
+impl MemberState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Stored => "stored",
+            Self::Delivered => "delivered",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// How a group message travels now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "path")]
+pub enum GroupPath {
+    /// Broadcast by the relay `sends` times (1..=3), its report due by `report_due`.
+    Broadcast { sends: u8, report_due: Millis },
+    /// Per-member copies, each an outbox entry; no report is awaited.
+    FanOut,
+}
+
+/// The persisted form of a group message's tracker: restored at start while anything of it is
+/// left to deliver, and what `getGroupMessageStatus` answers from afterwards.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupSendRecord {
+    pub id: String,
+    pub group_id: String,
+    pub message: Message,
+    pub created_at: Millis,
+    pub path: GroupPath,
+    pub members: BTreeMap<String, MemberState>,
+}
+
+/// The relay's settled delivery report of a broadcast (`GroupMessageSent`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupReport {
+    pub group_id: String,
+    /// The broadcast's wire id.
+    pub message_id: String,
+    pub delivered: Vec<String>,
+    pub pushed: Vec<String>,
+    /// (member, reason): logged, never branched on.
+    pub missed: Vec<(String, String)>,
+}
+
 /// How an addressed carrier (the relay or a gateway) answered a `SendMessage` it read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CarrierAnswer {
@@ -121,6 +197,9 @@ pub enum TransmitKind {
     /// A delivery ACK: the ACK Message back to the sender (fire and forget: a lost one makes the
     /// sender retry). See `docs/glossary.md#delivery-ack`.
     DeliveryAck { message: Message },
+    /// A group message for the relay to broadcast (`SendGroupMessage`): no `Written` report is
+    /// owed; the relay's delivery report or the report deadline moves it on.
+    GroupBroadcast { group_id: String, message: Message },
     /// A frame release: relay journal frame `seq` may be dropped (the wire's `Ack`/`AckUpTo`),
     /// sent only after the message it carried was processed. Never a delivery ACK.
     ReleaseFrame { seq: u64 },
@@ -227,6 +306,17 @@ pub enum StoreOp {
         settlement: Settlement,
         at: Millis,
     },
+    /// Insert or replace a group message's tracker row (with its members' states).
+    PutGroupSend(GroupSendRecord),
+    /// One member's state of group message `id` changed.
+    GroupMember {
+        id: String,
+        member: String,
+        state: MemberState,
+    },
+    /// Nothing of group message `id` is left to deliver: its row is kept for status and no
+    /// longer restored.
+    GroupSendDone { id: String },
     /// Remember an inbound message as processed (dedup across restarts).
     MarkProcessed(ProcessedKey),
     /// Buffer a batch's messages before the durability hook sees them (insert or ignore).
@@ -315,5 +405,7 @@ pub struct Stats {
     pub parked: usize,
     /// Messages in the pre-session queue.
     pub pre_session: usize,
+    /// Group messages with a report awaited or copies in the outbox.
+    pub group_sends: usize,
     pub carriers_up: usize,
 }

@@ -104,6 +104,7 @@ pub mod config;
 mod dedup;
 mod engine;
 pub mod event;
+mod group;
 mod hook;
 mod inbound;
 pub mod input;

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use courier_proto::message::META_GROUP_MESSAGE;
 use courier_proto::{ContentType, Message};
 
 use crate::config::Config;
@@ -26,10 +27,13 @@ pub(crate) fn absolute_cap(created_at: Millis, config: &Config) -> Millis {
 pub(crate) struct Key(u64);
 
 /// Capacity class: file chunks have their own, smaller bound so media cannot crowd out text.
+/// A group message's per-member copies are outside both: the group message counts once among
+/// the regular entries (`docs/delivery.md#group-sends`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Class {
     Regular,
     Media,
+    GroupCopy,
 }
 
 impl Class {
@@ -44,6 +48,7 @@ impl Class {
         match self {
             Self::Regular => 0,
             Self::Media => 1,
+            Self::GroupCopy => 2,
         }
     }
 
@@ -52,6 +57,8 @@ impl Class {
         let configured = match self {
             Self::Regular => config.outbox_max_entries,
             Self::Media => config.outbox_max_media_entries,
+            // Bounded by their group messages: roster size times the regular bound.
+            Self::GroupCopy => usize::MAX,
         };
         configured.max(1)
     }
@@ -106,7 +113,11 @@ pub(crate) struct Entry {
 
 impl Entry {
     pub(crate) fn class(&self) -> Class {
-        Class::of(self.message.content_type)
+        if self.message.metadata.contains_key(META_GROUP_MESSAGE) {
+            Class::GroupCopy
+        } else {
+            Class::of(self.message.content_type)
+        }
     }
 
     /// The message as it goes on the wire.
@@ -170,7 +181,7 @@ pub(crate) struct Outbox {
     wire_ids: HashMap<String, Key>,
     /// Every entry of each recipient (edges, the neighbor flush, parking bookkeeping).
     recipients: HashMap<String, BTreeSet<Key>>,
-    classes: [BTreeSet<Key>; 2],
+    classes: [BTreeSet<Key>; 3],
     next_key: u64,
 }
 
@@ -193,10 +204,17 @@ impl Outbox {
         self.entries.get_mut(&key)
     }
 
-    /// The caller has checked that the id is new.
-    pub(crate) fn insert(&mut self, entry: Entry) -> Key {
+    /// The next key in acceptance order, for something accepted beside the entries (a group
+    /// message, which counts against the same bound).
+    pub(crate) fn next_key(&mut self) -> Key {
         let key = Key(self.next_key);
         self.next_key += 1;
+        key
+    }
+
+    /// The caller has checked that the id is new.
+    pub(crate) fn insert(&mut self, entry: Entry) -> Key {
+        let key = self.next_key();
         self.ids.insert(entry.message.id.clone(), key);
         self.wire_ids.insert(entry.wire_id.clone(), key);
         self.recipients
@@ -283,7 +301,7 @@ impl Outbox {
             "recipient index out of step"
         );
         assert_eq!(
-            self.classes[0].len() + self.classes[1].len(),
+            self.classes.iter().map(BTreeSet::len).sum::<usize>(),
             self.entries.len()
         );
     }

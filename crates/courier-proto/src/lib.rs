@@ -52,4 +52,4 @@ pub use sealed::{
 };
 pub use signing::{payload, DOMAINS};
 pub use unreachable::UnreachableCause;
-pub use wire_id::{ack_id, is_wire_id, wire_id};
+pub use wire_id::{ack_id, group_copy_id, is_wire_id, wire_id};

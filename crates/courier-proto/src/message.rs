@@ -11,10 +11,20 @@ use crate::ident::{validate_identifier, IdentError};
 pub const META_ACK_FOR: &str = "ack_for";
 pub const META_ACK_HOP_COUNT: &str = "ack_hop_count";
 pub const META_ACK_TRANSPORT: &str = "ack_transport";
+/// On a group message (`docs/protocol.md#group-messages`): the group, and the logical id every
+/// copy of it shares, in the clear so a receiver can tell a copy it already has before opening it.
+pub const META_GROUP_ID: &str = "__group_id";
+pub const META_GROUP_MESSAGE: &str = "__group_msg";
+/// On a group message as a receiving runtime hands it on once opened: the id of the per-member
+/// copy it came in, which is what the end-to-end ACK names. Absent for a relay broadcast copy.
+pub const META_GROUP_COPY: &str = "__group_copy";
 pub const RESERVED_METADATA_KEYS: &[&str] = &[
     META_ACK_FOR,
     META_ACK_HOP_COUNT,
     META_ACK_TRANSPORT,
+    META_GROUP_ID,
+    META_GROUP_MESSAGE,
+    META_GROUP_COPY,
     "transport_preference",
     "original_content_type",
     "__ctrl_sig",

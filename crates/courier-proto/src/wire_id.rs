@@ -10,6 +10,8 @@ use uuid::Uuid;
 const APP_IDS: Uuid = Uuid::from_u128(0xdfc4dbce_7ed4_4e89_8199_17bfa2d83651);
 /// Namespace of the ids of delivery ACKs.
 const ACK_IDS: Uuid = Uuid::from_u128(0xd9e2537b_669c_4505_a362_b5e6894eb24d);
+/// Namespace of the ids of a group message's per-member copies.
+const GROUP_COPY_IDS: Uuid = Uuid::from_u128(0x5b0e8f3a_2c6d_4a71_9e43_0f6d2b8c7a15);
 
 /// Whether `id` is already a wire id: a UUID in its lowercase hyphenated spelling.
 pub fn is_wire_id(id: &str) -> bool {
@@ -35,6 +37,17 @@ pub fn ack_id(sender: &str, message_id: &str) -> String {
     name.push(b'\n');
     name.extend_from_slice(message_id.as_bytes());
     Uuid::new_v5(&ACK_IDS, &name).to_string()
+}
+
+/// The id of the per-member copy of group message `message_id` for `member`
+/// (`docs/delivery.md#group-sends`): the same on every send of that copy, after any restart, so
+/// the member's ACK and the relay's dedup can name it.
+pub fn group_copy_id(message_id: &str, member: &str) -> String {
+    let mut name = Vec::with_capacity(message_id.len() + 1 + member.len());
+    name.extend_from_slice(message_id.as_bytes());
+    name.push(b'\n');
+    name.extend_from_slice(member.as_bytes());
+    Uuid::new_v5(&GROUP_COPY_IDS, &name).to_string()
 }
 
 #[cfg(test)]
@@ -84,5 +97,15 @@ mod tests {
         assert_eq!(ack_id("alice", "m1"), a, "a re-ACK repeats the id");
         assert_ne!(ack_id("bob", "m1"), a);
         assert_ne!(ack_id("alice", "m2"), a);
+    }
+
+    #[test]
+    fn group_copy_ids_are_uuids_per_message_and_member() {
+        let a = group_copy_id("m1", "alice");
+        assert!(is_wire_id(&a));
+        assert_eq!(group_copy_id("m1", "alice"), a);
+        assert_ne!(group_copy_id("m1", "bob"), a);
+        assert_ne!(group_copy_id("m2", "alice"), a);
+        assert_ne!(group_copy_id("m1", "alice"), ack_id("m1", "alice"));
     }
 }

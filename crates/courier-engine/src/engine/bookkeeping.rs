@@ -69,13 +69,31 @@ impl Engine {
         Some(entry)
     }
 
-    /// Evicts the oldest entries of `class` until one more fits.
+    /// Evicts the oldest entries of `class` until one more fits. A group message with something
+    /// left to deliver counts as one regular entry, and goes whole when it is the oldest.
     pub(super) fn make_room(&mut self, class: Class, now: Millis) {
-        while self.outbox.count(class) >= class.capacity(&self.config) {
-            let Some(oldest) = self.outbox.oldest(class) else {
-                break;
+        loop {
+            let groups = if class == Class::Regular {
+                self.groups.active()
+            } else {
+                0
             };
-            self.settle_failed(oldest, FailReason::OutboxCapacityExceeded, now);
+            if self.outbox.count(class) + groups < class.capacity(&self.config) {
+                break;
+            }
+            let entry = self.outbox.oldest(class);
+            let group = (class == Class::Regular)
+                .then(|| self.groups.oldest())
+                .flatten()
+                .map(|(key, id)| (key, id.to_owned()));
+            match (entry, group) {
+                (Some(entry), Some((group, id))) if group < entry => {
+                    self.fail_group_send(&id, now);
+                }
+                (Some(key), _) => self.settle_failed(key, FailReason::OutboxCapacityExceeded, now),
+                (None, Some((_, id))) => self.fail_group_send(&id, now),
+                (None, None) => break,
+            }
         }
     }
 
@@ -96,12 +114,13 @@ impl Engine {
         ack_attempts: u32,
         now: Millis,
     ) {
-        self.events.push_back(Event::MessageFailed {
+        let event = Event::MessageFailed {
             message_id: id.clone(),
             recipient: recipient.clone(),
             reason,
             retry_count: ack_attempts,
-        });
+        };
+        self.outbox_event(event);
         let settlement = Settlement::Failed(reason);
         self.store.push_back(StoreOp::Settle {
             id,
@@ -129,13 +148,14 @@ impl Engine {
         let Some(entry) = self.outbox.get(key) else {
             return;
         };
-        self.events.push_back(Event::MessageDeferred {
+        let event = Event::MessageDeferred {
             message_id: entry.message.id.clone(),
             recipient: entry.message.recipient.clone(),
             reason: reason.to_owned(),
             retry_count,
             next_retry_at,
-        });
+        };
+        self.outbox_event(event);
     }
 
     pub(super) fn diagnostic(&mut self, level: DiagnosticLevel, message: String) {

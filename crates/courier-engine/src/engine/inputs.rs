@@ -24,8 +24,10 @@ impl Engine {
             outbox: mut records,
             processed,
             inbound,
+            group_sends,
         } = restore;
         self.dedup.restore(processed, now);
+        self.restore_groups(group_sends);
         records.sort_by(|a, b| {
             a.created_at
                 .cmp(&b.created_at)
@@ -77,9 +79,14 @@ impl Engine {
                 park: parked.then_some(Park::Custody),
                 timed_probes: 0,
             };
+            let copy = entry.class() == Class::GroupCopy;
             self.make_room(entry.class(), now);
-            self.admit(entry);
+            let key = self.admit(entry);
+            if copy {
+                self.restore_copy(key, now);
+            }
         }
+        self.resume_groups(now);
         self.restore_inbound(inbound, now);
     }
 
@@ -326,7 +333,10 @@ impl Engine {
             hook.carrier_down(&carrier);
         }
         match &carrier {
-            Carrier::Relay => self.presence.disconnect(),
+            Carrier::Relay => {
+                self.presence.disconnect();
+                self.groups_relay_down(now);
+            }
             Carrier::Gateway => {}
             Carrier::Local(name) => {
                 self.neighbors.unregister(name);
@@ -411,6 +421,7 @@ impl Engine {
         for key in self.timers.due_expiries(now) {
             self.settle_failed(key, FailReason::OutboxLifetimeExceeded, now);
         }
+        self.group_timeouts(now);
         for recipient in self.presession.due_reasks(now) {
             self.ask_session_again(recipient);
         }

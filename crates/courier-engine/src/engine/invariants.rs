@@ -16,6 +16,16 @@ impl Engine {
         self.outbox.check();
         self.presence.check();
         self.presession.check();
+        self.groups.check();
+        for (_, entry) in self.outbox.iter() {
+            if entry.class() == Class::GroupCopy {
+                assert!(
+                    self.groups.copy_owner(&entry.message.id).is_some(),
+                    "group copy {} belongs to no group message",
+                    entry.message.id
+                );
+            }
+        }
         if let Some(hook) = &self.hook {
             hook.check();
         }

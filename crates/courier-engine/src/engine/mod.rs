@@ -13,6 +13,7 @@ use crate::ack::{self, AfterTimeout};
 use crate::config::Config;
 use crate::dedup::Dedup;
 use crate::event::{DiagnosticLevel, Event};
+use crate::group::GroupSends;
 use crate::hook::{Commit, HookPipeline, Sink};
 use crate::inbound;
 use crate::input::{Input, Restore};
@@ -31,6 +32,7 @@ use crate::sender_gate::{SenderGate, Verdict};
 use crate::timers::{Gate, Slot, Timers};
 
 mod bookkeeping;
+mod groups;
 mod inputs;
 #[cfg(test)]
 mod invariants;
@@ -77,6 +79,8 @@ pub struct Engine {
     gate: SenderGate,
     /// Messages waiting for an end-to-end session, when sessions are required.
     presession: PreSession,
+    /// Group messages with a report awaited or copies in the outbox.
+    groups: GroupSends,
     /// App ids delivered lately: a repeat in the step that delivered it is a no-op.
     delivered: RecentlyDelivered,
     /// Recipients the runtime holds a session with.
@@ -118,6 +122,7 @@ impl Engine {
             dedup,
             hook,
             presession: PreSession::default(),
+            groups: GroupSends::default(),
             delivered: RecentlyDelivered::default(),
             sessions: BTreeSet::new(),
             wanted: BTreeSet::new(),
@@ -187,6 +192,12 @@ impl Engine {
             Input::Discard { origin, reason } => {
                 self.diagnostic(DiagnosticLevel::Debug, reason);
                 self.release_frame(&origin);
+            }
+            Input::GroupSend(request) => self.group_send(request, now),
+            Input::GroupRelay { group_id, ready } => self.group_relay(&group_id, ready),
+            Input::GroupReport(report) => self.group_report(report, now),
+            Input::GroupRefused { message_id, reason } => {
+                self.group_refused(&message_id, &reason, now)
             }
             Input::Timeout => self.timeout(now),
         }
@@ -289,7 +300,7 @@ impl Engine {
     /// deadline of the batch it holds, the open drain batch's age, the retry of refused batches
     /// (while a carrier is up) and the retention of buffered rows; nothing when nothing is
     /// buffered. The pre-session queue adds the end of its oldest message's lifetime and the
-    /// next time a session is asked for again.
+    /// next time a session is asked for again; group broadcasts their report deadlines.
     #[must_use]
     pub fn next_deadline(&self) -> Option<Millis> {
         let fixed = self.timers.next_fixed_deadline();
@@ -317,7 +328,8 @@ impl Engine {
             .presession
             .next_expiry(self.config.pending_session_max_lifetime_ms);
         let reask = self.presession.next_reask();
-        [fixed, sends, inbound, presession, reask]
+        let report = self.groups.next_report_deadline();
+        [fixed, sends, inbound, presession, reask, report]
             .into_iter()
             .flatten()
             .min()
@@ -352,6 +364,7 @@ impl Engine {
             retry_queue: self.timers.retry_queue(),
             parked: self.timers.parked(),
             pre_session: self.presession.len(),
+            group_sends: self.groups.active(),
             carriers_up: self.carriers.len(),
         }
     }

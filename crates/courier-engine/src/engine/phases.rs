@@ -60,13 +60,14 @@ impl Engine {
         }
         let recipient = entry.message.recipient.clone();
         let media = entry.class() == Class::Media;
-        self.events.push_back(Event::MessageUndeliverable {
+        let event = Event::MessageUndeliverable {
             message_id: entry.message.id.clone(),
             recipient: recipient.clone(),
             reason_code: cause,
             reason: REASON_UNREACHABLE.to_owned(),
             file_id: file_id(&entry.message),
-        });
+        };
+        self.outbox_event(event);
         self.parking.set_verdict(&recipient);
         self.presence.forget_status(&recipient);
         if media {
@@ -87,7 +88,7 @@ impl Engine {
             self.park(key, kind, now);
             return;
         }
-        let regular = entry.class() == Class::Regular;
+        let regular = entry.class() != Class::Media;
         let verdict = self.parking.has_verdict(&entry.message.recipient);
         match ack::after_timeout(&self.config, entry.ack_attempts, now) {
             AfterTimeout::Exhausted if regular && verdict => {
@@ -103,12 +104,13 @@ impl Engine {
                     return;
                 };
                 entry.ack_attempts = retry_count.saturating_add(1);
-                self.events.push_back(Event::MessageRetrying {
+                let event = Event::MessageRetrying {
                     message_id: entry.message.id.clone(),
                     recipient: entry.message.recipient.clone(),
                     retry_count,
                     next_retry_at: at,
-                });
+                };
+                self.outbox_event(event);
             }
         }
     }
@@ -120,10 +122,11 @@ impl Engine {
         let newly = entry.park != Some(Park::Custody);
         if self.park(key, Park::Custody, now) && newly {
             if let Some(entry) = self.outbox.get(key) {
-                self.events.push_back(Event::MessageStored {
+                let event = Event::MessageStored {
                     message_id: entry.message.id.clone(),
                     recipient: entry.message.recipient.clone(),
-                });
+                };
+                self.outbox_event(event);
             }
         }
     }

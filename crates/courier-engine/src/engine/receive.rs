@@ -1,6 +1,8 @@
 //! Inbound: data messages and delivery ACKs from every carrier, dedup, the sender gate, the
 //! durability hook's commits, and the delivery ACKs and frame releases that follow processing.
 
+use courier_proto::message::META_GROUP_ID;
+
 use super::*;
 
 impl Engine {
@@ -39,6 +41,7 @@ impl Engine {
         if message.ack_for().is_none()
             && matches!(origin.carrier, Carrier::Local(_))
             && !self.names_this_device(&message.recipient)
+            && !message.metadata.contains_key(META_GROUP_ID)
         {
             // Nothing routed it here, so it is not ours to deliver, record or acknowledge.
             let text = format!(
@@ -233,13 +236,14 @@ impl Engine {
         };
         let recipient = entry.message.recipient;
         self.delivered.insert(entry.message.id.clone());
-        self.events.push_back(Event::MessageDelivered {
+        let event = Event::MessageDelivered {
             message_id: entry.message.id.clone(),
             recipient: recipient.clone(),
             latency_ms: now.saturating_sub(entry.created_at),
             hop_count: inbound::ack_hop_count(ack),
             transport: origin.carrier.name().to_owned(),
-        });
+        };
+        self.outbox_event(event);
         self.store.push_back(StoreOp::Settle {
             id: entry.message.id,
             recipient: recipient.clone(),
@@ -261,9 +265,9 @@ impl Engine {
     ) -> bool {
         self.lamport = self.lamport.max(message.lamport_clock.min(MAX_LAMPORT));
         let transport = origin.carrier.name().to_owned();
-        // Direct messages only for now: the chat of a DM is its sender.
+        // The chat of a direct message is its sender; a group message's is its group.
         let key = InboundKey {
-            chat: message.sender.clone(),
+            chat: groups::chat_of(&message),
             sender: message.sender.clone(),
             message_id: message.id.clone(),
         };
@@ -287,7 +291,7 @@ impl Engine {
         } else {
             ack = message
                 .requires_ack
-                .then(|| message.ack(ack_id(&message.sender, &message.id), now, &transport));
+                .then(|| self.delivery_ack(&message, now, &transport));
             if self.hook.is_none() && self.dedup.first_sighting(&key, now) {
                 self.store.push_back(StoreOp::MarkProcessed(ProcessedKey {
                     key: key.clone(),
@@ -337,12 +341,7 @@ impl Engine {
         let Some((carrier, peer)) = route else {
             return;
         };
-        let message = &pending.message;
-        let ack = message.ack(
-            ack_id(&message.sender, &message.id),
-            now,
-            pending.carrier.name(),
-        );
+        let ack = self.delivery_ack(&pending.message, now, pending.carrier.name());
         self.transmits.push_back(Transmit {
             carrier,
             peer,
@@ -418,6 +417,24 @@ impl Engine {
     pub fn knows_inbound(&mut self, sender: &str, message_id: &str, now: Millis) -> bool {
         let key = InboundKey {
             chat: sender.to_owned(),
+            sender: sender.to_owned(),
+            message_id: message_id.to_owned(),
+        };
+        self.dedup.contains(&key, now) || self.hook.as_ref().is_some_and(|h| h.holds(&key))
+    }
+
+    /// Whether group message `message_id` from `sender` in `group_id` is known, as
+    /// [`Engine::knows_inbound`] asks for a direct message: a runtime opens a group ciphertext
+    /// only once.
+    pub fn knows_group_inbound(
+        &mut self,
+        group_id: &str,
+        sender: &str,
+        message_id: &str,
+        now: Millis,
+    ) -> bool {
+        let key = InboundKey {
+            chat: group_id.to_owned(),
             sender: sender.to_owned(),
             message_id: message_id.to_owned(),
         };

@@ -128,7 +128,7 @@ impl Engine {
             self.settle_failed(key, FailReason::ControlSignatureExpired, now);
             return;
         }
-        let message = entry.wire_message();
+        let message = self.outgoing(entry);
         let parked = entry.park.is_some();
         self.last_send_seq += 1;
         let send_seq = self.last_send_seq;
@@ -179,7 +179,7 @@ impl Engine {
                 carrier,
                 peer,
                 kind: TransmitKind::Outbox {
-                    message: entry.wire_message(),
+                    message: self.outgoing(entry),
                     send_seq: self.last_send_seq,
                 },
             });
@@ -201,13 +201,14 @@ impl Engine {
         entry.first_sent_at.get_or_insert(now);
         entry.last_sent_at = Some(now);
         entry.window_start = now;
-        self.events.push_back(Event::MessageSent {
+        let sent = Event::MessageSent {
             message_id: entry.message.id.clone(),
             recipient: entry.message.recipient.clone(),
             priority: entry.message.priority,
             transport,
             attempt: ack::attempt_number(entry.ack_attempts),
-        });
+        };
+        self.outbox_event(sent);
         let deadline = ack::deadline(&self.config, now);
         self.set_phase(key, Phase::AwaitingAck { send_seq, deadline });
         if direct {

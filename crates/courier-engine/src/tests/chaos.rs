@@ -123,6 +123,9 @@ fn outcome(event: &Event) -> Option<&'static str> {
         Event::MessageRetrying { .. } => "retrying",
         Event::MessageDeferred { .. } => "deferred",
         Event::MessageReceived { .. } => "received",
+        Event::GroupMessageSent { .. }
+        | Event::GroupMessageDeliveryReport { .. }
+        | Event::GroupMemberStatus { .. } => return None,
         Event::MessageFailed {
             reason: FailReason::MaxRetriesExceeded,
             ..

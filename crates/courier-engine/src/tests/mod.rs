@@ -7,6 +7,7 @@ mod chaos;
 mod connection_requests;
 mod custody;
 mod gateway;
+mod groups;
 mod inbound;
 mod inbound_durable;
 mod ladder;
@@ -23,10 +24,13 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use courier_proto::{ContentType, Message, Priority};
 
+use courier_proto::message::{META_GROUP_COPY, META_GROUP_ID, META_GROUP_MESSAGE};
+
 use crate::{
-    Carrier, CarrierAnswer, Config, Engine, EntryState, Event, HookBatch, HookMessage, InboundKey,
-    InboundOrigin, Input, Millis, OutboxRecord, PendingInbound, PresenceChange, ProcessedKey,
-    Restore, SendRequest, Settlement, StoreOp, Transmit, TransmitKind,
+    Carrier, CarrierAnswer, Config, Engine, EntryState, Event, GroupSendRecord, HookBatch,
+    HookMessage, InboundKey, InboundOrigin, Input, MemberState, Millis, OutboxRecord,
+    PendingInbound, PresenceChange, ProcessedKey, Restore, SendRequest, Settlement, StoreOp,
+    Transmit, TransmitKind,
 };
 
 pub(crate) const ALICE: &str = "alice";
@@ -181,6 +185,15 @@ pub(crate) struct Sim {
     seq_keys: BTreeMap<u64, InboundKey>,
     /// The outputs being drained are the hook's verdict.
     committing: bool,
+    /// The store's group message rows, and the ids marked done.
+    pub group_rows: BTreeMap<String, GroupSendRecord>,
+    pub groups_done: BTreeSet<String>,
+    /// Relay broadcasts handed out: (at, group, message).
+    pub broadcasts: Vec<(Millis, String, Message)>,
+    /// Group member states as the events reported them: (message id, member) → state.
+    pub member_events: BTreeMap<(String, String), MemberState>,
+    /// The message each received group copy carried, by the copy's id (what its ACK names).
+    copy_keys: BTreeMap<String, InboundKey>,
 }
 
 impl Sim {
@@ -228,6 +241,11 @@ impl Sim {
             offered: Vec::new(),
             dispatched: Vec::new(),
             journal: BTreeMap::new(),
+            group_rows: BTreeMap::new(),
+            groups_done: BTreeSet::new(),
+            broadcasts: Vec::new(),
+            member_events: BTreeMap::new(),
+            copy_keys: BTreeMap::new(),
             seq_keys: BTreeMap::new(),
             committing: false,
         }
@@ -429,6 +447,9 @@ impl Sim {
     }
 
     pub(crate) fn inbound(&mut self, message: Message, origin: InboundOrigin) {
+        if let Some(copy) = message.metadata.get(META_GROUP_COPY) {
+            self.copy_keys.insert(copy.clone(), inbound_key(&message));
+        }
         if let (None, Some(seq)) = (message.ack_for(), origin.seq) {
             // The relay journals a data frame until it is released.
             let key = inbound_key(&message);
@@ -589,6 +610,12 @@ impl Sim {
             outbox: self.rows.values().cloned().collect(),
             processed: self.processed.clone(),
             inbound: self.inbound_rows.values().cloned().collect(),
+            group_sends: self
+                .group_rows
+                .values()
+                .filter(|row| !self.groups_done.contains(&row.id))
+                .cloned()
+                .collect(),
         }));
     }
 
@@ -962,6 +989,29 @@ impl Sim {
                         });
                     }
                 }
+                StoreOp::PutGroupSend(record) => {
+                    assert!(
+                        !self.groups_done.contains(&record.id),
+                        "group message {} written after it was done",
+                        record.id
+                    );
+                    self.group_rows.insert(record.id.clone(), record.clone());
+                }
+                StoreOp::GroupMember { id, member, state } => {
+                    let row = self
+                        .group_rows
+                        .get_mut(id)
+                        .unwrap_or_else(|| panic!("member of {id} which has no row"));
+                    let slot = row
+                        .members
+                        .get_mut(member)
+                        .unwrap_or_else(|| panic!("{member} is no member of {id}"));
+                    *slot = *state;
+                }
+                StoreOp::GroupSendDone { id } => {
+                    assert!(self.group_rows.contains_key(id), "{id} done without a row");
+                    assert!(self.groups_done.insert(id.clone()), "{id} done twice");
+                }
                 StoreOp::ExpireInbound { keys } => {
                     for key in keys {
                         assert!(
@@ -1016,6 +1066,29 @@ impl Sim {
                 } => {
                     let (sender, id) = (sender.clone(), message.id.clone());
                     self.note_received(&sender, &id);
+                }
+                Event::GroupMemberStatus {
+                    message_id,
+                    member,
+                    state,
+                    ..
+                } => {
+                    let key = (message_id.clone(), member.clone());
+                    let before = self.member_events.insert(key, *state);
+                    assert!(
+                        !matches!(before, Some(MemberState::Delivered | MemberState::Failed)),
+                        "{member} of {message_id} settled twice"
+                    );
+                    if matches!(state, MemberState::Delivered | MemberState::Failed) {
+                        // A copy's settlement is reported as its member's.
+                        let copy = courier_proto::group_copy_id(
+                            &courier_proto::wire_id(message_id),
+                            member,
+                        );
+                        if settled.contains(&copy) {
+                            terminal.insert(copy);
+                        }
+                    }
                 }
                 _ => {}
             }
@@ -1086,17 +1159,17 @@ impl Sim {
             }
             TransmitKind::DeliveryAck { message } => {
                 let id = message.ack_for().expect("an ACK names its message");
-                let key = InboundKey {
+                let key = self.copy_keys.get(id).cloned().unwrap_or(InboundKey {
                     chat: message.recipient.clone(),
                     sender: message.recipient.clone(),
                     message_id: id.to_owned(),
-                };
+                });
                 assert!(
                     self.processed_keys.contains(&key),
                     "end-to-end ACK of {key:?} before it was processed"
                 );
             }
-            TransmitKind::Outbox { .. } => {}
+            TransmitKind::Outbox { .. } | TransmitKind::GroupBroadcast { .. } => {}
         }
     }
 
@@ -1117,6 +1190,12 @@ impl Sim {
         } else {
             assert_eq!(transmit.peer, None, "relay frames name no neighbor");
         }
+        if let TransmitKind::GroupBroadcast { group_id, message } = &transmit.kind {
+            assert_eq!(transmit.carrier, Carrier::Relay, "only the relay broadcasts");
+            self.broadcasts
+                .push((self.now, group_id.clone(), message.clone()));
+            return;
+        }
         let TransmitKind::Outbox { message, send_seq } = &transmit.kind else {
             return;
         };
@@ -1125,7 +1204,12 @@ impl Sim {
             "{} went on the wire",
             message.id
         );
-        let id = self.app_id(&message.id);
+        let id = if message.metadata.contains_key(META_GROUP_MESSAGE) {
+            assert!(!message.content.is_empty(), "a group copy without its content");
+            message.id.clone()
+        } else {
+            self.app_id(&message.id)
+        };
         self.frames.insert(id.clone(), message.clone());
         match (&transmit.carrier, transmit.peer.as_deref()) {
             (Carrier::Local(name), Some(peer)) if peer != message.recipient => {
@@ -1269,7 +1353,10 @@ pub(crate) fn event_id(event: &Event) -> Option<&str> {
         | Event::MessageRetrying { message_id, .. }
         | Event::MessageDelivered { message_id, .. }
         | Event::MessageFailed { message_id, .. } => Some(message_id),
-        Event::MessageReceived { .. }
+        Event::GroupMessageSent { .. }
+        | Event::GroupMessageDeliveryReport { .. }
+        | Event::GroupMemberStatus { .. }
+        | Event::MessageReceived { .. }
         | Event::MessageDecryptionFailed { .. }
         | Event::Diagnostic { .. }
         | Event::InboundDrainCompleted { .. }
@@ -1280,10 +1367,14 @@ pub(crate) fn event_id(event: &Event) -> Option<&str> {
     }
 }
 
-/// The dedup key of a direct message.
+/// The dedup key of a received message: its chat is its group, or its sender.
 pub(crate) fn inbound_key(message: &Message) -> InboundKey {
     InboundKey {
-        chat: message.sender.clone(),
+        chat: message
+            .metadata
+            .get(META_GROUP_ID)
+            .unwrap_or(&message.sender)
+            .clone(),
         sender: message.sender.clone(),
         message_id: message.id.clone(),
     }
