@@ -125,7 +125,8 @@ impl GroupSends {
     pub(crate) fn add_copy(&mut self, id: &str, member: &str, copy_id: String) {
         if let Some(send) = self.sends.get_mut(id) {
             send.copies.insert(member.to_owned());
-            self.copies.insert(copy_id, (id.to_owned(), member.to_owned()));
+            self.copies
+                .insert(copy_id, (id.to_owned(), member.to_owned()));
         }
     }
 

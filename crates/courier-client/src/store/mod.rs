@@ -24,6 +24,7 @@
 
 mod connections;
 mod dedup;
+mod groups;
 mod identity;
 mod inbound;
 mod lock;
@@ -38,11 +39,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use courier_engine::io::{
-    EntryState, Millis, OutboxRecord, PendingInbound, ProcessedKey, Settlement, StoreOp,
+    EntryState, GroupSendRecord, Millis, OutboxRecord, PendingInbound, ProcessedKey, Settlement,
+    StoreOp,
 };
 use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
 
 pub use connections::{ConnectionChange, PendingRequest};
+pub use groups::{GroupChange, GroupRow, GroupSendStatus};
 use courier_crypto::{Change, RowKey};
 use identity::SealKeys;
 use lock::LockFile;
@@ -68,6 +71,7 @@ const STATEMENT_CACHE: usize = 32;
 pub struct RuntimeChanges<'a> {
     pub sessions: &'a [Change],
     pub connections: &'a [ConnectionChange],
+    pub groups: &'a [GroupChange],
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -385,12 +389,14 @@ impl Store {
         let RuntimeChanges {
             sessions,
             connections,
+            groups,
         } = *runtime;
         if ops.is_empty()
             && reports.held.is_empty()
             && reports.done.is_empty()
             && sessions.is_empty()
             && connections.is_empty()
+            && groups.is_empty()
         {
             return Ok(());
         }
@@ -402,6 +408,7 @@ impl Store {
             mls::apply(&tx, rest, sessions)?;
         }
         connections::apply(&tx, connections)?;
+        groups::apply(&tx, groups)?;
         for op in ops {
             match op {
                 StoreOp::Put(record) => outbox::put(&tx, record)?,
@@ -415,6 +422,11 @@ impl Store {
                 StoreOp::BufferInbound(batch) => inbound::buffer(&tx, batch)?,
                 StoreOp::CommitInbound { keys, at } => inbound::commit(&tx, keys, *at)?,
                 StoreOp::ExpireInbound { keys } => inbound::delete(&tx, keys)?,
+                StoreOp::PutGroupSend(record) => groups::put_send(&tx, record)?,
+                StoreOp::GroupMember { id, member, state } => {
+                    groups::set_member(&tx, id, member, *state)?
+                }
+                StoreOp::GroupSendDone { id } => groups::mark_done(&tx, id)?,
             }
         }
         for id in &reports.done {
@@ -425,6 +437,31 @@ impl Store {
         }
         tx.commit()?;
         Ok(())
+    }
+
+    /// The groups this device is in, each with the members the relay confirmed.
+    pub fn load_groups(&self) -> Result<Vec<(GroupRow, Vec<String>)>, StoreError> {
+        groups::load(&self.conn)
+    }
+
+    /// The group messages with something left to deliver, oldest first.
+    pub fn load_group_sends(&self) -> Result<Vec<GroupSendRecord>, StoreError> {
+        groups::load_active(&self.conn)
+    }
+
+    /// `getGroupMessageStatus` from storage: each member's state, during and after delivery.
+    pub fn group_send_status(&self, id: &str) -> Result<Option<GroupSendStatus>, StoreError> {
+        groups::status(&self.conn, id)
+    }
+
+    /// Forgets done group messages sent before `older_than`; returns how many.
+    pub fn prune_group_sends(&mut self, older_than: Millis) -> Result<usize, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = groups::prune_done(&tx, older_than)?;
+        tx.commit()?;
+        Ok(n)
     }
 
     /// The peers this device talks with.

@@ -26,6 +26,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     v6_sessions,
     v7_sealed_inbound,
     v8_connections,
+    v9_groups,
 ];
 
 /// The schema version this build writes and understands.
@@ -245,6 +246,44 @@ pub(crate) fn migrate_with(
     }
     tx.commit()?;
     Ok(())
+}
+
+/// Version 9: chat groups (`docs/delivery.md#group-sends`) — the groups this device is in, what
+/// the relay confirmed of each one's registration, and each group message's tracker with its
+/// members' states (kept after it is done, for status, until pruned).
+fn v9_groups(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "CREATE TABLE chat_groups (
+             group_id     TEXT    PRIMARY KEY NOT NULL,
+             name         TEXT    NOT NULL,
+             admin        TEXT    NOT NULL,
+             members_json TEXT    NOT NULL,
+             created_at   INTEGER NOT NULL
+         ) WITHOUT ROWID;
+
+         CREATE TABLE group_registration (
+             group_id TEXT NOT NULL,
+             member   TEXT NOT NULL,
+             PRIMARY KEY (group_id, member)
+         ) WITHOUT ROWID;
+
+         CREATE TABLE group_sends (
+             id           TEXT    PRIMARY KEY NOT NULL,
+             group_id     TEXT    NOT NULL,
+             created_at   INTEGER NOT NULL,
+             path_json    TEXT    NOT NULL,
+             message_json TEXT    NOT NULL,
+             done         INTEGER NOT NULL CHECK (done IN (0, 1))
+         ) WITHOUT ROWID;
+         CREATE INDEX group_sends_by_done ON group_sends (done, created_at);
+
+         CREATE TABLE group_send_members (
+             id     TEXT NOT NULL,
+             member TEXT NOT NULL,
+             state  TEXT NOT NULL CHECK (state IN ('pending', 'stored', 'delivered', 'failed')),
+             PRIMARY KEY (id, member)
+         ) WITHOUT ROWID;",
+    )
 }
 
 fn outbox_rows(conn: &Connection) -> rusqlite::Result<u64> {

@@ -119,10 +119,17 @@ impl Engine {
     /// ones the relay does not know — gets a copy now. A report for an id not awaiting one, or
     /// naming another group, is ignored.
     pub(super) fn group_report(&mut self, report: GroupReport, now: Millis) {
-        let Some(id) = self.groups.id_of_wire(&report.message_id).map(str::to_owned) else {
+        let Some(id) = self
+            .groups
+            .id_of_wire(&report.message_id)
+            .map(str::to_owned)
+        else {
             self.diagnostic(
                 DiagnosticLevel::Debug,
-                format!("ignored a report for unknown group message {}", report.message_id),
+                format!(
+                    "ignored a report for unknown group message {}",
+                    report.message_id
+                ),
             );
             return;
         };
@@ -282,7 +289,10 @@ impl Engine {
         let moves = matches!(
             (*current, state),
             (MemberState::Pending, _)
-                | (MemberState::Stored, MemberState::Delivered | MemberState::Failed)
+                | (
+                    MemberState::Stored,
+                    MemberState::Delivered | MemberState::Failed
+                )
         );
         if !moves {
             return;
@@ -386,7 +396,12 @@ impl Engine {
                 self.settle_failed(key, FailReason::OutboxCapacityExceeded, now);
             }
         }
-        for member in self.groups.get(id).map(GroupSend::pending).unwrap_or_default() {
+        for member in self
+            .groups
+            .get(id)
+            .map(GroupSend::pending)
+            .unwrap_or_default()
+        {
             self.set_member(id, &member, MemberState::Failed);
         }
         self.groups.set_path(id, GroupPath::FanOut);
@@ -397,7 +412,11 @@ impl Engine {
     /// At start: the trackers with something left to deliver, before the outbox rows (whose
     /// copies need their send's content).
     pub(super) fn restore_groups(&mut self, mut records: Vec<GroupSendRecord>) {
-        records.sort_by(|a, b| a.created_at.cmp(&b.created_at).then_with(|| a.id.cmp(&b.id)));
+        records.sort_by(|a, b| {
+            a.created_at
+                .cmp(&b.created_at)
+                .then_with(|| a.id.cmp(&b.id))
+        });
         for record in records {
             let GroupSendRecord {
                 id,
@@ -457,11 +476,7 @@ impl Engine {
     /// After the outbox is restored: a broadcast's connection is gone with the old process, so
     /// it downgrades; a pending member without a copy gets one. Every backstop fires.
     pub(super) fn resume_groups(&mut self, now: Millis) {
-        let ids: Vec<String> = self
-            .groups
-            .oldest_first()
-            .map(str::to_owned)
-            .collect();
+        let ids: Vec<String> = self.groups.oldest_first().map(str::to_owned).collect();
         for id in ids {
             if matches!(
                 self.groups.get(&id).map(|send| send.path),

@@ -82,7 +82,11 @@ impl Sim {
         for (_, message) in self.outbox_frames_since(mark) {
             if message.metadata.get(META_GROUP_MESSAGE) == Some(&wire_id(id)) {
                 assert_eq!(message.id, group_copy_id(&wire_id(id), &message.recipient));
-                assert_eq!(message.content, sealed(id).content, "the copy carries the content");
+                assert_eq!(
+                    message.content,
+                    sealed(id).content,
+                    "the copy carries the content"
+                );
                 assert!(message.requires_ack);
                 *copies.entry(message.recipient.clone()).or_default() += 1;
             }
@@ -128,7 +132,11 @@ fn without_a_ready_relay_every_member_gets_a_copy_with_the_whole_ladder() {
     )));
     assert!(sim.events().any(|(_, e)| matches!(
         e,
-        Event::GroupMessageSent { path: "fanout", members: 5, .. }
+        Event::GroupMessageSent {
+            path: "fanout",
+            members: 5,
+            ..
+        }
     )));
 }
 
@@ -162,10 +170,19 @@ fn a_report_settles_the_reached_and_backstops_the_missed_and_the_unknown() {
         copies.keys().cloned().collect::<Vec<_>>(),
         vec!["member-0003".to_owned(), "member-0004".to_owned()]
     );
-    assert_eq!(sim.member_state("gm1", "member-0000"), MemberState::Delivered);
+    assert_eq!(
+        sim.member_state("gm1", "member-0000"),
+        MemberState::Delivered
+    );
     assert_eq!(sim.member_state("gm1", "member-0002"), MemberState::Stored);
-    assert_eq!(sim.member_state("gm1", "member-0003"), MemberState::Delivered);
-    assert_eq!(sim.member_state("gm1", "member-0004"), MemberState::Delivered);
+    assert_eq!(
+        sim.member_state("gm1", "member-0003"),
+        MemberState::Delivered
+    );
+    assert_eq!(
+        sim.member_state("gm1", "member-0004"),
+        MemberState::Delivered
+    );
     let report = sim
         .events()
         .find_map(|(_, e)| match e {
@@ -232,7 +249,11 @@ fn a_relay_disconnect_or_a_refusal_downgrades_at_once() {
     sim.advance(SEC);
     assert_eq!(sim.copies_since(mark, "gm2").len(), 3);
     sim.group_send("gm3", &roster, true);
-    assert_eq!(sim.broadcasts.len(), 2, "gm3 fans out: the group is not ready");
+    assert_eq!(
+        sim.broadcasts.len(),
+        2,
+        "gm3 fans out: the group is not ready"
+    );
     sim.advance(SEC);
     for id in ["gm1", "gm2", "gm3"] {
         assert!(sim.all_members(id, MemberState::Delivered), "{id}");
@@ -251,7 +272,11 @@ fn a_restart_inside_the_report_window_still_backstops_every_member() {
     sim.carrier_up();
     sim.advance(SEC);
     let copies = sim.copies_since(mark, "gm1");
-    assert_eq!(copies.len(), 4, "every member gets its copy after the restart");
+    assert_eq!(
+        copies.len(),
+        4,
+        "every member gets its copy after the restart"
+    );
     assert!(sim.all_members("gm1", MemberState::Delivered));
     assert!(sim.groups_done.contains("gm1"));
 }
@@ -352,7 +377,9 @@ fn five_hundred_copies_written_at_the_carriers_pace_are_never_sent_twice() {
     let copies = sim.copies_since(mark, "big");
     assert_eq!(copies.len(), 500);
     assert!(copies.values().all(|n| *n == 1), "a copy sent twice");
-    assert!(sim.events().all(|(_, e)| !matches!(e, Event::MessageRetrying { .. })));
+    assert!(sim
+        .events()
+        .all(|(_, e)| !matches!(e, Event::MessageRetrying { .. })));
     assert!(sim.all_members("big", MemberState::Delivered));
     let last = written_at.values().max().copied().unwrap();
     assert!(last >= 55 * SEC, "the tail went out paced, at {last}");
@@ -372,7 +399,11 @@ fn a_five_hundred_member_broadcast_backstops_only_the_missed() {
     sim.report("big", &delivered, &pushed, &missed);
     sim.advance(10 * SEC);
     let copies = sim.copies_since(mark, "big");
-    assert_eq!(copies.len(), 10, "the 5 missed and the 5 the relay did not name");
+    assert_eq!(
+        copies.len(),
+        10,
+        "the 5 missed and the 5 the relay did not name"
+    );
     assert!(roster[490..].iter().all(|m| copies.contains_key(m)));
     assert!(sim.groups_done.contains("big"));
 }
@@ -381,7 +412,9 @@ fn a_five_hundred_member_broadcast_backstops_only_the_missed() {
 fn opened(id: &str, copy: Option<&str>) -> Message {
     let mut message = message_from(BOB, &wire_id(id));
     message.recipient = GROUP.to_owned();
-    message.metadata.insert(META_GROUP_ID.to_owned(), GROUP.to_owned());
+    message
+        .metadata
+        .insert(META_GROUP_ID.to_owned(), GROUP.to_owned());
     message.requires_ack = copy.is_some();
     if let Some(copy) = copy {
         message
@@ -407,7 +440,9 @@ fn a_group_message_reaches_the_app_once_across_broadcast_and_copy() {
     sim.carrier_up();
     let mark = sim.mark();
     sim.inbound(opened("hello", None), relay_origin(1));
-    assert!(sim.engine.knows_group_inbound(GROUP, BOB, &wire_id("hello"), sim.now));
+    assert!(sim
+        .engine
+        .knows_group_inbound(GROUP, BOB, &wire_id("hello"), sim.now));
     let copy_id = group_copy_id(&wire_id("hello"), ALICE);
     sim.inbound(opened("hello", Some(&copy_id)), relay_origin(2));
     let received: Vec<&Event> = sim.log[mark..]

@@ -1191,7 +1191,11 @@ impl Sim {
             assert_eq!(transmit.peer, None, "relay frames name no neighbor");
         }
         if let TransmitKind::GroupBroadcast { group_id, message } = &transmit.kind {
-            assert_eq!(transmit.carrier, Carrier::Relay, "only the relay broadcasts");
+            assert_eq!(
+                transmit.carrier,
+                Carrier::Relay,
+                "only the relay broadcasts"
+            );
             self.broadcasts
                 .push((self.now, group_id.clone(), message.clone()));
             return;
@@ -1205,7 +1209,10 @@ impl Sim {
             message.id
         );
         let id = if message.metadata.contains_key(META_GROUP_MESSAGE) {
-            assert!(!message.content.is_empty(), "a group copy without its content");
+            assert!(
+                !message.content.is_empty(),
+                "a group copy without its content"
+            );
             message.id.clone()
         } else {
             self.app_id(&message.id)
