@@ -3,6 +3,7 @@
 //! `type`, camelCase fields, epoch-ms times.
 
 use courier_engine::{DiagnosticLevel, Event, FailReason};
+use courier_proto::message::{META_GROUP_COPY, META_GROUP_ID};
 use serde_json::{json, Value};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -296,18 +297,58 @@ fn engine_event_json(e: &Event) -> Value {
             transport,
             encrypted,
         } => {
+            // A group message's markers are the runtime's, not the app's metadata.
+            let group_id = message.metadata.get(META_GROUP_ID);
+            let metadata: serde_json::Map<String, Value> = message
+                .metadata
+                .iter()
+                .filter(|(key, _)| !matches!(key.as_str(), META_GROUP_ID | META_GROUP_COPY))
+                .map(|(key, value)| (key.clone(), Value::String(value.clone())))
+                .collect();
             let mut v = json!({
                 "type": "message_received", "messageId": message.id, "sender": sender,
                 "recipient": message.recipient, "chat": chat, "content": message.content,
                 "contentType": message.content_type.as_str(), "timestamp": message.timestamp,
-                "transport": transport, "hopCount": message.hop_count, "metadata": message.metadata,
+                "transport": transport, "hopCount": message.hop_count, "metadata": metadata,
                 "encrypted": encrypted,
             });
+            if let Some(group_id) = group_id {
+                v["groupId"] = Value::String(group_id.clone());
+            }
             if let Some(Value::String(b64)) = &message.binary_content {
                 v["binaryContent"] = Value::String(b64.clone());
             }
             v
         }
+        Event::GroupMessageSent {
+            group_id,
+            message_id,
+            path,
+            members,
+        } => json!({
+            "type": "group_message_sent", "groupId": group_id, "messageId": message_id,
+            "path": path, "members": members,
+        }),
+        Event::GroupMessageDeliveryReport {
+            group_id,
+            message_id,
+            delivered,
+            pushed,
+            missed_reissued,
+        } => json!({
+            "type": "group_message_delivery_report", "groupId": group_id,
+            "messageId": message_id, "delivered": delivered, "pushed": pushed,
+            "missedReissued": missed_reissued,
+        }),
+        Event::GroupMemberStatus {
+            group_id,
+            message_id,
+            member,
+            state,
+        } => json!({
+            "type": "group_message_member_status", "groupId": group_id,
+            "messageId": message_id, "member": member, "status": state.as_str(),
+        }),
         Event::InboundDrainCompleted { count } => {
             json!({"type": "inbound_drain_completed", "count": count})
         }

@@ -172,6 +172,10 @@ fn a_version_3_seed_stored_in_the_clear_is_sealed_at_the_next_start() {
          DROP TABLE mls_state;
          DROP TABLE contacts;
          DROP TABLE connection_requests;
+         DROP TABLE chat_groups;
+         DROP TABLE group_registration;
+         DROP TABLE group_sends;
+         DROP TABLE group_send_members;
          DROP TABLE identity;
          CREATE TABLE identity (
              id         INTEGER PRIMARY KEY CHECK (id = 1),

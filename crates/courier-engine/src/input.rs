@@ -86,7 +86,7 @@ pub enum Input {
     /// for it in the pre-session queue enters the outbox, and later sends to it go straight there.
     SessionReady { recipient: String },
     /// The application sends a group message, sealed for its roster (`docs/delivery.md#group-sends`).
-    GroupSend(GroupSendRequest),
+    GroupSend(Box<GroupSendRequest>),
     /// The relay is ready to broadcast to `group_id` (registered and answered on this connection,
     /// group delivery advertised), or no longer is.
     GroupRelay { group_id: String, ready: bool },

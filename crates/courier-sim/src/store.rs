@@ -99,6 +99,10 @@ impl Store {
                         self.pending.remove(key);
                     }
                 }
+                // This world sends no group messages yet.
+                StoreOp::PutGroupSend(_)
+                | StoreOp::GroupMember { .. }
+                | StoreOp::GroupSendDone { .. } => {}
             }
         }
         for id in &reports.done {

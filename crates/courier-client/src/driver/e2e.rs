@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use courier_crypto::{code, Joined, SessionError, Sessions};
 use courier_engine::step::Step;
 use courier_engine::{Carrier, Engine, InboundOrigin, Input, Millis, Transmit, TransmitKind};
+use courier_proto::message::META_GROUP_MESSAGE;
 use courier_proto::{
     envelope, is_signature_gated, open_envelope, sealed_payload, sign_control, Address,
     ClientFrame, IdentityKey, KeyPackage, KeyPackageBatch, Message, SessionFrame,
@@ -140,11 +141,18 @@ impl E2e {
             let (message, send_seq) = match &mut transmit.kind {
                 TransmitKind::Outbox { message, send_seq } => (message, Some(*send_seq)),
                 TransmitKind::DeliveryAck { message } => (message, None),
-                TransmitKind::ReleaseFrame { .. } => {
+                // Sealed already, once for the whole group.
+                TransmitKind::ReleaseFrame { .. } | TransmitKind::GroupBroadcast { .. } => {
                     frames.push(Frame::Engine(transmit));
                     continue;
                 }
             };
+            if message.metadata.contains_key(META_GROUP_MESSAGE) {
+                // A group message's copy carries the group's ciphertext: never sealed again,
+                // never waiting for a session (`docs/delivery.md#group-sends`).
+                frames.push(Frame::Engine(transmit));
+                continue;
+            }
             if is_signature_gated(&message.content) {
                 // A signed control frame (a connection request, an answer to one) is what comes
                 // before a session; its signature is its authentication.

@@ -81,6 +81,7 @@ impl Host<ClientEvent> for StepHost<'_> {
         let runtime = RuntimeChanges {
             sessions: &sessions,
             connections: self.connections.changes(),
+            groups: &[],
         };
         match self.store.commit_with(&ops, &reports, &runtime) {
             Ok(()) => {
@@ -191,6 +192,7 @@ impl StepHost<'_> {
                 let out = match addressed(transmit.kind) {
                     Addressed::Frame(frame) => RelayOut::Submit(frame),
                     Addressed::ReleaseFrame(seq) => RelayOut::ReleaseFrame { seq },
+                    Addressed::Group(frame) => RelayOut::Group(frame),
                 };
                 let _ = relay.send(out);
             }
@@ -212,7 +214,9 @@ impl StepHost<'_> {
                         (message, Some(attempt))
                     }
                     TransmitKind::DeliveryAck { message } => (message, None),
-                    TransmitKind::ReleaseFrame { .. } => return,
+                    TransmitKind::ReleaseFrame { .. } | TransmitKind::GroupBroadcast { .. } => {
+                        return
+                    }
                 };
                 let peer = transmit.peer.unwrap_or_else(|| message.recipient.clone());
                 self.app.app_carrier_send(AppCarrierSend {
@@ -231,6 +235,8 @@ impl StepHost<'_> {
 enum Addressed {
     Frame(Submit),
     ReleaseFrame(u64),
+    /// A group broadcast: only the relay broadcasts (`docs/delivery.md#path-choice`).
+    Group(ClientFrame),
 }
 
 fn addressed(kind: TransmitKind) -> Addressed {
@@ -245,6 +251,15 @@ fn addressed(kind: TransmitKind) -> Addressed {
             frame: send_message(&message).encode(),
         }),
         TransmitKind::ReleaseFrame { seq } => Addressed::ReleaseFrame(seq),
+        TransmitKind::GroupBroadcast { group_id, message } => {
+            Addressed::Group(ClientFrame::SendGroupMessage {
+                group_id,
+                message_id: message.id.clone(),
+                content: message.encode(),
+                reply_to_msg: None,
+                forward_info: None,
+            })
+        }
     }
 }
 

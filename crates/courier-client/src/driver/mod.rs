@@ -129,6 +129,7 @@ pub fn restored_engine(
             config.dedup_max_entries,
         )?,
         inbound: store.load_pending_inbound()?,
+        group_sends: store.load_group_sends()?,
     };
     let mut engine = Engine::new(config.clone(), local_identity.to_owned());
     engine.handle(Input::Restore(restore), now);

@@ -28,7 +28,9 @@ pub struct GroupRow {
 pub enum GroupChange {
     Upsert(GroupRow),
     /// This device left the group or was removed from it.
-    Gone { group_id: String },
+    Gone {
+        group_id: String,
+    },
     /// The relay confirmed (or no longer holds) `member` in the group's registration.
     Registered {
         group_id: String,
@@ -202,13 +204,7 @@ pub(crate) fn load_active(conn: &Connection) -> Result<Vec<GroupSendRecord>, Sto
         let at: i64 = row.get(2)?;
         let path: String = row.get(3)?;
         let message: String = row.get(4)?;
-        Ok::<_, StoreError>((
-            id,
-            row.get::<_, String>(1)?,
-            at,
-            path,
-            message,
-        ))
+        Ok::<_, StoreError>((id, row.get::<_, String>(1)?, at, path, message))
     })?;
     let headers: Vec<_> = rows.collect::<Result<_, _>>()?;
     headers

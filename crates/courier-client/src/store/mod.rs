@@ -45,8 +45,8 @@ use courier_engine::io::{
 use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
 
 pub use connections::{ConnectionChange, PendingRequest};
-pub use groups::{GroupChange, GroupRow, GroupSendStatus};
 use courier_crypto::{Change, RowKey};
+pub use groups::{GroupChange, GroupRow, GroupSendStatus};
 use identity::SealKeys;
 use lock::LockFile;
 pub use schema::SCHEMA_VERSION;

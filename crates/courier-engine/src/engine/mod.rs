@@ -193,7 +193,7 @@ impl Engine {
                 self.diagnostic(DiagnosticLevel::Debug, reason);
                 self.release_frame(&origin);
             }
-            Input::GroupSend(request) => self.group_send(request, now),
+            Input::GroupSend(request) => self.group_send(*request, now),
             Input::GroupRelay { group_id, ready } => self.group_relay(&group_id, ready),
             Input::GroupReport(report) => self.group_report(report, now),
             Input::GroupRefused { message_id, reason } => {

@@ -46,13 +46,13 @@ fn sealed(id: &str) -> Message {
 
 impl Sim {
     fn group_send(&mut self, id: &str, roster: &[String], broadcast: bool) {
-        self.input(Input::GroupSend(GroupSendRequest {
+        self.input(Input::GroupSend(Box::new(GroupSendRequest {
             id: id.to_owned(),
             group_id: GROUP.to_owned(),
             members: roster.to_vec(),
             message: sealed(id),
             broadcast,
-        }));
+        })));
     }
 
     fn group_ready(&mut self) {

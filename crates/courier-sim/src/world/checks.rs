@@ -330,7 +330,7 @@ impl World {
                     check(key, "relay ack", true);
                 }
             }
-            TransmitKind::Outbox { .. } => {}
+            TransmitKind::Outbox { .. } | TransmitKind::GroupBroadcast { .. } => {}
         }
     }
 

@@ -395,7 +395,11 @@ impl World {
                         self.counts.expired_rows += 1;
                     }
                 }
-                StoreOp::MarkProcessed(_) | StoreOp::BufferInbound(_) => {}
+                StoreOp::MarkProcessed(_)
+                | StoreOp::BufferInbound(_)
+                | StoreOp::PutGroupSend(_)
+                | StoreOp::GroupMember { .. }
+                | StoreOp::GroupSendDone { .. } => {}
             }
         }
         self.peers[p].store.commit(ops, reports, sessions);
@@ -567,7 +571,8 @@ impl World {
                     (TransmitKind::ReleaseFrame { seq }, Some(conn)) => {
                         self.send_to_relay(conn, ToRelay::Ack { seq })
                     }
-                    (_, None) => {}
+                    // This world's relay offers no group delivery, so no peer broadcasts.
+                    (TransmitKind::GroupBroadcast { .. }, _) | (_, None) => {}
                 }
             }
             Carrier::Local(name) if name == BLE => {
@@ -853,6 +858,9 @@ fn describe_transmit(ledger: &Ledger, t: &Transmit) -> String {
             ),
         },
         TransmitKind::ReleaseFrame { seq } => format!("release {seq}"),
+        TransmitKind::GroupBroadcast { group_id, message } => {
+            format!("broadcast {} to group {group_id}", message.id)
+        }
     };
     format!("{} {kind} (peer {:?})", t.carrier, t.peer)
 }

@@ -131,7 +131,7 @@ impl World {
             let (message, send_seq) = match &mut transmit.kind {
                 TransmitKind::Outbox { message, send_seq } => (message, Some(*send_seq)),
                 TransmitKind::DeliveryAck { message } => (message, None),
-                TransmitKind::ReleaseFrame { .. } => {
+                TransmitKind::ReleaseFrame { .. } | TransmitKind::GroupBroadcast { .. } => {
                     frames.push(Frame::Engine(transmit));
                     continue;
                 }

@@ -252,6 +252,7 @@ impl World {
             ),
             outbox: peer.store.load_outbox(),
             inbound: peer.store.load_pending(),
+            group_sends: Vec::new(),
         };
         engine.handle(Input::Restore(restore), now);
         let e2e = peer.spec.identity.clone().map(|identity| {

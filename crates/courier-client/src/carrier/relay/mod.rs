@@ -77,6 +77,9 @@ pub enum RelayOut {
     /// Start or stop hearing about a peer's presence (the engine's watchlist changed).
     Watch(String),
     Unwatch(String),
+    /// A group frame (`docs/protocol.md#group-frames`): a broadcast or a registration request,
+    /// funded with the sends. Its answers come back as frames of their own.
+    Group(courier_proto::ClientFrame),
     /// A frame that sets an end-to-end session up (`docs/protocol.md#session-setup`): a
     /// directory request, or a key package or Welcome sent on its own.
     Setup(courier_proto::ClientFrame),
@@ -280,6 +283,9 @@ fn refuse_while_down(cmd: RelayOut, driver: &DriverTx, presence: &mut PresenceWa
         RelayOut::Submit(Submit::Ack { .. })
         // The next connection asks the directory again.
         | RelayOut::Setup(_)
+        // A broadcast's wait ended with the connection (the engine downgraded it); the next
+        // connection registers the groups again.
+        | RelayOut::Group(_)
         | RelayOut::ReleaseFrame { .. }
         | RelayOut::Hint(_)
         | RelayOut::Reconnect

@@ -16,6 +16,8 @@ pub(super) struct Session<'a> {
     declaration: Option<String>,
     declared: Option<String>,
     sends: VecDeque<(String, u64, String, String)>,
+    /// Group frames, funded with the sends (`docs/protocol.md#rate-limiting`).
+    groups: VecDeque<String>,
     answers: Answers,
     last_heard: Instant,
     last_ping: Instant,
@@ -45,6 +47,7 @@ impl<'a> Session<'a> {
             acks: VecDeque::new(),
             releases: Releases::default(),
             sends: VecDeque::new(),
+            groups: VecDeque::new(),
             answers: Answers::new("relay"),
             last_heard: now,
             last_ping: now,
@@ -164,6 +167,10 @@ impl<'a> Session<'a> {
             }
             Some(RelayOut::Setup(frame)) => {
                 self.acks.push_back(frame.encode());
+                Ok(())
+            }
+            Some(RelayOut::Group(frame)) => {
+                self.groups.push_back(frame.encode());
                 Ok(())
             }
             Some(RelayOut::ReleaseFrame { seq }) => {
@@ -383,7 +390,10 @@ impl<'a> Session<'a> {
     }
 
     fn has_frames(&self) -> bool {
-        self.releases.has_frame() || !self.acks.is_empty() || !self.sends.is_empty()
+        self.releases.has_frame()
+            || !self.acks.is_empty()
+            || !self.sends.is_empty()
+            || !self.groups.is_empty()
     }
 
     /// Writes what the bucket can fund, then enforces the write-ack and keepalive deadlines.
@@ -400,6 +410,8 @@ impl<'a> Session<'a> {
             if let Some(frame) = self.releases.next_frame() {
                 self.write(frame.encode()).await?;
             } else if let Some(frame) = self.acks.pop_front() {
+                self.write(frame).await?;
+            } else if let Some(frame) = self.groups.pop_front() {
                 self.write(frame).await?;
             } else if let Some((id, send_seq, recipient, frame)) = self.sends.pop_front() {
                 self.write(frame).await?;
