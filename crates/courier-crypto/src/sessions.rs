@@ -27,6 +27,7 @@ use openmls_traits::types::SignatureScheme;
 use openmls_traits::OpenMlsProvider;
 use serde::{Deserialize, Serialize};
 
+use crate::groups::{is_chat_group, Groups};
 use crate::store::{Change, RowKey, Store, StoreError};
 
 /// X25519, AES-128-GCM, SHA-256, Ed25519: the suite whose signature scheme is the identity
@@ -106,14 +107,14 @@ pub enum Joined {
 /// buffer) opens again on redelivery even after this many later ones opened. Forward: messages
 /// that never arrive (expired in a mailbox, failed by their sender) leave a gap of this many
 /// generations before later ones stop opening.
-fn ratchet() -> SenderRatchetConfiguration {
+pub(crate) fn ratchet() -> SenderRatchetConfiguration {
     SenderRatchetConfiguration::new(OUT_OF_ORDER_TOLERANCE, MAXIMUM_FORWARD_DISTANCE)
 }
 const OUT_OF_ORDER_TOLERANCE: u32 = 1_000;
 
 /// Whether a secret-tree error says the message's key is gone (openmls does not export the
 /// error's type, only its words): a replay of a message opened before.
-fn spent(error: &impl std::fmt::Display) -> bool {
+pub(crate) fn spent(error: &impl std::fmt::Display) -> bool {
     matches!(
         error.to_string().as_str(),
         "Generation is too old to be processed."
@@ -123,7 +124,7 @@ fn spent(error: &impl std::fmt::Display) -> bool {
 const MAXIMUM_FORWARD_DISTANCE: u32 = 100_000;
 
 /// The identity key as openmls's signer: pure Ed25519 over what openmls asks to sign.
-struct IdentitySigner(IdentityKey);
+pub(crate) struct IdentitySigner(IdentityKey);
 
 impl Signer for IdentitySigner {
     fn sign(&self, payload: &[u8]) -> Result<Vec<u8>, SignerError> {
@@ -135,9 +136,9 @@ impl Signer for IdentitySigner {
     }
 }
 
-struct Provider {
-    crypto: RustCrypto,
-    store: Store,
+pub(crate) struct Provider {
+    pub(crate) crypto: RustCrypto,
+    pub(crate) store: Store,
 }
 
 impl OpenMlsProvider for Provider {
@@ -178,29 +179,39 @@ struct Session {
 }
 
 /// The address a credential names, if it names one that its signature key derives.
-fn bound_address(
+pub(crate) fn bound_address(
     credential: &openmls::prelude::Credential,
     signature_key: &[u8],
 ) -> Option<Address> {
-    let basic = BasicCredential::try_from(credential.clone()).ok()?;
-    let named = Address::parse(std::str::from_utf8(basic.identity()).ok()?).ok()?;
+    let named = named(credential)?;
     let key: [u8; 32] = signature_key.try_into().ok()?;
     (Address::from_public_key(&key) == named).then_some(named)
 }
 
-/// This device's MLS state: its sessions with peers and its unused key packages.
+/// The address a credential names, bound or not (a group checks each leaf's binding when it
+/// enters the tree).
+pub(crate) fn named(credential: &openmls::prelude::Credential) -> Option<Address> {
+    let basic = BasicCredential::try_from(credential.clone()).ok()?;
+    Address::parse(std::str::from_utf8(basic.identity()).ok()?).ok()
+}
+
+/// This device's MLS state: its sessions with peers, its chat groups and its unused key
+/// packages.
 ///
 /// Every change stays in memory until [`Sessions::commit`] hands it to the runtime to write, or
-/// [`Sessions::rollback`] forgets it. An operation that fails may leave part of its changes:
-/// the caller rolls back the step it belonged to.
+/// [`Sessions::rollback`] forgets it. A session operation that fails may leave part of its
+/// changes: the caller rolls back the step it belonged to. (A chat group's operation that fails
+/// changes nothing.)
 pub struct Sessions {
-    provider: Provider,
-    signer: IdentitySigner,
-    me: Address,
-    credential: CredentialWithKey,
+    pub(crate) provider: Provider,
+    pub(crate) signer: IdentitySigner,
+    pub(crate) me: Address,
+    pub(crate) credential: CredentialWithKey,
     sessions: BTreeMap<Address, Session>,
     /// Peers whose session changed in memory since the last commit (reloaded on rollback).
     touched: BTreeSet<Address>,
+    /// This device's chat groups (`crate::groups`), in the same store.
+    pub(crate) groups: Groups,
 }
 
 impl Sessions {
@@ -225,11 +236,13 @@ impl Sessions {
             credential,
             sessions: BTreeMap::new(),
             touched: BTreeSet::new(),
+            groups: Groups::default(),
         };
         for (peer, record) in sessions.provider.store.all::<Address, Record>(SESSION)? {
             let session = sessions.load(&record)?;
             sessions.sessions.insert(peer, session);
         }
+        sessions.load_groups()?;
         Ok(sessions)
     }
 
@@ -291,17 +304,7 @@ impl Sessions {
     /// Starts a session with `peer` from one of its key packages; returns the Welcome for it.
     /// A session this device had with `peer` is replaced.
     pub fn start(&mut self, peer: Address, key_package: &[u8]) -> Result<Vec<u8>, SessionError> {
-        let key_package = KeyPackageIn::tls_deserialize_exact(key_package)
-            .map_err(malformed("key package"))?
-            .validate(self.provider.crypto(), ProtocolVersion::Mls10)
-            .map_err(mls)?;
-        let leaf = key_package.leaf_node();
-        if bound_address(leaf.credential(), leaf.signature_key().as_slice()) != Some(peer) {
-            return Err(SessionError::NotBound {
-                what: "key package",
-                peer,
-            });
-        }
+        let key_package = self.bound_key_package(peer, key_package)?;
         let config = MlsGroupCreateConfig::builder()
             .ciphersuite(CIPHERSUITE)
             .use_ratchet_tree_extension(true)
@@ -323,6 +326,26 @@ impl Sessions {
             .map_err(malformed("welcome"))?;
         self.replace(peer, group, self.me, Some(welcome.clone()))?;
         Ok(welcome)
+    }
+
+    /// `peer`'s key package, valid and bound to `peer`.
+    pub(crate) fn bound_key_package(
+        &self,
+        peer: Address,
+        bytes: &[u8],
+    ) -> Result<KeyPackage, SessionError> {
+        let package = KeyPackageIn::tls_deserialize_exact(bytes)
+            .map_err(malformed("key package"))?
+            .validate(self.provider.crypto(), ProtocolVersion::Mls10)
+            .map_err(mls)?;
+        let leaf = package.leaf_node();
+        if bound_address(leaf.credential(), leaf.signature_key().as_slice()) != Some(peer) {
+            return Err(SessionError::NotBound {
+                what: "key package",
+                peer,
+            });
+        }
+        Ok(package)
     }
 
     /// A Welcome from `from` (a verified control frame of that address).
@@ -354,6 +377,13 @@ impl Sessions {
         };
         if ours.is_some_and(|r| r.group_id == staged.group_context().group_id().as_slice()) {
             return Ok(Joined::Already);
+        }
+        // A chat group of two is not a session, whoever made it.
+        if is_chat_group(staged.group_context().group_id()) {
+            return Err(SessionError::NotBound {
+                what: "welcome",
+                peer: from,
+            });
         }
         let members: Vec<_> = staged.members().collect();
         let sender = staged.welcome_sender().map_err(mls)?;
@@ -535,6 +565,7 @@ impl Sessions {
     /// The transaction that wrote [`Sessions::changes`] is durable: they are the committed state.
     pub fn committed(&mut self) {
         self.touched.clear();
+        self.groups.committed();
         self.provider.store.mark_committed();
     }
 
@@ -549,6 +580,6 @@ impl Sessions {
                 self.sessions.insert(peer, session);
             }
         }
-        Ok(())
+        self.reload_touched_groups()
     }
 }

@@ -38,7 +38,8 @@ struct Rows {
     values: HashMap<RowKey, Vec<u8>>,
     /// Every row touched since the last commit, with the value it had then.
     before: BTreeMap<RowKey, Option<Vec<u8>>>,
-    savepoint: Option<BTreeMap<RowKey, Saved>>,
+    /// Open savepoints, innermost last: what each touched since it was set.
+    savepoints: Vec<BTreeMap<RowKey, Saved>>,
 }
 
 /// A row touched since the savepoint: its value then, and whether it was already journaled in
@@ -51,7 +52,7 @@ impl Rows {
             Some(value) => self.values.insert(key.clone(), value),
             None => self.values.remove(&key),
         };
-        if let Some(savepoint) = &mut self.savepoint {
+        if let Some(savepoint) = self.savepoints.last_mut() {
             let journaled = self.before.contains_key(&key);
             savepoint
                 .entry(key.clone())
@@ -74,7 +75,7 @@ impl Store {
             rows: RefCell::new(Rows {
                 values,
                 before: BTreeMap::new(),
-                savepoint: None,
+                savepoints: Vec::new(),
             }),
         }
     }
@@ -95,25 +96,34 @@ impl Store {
     /// The rows as they are now are the committed ones (the runtime wrote [`Store::changes`]).
     pub fn mark_committed(&self) {
         let mut rows = self.rows.borrow_mut();
-        rows.savepoint = None;
+        rows.savepoints.clear();
         rows.before.clear();
     }
 
     /// From here on, changes can be undone alone ([`Store::undo_savepoint`]) while those before
-    /// it stay; a savepoint set earlier is forgotten (its changes stay).
+    /// it stay. Savepoints nest: each is kept or undone, innermost first.
     pub(crate) fn savepoint(&self) {
-        self.rows.borrow_mut().savepoint = Some(BTreeMap::new());
+        self.rows.borrow_mut().savepoints.push(BTreeMap::new());
     }
 
-    /// Keeps what changed since the savepoint, as part of the step.
+    /// Keeps what changed since the innermost savepoint, as part of the one around it (or of
+    /// the step).
     pub(crate) fn keep_savepoint(&self) {
-        self.rows.borrow_mut().savepoint = None;
+        let mut rows = self.rows.borrow_mut();
+        let inner = rows.savepoints.pop().unwrap_or_default();
+        if let Some(outer) = rows.savepoints.last_mut() {
+            // A row the outer savepoint has not seen was, when the inner one first touched it,
+            // as it was when the outer one was set.
+            for (key, saved) in inner {
+                outer.entry(key).or_insert(saved);
+            }
+        }
     }
 
-    /// Puts back every row touched since the savepoint; the step's earlier changes stay.
+    /// Puts back every row touched since the innermost savepoint; earlier changes stay.
     pub(crate) fn undo_savepoint(&self) {
         let mut rows = self.rows.borrow_mut();
-        for (key, (old, journaled)) in rows.savepoint.take().unwrap_or_default() {
+        for (key, (old, journaled)) in rows.savepoints.pop().unwrap_or_default() {
             match old {
                 Some(value) => rows.values.insert(key.clone(), value),
                 None => rows.values.remove(&key),
@@ -127,7 +137,7 @@ impl Store {
     /// Puts back every row touched since the last commit.
     pub fn rollback(&self) {
         let mut rows = self.rows.borrow_mut();
-        rows.savepoint = None;
+        rows.savepoints.clear();
         let touched = std::mem::take(&mut rows.before);
         for (key, old) in touched {
             match old {
@@ -168,6 +178,27 @@ impl Store {
             Some(bytes) => Ok(Some(serde_json::from_slice(bytes)?)),
             None => Ok(None),
         }
+    }
+
+    /// A row whose value is bytes as they are, not JSON (a held MLS message).
+    pub(crate) fn put_bytes(
+        &self,
+        label: &str,
+        key: &impl Serialize,
+        bytes: &[u8],
+    ) -> Result<(), StoreError> {
+        let key = Self::key(label, key)?;
+        self.rows.borrow_mut().set(key, Some(bytes.to_vec()));
+        Ok(())
+    }
+
+    pub(crate) fn get_bytes(
+        &self,
+        label: &str,
+        key: &impl Serialize,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let key = Self::key(label, key)?;
+        Ok(self.rows.borrow().values.get(&key).cloned())
     }
 
     pub(crate) fn delete(&self, label: &str, key: &impl Serialize) -> Result<(), StoreError> {
@@ -617,6 +648,44 @@ mod tests {
         assert_eq!(store.get::<String>("l", &1).unwrap().as_deref(), Some("b"));
         assert_eq!(store.get::<String>("l", &3).unwrap(), None);
         assert!(store.changes().is_empty());
+    }
+
+    #[test]
+    fn savepoints_nest_and_an_inner_one_kept_is_undone_with_the_outer() {
+        let store = Store::default();
+        store.put("l", &1, &"committed").unwrap();
+        store.mark_committed();
+        store.put("l", &2, &"step").unwrap();
+
+        store.savepoint();
+        store.put("l", &1, &"outer").unwrap();
+        store.savepoint();
+        store.put("l", &3, &"inner, undone").unwrap();
+        store.undo_savepoint();
+        store.savepoint();
+        store.put("l", &1, &"inner, kept").unwrap();
+        store.put("l", &4, &"inner, kept").unwrap();
+        store.keep_savepoint();
+        assert_eq!(
+            store.get::<String>("l", &1).unwrap().as_deref(),
+            Some("inner, kept")
+        );
+        assert_eq!(store.get::<String>("l", &3).unwrap(), None);
+        store.undo_savepoint();
+
+        assert_eq!(
+            store.get::<String>("l", &1).unwrap().as_deref(),
+            Some("committed")
+        );
+        assert_eq!(store.get::<String>("l", &4).unwrap(), None);
+        assert_eq!(
+            store.changes(),
+            [Change {
+                key: b"l:2".to_vec(),
+                value: Some(b"\"step\"".to_vec())
+            }],
+            "only the step's own change is left to write"
+        );
     }
 
     #[test]

@@ -5,6 +5,8 @@ use courier_proto::IdentityKey;
 
 use crate::{Change, Joined, SessionError, Sessions};
 
+mod groups;
+
 fn device(seed: u8) -> Sessions {
     Sessions::restore(IdentityKey::from_seed([seed; 32]), []).unwrap()
 }

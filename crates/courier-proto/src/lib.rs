@@ -48,7 +48,8 @@ pub use proof::{
     AddressDeclError, DeclareError, GatewayDeclaration,
 };
 pub use sealed::{
-    envelope, open_envelope, sealed_payload, SealedError, SessionFrame, MLS_ENC_PREFIX,
+    envelope, group_envelope, group_payload, open_envelope, sealed_payload, GroupFrame,
+    SealedError, SessionFrame, GROUP_MSG_PREFIX, MLS_ENC_PREFIX,
 };
 pub use signing::{payload, DOMAINS};
 pub use unreachable::UnreachableCause;

@@ -5,7 +5,9 @@
 //! acknowledges — is sealed as its JSON. Around the ciphertext goes an envelope with only what
 //! routing needs: the id (the relay's dedup key), the sealing device's address as `sender`, the
 //! recipient as the sender addressed it, the app id, priority, hop counters and `requires_ack`;
-//! `content` is `__MLS_ENC__` and the base64 of the MLS message.
+//! `content` is `__MLS_ENC__` and the base64 of the MLS message. A chat group's message has the
+//! same envelope with `__GROUP_MSG__`; its Welcomes and commits travel as signed control frames
+//! like a session's Welcome.
 
 use std::collections::BTreeMap;
 
@@ -14,6 +16,9 @@ use base64::Engine as _;
 use crate::{Address, ContentType, Message};
 
 pub const MLS_ENC_PREFIX: &str = "__MLS_ENC__";
+/// A message sealed in a chat group's MLS group.
+pub const GROUP_MSG_PREFIX: &str = "__GROUP_MSG__";
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SealedError {
     #[error("the sealed payload is not base64")]
@@ -26,11 +31,17 @@ pub enum SealedError {
     Mismatch { field: &'static str },
 }
 
-/// The envelope of `inner`, sealed by `sender` into `ciphertext`.
+/// The envelope of `inner`, sealed by `sender` into `ciphertext` in a session.
 pub fn envelope(inner: &Message, sender: &Address, ciphertext: &[u8]) -> Message {
-    let mut content = String::with_capacity(MLS_ENC_PREFIX.len() + ciphertext.len() * 4 / 3 + 4);
-    content.push_str(MLS_ENC_PREFIX);
-    base64::engine::general_purpose::STANDARD.encode_string(ciphertext, &mut content);
+    envelope_with(MLS_ENC_PREFIX, inner, sender, ciphertext)
+}
+
+/// The envelope of `inner`, sealed by `sender` into `ciphertext` in a chat group.
+pub fn group_envelope(inner: &Message, sender: &Address, ciphertext: &[u8]) -> Message {
+    envelope_with(GROUP_MSG_PREFIX, inner, sender, ciphertext)
+}
+
+fn envelope_with(prefix: &str, inner: &Message, sender: &Address, ciphertext: &[u8]) -> Message {
     Message {
         id: inner.id.clone(),
         sender: sender.to_string(),
@@ -42,7 +53,7 @@ pub fn envelope(inner: &Message, sender: &Address, ciphertext: &[u8]) -> Message
         timestamp: 0,
         lamport_clock: 0,
         content_type: ContentType::Text,
-        content,
+        content: prefixed(prefix, ciphertext),
         metadata: BTreeMap::new(),
         requires_ack: inner.requires_ack,
         reply_to_msg: None,
@@ -82,44 +93,118 @@ impl SessionFrame {
         bytes: &[u8],
         at: u64,
     ) -> Message {
-        let mut content = String::from(self.prefix());
-        base64::engine::general_purpose::STANDARD.encode_string(bytes, &mut content);
-        let mut message = crate::control::control_frame(
-            id,
-            app_id,
-            &sender.to_string(),
-            &recipient.to_string(),
-            content,
-            at,
-        );
-        message.requires_ack = false;
-        message
+        unanswered_control(self.prefix(), id, app_id, sender, recipient, bytes, at)
     }
 
     /// Which session frame `content` is, and the bytes it carries.
     pub fn parse(content: &str) -> Option<(Self, Result<Vec<u8>, SealedError>)> {
-        [Self::KeyPackage, Self::Welcome]
-            .into_iter()
-            .find_map(|kind| {
-                let payload = content.strip_prefix(kind.prefix())?;
-                let bytes = base64::engine::general_purpose::STANDARD
-                    .decode(payload)
-                    .map_err(|_| SealedError::Base64);
-                Some((kind, bytes))
-            })
+        parse_kind([Self::KeyPackage, Self::Welcome], Self::prefix, content)
     }
 }
 
-/// The MLS message inside `envelope` and the address that sealed it, when it is sealed at all.
+/// The signed control frames that change a chat group's MLS group; only its admin sends them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupFrame {
+    /// `__GRP_WELCOME__`: the Welcome into the group, for the members a commit added.
+    Welcome,
+    /// `__GRP_COMMIT__`: a commit, for the members it leaves in the group and those it removed.
+    Commit,
+}
+
+impl GroupFrame {
+    pub const fn prefix(self) -> &'static str {
+        match self {
+            Self::Welcome => "__GRP_WELCOME__",
+            Self::Commit => "__GRP_COMMIT__",
+        }
+    }
+
+    /// The unsigned frame `id` of app `app_id` from `sender` to `recipient` carrying `bytes`,
+    /// made at `at`. Nobody waits for an answer to it; the caller signs it as a control frame.
+    pub fn message(
+        self,
+        id: String,
+        app_id: &str,
+        sender: &Address,
+        recipient: &Address,
+        bytes: &[u8],
+        at: u64,
+    ) -> Message {
+        unanswered_control(self.prefix(), id, app_id, sender, recipient, bytes, at)
+    }
+
+    /// Which group frame `content` is, and the bytes it carries.
+    pub fn parse(content: &str) -> Option<(Self, Result<Vec<u8>, SealedError>)> {
+        parse_kind([Self::Welcome, Self::Commit], Self::prefix, content)
+    }
+}
+
+fn prefixed(prefix: &str, bytes: &[u8]) -> String {
+    let mut content = String::with_capacity(prefix.len() + bytes.len().div_ceil(3) * 4);
+    content.push_str(prefix);
+    base64::engine::general_purpose::STANDARD.encode_string(bytes, &mut content);
+    content
+}
+
+fn unanswered_control(
+    prefix: &str,
+    id: String,
+    app_id: &str,
+    sender: &Address,
+    recipient: &Address,
+    bytes: &[u8],
+    at: u64,
+) -> Message {
+    let mut message = crate::control::control_frame(
+        id,
+        app_id,
+        &sender.to_string(),
+        &recipient.to_string(),
+        prefixed(prefix, bytes),
+        at,
+    );
+    message.requires_ack = false;
+    message
+}
+
+fn parse_kind<K: Copy, const N: usize>(
+    kinds: [K; N],
+    prefix: fn(K) -> &'static str,
+    content: &str,
+) -> Option<(K, Result<Vec<u8>, SealedError>)> {
+    kinds.into_iter().find_map(|kind| {
+        let payload = content.strip_prefix(prefix(kind))?;
+        Some((kind, decode(payload)))
+    })
+}
+
+fn decode(payload: &str) -> Result<Vec<u8>, SealedError> {
+    base64::engine::general_purpose::STANDARD
+        .decode(payload)
+        .map_err(|_| SealedError::Base64)
+}
+
+/// The MLS message inside `envelope` and the address that sealed it, when it is sealed in a
+/// session at all.
 pub fn sealed_payload(envelope: &Message) -> Option<Result<(Address, Vec<u8>), SealedError>> {
-    let payload = envelope.content.strip_prefix(MLS_ENC_PREFIX)?;
+    payload_with(MLS_ENC_PREFIX, envelope)
+}
+
+/// The MLS message inside `envelope` and the address that sealed it, when it is sealed in a
+/// chat group.
+pub fn group_payload(envelope: &Message) -> Option<Result<(Address, Vec<u8>), SealedError>> {
+    payload_with(GROUP_MSG_PREFIX, envelope)
+}
+
+fn payload_with(
+    prefix: &str,
+    envelope: &Message,
+) -> Option<Result<(Address, Vec<u8>), SealedError>> {
+    let payload = envelope.content.strip_prefix(prefix)?;
     Some((|| {
         let sender = Address::parse(&envelope.sender)
             .map_err(|_| SealedError::SenderNotAnAddress(envelope.sender.clone()))?;
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(payload)
-            .map_err(|_| SealedError::Base64)?;
-        Ok((sender, bytes))
+        Ok((sender, decode(payload)?))
     })())
 }
 
@@ -244,5 +329,51 @@ mod tests {
             sealed_payload(&outer),
             Some(Err(SealedError::SenderNotAnAddress("bob".into())))
         );
+    }
+
+    #[test]
+    fn group_frames_are_signed_control_frames_that_parse_back() {
+        let key = IdentityKey::from_seed([1; 32]);
+        let (admin, member) = (key.address(), IdentityKey::from_seed([2; 32]).address());
+        for kind in [GroupFrame::Welcome, GroupFrame::Commit] {
+            let frame = kind.message("f1".into(), "chat", &admin, &member, b"mls bytes", 7);
+            assert!(crate::is_signature_gated(&frame.content), "{kind:?}");
+            assert!(!frame.requires_ack);
+            assert_eq!(
+                (frame.sender.as_str(), frame.recipient.as_str()),
+                (admin.to_string().as_str(), member.to_string().as_str())
+            );
+            assert_eq!(
+                GroupFrame::parse(&frame.content),
+                Some((kind, Ok(b"mls bytes".to_vec())))
+            );
+            assert_eq!(SessionFrame::parse(&frame.content), None);
+        }
+        assert_eq!(
+            GroupFrame::parse("__GRP_COMMIT__not base64!"),
+            Some((GroupFrame::Commit, Err(SealedError::Base64)))
+        );
+        assert_eq!(GroupFrame::parse("__MLS_WELCOME__AAAA"), None);
+    }
+
+    #[test]
+    fn a_group_envelope_is_data_plane_and_only_a_group_payload() {
+        let alice = IdentityKey::from_seed([1; 32]).address();
+        let inner = message(&alice.to_string());
+        let outer = group_envelope(&inner, &alice, b"group ciphertext");
+        assert!(outer.content.starts_with(GROUP_MSG_PREFIX));
+        assert!(!crate::is_signature_gated(&outer.content));
+        assert!(!outer.encode().contains("the secret"));
+        assert_eq!(
+            group_payload(&outer),
+            Some(Ok((alice, b"group ciphertext".to_vec())))
+        );
+        assert_eq!(sealed_payload(&outer), None, "not a session's");
+        assert_eq!(
+            group_payload(&envelope(&inner, &alice, b"x")),
+            None,
+            "a session's is not a group's"
+        );
+        assert_eq!(open_envelope(&outer, inner.encode().as_bytes()), Ok(inner));
     }
 }
