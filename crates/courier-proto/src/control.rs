@@ -22,7 +22,7 @@ pub const META_CTRL_TS: &str = "__ctrl_ts";
 
 /// Reserved prefixes that are data plane, not control: never signature-gated. Any other reserved
 /// prefix, including one added later, is gated.
-pub const DATA_PLANE_PREFIXES: &[&str] = &["__MLS_ENC__", "__GROUP_MSG__"];
+pub const DATA_PLANE_PREFIXES: &[&str] = &["__MLS_ENC__", "__MLS_GROUP__", "__GROUP_MSG__"];
 
 /// Oldest `signed_at` a receiver accepts: 30 days before its clock.
 pub const CONTROL_MAX_AGE_MS: u64 = 2_592_000_000;
@@ -318,6 +318,7 @@ mod tests {
             "hello",
             "__MLS_ENC__abc",
             "__GROUP_MSG__x",
+            "__MLS_GROUP__x",
             "_CONN_",
             "x__CONN_",
         ] {

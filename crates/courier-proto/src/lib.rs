@@ -49,7 +49,7 @@ pub use proof::{
 };
 pub use sealed::{
     envelope, group_envelope, group_payload, open_envelope, sealed_payload, GroupFrame,
-    SealedError, SessionFrame, GROUP_MSG_PREFIX, MLS_ENC_PREFIX,
+    SealedError, SessionFrame, MLS_ENC_PREFIX, MLS_GROUP_PREFIX,
 };
 pub use signing::{payload, DOMAINS};
 pub use unreachable::UnreachableCause;

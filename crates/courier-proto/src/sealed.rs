@@ -6,7 +6,7 @@
 //! routing needs: the id (the relay's dedup key), the sealing device's address as `sender`, the
 //! recipient as the sender addressed it, the app id, priority, hop counters and `requires_ack`;
 //! `content` is `__MLS_ENC__` and the base64 of the MLS message. A chat group's message has the
-//! same envelope with `__GROUP_MSG__`; its Welcomes and commits travel as signed control frames
+//! same envelope with `__MLS_GROUP__`; its Welcomes and commits travel as signed control frames
 //! like a session's Welcome.
 
 use std::collections::BTreeMap;
@@ -17,7 +17,7 @@ use crate::{Address, ContentType, Message};
 
 pub const MLS_ENC_PREFIX: &str = "__MLS_ENC__";
 /// A message sealed in a chat group's MLS group.
-pub const GROUP_MSG_PREFIX: &str = "__GROUP_MSG__";
+pub const MLS_GROUP_PREFIX: &str = "__MLS_GROUP__";
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SealedError {
@@ -38,7 +38,7 @@ pub fn envelope(inner: &Message, sender: &Address, ciphertext: &[u8]) -> Message
 
 /// The envelope of `inner`, sealed by `sender` into `ciphertext` in a chat group.
 pub fn group_envelope(inner: &Message, sender: &Address, ciphertext: &[u8]) -> Message {
-    envelope_with(GROUP_MSG_PREFIX, inner, sender, ciphertext)
+    envelope_with(MLS_GROUP_PREFIX, inner, sender, ciphertext)
 }
 
 fn envelope_with(prefix: &str, inner: &Message, sender: &Address, ciphertext: &[u8]) -> Message {
@@ -193,7 +193,7 @@ pub fn sealed_payload(envelope: &Message) -> Option<Result<(Address, Vec<u8>), S
 /// The MLS message inside `envelope` and the address that sealed it, when it is sealed in a
 /// chat group.
 pub fn group_payload(envelope: &Message) -> Option<Result<(Address, Vec<u8>), SealedError>> {
-    payload_with(GROUP_MSG_PREFIX, envelope)
+    payload_with(MLS_GROUP_PREFIX, envelope)
 }
 
 fn payload_with(
@@ -361,7 +361,7 @@ mod tests {
         let alice = IdentityKey::from_seed([1; 32]).address();
         let inner = message(&alice.to_string());
         let outer = group_envelope(&inner, &alice, b"group ciphertext");
-        assert!(outer.content.starts_with(GROUP_MSG_PREFIX));
+        assert!(outer.content.starts_with(MLS_GROUP_PREFIX));
         assert!(!crate::is_signature_gated(&outer.content));
         assert!(!outer.encode().contains("the secret"));
         assert_eq!(
