@@ -21,6 +21,7 @@ use crate::carrier::tls;
 use crate::config::{AuthToken, ProtocolConfig, StorageConfig};
 use crate::driver::connections::{ConnectionCommand, Connections};
 use crate::driver::e2e::E2e;
+use crate::driver::groups::Groups;
 use crate::driver::{self, Command, Driver, DriverTx, Published, Receipts, Wiring};
 use crate::error::ClientError;
 use crate::event::ClientEvent;
@@ -212,6 +213,12 @@ impl Client {
             config.app_id.clone(),
             config.unknown_senders,
         )?;
+        let groups = Groups::restore(
+            &store,
+            identity.clone(),
+            config.app_id.clone(),
+            config.group_relay_broadcast,
+        )?;
         let published = Published::default();
         let wiring = Wiring {
             rx: driver_rx,
@@ -222,6 +229,7 @@ impl Client {
             receipts,
             e2e,
             connections,
+            groups,
         };
         let driver = Driver::new(
             engine,

@@ -207,6 +207,9 @@ pub struct ProtocolConfig {
     pub log_level: LogLevel,
     /// `encryption.unknownSenders`: what becomes of a message from a peer that is not a contact.
     pub unknown_senders: UnknownSenders,
+    /// `group.relayBroadcastEnabled`: a group message may go as one relay broadcast
+    /// (`docs/delivery.md#path-choice`).
+    pub group_relay_broadcast: bool,
     /// Valid but questionable settings, for the runtime to surface as `diagnostic` events.
     pub warnings: Vec<String>,
     /// Not in the JSON config: the app carriers to register at start, up from the first step
@@ -228,6 +231,7 @@ const ROOT_KEYS: &[&str] = &[
     "logLevel",
     "acceptLegacyControlV1",
     "encryption",
+    "group",
 ];
 
 /// Validates `value` (the config object as JSON) and builds the runtime config.
@@ -285,6 +289,11 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
         warnings.push(PLAINTEXT_WARNING.to_owned());
     }
 
+    let group_relay_broadcast = match root.section("group", &["relayBroadcastEnabled"])? {
+        Some(group) => group.bool("relayBroadcastEnabled")?.unwrap_or(true),
+        None => true,
+    };
+
     let has_durability_hook = match root.get("inboundDurabilityHook") {
         None => false,
         Some(Value::Bool(true)) => true,
@@ -321,6 +330,7 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
         inbound_durability_hook_timeout_ms,
         log_level,
         unknown_senders,
+        group_relay_broadcast,
         warnings,
         app_carriers: BTreeSet::new(),
     })

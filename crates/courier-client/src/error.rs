@@ -19,6 +19,20 @@ pub enum ClientError {
     /// A durability hook needs storage that outlives the process.
     #[error("inboundDurabilityHook needs storage.path: storage.memory cannot keep a message until the hook commits it")]
     UnsupportedDurabilityBackend,
+    /// Groups are MLS groups: they need `encryption` on.
+    #[error("groups need end-to-end encryption, which is disabled")]
+    EncryptionRequired,
+    #[error("no group {0} on this device")]
+    GroupNotFound(String),
+    #[error("this device does not administer group {0}: only its creator changes its members")]
+    GroupNotAdmin(String),
+    /// What was asked needs the relay, and none that can do it is connected.
+    #[error("{0}")]
+    NotConnected(String),
+    /// The relay's directory holds no key package for these members: they have not connected
+    /// since they last used their packages up, or never.
+    #[error("no key package for {0} in the relay's directory: they must connect once first")]
+    KeyPackageUnavailable(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -39,6 +53,11 @@ impl ClientError {
             Self::AlreadyStarted => "ERR_ALREADY_STARTED",
             Self::Storage(_) => "ERR_STORAGE",
             Self::UnsupportedDurabilityBackend => "ERR_UNSUPPORTED_DURABILITY_BACKEND",
+            Self::EncryptionRequired => "ERR_ENCRYPTION_REQUIRED",
+            Self::GroupNotFound(_) => "ERR_GROUP_NOT_FOUND",
+            Self::GroupNotAdmin(_) => "ERR_GROUP_NOT_ADMIN",
+            Self::NotConnected(_) => "ERR_NOT_CONNECTED",
+            Self::KeyPackageUnavailable(_) => "ERR_KEY_PACKAGE_UNAVAILABLE",
             Self::Internal(_) => "ERR_INTERNAL",
         }
     }

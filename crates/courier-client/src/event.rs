@@ -73,6 +73,29 @@ pub enum ClientEvent {
         request_id: String,
         sender: String,
     },
+    /// This device created a group, or joined one by its Welcome.
+    GroupCreated {
+        group_id: String,
+        name: String,
+        admin: String,
+        members: Vec<String>,
+    },
+    GroupMemberAdded {
+        group_id: String,
+        member: String,
+        added_by: String,
+    },
+    /// `member` left or was removed (this device included: it then reads nothing of the group).
+    GroupMemberRemoved {
+        group_id: String,
+        member: String,
+        removed_by: String,
+    },
+    /// The relay is ready (or no longer) to broadcast this device's messages to the group.
+    GroupRelaySyncChanged {
+        group_id: String,
+        synced: bool,
+    },
     /// A terminal event (`message_delivered` / `message_failed`) committed before a crash cut
     /// off its dispatch, emitted again at the next start: its JSON as it was then, plus
     /// `"replayed": true`.
@@ -193,6 +216,34 @@ impl ClientEvent {
             Self::RelayServerMessage { json } => {
                 json!({"type": "internet_server_message", "json": json})
             }
+            Self::GroupCreated {
+                group_id,
+                name,
+                admin,
+                members,
+            } => json!({
+                "type": "group_created", "groupId": group_id, "name": name, "admin": admin,
+                "members": members,
+            }),
+            Self::GroupMemberAdded {
+                group_id,
+                member,
+                added_by,
+            } => json!({
+                "type": "group_member_added", "groupId": group_id, "member": member,
+                "addedBy": added_by,
+            }),
+            Self::GroupMemberRemoved {
+                group_id,
+                member,
+                removed_by,
+            } => json!({
+                "type": "group_member_removed", "groupId": group_id, "member": member,
+                "removedBy": removed_by,
+            }),
+            Self::GroupRelaySyncChanged { group_id, synced } => json!({
+                "type": "group_relay_sync_changed", "groupId": group_id, "synced": synced,
+            }),
             Self::IdentityReady { address } => {
                 json!({"type": "identity_ready", "address": address})
             }

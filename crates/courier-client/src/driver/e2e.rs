@@ -87,6 +87,15 @@ pub struct E2e {
     /// (this device joined the peer's, which won the tie) takes its Welcome back, so the peer
     /// never reads a Welcome of a session that is gone after a message of the one that stands.
     welcomes: BTreeMap<Address, Message>,
+    /// Key packages a group change waits for, by how many answers are owed
+    /// (`docs/protocol.md#group-messages`).
+    group_asks: BTreeMap<Address, u32>,
+}
+
+/// The directory's answer to a group change's ask: a key package of `address`, or none.
+pub struct GroupPackage {
+    pub address: Address,
+    pub package: Option<Vec<u8>>,
 }
 
 impl E2e {
@@ -100,7 +109,39 @@ impl E2e {
             directory: None,
             outgoing: Vec::new(),
             welcomes: BTreeMap::new(),
+            group_asks: BTreeMap::new(),
         }
+    }
+
+    /// The MLS state, for the groups it also holds.
+    pub fn sessions_mut(&mut self) -> &mut Sessions {
+        &mut self.sessions
+    }
+
+    /// Asks the relay's directory for a key package of each of `members`, for a group change;
+    /// false when no relay offering the directory is connected.
+    pub fn fetch_for_group(&mut self, members: &BTreeSet<Address>) -> bool {
+        if self.directory != Some(true) {
+            return false;
+        }
+        for member in members {
+            *self.group_asks.entry(*member).or_default() += 1;
+            self.outgoing
+                .push(ClientFrame::FetchKeyPackage { address: *member });
+        }
+        true
+    }
+
+    /// Whether the directory's answer for `address` is owed to a group change (and is now paid).
+    fn for_group(&mut self, address: &Address) -> bool {
+        let Some(owed) = self.group_asks.get_mut(address) else {
+            return false;
+        };
+        *owed -= 1;
+        if *owed == 0 {
+            self.group_asks.remove(address);
+        }
+        true
     }
 
     /// The peers with a session: the engine hears they are ready at start.
@@ -528,14 +569,14 @@ impl E2e {
         }
     }
 
-    /// What the relay's directory said.
+    /// What the relay's directory said; an answer a group change waits for is handed back.
     pub fn directory(
         &mut self,
         engine: &mut Engine,
         step: &mut Step<ClientEvent>,
         report: DirectoryReport,
         now: Millis,
-    ) {
+    ) -> Option<GroupPackage> {
         match report {
             DirectoryReport::Connected { directory } => {
                 self.directory = Some(directory);
@@ -552,7 +593,10 @@ impl E2e {
                     self.set_up(engine, step, peer, now);
                 }
             }
-            DirectoryReport::Disconnected => self.directory = None,
+            DirectoryReport::Disconnected => {
+                self.directory = None;
+                self.group_asks.clear();
+            }
             DirectoryReport::Published {
                 available,
                 last_resort,
@@ -569,7 +613,7 @@ impl E2e {
                 );
                 self.log(engine, step, courier_engine::DiagnosticLevel::Info, text);
                 if missing == 0 && last_resort {
-                    return;
+                    return None;
                 }
                 match self.publish(missing, !last_resort) {
                     Ok(frame) => self.outgoing.push(frame),
@@ -577,8 +621,14 @@ impl E2e {
                 }
             }
             DirectoryReport::Package { address, package } => {
+                if self.for_group(&address) {
+                    return Some(GroupPackage {
+                        address,
+                        package: Some(package),
+                    });
+                }
                 if !self.wanted.contains(&address) {
-                    return;
+                    return None;
                 }
                 match self.sessions.start(address, &package) {
                     Ok(_) => self.session_ready(engine, step, address, now),
@@ -590,8 +640,14 @@ impl E2e {
                 }
             }
             DirectoryReport::Unavailable { address } => {
+                if self.for_group(&address) {
+                    return Some(GroupPackage {
+                        address,
+                        package: None,
+                    });
+                }
                 if !self.wanted.contains(&address) {
-                    return;
+                    return None;
                 }
                 // Nothing published: the round trip through the peer, when it next reads.
                 let text = format!(
@@ -607,6 +663,7 @@ impl E2e {
                 }
             }
         }
+        None
     }
 
     fn publish(&mut self, one_time: u32, last_resort: bool) -> Result<ClientFrame, String> {

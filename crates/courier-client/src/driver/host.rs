@@ -15,6 +15,7 @@ use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 
 use super::connections::Connections;
 use super::e2e::{E2e, Frame};
+use super::groups::Groups;
 use super::Published;
 use crate::app::{App, AppCarrierSend, SendAttempt};
 use crate::carrier::gateway::GatewayOut;
@@ -46,6 +47,7 @@ pub(super) struct StepHost<'a> {
     /// End-to-end sessions, when encryption is on.
     pub e2e: Option<&'a mut E2e>,
     pub connections: &'a mut Connections,
+    pub groups: &'a mut Groups,
     pub now: Millis,
     /// Inputs for the next step: sends that could not be sealed.
     pub refeed: &'a mut Vec<Input>,
@@ -81,7 +83,7 @@ impl Host<ClientEvent> for StepHost<'_> {
         let runtime = RuntimeChanges {
             sessions: &sessions,
             connections: self.connections.changes(),
-            groups: &[],
+            groups: self.groups.changes(),
         };
         match self.store.commit_with(&ops, &reports, &runtime) {
             Ok(()) => {
@@ -89,6 +91,7 @@ impl Host<ClientEvent> for StepHost<'_> {
                     e2e.committed();
                 }
                 self.connections.committed();
+                self.groups.committed();
                 self.held = reports.held.into_iter().map(|(id, _)| id).collect();
                 ControlFlow::Continue(())
             }

@@ -5,6 +5,7 @@
 
 pub mod connections;
 pub mod e2e;
+pub mod groups;
 mod host;
 
 use std::collections::HashSet;
@@ -24,9 +25,10 @@ use crate::carrier::gateway::GatewayOut;
 use crate::carrier::relay::RelayOut;
 use crate::error::ClientError;
 use crate::event::ClientEvent;
-use crate::store::{MessageStatus, PendingRequest, Reports, Store, StoreError};
+use crate::store::{GroupSendStatus, MessageStatus, PendingRequest, Reports, Store, StoreError};
 
 use connections::{ConnectionCommand, Connections};
+use groups::{GroupCommand, GroupInfo, GroupRelayReport, Groups};
 
 use e2e::{DirectoryReport, E2e};
 use host::{CommitFailed, StepHost};
@@ -70,6 +72,22 @@ pub enum Command {
     /// The connection requests waiting for an answer.
     ConnectionRequests {
         reply: oneshot::Sender<Vec<PendingRequest>>,
+    },
+    /// A group command (`createGroup`, `sendGroupMessage`, …), answered with the group's or the
+    /// message's id once the step that carried it out is committed.
+    Group {
+        command: GroupCommand,
+        reply: oneshot::Sender<Result<String, ClientError>>,
+    },
+    /// What the relay said about groups.
+    GroupRelay(GroupRelayReport),
+    /// `getGroupMessageStatus`, from storage.
+    GroupStatus {
+        id: String,
+        reply: oneshot::Sender<Result<Option<GroupSendStatus>, ClientError>>,
+    },
+    ListGroups {
+        reply: oneshot::Sender<Vec<GroupInfo>>,
     },
     /// The relay carrier needs a token from the application's provider.
     TokenWanted {
@@ -166,6 +184,7 @@ pub struct Driver {
     /// End-to-end sessions, when encryption is on.
     e2e: Option<E2e>,
     connections: Connections,
+    groups: Groups,
     /// Inputs a step left for the next one (sends that could not be sealed).
     refeed: Vec<Input>,
 }
@@ -182,6 +201,7 @@ pub struct Wiring {
     /// End-to-end sessions, when encryption is on.
     pub e2e: Option<E2e>,
     pub connections: Connections,
+    pub groups: Groups,
 }
 
 /// How the application confirms that a terminal event reached its listeners, when its
@@ -246,6 +266,7 @@ impl Driver {
             receipts,
             e2e,
             connections,
+            groups,
         } = wiring;
         if let Ok(mut stats) = published.stats.lock() {
             *stats = engine.stats();
@@ -269,6 +290,7 @@ impl Driver {
             unconfirmed: receipts.then(HashSet::new),
             e2e,
             connections,
+            groups,
             refeed: Vec::new(),
         }
     }
@@ -318,12 +340,19 @@ impl Driver {
             Command::Engine(Input::Inbound { message, origin }) => {
                 owed.relay_inbound |= origin.carrier == Carrier::Relay;
                 let connections = &mut self.connections;
+                let group = message.content.starts_with(courier_proto::MLS_GROUP_PREFIX);
                 match &mut self.e2e {
+                    Some(e2e) if group => {
+                        let input =
+                            self.groups
+                                .inbound(*message, origin, &mut self.engine, e2e, now);
+                        step.apply(&mut self.engine, input, now);
+                    }
                     Some(e2e) => {
                         e2e.inbound(&mut self.engine, step, connections, *message, origin, now)
                     }
                     // Sealed, and this device keeps no sessions: reported, never shown as text.
-                    None if message.content.starts_with(courier_proto::MLS_ENC_PREFIX) => {
+                    None if group || message.content.starts_with(courier_proto::MLS_ENC_PREFIX) => {
                         let code = courier_crypto::code::ENCRYPTION_DISABLED;
                         let reason = "a sealed message, and encryption is disabled here".into();
                         let input = Input::undecryptable(&message, origin, code, reason);
@@ -339,9 +368,46 @@ impl Driver {
             }
             Command::Directory(report) => {
                 if let Some(e2e) = &mut self.e2e {
-                    e2e.directory(&mut self.engine, step, report, now);
+                    if let Some(answer) = e2e.directory(&mut self.engine, step, report, now) {
+                        self.groups.package(answer.address, answer.package);
+                        owed.accepted.extend(self.groups.ready_changes(
+                            &mut self.engine,
+                            step,
+                            e2e,
+                            now,
+                        ));
+                    }
                 }
                 self.after_input(step, now);
+            }
+            Command::Group { command, reply } => {
+                let e2e = self.e2e.as_mut();
+                if let Some(accepted) =
+                    self.groups
+                        .command(command, reply, &mut self.engine, step, e2e, now)
+                {
+                    owed.accepted.push(accepted);
+                }
+                if let Some(e2e) = &mut self.e2e {
+                    owed.accepted.extend(self.groups.ready_changes(
+                        &mut self.engine,
+                        step,
+                        e2e,
+                        now,
+                    ));
+                }
+                self.after_input(step, now);
+            }
+            Command::GroupRelay(report) => {
+                self.groups
+                    .relay_report(report, &mut self.engine, step, now);
+                self.after_input(step, now);
+            }
+            Command::GroupStatus { id, reply } => {
+                let _ = reply.send(self.store.group_send_status(&id).map_err(ClientError::from));
+            }
+            Command::ListGroups { reply } => {
+                let _ = reply.send(self.groups.list());
             }
             Command::Send { mut req, reply } => match self.store.settled(&req.id) {
                 Ok(settled) => {
@@ -415,7 +481,12 @@ impl Driver {
                 ),
                 None => {
                     if let Some(e2e) = &mut self.e2e {
-                        e2e.control(&mut self.engine, step, message, now);
+                        if !self
+                            .groups
+                            .control(&message, &mut self.engine, step, e2e, now)
+                        {
+                            e2e.control(&mut self.engine, step, message, now);
+                        }
                     }
                 }
             }
@@ -448,6 +519,7 @@ impl Driver {
             held: Vec::new(),
             e2e: self.e2e.as_mut(),
             connections: &mut self.connections,
+            groups: &mut self.groups,
             now,
             refeed: &mut self.refeed,
         };
@@ -458,6 +530,11 @@ impl Driver {
             // Key packages are published only once their private halves are committed.
             for frame in e2e.take_outgoing() {
                 let _ = relay.send(RelayOut::Setup(frame));
+            }
+        }
+        if let (ControlFlow::Continue(()), Some(relay)) = (&outcome, &self.relay) {
+            for frame in self.groups.take_outgoing() {
+                let _ = relay.send(RelayOut::Group(frame));
             }
         }
         if let ControlFlow::Break(CommitFailed { message, accepted }) = outcome {
@@ -549,6 +626,13 @@ impl Driver {
     fn roll_back(&mut self) {
         let now = now_ms();
         self.refeed.clear();
+        if let Err(e) = self.groups.rollback(&self.store) {
+            self.app.event(ClientEvent::Diagnostic {
+                level: DiagnosticLevel::Error,
+                message: format!("cannot reload the groups: {e}"),
+                target: "courier_client::groups",
+            });
+        }
         if let Err(e) = self.connections.rollback(&self.store) {
             self.app.event(ClientEvent::Diagnostic {
                 level: DiagnosticLevel::Error,
@@ -683,6 +767,13 @@ mod tests {
                 courier_proto::IdentityKey::from_seed([1; 32]),
                 "test".into(),
                 Default::default(),
+            )
+            .unwrap(),
+            groups: Groups::restore(
+                &store,
+                courier_proto::IdentityKey::from_seed([1; 32]),
+                "test".into(),
+                true,
             )
             .unwrap(),
         };

@@ -6,15 +6,17 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use courier_engine::io::GroupReport;
 use courier_engine::{Carrier, DiagnosticLevel, Input};
 use courier_proto::limits::{
-    close, CAP_KEY_DIRECTORY, CAP_MAILBOX, CAP_PRESENCE_WATCH, MAX_CAPABILITIES,
-    MAX_CAPABILITY_BYTES, MAX_FRAME_BYTES,
+    close, CAP_GROUP_DELIVERY, CAP_KEY_DIRECTORY, CAP_MAILBOX, CAP_PRESENCE_WATCH,
+    MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_FRAME_BYTES,
 };
+use courier_proto::message::META_GROUP_ID;
 use courier_proto::security::{RELAY_ADDRESS_BINDING_MISMATCH, RELAY_ADDRESS_DECLARATION_REFUSED};
 use courier_proto::{
     declare_address_after_auth, validate_identifier, ClientFrame, DecodeError, IdentityKey,
-    RelayFrame,
+    Message, RelayFrame,
 };
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
@@ -33,6 +35,7 @@ use crate::carrier::presence::PresenceWatch;
 use crate::carrier::release::Releases;
 use crate::carrier::{report, Submit};
 use crate::driver::e2e::DirectoryReport;
+use crate::driver::groups::GroupRelayReport;
 use crate::driver::{Command, DriverTx};
 use crate::event::ClientEvent;
 

@@ -97,6 +97,10 @@ impl<'a> Session<'a> {
         let directory =
             session.declared.is_some() && auth.capabilities.iter().any(|c| c == CAP_KEY_DIRECTORY);
         driver.send(Command::Directory(DirectoryReport::Connected { directory }));
+        let group_delivery = auth.capabilities.iter().any(|c| c == CAP_GROUP_DELIVERY);
+        driver.send(Command::GroupRelay(GroupRelayReport::Connected {
+            group_delivery,
+        }));
         // After the engine heard of it: a listener of the event reads the relay as up.
         driver.send(Command::Emit(ClientEvent::RelayStatusChanged {
             connected: true,
@@ -246,6 +250,54 @@ impl<'a> Session<'a> {
             } => {
                 self.on_inbound(seq, sender, sender_account, &content);
             }
+            RelayFrame::GroupMessageReceived {
+                group_id,
+                sender,
+                content,
+                seq,
+                ..
+            } => self.on_group_inbound(seq, sender, &group_id, &content),
+            RelayFrame::GroupMessageSent {
+                group_id,
+                message_id,
+                delivered,
+                pushed,
+                missed,
+                ..
+            } => self.driver.input(Input::GroupReport(GroupReport {
+                group_id,
+                message_id,
+                delivered,
+                pushed,
+                missed: missed.into_iter().map(|m| (m.username, m.reason)).collect(),
+            })),
+            RelayFrame::GroupError {
+                reason,
+                message_id: Some(message_id),
+                ..
+            } => self
+                .driver
+                .input(Input::GroupRefused { message_id, reason }),
+            RelayFrame::GroupError {
+                reason,
+                group_id: Some(group_id),
+                message_id: None,
+            } => self.group_report(GroupRelayReport::Refused { group_id, reason }),
+            RelayFrame::GroupCreated { group_id, .. } => {
+                self.group_report(GroupRelayReport::Created { group_id })
+            }
+            RelayFrame::GroupMemberAdded {
+                group_id, user_id, ..
+            } => self.group_report(GroupRelayReport::MemberAdded {
+                group_id,
+                member: user_id,
+            }),
+            RelayFrame::GroupMemberRemoved {
+                group_id, user_id, ..
+            } => self.group_report(GroupRelayReport::MemberRemoved {
+                group_id,
+                member: user_id,
+            }),
             RelayFrame::DrainComplete { count } => self.driver.input(Input::DrainComplete {
                 carrier: Carrier::Relay,
                 count,
@@ -367,6 +419,37 @@ impl<'a> Session<'a> {
         }
     }
 
+    /// A relay broadcast copy: its content is the group message's envelope, which must name
+    /// the group the frame does (`docs/protocol.md#group-messages`).
+    fn on_group_inbound(
+        &mut self,
+        seq: Option<u64>,
+        sender: String,
+        group_id: &str,
+        content: &str,
+    ) {
+        let names_group = Message::decode(content)
+            .ok()
+            .is_some_and(|m| m.metadata.get(META_GROUP_ID).map(String::as_str) == Some(group_id));
+        if !names_group {
+            if let Some(seq) = seq {
+                self.releases.received(seq);
+            }
+            diagnostic(
+                self.driver,
+                DiagnosticLevel::Warn,
+                format!("dropped a group message from {sender}: it does not name group {group_id}"),
+            );
+            self.release(seq);
+            return;
+        }
+        self.on_inbound(seq, sender, None, content);
+    }
+
+    fn group_report(&self, report: GroupRelayReport) {
+        self.driver.send(Command::GroupRelay(report));
+    }
+
     /// A dropped frame is still released at the relay (`docs/protocol.md#client-processing-order`).
     fn release(&mut self, seq: Option<u64>) {
         if let Some(seq) = seq {
@@ -468,6 +551,7 @@ impl<'a> Session<'a> {
         }
         self.presence.disconnected();
         self.directory_report(DirectoryReport::Disconnected);
+        self.group_report(GroupRelayReport::Disconnected);
         self.driver.input(Input::CarrierDown(Carrier::Relay));
         self.answers.connection_lost(self.driver);
         for (id, send_seq, _, _) in self.sends.drain(..) {
