@@ -19,6 +19,23 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 pub const SECRET: &[u8] = b"relay-test-secret";
+
+/// The journal table as schema versions 1 to 4 had it, for tests that build an old database.
+pub const JOURNAL_BEFORE_V5: &str = "CREATE TABLE journal (
+    id INTEGER PRIMARY KEY,
+    account TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    sender TEXT NOT NULL,
+    sender_account TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    content TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    reply_to_msg TEXT,
+    accepted_ms INTEGER NOT NULL,
+    UNIQUE (account, seq),
+    UNIQUE (account, sender, message_id)
+);
+CREATE INDEX journal_accepted ON journal (accepted_ms);";
 /// Every wait in the tests is bounded by this.
 pub const DEADLINE: Duration = Duration::from_secs(5);
 
