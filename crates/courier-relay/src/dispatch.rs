@@ -561,6 +561,7 @@ impl Session {
     pub fn report_to(&self) -> ReportTo {
         ReportTo {
             account: self.peer.account.clone(),
+            connection: self.peer.id,
             out: self.out.downgrade(),
         }
     }

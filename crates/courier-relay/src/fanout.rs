@@ -125,10 +125,13 @@ pub struct FannedOut {
     pub journaled: usize,
 }
 
-/// Where a report goes: the sending connection while it lasts (held weakly, so a pending report
-/// never keeps a connection's writer alive), else its account.
+/// Where a report goes: the sending connection while it is its account's connection, else the
+/// account's next one.
 pub struct ReportTo {
     pub account: String,
+    /// The sending connection's id in the router.
+    pub connection: u64,
+    /// Its writer, held weakly so a pending report never keeps a connection's writer alive.
     pub out: mpsc::WeakSender<Outbound>,
 }
 
@@ -186,7 +189,7 @@ async fn settle_and_report(ctx: &Ctx, broadcasted: Broadcasted, to: ReportTo) {
         missed,
         timestamp: copy.accepted_ms,
     };
-    if written(report.clone(), &to).await {
+    if written(ctx, report.clone(), &to).await {
         return;
     }
     // The sending connection ended before the report was written: the account's next
@@ -208,8 +211,14 @@ async fn settle_and_report(ctx: &Ctx, broadcasted: Broadcasted, to: ReportTo) {
     }
 }
 
-/// Whether the sending connection's writer wrote the report.
-async fn written(report: RelayFrame, to: &ReportTo) -> bool {
+/// Whether the sending connection's writer wrote the report. A connection no longer the
+/// account's (it ended, or a newer one displaced it) is not written to: from the moment the
+/// router drops it, its report is held.
+async fn written(ctx: &Ctx, report: RelayFrame, to: &ReportTo) -> bool {
+    let current = ctx.router.get(&to.account);
+    if current.is_none_or(|peer| peer.id != to.connection) {
+        return false;
+    }
     let Some(out) = to.out.upgrade() else {
         return false;
     };

@@ -128,6 +128,34 @@ impl TestRelay {
         c
     }
 
+    /// `account` on a new opted-in connection, authenticated, its declaration of `key`'s
+    /// address sent and not yet answered.
+    pub async fn declaring(&self, account: &str, key: &courier_proto::IdentityKey) -> Client {
+        let mut c = self.client().await;
+        let RelayFrame::Authenticated {
+            address_challenge, ..
+        } = c.authenticate(account, true).await
+        else {
+            unreachable!()
+        };
+        let declaration =
+            courier_proto::declare_address_frame(key, Some(account), address_challenge.as_deref())
+                .unwrap();
+        c.send(&declaration).await;
+        c
+    }
+
+    /// An opted-in client that declared `key`'s address as its first frame, once its (empty)
+    /// drain is over.
+    pub async fn online_declared(&self, account: &str, key: &courier_proto::IdentityKey) -> Client {
+        let mut c = self.declaring(account, key).await;
+        let bound = key.address().to_string();
+        c.next_where(|f| matches!(f, RelayFrame::AddressDeclared { address } if *address == bound))
+            .await;
+        assert_eq!(c.drain_complete().await, 0);
+        c
+    }
+
     /// Makes `account` known to the relay (accounts exist from their first authentication).
     pub async fn register(&self, account: &str) {
         let mut c = self.client().await;
@@ -377,6 +405,19 @@ impl Client {
                     return (received, count);
                 }
                 other => others.push_back(other),
+            }
+        }
+    }
+
+    /// Every frame up to and including the first that matches `pred`, buffered ones first.
+    pub async fn frames_through(&mut self, pred: impl Fn(&RelayFrame) -> bool) -> Vec<RelayFrame> {
+        let mut frames = Vec::new();
+        loop {
+            let frame = self.next_frame().await;
+            let last = pred(&frame);
+            frames.push(frame);
+            if last {
+                return frames;
             }
         }
     }
