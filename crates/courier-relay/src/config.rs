@@ -12,8 +12,9 @@ use crate::auth::new_challenge;
 pub use crate::fanout::MAX_GROUP_MEMBERS_CEILING;
 use crate::RelayError;
 
-/// Members a group may have unless configured otherwise (`docs/protocol.md#constants`).
+/// Members a group may have unless configured otherwise (`docs/protocol.md#group-registration`).
 pub const DEFAULT_MAX_GROUP_MEMBERS: u32 = 1024;
+const _: () = assert!(DEFAULT_MAX_GROUP_MEMBERS <= MAX_GROUP_MEMBERS_CEILING);
 
 /// Where the relay keeps accounts and the journal.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,7 +99,7 @@ pub struct Timings {
     /// Bound on the relay's own work for one SendMessage (`docs/protocol.md#sending`), well under
     /// the client's 15 s answer deadline.
     pub answer_deadline: Duration,
-    /// From reading a SendGroupMessage to its report (`docs/protocol.md#group-frames`): members
+    /// From reading a SendGroupMessage to its report (`docs/protocol.md#group-report`): members
     /// whose copy is not placed by then are reported missed with `fanout_deadline`.
     pub fanout_deadline: Duration,
     /// Test hook (feature `test-hooks`): every connection gets these bytes as its

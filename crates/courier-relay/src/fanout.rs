@@ -1,4 +1,4 @@
-//! A broadcast's report (`docs/protocol.md#group-frames`): once the copies are journaled, each
+//! A broadcast's report (`docs/protocol.md#group-report`): once the copies are journaled, each
 //! member is classified as its copy reaches it, and exactly one `GroupMessageSent` goes to the
 //! sender within the fan-out deadline, or is held for the sender's account if its connection
 //! ended first.
@@ -232,4 +232,30 @@ async fn written(ctx: &Ctx, report: RelayFrame, to: &ReportTo) -> bool {
         .is_ok();
     drop(out);
     queued && confirmed.await.is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ceiling holds for the widest report: every member missed, every identifier of the
+    /// largest size and escaped at every byte, with the widest group and message ids.
+    #[test]
+    fn a_report_naming_the_most_members_fits_in_a_frame() {
+        let widest = "\"".repeat(MAX_IDENTIFIER_BYTES);
+        let report = RelayFrame::GroupMessageSent {
+            group_id: widest.clone(),
+            message_id: widest.clone(),
+            delivered: Vec::new(),
+            pushed: Vec::new(),
+            missed: (0..MAX_GROUP_MEMBERS_CEILING)
+                .map(|_| MissedMember {
+                    username: widest.clone(),
+                    reason: Miss::OfflineNoMailbox.as_str().to_owned(),
+                })
+                .collect(),
+            timestamp: u64::MAX,
+        };
+        assert!(report.encode().len() <= MAX_FRAME_BYTES);
+    }
 }

@@ -219,7 +219,12 @@ pub async fn send(session: &Session, message: GroupMessage) -> Option<RelayFrame
         ));
     }
     let ctx = &session.ctx;
-    let dedup_since = now_ms().saturating_sub(GROUP_MEMORY_MS);
+    // A copy is remembered no longer than it can be kept: past the mailbox's TTL a repeat finds
+    // no copy to point at, and journals a new one.
+    let remembered = ctx
+        .mailbox
+        .map_or(GROUP_MEMORY_MS, |m| m.ttl_ms.min(GROUP_MEMORY_MS));
+    let dedup_since = now_ms().saturating_sub(remembered);
     let call = ctx
         .store
         .broadcast(session.actor(), message, tag, ctx.mailbox, dedup_since);
