@@ -205,6 +205,8 @@ pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 pub struct Client {
     pub ws: Ws,
     buffered: VecDeque<RelayFrame>,
+    /// How long a read waits for the next frame.
+    patience: Duration,
 }
 
 /// How a connection ended, as the client saw it.
@@ -244,7 +246,14 @@ impl Client {
         Self {
             ws,
             buffered: VecDeque::new(),
+            patience: DEADLINE,
         }
+    }
+
+    /// Makes every later read wait up to `limit` for its frame, for frames due after a relay
+    /// clock longer than the usual deadline allows for.
+    pub fn wait_up_to(&mut self, limit: Duration) {
+        self.patience = limit;
     }
 
     pub async fn send_text(&mut self, text: impl Into<String>) {
@@ -295,7 +304,7 @@ impl Client {
 
     async fn read_frame(&mut self) -> Result<RelayFrame, Ending> {
         loop {
-            let message = within(self.ws.next())
+            let message = tokio::time::timeout(self.patience, self.ws.next())
                 .await
                 .expect("a frame within the deadline");
             match message {
