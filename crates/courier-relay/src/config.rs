@@ -9,7 +9,12 @@ use courier_proto::proof::CHALLENGE_LEN;
 
 use crate::accept::DEFAULT_MAX_CONNECTIONS;
 use crate::auth::new_challenge;
+pub use crate::fanout::MAX_GROUP_MEMBERS_CEILING;
 use crate::RelayError;
+
+/// Members a group may have unless configured otherwise (`docs/protocol.md#group-registration`).
+pub const DEFAULT_MAX_GROUP_MEMBERS: u32 = 1024;
+const _: () = assert!(DEFAULT_MAX_GROUP_MEMBERS <= MAX_GROUP_MEMBERS_CEILING);
 
 /// Where the relay keeps accounts and the journal.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,6 +99,9 @@ pub struct Timings {
     /// Bound on the relay's own work for one SendMessage (`docs/protocol.md#sending`), well under
     /// the client's 15 s answer deadline.
     pub answer_deadline: Duration,
+    /// From reading a SendGroupMessage to its report (`docs/protocol.md#group-report`): members
+    /// whose copy is not placed by then are reported missed with `fanout_deadline`.
+    pub fanout_deadline: Duration,
     /// Test hook (feature `test-hooks`): every connection gets these bytes as its
     /// `address_challenge` instead of 32 fresh CSPRNG bytes, so a test can replay pinned proof
     /// vectors (`docs/protocol.md#declaration-vectors`).
@@ -123,6 +131,7 @@ impl Default for Timings {
             supersede_wait: Duration::from_secs(5),
             close_linger: Duration::from_secs(2),
             answer_deadline: Duration::from_secs(8),
+            fanout_deadline: Duration::from_secs(45),
             #[cfg(feature = "test-hooks")]
             fixed_challenge: None,
         }
@@ -147,6 +156,9 @@ pub struct RelayConfig {
     /// Connections served at once, authenticated or not; beyond it new ones are closed at
     /// accept. Each holds a file descriptor, so `ulimit -n` must leave room for it.
     pub max_connections: usize,
+    /// Members a group may have, its creator included (`group_full` beyond it). At most
+    /// [`MAX_GROUP_MEMBERS_CEILING`], so that a report naming every member fits in one frame.
+    pub max_group_members: u32,
     /// Where to serve `/healthz`, `/readyz` and `/metrics` over plain HTTP
     /// (`docs/operating-the-relay.md#metrics`); `None` opens no port. `127.0.0.1:0` binds an
     /// ephemeral one, `RelayHandle::metrics_addr` tells which.
@@ -167,6 +179,7 @@ impl RelayConfig {
             tls: None,
             key_directory: true,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_group_members: DEFAULT_MAX_GROUP_MEMBERS,
             metrics_listen: None,
             timings: Timings::default(),
         }
@@ -179,6 +192,11 @@ impl RelayConfig {
         }
         if self.max_connections == 0 {
             return fail("max_connections must be at least 1");
+        }
+        if self.max_group_members == 0 || self.max_group_members > MAX_GROUP_MEMBERS_CEILING {
+            return Err(RelayError::Config(format!(
+                "max_group_members must be between 1 and {MAX_GROUP_MEMBERS_CEILING}"
+            )));
         }
         if self.rate_limit.burst == 0 || self.rate_limit.per_sec == 0 {
             return fail("rate_limit.burst and rate_limit.per_sec must be at least 1");

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use courier_proto::limits::{
-    close, CAP_ADDRESS_ROUTING, CAP_KEY_DIRECTORY, CAP_MAILBOX, CAP_PRESENCE_WATCH, MAX_FRAME_BYTES,
+    close, CAP_ADDRESS_ROUTING, CAP_GROUP_DELIVERY, CAP_KEY_DIRECTORY, CAP_MAILBOX,
+    CAP_PRESENCE_WATCH, MAX_FRAME_BYTES,
 };
 use courier_proto::{ClientFrame, DecodeError, MailboxInfo, RateLimitInfo, RelayFrame};
 use futures_util::{SinkExt, StreamExt};
@@ -169,8 +170,7 @@ where
             let _ = tokio::time::timeout(ctx.timings.supersede_wait, done).await;
         }
     }
-    // What this relay implements (`docs/protocol.md#capabilities`); `group_delivery_v3` is not
-    // among it.
+    // What this relay implements (`docs/protocol.md#capabilities`).
     let mut capabilities = vec![CAP_ADDRESS_ROUTING.to_owned()];
     if ctx.mailbox.is_some() {
         capabilities.push(CAP_MAILBOX.to_owned());
@@ -179,6 +179,7 @@ where
     if ctx.key_directory {
         capabilities.push(CAP_KEY_DIRECTORY.to_owned());
     }
+    capabilities.push(CAP_GROUP_DELIVERY.to_owned());
     let authenticated = RelayFrame::Authenticated {
         user_id: account.clone(),
         username: account.clone(),

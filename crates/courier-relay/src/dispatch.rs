@@ -1,6 +1,5 @@
 //! Frames after authentication: decode, meter (`docs/protocol.md#rate-limiting`), and one handler
-//! per frame type. Frame types whose features this relay does not offer yet (groups) are answered
-//! `unknown_type`, matching the capabilities it advertises; their handlers slot into `dispatch`.
+//! per frame type.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -12,6 +11,8 @@ use courier_proto::{Address, ClientFrame, DecodeError, RelayFrame};
 use tokio::sync::mpsc;
 
 use crate::directory;
+use crate::fanout::ReportTo;
+use crate::group::{self, Actor, GroupMessage};
 use crate::mailbox::Envelope;
 use crate::presence::{Status, MAX_WATCHES, MAX_WATCH_LIST};
 use crate::rate::TokenBucket;
@@ -268,14 +269,40 @@ impl Session {
                 self.answer(answer).await
             }
             ClientFrame::UnwatchPresence { users } => self.unwatch_presence(&users).await,
-            ClientFrame::CreateGroup { .. }
-            | ClientFrame::AddGroupMember { .. }
-            | ClientFrame::RemoveGroupMember { .. }
-            | ClientFrame::LeaveGroup { .. }
-            | ClientFrame::SendGroupMessage { .. } => {
-                // Not advertised (`group_delivery_v3`).
-                self.answer(error_frame("unknown_type", frame.type_name(), None))
-                    .await
+            ClientFrame::CreateGroup { group_id, name } => {
+                let answer = group::create(self, group_id, name).await;
+                self.answer(answer).await
+            }
+            ClientFrame::AddGroupMember { group_id, username } => {
+                let answer = group::add_member(self, group_id, username).await;
+                self.answer(answer).await
+            }
+            ClientFrame::RemoveGroupMember { group_id, username } => {
+                let answer = group::remove_member(self, group_id, username).await;
+                self.answer(answer).await
+            }
+            ClientFrame::LeaveGroup { group_id } => {
+                let answer = group::leave(self, group_id).await;
+                self.answer(answer).await
+            }
+            ClientFrame::SendGroupMessage {
+                group_id,
+                content,
+                message_id,
+                reply_to_msg,
+                forward_info,
+            } => {
+                let message = GroupMessage {
+                    group_id,
+                    content,
+                    message_id,
+                    reply_to_msg,
+                    forward_info,
+                };
+                match group::send(self, message).await {
+                    Some(answer) => self.answer(answer).await,
+                    None => Flow::Continue,
+                }
             }
         }
     }
@@ -515,9 +542,27 @@ impl Session {
             sender: self.identity.clone(),
             sender_account: self.peer.account.clone(),
             message_id,
-            content,
+            content: content.into(),
             reply_to_msg,
             accepted_ms: crate::now_ms(),
+            group: None,
+        }
+    }
+
+    /// Whom this connection acts as in groups, as of now.
+    pub fn actor(&self) -> Actor {
+        Actor {
+            identity: self.identity.clone(),
+            account: self.peer.account.clone(),
+        }
+    }
+
+    /// Where a group report for this connection goes (`fanout.rs`).
+    pub fn report_to(&self) -> ReportTo {
+        ReportTo {
+            account: self.peer.account.clone(),
+            connection: self.peer.id,
+            out: self.out.downgrade(),
         }
     }
 }

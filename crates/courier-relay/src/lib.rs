@@ -36,7 +36,9 @@ mod connection;
 mod directory;
 mod dispatch;
 mod error;
+mod fanout;
 pub mod gateway;
+mod group;
 mod linger;
 pub mod logging;
 mod mailbox;
@@ -51,7 +53,10 @@ mod tls;
 mod writer;
 
 pub use auth::issue_token;
-pub use config::{MailboxLimits, RateLimit, RelayConfig, Storage, Timings, TlsConfig};
+pub use config::{
+    MailboxLimits, RateLimit, RelayConfig, Storage, Timings, TlsConfig, DEFAULT_MAX_GROUP_MEMBERS,
+    MAX_GROUP_MEMBERS_CEILING,
+};
 pub use error::RelayError;
 pub use gateway::{start_gateway, GatewayConfig, GatewayDaemonTimings, GatewayHandle};
 
@@ -71,6 +76,7 @@ pub(crate) fn now_ms() -> u64 {
 /// What every connection task shares.
 pub(crate) struct Ctx {
     pub mailbox: Option<MailboxLimits>,
+    pub max_group_members: u32,
     pub key_directory: bool,
     pub rate_limit: RateLimit,
     pub timings: Timings,
@@ -214,6 +220,7 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
     let (shutdown, shutdown_rx) = watch::channel(false);
     let ctx = Arc::new(Ctx {
         mailbox: config.mailbox,
+        max_group_members: config.max_group_members,
         key_directory: config.key_directory,
         rate_limit: config.rate_limit,
         timings: config.timings,
@@ -239,10 +246,10 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
             move |tcp, remote| connection::serve(Arc::clone(&ctx), tcp, tls.clone(), remote),
         )
     };
-    let mut tasks = vec![tokio::spawn(serving)];
-    if let Some(limits) = config.mailbox {
-        tasks.push(tokio::spawn(purge_loop(Arc::clone(&ctx), limits)));
-    }
+    let tasks = vec![
+        tokio::spawn(serving),
+        tokio::spawn(purge_loop(Arc::clone(&ctx))),
+    ];
     let monitor = monitor_listener.map(|(listener, addr)| {
         let (stop, stop_rx) = watch::channel(false);
         let task = tokio::spawn(monitor::serve(listener, Arc::clone(&ctx), stop_rx));
@@ -272,7 +279,9 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
     Ok(handle)
 }
 
-async fn purge_loop(ctx: Arc<Ctx>, limits: MailboxLimits) {
+/// Deletes what has outlived its time: expired journal frames (with a mailbox), and group copy
+/// records and held reports past their 24 h.
+async fn purge_loop(ctx: Arc<Ctx>) {
     let mut shutdown = ctx.shutdown.clone();
     let mut tick = tokio::time::interval(ctx.timings.purge_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -280,19 +289,38 @@ async fn purge_loop(ctx: Arc<Ctx>, limits: MailboxLimits) {
         tokio::select! {
             () = stopping(&mut shutdown) => return,
             _ = tick.tick() => {
-                let cutoff = now_ms().saturating_sub(limits.ttl_ms);
-                match ctx.store.purge(cutoff).await {
-                    Ok(0) => {}
-                    Ok(n) => {
-                        ctx.metrics.purged(n);
-                        tracing::info!(frames = n, "purged expired frames");
-                    }
-                    Err(e) => {
-                        ctx.metrics.purge_failed();
-                        tracing::warn!(error = %e, "purging expired frames failed");
-                    }
+                if let Some(limits) = ctx.mailbox {
+                    purge_journal(&ctx, limits).await;
                 }
+                purge_groups(&ctx).await;
             }
+        }
+    }
+}
+
+async fn purge_journal(ctx: &Ctx, limits: MailboxLimits) {
+    let cutoff = now_ms().saturating_sub(limits.ttl_ms);
+    match ctx.store.purge(cutoff).await {
+        Ok(0) => {}
+        Ok(n) => {
+            ctx.metrics.purged(n);
+            tracing::info!(frames = n, "purged expired frames");
+        }
+        Err(e) => {
+            ctx.metrics.purge_failed();
+            tracing::warn!(error = %e, "purging expired frames failed");
+        }
+    }
+}
+
+async fn purge_groups(ctx: &Ctx) {
+    let cutoff = now_ms().saturating_sub(fanout::GROUP_MEMORY_MS);
+    match ctx.store.purge_groups(cutoff).await {
+        Ok(0) => {}
+        Ok(n) => tracing::debug!(rows = n, "purged group copy records and held reports"),
+        Err(e) => {
+            ctx.metrics.purge_failed();
+            tracing::warn!(error = %e, "purging group records failed");
         }
     }
 }

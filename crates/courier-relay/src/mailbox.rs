@@ -18,13 +18,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use courier_proto::RelayFrame;
-use tokio::sync::{mpsc, Notify};
+use serde_json::Value;
+use tokio::sync::{mpsc, watch, Notify};
 
 /// Frames queued in memory for one connection; past either bound the writer reads the journal.
 const QUEUE_FRAMES: usize = 256;
 const QUEUE_BYTES: usize = 8 * 1024 * 1024;
 
-/// One accepted SendMessage as the recipient will see it.
+/// One accepted SendMessage, or one member's copy of a SendGroupMessage, as the recipient will
+/// see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Envelope {
     /// Absent when the relay runs without a mailbox (nothing is journaled).
@@ -33,22 +35,54 @@ pub struct Envelope {
     pub sender: String,
     pub sender_account: String,
     pub message_id: String,
-    pub content: String,
+    /// Shared: a group message's copies for every member hold one content.
+    pub content: Arc<str>,
     pub reply_to_msg: Option<String>,
     pub accepted_ms: u64,
+    /// Set on a group copy, which is written as GroupMessageReceived.
+    pub group: Option<GroupTag>,
+}
+
+/// What a group copy carries besides a message's fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupTag {
+    pub group_id: String,
+    /// Passed through as the sender wrote it.
+    pub forward_info: Option<Value>,
 }
 
 impl Envelope {
     pub fn to_frame(&self, with_seq: bool) -> RelayFrame {
-        RelayFrame::MessageReceived {
-            seq: if with_seq { self.seq } else { None },
-            sender: self.sender.clone(),
-            sender_account: Some(self.sender_account.clone()),
-            content: self.content.clone(),
-            message_id: self.message_id.clone(),
-            timestamp: self.accepted_ms,
-            reply_to_msg: self.reply_to_msg.clone(),
+        let seq = if with_seq { self.seq } else { None };
+        match &self.group {
+            None => RelayFrame::MessageReceived {
+                seq,
+                sender: self.sender.clone(),
+                sender_account: Some(self.sender_account.clone()),
+                content: self.content.to_string(),
+                message_id: self.message_id.clone(),
+                timestamp: self.accepted_ms,
+                reply_to_msg: self.reply_to_msg.clone(),
+            },
+            Some(group) => RelayFrame::GroupMessageReceived {
+                group_id: group.group_id.clone(),
+                sender: self.sender.clone(),
+                content: self.content.to_string(),
+                message_id: self.message_id.clone(),
+                timestamp: self.accepted_ms,
+                seq,
+                reply_to_msg: self.reply_to_msg.clone(),
+                forward_info: group.forward_info.clone(),
+            },
         }
+    }
+
+    /// Whether the frame this envelope becomes fits under the 1 MiB frame limit whatever `seq`
+    /// it gets (the largest one, escaping included): a frame accepted must be deliverable.
+    pub fn fits_a_frame(&self) -> bool {
+        let mut widest = self.clone();
+        widest.seq = Some(u64::MAX);
+        widest.to_frame(true).encode().len() <= courier_proto::limits::MAX_FRAME_BYTES
     }
 
     fn weight(&self) -> usize {
@@ -64,21 +98,36 @@ pub struct DeliveryQueue {
     wake: Notify,
     /// Highest seq handed to the socket on this connection; acks above it are ignored.
     highest_written: AtomicU64,
+    /// The writer's watermark as of its last completed flush (see [`DeliveryReceiver`]).
+    flushed: watch::Receiver<u64>,
 }
 
-pub type DeliveryReceiver = mpsc::Receiver<Arc<Envelope>>;
+/// The writer's side of the queue.
+pub struct DeliveryReceiver {
+    pub frames: mpsc::Receiver<Arc<Envelope>>,
+    /// Every unreleased journal frame up to this seq has been written and flushed to the
+    /// socket. A group report waits on it to call a member delivered; it closes with the
+    /// writer, which tells such a waiter that the connection ended.
+    pub flushed: watch::Sender<u64>,
+}
 
 impl DeliveryQueue {
     pub fn new() -> (Self, DeliveryReceiver) {
-        let (tx, rx) = mpsc::channel(QUEUE_FRAMES);
+        let (tx, frames) = mpsc::channel(QUEUE_FRAMES);
+        let (flushed_tx, flushed) = watch::channel(0);
         let queue = Self {
             tx,
             queued_bytes: AtomicUsize::new(0),
             lagged: AtomicBool::new(false),
             wake: Notify::new(),
             highest_written: AtomicU64::new(0),
+            flushed,
         };
-        (queue, rx)
+        let receiver = DeliveryReceiver {
+            frames,
+            flushed: flushed_tx,
+        };
+        (queue, receiver)
     }
 
     /// Offers a journaled frame without blocking (called by the store thread after commit).
@@ -99,14 +148,19 @@ impl DeliveryQueue {
 
     /// Queues an unjournaled frame (mailbox disabled), waiting at most `wait` for room:
     /// without a journal there is nowhere else to keep it.
-    pub async fn send_unjournaled(&self, envelope: Arc<Envelope>, wait: Duration) -> bool {
+    pub async fn send_unjournaled(
+        &self,
+        envelope: Arc<Envelope>,
+        wait: Duration,
+    ) -> Result<(), Unqueued> {
         let weight = envelope.weight();
         self.queued_bytes.fetch_add(weight, Ordering::SeqCst);
-        let sent = matches!(
-            tokio::time::timeout(wait, self.tx.send(envelope)).await,
-            Ok(Ok(()))
-        );
-        if !sent {
+        let sent = match tokio::time::timeout(wait, self.tx.send(envelope)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(Unqueued::Closed),
+            Err(_) => Err(Unqueued::Full),
+        };
+        if sent.is_err() {
             self.queued_bytes.fetch_sub(weight, Ordering::SeqCst);
         }
         sent
@@ -139,6 +193,20 @@ impl DeliveryQueue {
     pub fn highest_written(&self) -> u64 {
         self.highest_written.load(Ordering::SeqCst)
     }
+
+    /// Follows the writer's flushed watermark (see [`DeliveryReceiver::flushed`]).
+    pub fn flushed(&self) -> watch::Receiver<u64> {
+        self.flushed.clone()
+    }
+}
+
+/// Why an unjournaled frame was not queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unqueued {
+    /// No room came within the wait.
+    Full,
+    /// The connection's writer is gone.
+    Closed,
 }
 
 /// Where a connection's journaled delivery stands (`docs/protocol.md#drain`): before the drain,
@@ -205,15 +273,17 @@ mod tests {
             sender: "a".into(),
             sender_account: "a".into(),
             message_id: format!("m{seq}"),
-            content: "x".repeat(size),
+            content: "x".repeat(size).into(),
             reply_to_msg: None,
             accepted_ms: 1,
+            group: None,
         })
     }
 
     #[test]
     fn a_frame_that_does_not_fit_lags_the_queue_and_later_frames_are_not_queued() {
-        let (q, mut rx) = DeliveryQueue::new();
+        let (q, rx) = DeliveryQueue::new();
+        let mut rx = rx.frames;
         q.offer_journaled(env(1, 10));
         q.offer_journaled(env(2, QUEUE_BYTES));
         assert!(q.is_lagged());

@@ -15,6 +15,7 @@ use prometheus_client::registry::{Metric, Registry, Unit};
 
 use crate::auth::AuthFailure;
 use crate::connection::CloseReason;
+use crate::fanout::Outcome;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct FrameLabels {
@@ -29,6 +30,11 @@ struct CodeLabels {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
 }
 
 /// Counts of the accept loop, kept for the relay; the gateway daemon keeps them unregistered.
@@ -85,6 +91,7 @@ pub(crate) struct Metrics {
     auth_failures: Family<ReasonLabels, Counter>,
     closed: Family<ReasonLabels, Counter>,
     rate_limited: Family<FrameLabels, Counter>,
+    group_members: Family<OutcomeLabels, Counter>,
     journal_appended_frames: Counter,
     journal_appended_bytes: Counter,
     pub commit_seconds: Histogram,
@@ -154,6 +161,11 @@ impl Metrics {
                 r,
                 "rate_limited_frames",
                 "Frames answered RateLimited and dropped, by frame type",
+            ),
+            group_members: add(
+                r,
+                "group_fanout_members",
+                "Members named in group reports, by what the report says of them",
             ),
             journal_frames: add(
                 r,
@@ -278,6 +290,15 @@ impl Metrics {
         self.rate_limited
             .get_or_create(&FrameLabels {
                 r#type: client_frame_type(frame_type),
+            })
+            .inc();
+    }
+
+    /// One member of a group report (`docs/protocol.md#group-frames`).
+    pub fn group_member(&self, outcome: Outcome) {
+        self.group_members
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.as_str(),
             })
             .inc();
     }

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use courier_proto::ident::is_address_form;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 
 use crate::mailbox::{DeliveryQueue, Envelope};
 use crate::presence::{Status, Unwatched, Watchlist};
@@ -33,6 +33,9 @@ pub struct Peer {
     pub account: String,
     pub queue: DeliveryQueue,
     pub watchlist: Arc<Watchlist>,
+    /// A group report was held for the account (`docs/protocol.md#group-frames`): a writer past
+    /// its drain writes it now rather than on the account's next connection.
+    pub reports: Notify,
     supersede: Mutex<Option<oneshot::Sender<SupersedeAck>>>,
 }
 
@@ -48,6 +51,7 @@ impl Peer {
             account,
             queue,
             watchlist: Arc::new(Watchlist::new(id)),
+            reports: Notify::new(),
             supersede: Mutex::new(Some(tx)),
         };
         (peer, rx)
@@ -169,16 +173,13 @@ impl Router {
         lock(&self.peers).contains_key(account)
     }
 
-    /// Offers a committed frame to the account's connection; false when none is connected.
-    pub fn offer_journaled(&self, account: &str, envelope: &Arc<Envelope>) -> bool {
+    /// Offers a committed frame to the account's connection, and returns that connection;
+    /// `None` when none is connected.
+    pub fn offer_journaled(&self, account: &str, envelope: &Arc<Envelope>) -> Option<Arc<Peer>> {
         let peers = lock(&self.peers);
-        match peers.get(account) {
-            Some(peer) => {
-                peer.queue.offer_journaled(Arc::clone(envelope));
-                true
-            }
-            None => false,
-        }
+        let peer = peers.get(account)?;
+        peer.queue.offer_journaled(Arc::clone(envelope));
+        Some(Arc::clone(peer))
     }
 
     /// Of `accounts`, those offline whose last_seen is not in memory: only the database can

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use courier_proto::ident::is_address_form;
-use courier_proto::limits::MAX_FRAME_BYTES;
 use courier_proto::UnreachableCause;
 use courier_proto::{Address, Disposition, RelayFrame};
 
@@ -131,13 +130,7 @@ pub async fn send_message(
         return error_frame("invalid_frame", "SendMessage", echo);
     }
     let envelope = session.envelope(message_id.clone(), content, reply_to_msg);
-    // A frame accepted must be deliverable: the MessageReceived it becomes (largest seq,
-    // escaping included) has to fit under the 1 MiB frame limit too.
-    let mut widest = envelope.to_frame(false);
-    if let RelayFrame::MessageReceived { seq, .. } = &mut widest {
-        *seq = Some(u64::MAX);
-    }
-    if widest.encode().len() > MAX_FRAME_BYTES {
+    if !envelope.fits_a_frame() {
         return error_frame("invalid_frame", "SendMessage", Some(message_id));
     }
     let accepted_ms = envelope.accepted_ms;
@@ -170,6 +163,7 @@ pub async fn send_message(
                 .queue
                 .send_unjournaled(Arc::new(envelope), deadline)
                 .await
+                .is_ok()
             {
                 return sent(recipient, message_id, accepted_ms, Disposition::Live);
             }

@@ -1,7 +1,8 @@
 //! The sending half of a connection: answers from the reader, presence pushes, keepalive
-//! Pings, and inbound frames in seq order — drain, DrainComplete, then live
-//! (`docs/protocol.md#journal-and-seq`, `docs/protocol.md#drain`). See `mailbox.rs` for the
-//! ordering invariants this loop keeps.
+//! Pings, and inbound frames in seq order — drain, DrainComplete, held group reports, then live
+//! (`docs/protocol.md#journal-and-seq`, `docs/protocol.md#drain`,
+//! `docs/protocol.md#group-frames`). See `mailbox.rs` for the ordering invariants this loop
+//! keeps.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,22 +12,29 @@ use courier_proto::RelayFrame;
 use futures_util::stream::SplitSink;
 use futures_util::SinkExt;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Bytes, Message};
 use tokio_tungstenite::WebSocketStream;
 
+use crate::fanout::GROUP_MEMORY_MS;
 use crate::mailbox::{DeliveryReceiver, Envelope, Outflow, Phase};
 use crate::router::Peer;
 use crate::store::{Release, StoreError};
 use crate::{now_ms, Ctx};
 
-/// What the reader asks the writer to do, in order.
+/// What the reader (and a group report, `fanout.rs`) asks the writer to do, in order.
 #[derive(Debug)]
 pub enum Outbound {
     Frame(RelayFrame),
+    /// A group report; `written` hears once it is flushed to the socket, and is dropped unheard
+    /// if it never is (the report is then held for the account).
+    Report {
+        report: RelayFrame,
+        written: oneshot::Sender<()>,
+    },
     /// Drain rule (a) or (b) of `docs/protocol.md#drain` fired.
     StartDrain,
     /// Write Close with this code and stop.
@@ -51,6 +59,7 @@ enum Step {
     ReadJournal,
     Lagged,
     Deliver(Option<Arc<Envelope>>),
+    HeldReports,
 }
 
 struct Writer<S> {
@@ -63,6 +72,10 @@ struct Writer<S> {
     opted_in: bool,
     journaled: bool,
     flow: Outflow,
+    /// Publishes `flow.watermark` once what it covers is flushed (`mailbox.rs`).
+    flushed: watch::Sender<u64>,
+    /// The drain is over (or there is none): held group reports may be written.
+    drained: bool,
 }
 
 /// Writes until the connection ends; returns the sink once it wrote a Close frame, so the
@@ -70,7 +83,7 @@ struct Writer<S> {
 pub async fn run<S>(
     sink: Sink<S>,
     mut control: mpsc::Receiver<Outbound>,
-    mut deliveries: DeliveryReceiver,
+    deliveries: DeliveryReceiver,
     peer: Arc<Peer>,
     ctx: Arc<Ctx>,
     opted_in: bool,
@@ -80,6 +93,10 @@ where
 {
     let journaled = ctx.mailbox.is_some();
     let timings = ctx.timings;
+    let DeliveryReceiver {
+        frames: mut deliveries,
+        flushed,
+    } = deliveries;
     let mut writer = Writer {
         sink,
         ctx,
@@ -87,7 +104,13 @@ where
         opted_in,
         journaled,
         flow: Outflow::new(journaled),
+        flushed,
+        drained: !journaled,
     };
+    // Without a journal there is no drain to wait for.
+    if writer.drained && writer.held_reports().await.is_err() {
+        return None;
+    }
     let mut ping = tokio::time::interval_at(
         Instant::now() + timings.ping_interval,
         timings.ping_interval,
@@ -106,6 +129,7 @@ where
         let awaiting_drain = writer.flow.phase == Phase::AwaitingDrain;
         let reading_journal = writer.flow.reading_journal();
         let live = writer.flow.live();
+        let drained = writer.drained;
         let step = tokio::select! {
             biased;
             // Ahead of control: a watch's first statuses, queued while its frame was handled,
@@ -114,6 +138,7 @@ where
             cmd = control.recv() => Step::Control(cmd),
             _ = ping.tick() => Step::Ping,
             () = &mut grace, if awaiting_drain => Step::StartDrain,
+            () = peer.reports.notified(), if drained => Step::HeldReports,
             () = std::future::ready(()), if reading_journal => Step::ReadJournal,
             () = peer.queue.lag_signalled(), if live => Step::Lagged,
             envelope = deliveries.recv(), if live => Step::Deliver(envelope),
@@ -122,6 +147,13 @@ where
             Step::Presence => writer.presence().await,
             Step::Control(None) | Step::Deliver(None) => Err(Stop::Broken),
             Step::Control(Some(Outbound::Frame(frame))) => writer.send_frame(&frame).await,
+            Step::Control(Some(Outbound::Report { report, written })) => {
+                let sent = writer.send_frame(&report).await;
+                if sent.is_ok() {
+                    let _ = written.send(());
+                }
+                sent
+            }
             Step::Control(Some(Outbound::StartDrain)) | Step::StartDrain => {
                 writer.start_drain().await
             }
@@ -133,6 +165,7 @@ where
                 Ok(())
             }
             Step::Deliver(Some(envelope)) => writer.deliver(&envelope).await,
+            Step::HeldReports => writer.held_reports().await,
         };
         match result {
             Ok(()) => {}
@@ -181,6 +214,61 @@ where
         Err(Stop::Closed)
     }
 
+    /// Tells group reports waiting on this connection (`fanout.rs`) how far it has flushed.
+    fn publish_flushed(&self) {
+        let watermark = self.flow.watermark;
+        self.flushed.send_if_modified(|flushed| {
+            let advanced = *flushed < watermark;
+            if advanced {
+                *flushed = watermark;
+            }
+            advanced
+        });
+    }
+
+    /// Writes the group reports held for the account (`docs/protocol.md#group-frames`), then
+    /// forgets them. One that cannot be read back is dropped; a failed read of the store leaves
+    /// them for the next connection.
+    async fn held_reports(&mut self) -> Result<(), Stop> {
+        let not_before = now_ms().saturating_sub(GROUP_MEMORY_MS);
+        let held = match self
+            .ctx
+            .store
+            .held_reports(&self.peer.account, not_before)
+            .await
+        {
+            Ok(held) => held,
+            Err(e) => {
+                tracing::warn!(account = %self.peer.account, error = %e, "reading held group reports failed");
+                return Ok(());
+            }
+        };
+        if held.is_empty() {
+            return Ok(());
+        }
+        let mut ids = Vec::with_capacity(held.len());
+        for (id, text) in held {
+            ids.push(id);
+            match RelayFrame::decode(&text) {
+                Ok(report) => {
+                    self.ctx.metrics.sent(&report);
+                    self.sink
+                        .feed(Message::text(text))
+                        .await
+                        .map_err(|_| Stop::Broken)?;
+                }
+                Err(e) => {
+                    tracing::error!(account = %self.peer.account, error = %e, "a held group report does not decode")
+                }
+            }
+        }
+        self.sink.flush().await.map_err(|_| Stop::Broken)?;
+        if let Err(e) = self.ctx.store.drop_held_reports(ids).await {
+            tracing::warn!(account = %self.peer.account, error = %e, "forgetting written group reports failed");
+        }
+        Ok(())
+    }
+
     fn catch_up_if_lagged(&mut self) {
         if self.peer.queue.is_lagged() {
             self.flow.phase = Phase::Live { catching_up: true };
@@ -227,12 +315,16 @@ where
         if frames.is_empty() {
             if let Phase::Draining { bound, count } = self.flow.phase {
                 self.flow.watermark = self.flow.watermark.max(bound);
+                self.publish_flushed();
                 self.flow.phase = Phase::Live { catching_up: false };
                 self.catch_up_if_lagged();
                 self.ctx.metrics.drained(count);
                 if self.opted_in {
-                    return self.send_frame(&RelayFrame::DrainComplete { count }).await;
+                    self.send_frame(&RelayFrame::DrainComplete { count })
+                        .await?;
                 }
+                self.drained = true;
+                return self.held_reports().await;
             } else {
                 self.flow.phase = Phase::Live { catching_up: false };
             }
@@ -246,6 +338,7 @@ where
             self.feed(envelope).await?;
         }
         self.sink.flush().await.map_err(|_| Stop::Broken)?;
+        self.publish_flushed();
         if let Phase::Draining { count, .. } = &mut self.flow.phase {
             if draining {
                 *count += written;
@@ -262,6 +355,7 @@ where
         }
         self.feed(envelope).await?;
         self.sink.flush().await.map_err(|_| Stop::Broken)?;
+        self.publish_flushed();
         self.release_written().await;
         Ok(())
     }

@@ -193,14 +193,15 @@ async fn a_valid_token_yields_authenticated() {
         };
         assert_eq!(user_id, "alice");
         assert_eq!(username, "alice");
-        // What is implemented, and nothing else: no `group_delivery_v3` yet.
+        // What is implemented, and nothing else.
         assert_eq!(
             capabilities,
             vec![
                 "address_routing_v1".to_owned(),
                 "mailbox_v1".to_owned(),
                 "presence_watch_v1".to_owned(),
-                "key_directory_v1".to_owned()
+                "key_directory_v1".to_owned(),
+                "group_delivery_v3".to_owned()
             ]
         );
         let challenge = address_challenge.expect("a challenge");

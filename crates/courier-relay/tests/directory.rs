@@ -9,10 +9,7 @@ mod common;
 use std::collections::HashSet;
 
 use common::*;
-use courier_proto::{
-    declare_address_frame, Address, ClientFrame, IdentityKey, KeyPackage, KeyPackageBatch,
-    RelayFrame,
-};
+use courier_proto::{Address, ClientFrame, IdentityKey, KeyPackage, KeyPackageBatch, RelayFrame};
 use courier_relay::Storage;
 use serde_json::{json, Value};
 
@@ -33,25 +30,9 @@ fn batch<S: AsRef<str>>(names: impl IntoIterator<Item = S>) -> KeyPackageBatch {
     KeyPackageBatch::new(names.into_iter().map(|n| package(n.as_ref())).collect()).unwrap()
 }
 
-/// `account` on a new connection, authenticated, its declaration of `key`'s address sent and
-/// not yet answered.
-async fn declaring(relay: &TestRelay, account: &str, key: &IdentityKey) -> Client {
-    let mut c = relay.client().await;
-    let RelayFrame::Authenticated {
-        address_challenge, ..
-    } = c.authenticate(account, true).await
-    else {
-        unreachable!()
-    };
-    let declaration =
-        declare_address_frame(key, Some(account), address_challenge.as_deref()).unwrap();
-    c.send(&declaration).await;
-    c
-}
-
 /// `account` connected with `key`'s address declared, its (empty) drain over.
 async fn declared(relay: &TestRelay, account: &str, key: &IdentityKey) -> Client {
-    let mut c = declaring(relay, account, key).await;
+    let mut c = relay.declaring(account, key).await;
     let answer = c
         .next_where(|f| {
             matches!(
@@ -432,7 +413,7 @@ async fn a_relay_in_memory_without_a_mailbox_keeps_a_directory_too() {
     .await;
     let alice_key = key(1);
     let address = alice_key.address();
-    let mut alice = declaring(&relay, "alice", &alice_key).await;
+    let mut alice = relay.declaring("alice", &alice_key).await;
     alice
         .next_where(|f| matches!(f, RelayFrame::AddressDeclared { .. }))
         .await;
@@ -463,11 +444,19 @@ async fn a_version_3_database_gains_the_directory_and_keeps_its_bindings() {
     relay.stop().await;
     {
         let conn = rusqlite::Connection::open(relay.db_path()).unwrap();
-        conn.execute_batch(
+        // Versions 4 and 5 undone: the directory's tables and the groups' go, and the (empty)
+        // journal takes its version 1 shape again.
+        conn.execute_batch(&format!(
             "DROP TABLE key_packages;
              DROP TABLE last_resort_key_packages;
-             PRAGMA user_version = 3;",
-        )
+             DROP TABLE groups;
+             DROP TABLE group_members;
+             DROP TABLE group_copies;
+             DROP TABLE held_reports;
+             DROP TABLE journal;
+             {JOURNAL_BEFORE_V5}
+             PRAGMA user_version = 3;"
+        ))
         .unwrap();
     }
     relay.run(relay.config()).await;
@@ -480,7 +469,7 @@ async fn a_version_3_database_gains_the_directory_and_keeps_its_bindings() {
         "stored",
     );
     assert_eq!(taken(fetch(&mut bob, address).await, address), None);
-    let mut alice = declaring(&relay, "alice", &alice_key).await;
+    let mut alice = relay.declaring("alice", &alice_key).await;
     let (drained, count) = alice.drain().await;
     assert_eq!((drained.len(), count), (1, 1));
     assert_eq!(
@@ -496,5 +485,5 @@ async fn a_version_3_database_gains_the_directory_and_keeps_its_bindings() {
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 4);
+    assert_eq!(version, 5);
 }

@@ -296,3 +296,73 @@ async fn no_metrics_address_opens_no_port() {
     let relay = TestRelay::start().await;
     assert_eq!(relay.handle().metrics_addr(), None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_frames_and_what_reports_say_of_members_are_counted() {
+    let (relay, addr) = relay_with_metrics().await;
+    relay.register("carol").await;
+    let mut alice = relay.online("alice").await;
+    let mut bob = relay.online("bob").await;
+    alice
+        .send(&courier_proto::ClientFrame::CreateGroup {
+            group_id: "g".into(),
+            name: "G".into(),
+        })
+        .await;
+    for member in ["bob", "carol", "nobody"] {
+        alice
+            .send(&courier_proto::ClientFrame::AddGroupMember {
+                group_id: "g".into(),
+                username: member.into(),
+            })
+            .await;
+    }
+    alice
+        .send(&courier_proto::ClientFrame::SendGroupMessage {
+            group_id: "g".into(),
+            content: "hi".into(),
+            message_id: "m1".into(),
+            reply_to_msg: None,
+            forward_info: None,
+        })
+        .await;
+    alice
+        .next_where(|f| matches!(f, RelayFrame::GroupMessageSent { .. }))
+        .await;
+    bob.next_where(|f| matches!(f, RelayFrame::GroupMessageReceived { .. }))
+        .await;
+    let counted = scrape(addr).await;
+    for (series, expected) in [
+        (
+            r#"courier_relay_frames_received_total{type="AddGroupMember"}"#,
+            3.0,
+        ),
+        (
+            r#"courier_relay_frames_received_total{type="SendGroupMessage"}"#,
+            1.0,
+        ),
+        (
+            r#"courier_relay_frames_sent_total{type="GroupMessageSent"}"#,
+            1.0,
+        ),
+        (
+            r#"courier_relay_frames_sent_total{type="GroupMessageReceived"}"#,
+            1.0,
+        ),
+        (
+            r#"courier_relay_group_fanout_members_total{outcome="delivered"}"#,
+            1.0,
+        ),
+        (
+            r#"courier_relay_group_fanout_members_total{outcome="pushed"}"#,
+            1.0,
+        ),
+        (
+            r#"courier_relay_group_fanout_members_total{outcome="unknown_member"}"#,
+            1.0,
+        ),
+        (r#"courier_relay_journal_appended_frames_total"#, 2.0),
+    ] {
+        assert_eq!(value(&counted, series), expected, "{series}");
+    }
+}

@@ -74,19 +74,6 @@ async fn unknown_and_invalid_frames_are_answered_and_the_connection_stays() {
         }
         other => panic!("{other:?}"),
     }
-    // Frames of features not advertised yet are unknown to this relay.
-    let unsupported = [
-        json!({"type": "CreateGroup", "group_id": "g", "name": "G"}),
-        json!({"type": "SendGroupMessage", "group_id": "g", "content": "x", "message_id": "m"}),
-    ];
-    for frame in unsupported {
-        let frame_type = frame["type"].as_str().unwrap().to_owned();
-        c.send_json(frame).await;
-        assert_eq!(
-            c.next_frame().await,
-            RelayFrame::error("unknown_type", Some(&frame_type))
-        );
-    }
     c.sync().await;
 }
 
@@ -291,14 +278,15 @@ async fn without_a_mailbox_nothing_is_journaled() {
     else {
         unreachable!()
     };
-    // Address routing, presence watching and the key-package directory do not depend on the
-    // mailbox.
+    // Address routing, presence watching, the key-package directory and groups do not depend
+    // on the mailbox.
     assert_eq!(
         capabilities,
         vec![
             "address_routing_v1".to_owned(),
             "presence_watch_v1".to_owned(),
-            "key_directory_v1".to_owned()
+            "key_directory_v1".to_owned(),
+            "group_delivery_v3".to_owned()
         ]
     );
     assert_eq!(mailbox, None);

@@ -20,11 +20,16 @@ pub(super) fn ensure(conn: &Connection, name: &str, now_ms: u64) -> rusqlite::Re
 }
 
 pub(super) fn exists(conn: &Connection, name: &str) -> rusqlite::Result<Applied<bool>> {
+    Ok(Applied::value(is_known(conn, name)?))
+}
+
+/// Whether the account ever authenticated.
+pub(super) fn is_known(conn: &Connection, name: &str) -> rusqlite::Result<bool> {
     let found = conn
         .prepare_cached("SELECT 1 FROM accounts WHERE name = ?1")?
         .query_row([name], |_| Ok(()))
         .optional()?;
-    Ok(Applied::value(found.is_some()))
+    Ok(found.is_some())
 }
 
 /// Never moves last_seen back, so records committed out of order keep the latest.

@@ -10,13 +10,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use courier_proto::Disposition;
+use rusqlite::types::Type;
 use rusqlite::{params, Connection, OptionalExtension};
+use serde_json::Value;
 
 use super::addresses::bound_account;
 use super::worker::{Applied, Delta};
 use super::{from_sql, to_sql, AppendOutcome, Named, Release};
 use crate::config::MailboxLimits;
-use crate::mailbox::Envelope;
+use crate::mailbox::{Envelope, GroupTag};
 
 /// One journal read returns at most this many frames / content bytes (at least one frame).
 const FETCH_FRAMES: i64 = 64;
@@ -30,32 +32,34 @@ fn disposition(live: bool) -> Disposition {
     }
 }
 
+/// The account `recipient` names now: an account name stands for itself (whether it exists is
+/// the journal's answer), an address for the account its binding names, if any.
+pub(super) fn account_named(
+    conn: &Connection,
+    recipient: Named,
+) -> rusqlite::Result<Option<String>> {
+    match recipient {
+        Named::Account(account) => Ok(Some(account)),
+        Named::Address(address) => bound_account(conn, &address),
+    }
+}
+
 /// Journals `envelope` for the account `recipient` names (an address through its binding, in
 /// this transaction: the frame belongs to the account the address named at acceptance) and,
 /// once durable, offers it to that account's connection.
 pub(super) fn append(
     conn: &Connection,
     recipient: Named,
-    mut envelope: Envelope,
+    envelope: Envelope,
     limits: &MailboxLimits,
 ) -> rusqlite::Result<Applied<AppendOutcome>> {
-    let recipient = match recipient {
-        Named::Account(account) => account,
-        Named::Address(address) => match bound_account(conn, &address)? {
-            Some(account) => account,
-            None => return Ok(Applied::value(AppendOutcome::UnknownRecipient)),
-        },
-    };
-    let account: Option<(i64, i64, i64)> = conn
-        .prepare_cached("SELECT last_seq, msg_count, byte_count FROM accounts WHERE name = ?1")?
-        .query_row([&recipient], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .optional()?;
-    let Some((last_seq, msg_count, byte_count)) = account else {
+    let Some(recipient) = account_named(conn, recipient)? else {
         return Ok(Applied::value(AppendOutcome::UnknownRecipient));
     };
     let duplicate = conn
         .prepare_cached(
-            "SELECT 1 FROM journal WHERE account = ?1 AND sender = ?2 AND message_id = ?3",
+            "SELECT 1 FROM journal
+             WHERE account = ?1 AND sender = ?2 AND message_id = ?3 AND group_id IS NULL",
         )?
         .query_row(
             params![recipient, envelope.sender, envelope.message_id],
@@ -67,46 +71,98 @@ pub(super) fn append(
             disposition: disposition(router.is_connected(&recipient)),
         }));
     }
+    Ok(match insert(conn, recipient, envelope, limits)? {
+        Inserted::Accepted { account, envelope } => {
+            let seq = envelope.seq.unwrap_or_default();
+            let delta = Delta::appended(&envelope);
+            Applied::then(move |router| AppendOutcome::Accepted {
+                seq,
+                disposition: disposition(router.offer_journaled(&account, &envelope).is_some()),
+            })
+            .counting(delta)
+        }
+        Inserted::UnknownRecipient => Applied::value(AppendOutcome::UnknownRecipient),
+        Inserted::MailboxFull => Applied::value(AppendOutcome::MailboxFull),
+    })
+}
+
+/// What [`insert`] did with a frame.
+pub(super) enum Inserted {
+    /// Journaled, with its seq set; to be offered to the account's connection once durable.
+    Accepted {
+        account: String,
+        envelope: Arc<Envelope>,
+    },
+    UnknownRecipient,
+    MailboxFull,
+}
+
+/// Journals `envelope` for `account`, if the account exists and its mailbox has room, with the
+/// account's next seq.
+pub(super) fn insert(
+    conn: &Connection,
+    account: String,
+    mut envelope: Envelope,
+    limits: &MailboxLimits,
+) -> rusqlite::Result<Inserted> {
+    let counters: Option<(i64, i64, i64)> = conn
+        .prepare_cached("SELECT last_seq, msg_count, byte_count FROM accounts WHERE name = ?1")?
+        .query_row([&account], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?;
+    let Some((last_seq, msg_count, byte_count)) = counters else {
+        return Ok(Inserted::UnknownRecipient);
+    };
     let bytes = to_sql(envelope.content.len() as u64);
     let over_count = from_sql(msg_count).saturating_add(1) > limits.max_messages;
     let over_bytes = from_sql(byte_count).saturating_add(from_sql(bytes)) > limits.max_bytes;
     if over_count || over_bytes {
-        return Ok(Applied::value(AppendOutcome::MailboxFull));
+        return Ok(Inserted::MailboxFull);
     }
     let seq = last_seq + 1;
+    let (group_id, forward_info) = match &envelope.group {
+        Some(group) => (
+            Some(group.group_id.as_str()),
+            group.forward_info.as_ref().map(Value::to_string),
+        ),
+        None => (None, None),
+    };
     conn.prepare_cached(
         "INSERT INTO journal (account, seq, sender, sender_account, message_id, content, bytes,
-                              reply_to_msg, accepted_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                              reply_to_msg, accepted_ms, group_id, forward_info)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
     )?
     .execute(params![
-        recipient,
+        account,
         seq,
         envelope.sender,
         envelope.sender_account,
         envelope.message_id,
-        envelope.content,
+        &*envelope.content,
         bytes,
         envelope.reply_to_msg,
         to_sql(envelope.accepted_ms),
+        group_id,
+        forward_info,
     ])?;
     conn.prepare_cached(
         "UPDATE accounts SET last_seq = ?2, msg_count = msg_count + 1, byte_count = byte_count + ?3
          WHERE name = ?1",
     )?
-    .execute(params![recipient, seq, bytes])?;
-    let seq = from_sql(seq);
-    envelope.seq = Some(seq);
-    let envelope = Arc::new(envelope);
-    let accepted = Applied::then(move |router| AppendOutcome::Accepted {
-        seq,
-        disposition: disposition(router.offer_journaled(&recipient, &envelope)),
-    });
-    Ok(accepted.counting(Delta {
-        accounts: 0,
-        frames: 1,
-        bytes,
-    }))
+    .execute(params![account, seq, bytes])?;
+    envelope.seq = Some(from_sql(seq));
+    Ok(Inserted::Accepted {
+        account,
+        envelope: Arc::new(envelope),
+    })
+}
+
+/// Whether the account's journal still holds the frame `seq` (neither released nor purged).
+pub(super) fn holds(conn: &Connection, account: &str, seq: u64) -> rusqlite::Result<bool> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM journal WHERE account = ?1 AND seq = ?2")?
+        .query_row(params![account, to_sql(seq)], |_| Ok(()))
+        .optional()?
+        .is_some())
 }
 
 /// The account's highest journaled seq: the drain bound S.
@@ -127,7 +183,8 @@ pub(super) fn fetch(
     not_before_ms: u64,
 ) -> rusqlite::Result<Applied<Vec<Arc<Envelope>>>> {
     let mut stmt = conn.prepare_cached(
-        "SELECT seq, sender, sender_account, message_id, content, reply_to_msg, accepted_ms
+        "SELECT seq, sender, sender_account, message_id, content, reply_to_msg, accepted_ms,
+                group_id, forward_info
          FROM journal
          WHERE account = ?1 AND seq > ?2 AND seq <= ?3 AND accepted_ms >= ?4
          ORDER BY seq LIMIT ?5",
@@ -141,14 +198,28 @@ pub(super) fn fetch(
             FETCH_FRAMES
         ],
         |r| {
+            let group = match r.get::<_, Option<String>>(7)? {
+                Some(group_id) => Some(GroupTag {
+                    group_id,
+                    forward_info: r
+                        .get::<_, Option<String>>(8)?
+                        .map(|text| serde_json::from_str(&text))
+                        .transpose()
+                        .map_err(|e| {
+                            rusqlite::Error::FromSqlConversionFailure(8, Type::Text, Box::new(e))
+                        })?,
+                }),
+                None => None,
+            };
             Ok(Envelope {
                 seq: Some(from_sql(r.get(0)?)),
                 sender: r.get(1)?,
                 sender_account: r.get(2)?,
                 message_id: r.get(3)?,
-                content: r.get(4)?,
+                content: r.get::<_, String>(4)?.into(),
                 reply_to_msg: r.get(5)?,
                 accepted_ms: from_sql(r.get(6)?),
+                group,
             })
         },
     )?;

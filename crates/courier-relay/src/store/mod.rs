@@ -1,15 +1,17 @@
 //! Accounts and the per-account journal in SQLite, each account's last_seen, the address
-//! bindings (`off1` address → the account that last declared it) and the key-package directory;
-//! see `docs/protocol.md#authentication`, `docs/protocol.md#inbound-delivery`,
+//! bindings (`off1` address → the account that last declared it), the key-package directory and
+//! groups; see `docs/protocol.md#authentication`, `docs/protocol.md#inbound-delivery`,
 //! `docs/protocol.md#mailbox-and-drain`, `docs/protocol.md#presence`,
-//! `docs/protocol.md#address-declaration` and `docs/protocol.md#key-package-directory`.
+//! `docs/protocol.md#address-declaration`, `docs/protocol.md#key-package-directory` and
+//! `docs/protocol.md#group-frames`.
 //!
 //! [`Store`] is the handle the connection tasks call; every call is one request to the store
 //! thread (`worker.rs`), which commits requests in groups and answers none before its commit is
 //! durable (`synchronous=FULL`): not the sender (MessageSent), not the recipient (the frame is
 //! offered to its queue only after the commit), not a drain read. The work of each request is
 //! one function in the module that owns its tables: `accounts.rs`, `journal.rs`,
-//! `addresses.rs`, `key_packages.rs`; `schema.rs` brings any older database up to date at open.
+//! `addresses.rs`, `key_packages.rs`, `groups.rs`; `schema.rs` brings any older database up to
+//! date at open.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,18 +23,22 @@ use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::{MailboxLimits, Storage};
-use crate::mailbox::Envelope;
+use crate::fanout::FannedOut;
+use crate::group::{Actor, GroupRefusal};
+use crate::mailbox::{Envelope, GroupTag};
 use crate::presence::Watchlist;
 use crate::router::Router;
 use crate::RelayError;
 
 mod accounts;
 mod addresses;
+mod groups;
 mod journal;
 mod key_packages;
 mod schema;
 mod worker;
 
+use groups::Broadcast;
 use worker::{Delta, Msg, Op, Reply, Worker};
 
 /// Requests waiting for the store thread; senders wait for room beyond this.
@@ -250,7 +256,7 @@ impl Store {
     ) -> Result<AppendOutcome, StoreError> {
         self.call(|reply| Op::Append {
             recipient,
-            envelope,
+            envelope: Box::new(envelope),
             limits,
             reply,
         })
@@ -386,6 +392,149 @@ impl Store {
         let address = address.to_string();
         self.call(|reply| Op::TakeKeyPackage { address, reply })
             .await
+    }
+
+    /// Registers a group with `actor` as admin and first member (`docs/protocol.md#group-frames`).
+    pub async fn create_group(
+        &self,
+        group_id: &str,
+        name: &str,
+        actor: Actor,
+        now_ms: u64,
+    ) -> Result<Result<(), GroupRefusal>, StoreError> {
+        let (group_id, name) = (group_id.to_owned(), name.to_owned());
+        self.call(|reply| Op::CreateGroup {
+            group_id,
+            name,
+            actor,
+            now_ms,
+            reply,
+        })
+        .await
+    }
+
+    /// Adds `member` to the group, for its admin, within `max_members`.
+    pub async fn add_group_member(
+        &self,
+        group_id: &str,
+        member: &str,
+        actor: Actor,
+        max_members: u32,
+        now_ms: u64,
+    ) -> Result<Result<(), GroupRefusal>, StoreError> {
+        let (group_id, member) = (group_id.to_owned(), member.to_owned());
+        self.call(|reply| Op::AddGroupMember {
+            group_id,
+            member,
+            actor,
+            max_members,
+            now_ms,
+            reply,
+        })
+        .await
+    }
+
+    /// Removes `member` from the group, for its admin.
+    pub async fn remove_group_member(
+        &self,
+        group_id: &str,
+        member: &str,
+        actor: Actor,
+    ) -> Result<Result<(), GroupRefusal>, StoreError> {
+        let (group_id, member) = (group_id.to_owned(), member.to_owned());
+        self.call(|reply| Op::RemoveGroupMember {
+            group_id,
+            member,
+            actor,
+            reply,
+        })
+        .await
+    }
+
+    /// Removes the actor's own registration; answers the identifier it was registered under.
+    pub async fn leave_group(
+        &self,
+        group_id: &str,
+        actor: Actor,
+    ) -> Result<Result<String, GroupRefusal>, StoreError> {
+        let group_id = group_id.to_owned();
+        self.call(|reply| Op::LeaveGroup {
+            group_id,
+            actor,
+            reply,
+        })
+        .await
+    }
+
+    /// Journals `message` once for every member of the group `tag` names but the ones `actor`
+    /// acts for (without a mailbox, `mailbox` is `None` and nothing is journaled); answers each
+    /// member's placement once durable. Copies recorded since `dedup_since_ms` for a repeat of
+    /// the same (sender, group, message) are not journaled again.
+    pub async fn broadcast(
+        &self,
+        actor: Actor,
+        message: Envelope,
+        tag: GroupTag,
+        mailbox: Option<MailboxLimits>,
+        dedup_since_ms: u64,
+    ) -> Result<Result<FannedOut, GroupRefusal>, StoreError> {
+        let broadcast = Box::new(Broadcast {
+            actor,
+            message,
+            tag,
+            mailbox,
+            dedup_since_ms,
+        });
+        self.call(|reply| Op::Broadcast { broadcast, reply }).await
+    }
+
+    /// Keeps an encoded report for the account's next connection (at most `keep` of them, the
+    /// newest).
+    pub async fn hold_report(
+        &self,
+        account: &str,
+        report: String,
+        now_ms: u64,
+        keep: u32,
+    ) -> Result<(), StoreError> {
+        let account = account.to_owned();
+        self.call(|reply| Op::HoldReport {
+            account,
+            report,
+            now_ms,
+            keep,
+            reply,
+        })
+        .await
+    }
+
+    /// The account's reports held since `not_before_ms`, oldest first, with the ids that
+    /// [`Store::drop_held_reports`] takes once they are written.
+    pub async fn held_reports(
+        &self,
+        account: &str,
+        not_before_ms: u64,
+    ) -> Result<Vec<(i64, String)>, StoreError> {
+        let account = account.to_owned();
+        self.call(|reply| Op::HeldReports {
+            account,
+            not_before_ms,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn drop_held_reports(&self, ids: Vec<i64>) -> Result<(), StoreError> {
+        self.call(|reply| Op::DropHeldReports { ids, reply }).await
+    }
+
+    /// Forgets broadcast copy records and held reports from before `older_than_ms`.
+    pub async fn purge_groups(&self, older_than_ms: u64) -> Result<u64, StoreError> {
+        self.call(|reply| Op::PurgeGroups {
+            older_than_ms,
+            reply,
+        })
+        .await
     }
 
     /// Finishes queued requests, checkpoints and closes the database.

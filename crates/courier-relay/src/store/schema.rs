@@ -15,7 +15,13 @@ use crate::RelayError;
 type Migration = fn(&Transaction<'_>) -> rusqlite::Result<()>;
 
 /// The schema version this build writes and understands is `MIGRATIONS.len()`.
-const MIGRATIONS: &[Migration] = &[v1_journal, v2_last_seen, v3_addresses, v4_key_packages];
+const MIGRATIONS: &[Migration] = &[
+    v1_journal,
+    v2_last_seen,
+    v3_addresses,
+    v4_key_packages,
+    v5_groups,
+];
 
 /// Version 1: accounts with their journal counters, and the journal.
 fn v1_journal(tx: &Transaction<'_>) -> rusqlite::Result<()> {
@@ -80,6 +86,78 @@ fn v4_key_packages(tx: &Transaction<'_>) -> rusqlite::Result<()> {
              package BLOB NOT NULL,
              published_ms INTEGER NOT NULL
          );",
+    )
+}
+
+/// Version 5: groups (`docs/protocol.md#group-frames`).
+///
+/// The journal is rebuilt to hold group copies (`group_id`, `forward_info`): a sender's group
+/// message and its direct message may share a `message_id`, so the duplicate rule of
+/// `docs/protocol.md#relay-side-dedup` becomes a partial index over direct frames only. Group
+/// copies are deduplicated by `group_copies` instead, which outlives their release (a repeat
+/// within 24 h journals no second copy even for a member that released the first), and names
+/// the journal row each member's copy is.
+///
+/// `held_reports` keeps the encoded GroupMessageSent of a sender whose connection ended before
+/// its report settled.
+fn v5_groups(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "CREATE TABLE journal_v5 (
+             id INTEGER PRIMARY KEY,
+             account TEXT NOT NULL,
+             seq INTEGER NOT NULL,
+             sender TEXT NOT NULL,
+             sender_account TEXT NOT NULL,
+             message_id TEXT NOT NULL,
+             content TEXT NOT NULL,
+             bytes INTEGER NOT NULL,
+             reply_to_msg TEXT,
+             accepted_ms INTEGER NOT NULL,
+             group_id TEXT,
+             forward_info TEXT,
+             UNIQUE (account, seq)
+         );
+         INSERT INTO journal_v5 (id, account, seq, sender, sender_account, message_id, content,
+                                 bytes, reply_to_msg, accepted_ms)
+             SELECT id, account, seq, sender, sender_account, message_id, content, bytes,
+                    reply_to_msg, accepted_ms
+             FROM journal;
+         DROP TABLE journal;
+         ALTER TABLE journal_v5 RENAME TO journal;
+         CREATE INDEX journal_accepted ON journal (accepted_ms);
+         CREATE UNIQUE INDEX journal_direct ON journal (account, sender, message_id)
+             WHERE group_id IS NULL;
+         CREATE TABLE groups (
+             group_id TEXT PRIMARY KEY NOT NULL,
+             name TEXT NOT NULL,
+             admin TEXT NOT NULL,
+             created_ms INTEGER NOT NULL
+         );
+         CREATE TABLE group_members (
+             group_id TEXT NOT NULL,
+             member TEXT NOT NULL,
+             added_ms INTEGER NOT NULL,
+             PRIMARY KEY (group_id, member)
+         ) WITHOUT ROWID;
+         CREATE TABLE group_copies (
+             sender TEXT NOT NULL,
+             group_id TEXT NOT NULL,
+             message_id TEXT NOT NULL,
+             member TEXT NOT NULL,
+             account TEXT NOT NULL,
+             seq INTEGER NOT NULL,
+             accepted_ms INTEGER NOT NULL,
+             PRIMARY KEY (sender, group_id, message_id, member)
+         ) WITHOUT ROWID;
+         CREATE INDEX group_copies_accepted ON group_copies (accepted_ms);
+         CREATE TABLE held_reports (
+             id INTEGER PRIMARY KEY,
+             account TEXT NOT NULL,
+             report TEXT NOT NULL,
+             held_ms INTEGER NOT NULL
+         );
+         CREATE INDEX held_reports_account ON held_reports (account, id);
+         CREATE INDEX held_reports_held ON held_reports (held_ms);",
     )
 }
 
@@ -148,6 +226,10 @@ mod tests {
             [
                 "accounts",
                 "addresses",
+                "group_copies",
+                "group_members",
+                "groups",
+                "held_reports",
                 "journal",
                 "key_packages",
                 "last_resort_key_packages"
@@ -155,6 +237,39 @@ mod tests {
         );
         migrate(&mut conn).unwrap();
         assert_eq!(read_version(&conn).unwrap(), SCHEMA_VERSION);
+    }
+
+    /// Version 5 keeps the journal's rows, and its duplicate rule now covers direct frames
+    /// only: a group copy may share a direct frame's (account, sender, message_id).
+    #[test]
+    fn version_5_keeps_the_journal_and_narrows_its_duplicate_rule() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate_with(&mut conn, &MIGRATIONS[..4]).unwrap();
+        conn.execute_batch(
+            "INSERT INTO journal (account, seq, sender, sender_account, message_id, content,
+                                  bytes, accepted_ms)
+                 VALUES ('bob', 1, 'alice', 'alice', 'm1', 'hi', 2, 5);",
+        )
+        .unwrap();
+        migrate(&mut conn).unwrap();
+        let kept: (i64, String, Option<String>) = conn
+            .query_row(
+                "SELECT seq, content, group_id FROM journal WHERE message_id = 'm1'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .unwrap();
+        assert_eq!(kept, (1, "hi".to_owned(), None));
+        let insert = |seq: i64, group: Option<&str>| {
+            conn.execute(
+                "INSERT INTO journal (account, seq, sender, sender_account, message_id, content,
+                                      bytes, accepted_ms, group_id)
+                     VALUES ('bob', ?1, 'alice', 'alice', 'm1', 'hi', 2, 5, ?2)",
+                rusqlite::params![seq, group],
+            )
+        };
+        insert(2, Some("g")).expect("a group copy beside the direct frame");
+        insert(3, None).expect_err("a second direct frame is a duplicate");
     }
 
     /// Each step is its own transaction: a version reached is kept even if a later step fails,

@@ -13,11 +13,14 @@ use courier_proto::{KeyPackage, KeyPackageBatch};
 use rusqlite::{Connection, Transaction};
 use tokio::sync::{mpsc, oneshot};
 
+use super::groups::{self, Broadcast};
 use super::{accounts, addresses, journal, key_packages};
 use super::{
     AppendOutcome, Counters, KeyPackagesHeld, Named, Release, StoreError, TakenKeyPackage,
 };
 use crate::config::MailboxLimits;
+use crate::fanout::FannedOut;
+use crate::group::{Actor, GroupRefusal};
 use crate::mailbox::Envelope;
 use crate::presence::Watchlist;
 use crate::router::Router;
@@ -45,7 +48,8 @@ pub(super) enum Op {
     },
     Append {
         recipient: Named,
-        envelope: Envelope,
+        /// Boxed: it is several times the size of most requests.
+        envelope: Box<Envelope>,
         limits: MailboxLimits,
         reply: Reply<AppendOutcome>,
     },
@@ -104,6 +108,57 @@ pub(super) enum Op {
         address: String,
         reply: Reply<Option<TakenKeyPackage>>,
     },
+    CreateGroup {
+        group_id: String,
+        name: String,
+        actor: Actor,
+        now_ms: u64,
+        reply: Reply<Result<(), GroupRefusal>>,
+    },
+    AddGroupMember {
+        group_id: String,
+        member: String,
+        actor: Actor,
+        max_members: u32,
+        now_ms: u64,
+        reply: Reply<Result<(), GroupRefusal>>,
+    },
+    RemoveGroupMember {
+        group_id: String,
+        member: String,
+        actor: Actor,
+        reply: Reply<Result<(), GroupRefusal>>,
+    },
+    LeaveGroup {
+        group_id: String,
+        actor: Actor,
+        reply: Reply<Result<String, GroupRefusal>>,
+    },
+    Broadcast {
+        /// Boxed: it is several times the size of any other request.
+        broadcast: Box<Broadcast>,
+        reply: Reply<Result<FannedOut, GroupRefusal>>,
+    },
+    HoldReport {
+        account: String,
+        report: String,
+        now_ms: u64,
+        keep: u32,
+        reply: Reply<()>,
+    },
+    HeldReports {
+        account: String,
+        not_before_ms: u64,
+        reply: Reply<Vec<(i64, String)>>,
+    },
+    DropHeldReports {
+        ids: Vec<i64>,
+        reply: Reply<()>,
+    },
+    PurgeGroups {
+        older_than_ms: u64,
+        reply: Reply<u64>,
+    },
 }
 
 impl Op {
@@ -119,6 +174,14 @@ impl Op {
                 | Op::RecordLastSeen { .. }
                 | Op::PublishKeyPackages { .. }
                 | Op::TakeKeyPackage { .. }
+                | Op::CreateGroup { .. }
+                | Op::AddGroupMember { .. }
+                | Op::RemoveGroupMember { .. }
+                | Op::LeaveGroup { .. }
+                | Op::Broadcast { .. }
+                | Op::HoldReport { .. }
+                | Op::DropHeldReports { .. }
+                | Op::PurgeGroups { .. }
         )
     }
 }
@@ -136,6 +199,25 @@ pub(super) struct Delta {
     pub accounts: i64,
     pub frames: i64,
     pub bytes: i64,
+}
+
+impl Delta {
+    /// One frame journaled.
+    pub fn appended(envelope: &Envelope) -> Self {
+        Self {
+            accounts: 0,
+            frames: 1,
+            bytes: i64::try_from(envelope.content.len()).unwrap_or(i64::MAX),
+        }
+    }
+}
+
+impl std::ops::AddAssign for Delta {
+    fn add_assign(&mut self, other: Self) {
+        self.accounts += other.accounts;
+        self.frames += other.frames;
+        self.bytes += other.bytes;
+    }
 }
 
 /// One request's work inside the transaction, and what it leaves for after the commit.
@@ -222,7 +304,7 @@ fn apply(tx: Result<&mut Transaction<'_>, &StoreError>, op: Op) -> Settle {
             reply,
         } => settle(
             reply,
-            savepoint(tx, |c| journal::append(c, recipient, envelope, &limits)),
+            savepoint(tx, |c| journal::append(c, recipient, *envelope, &limits)),
         ),
         Op::BindAddress {
             address,
@@ -293,6 +375,76 @@ fn apply(tx: Result<&mut Transaction<'_>, &StoreError>, op: Op) -> Settle {
         Op::TakeKeyPackage { address, reply } => {
             settle(reply, savepoint(tx, |c| key_packages::take(c, &address)))
         }
+        Op::CreateGroup {
+            group_id,
+            name,
+            actor,
+            now_ms,
+            reply,
+        } => settle(
+            reply,
+            savepoint(tx, |c| groups::create(c, &group_id, &name, &actor, now_ms)),
+        ),
+        Op::AddGroupMember {
+            group_id,
+            member,
+            actor,
+            max_members,
+            now_ms,
+            reply,
+        } => settle(
+            reply,
+            savepoint(tx, |c| {
+                groups::add_member(c, &group_id, &member, &actor, max_members, now_ms)
+            }),
+        ),
+        Op::RemoveGroupMember {
+            group_id,
+            member,
+            actor,
+            reply,
+        } => settle(
+            reply,
+            savepoint(tx, |c| groups::remove_member(c, &group_id, &member, &actor)),
+        ),
+        Op::LeaveGroup {
+            group_id,
+            actor,
+            reply,
+        } => settle(
+            reply,
+            savepoint(tx, |c| groups::leave(c, &group_id, &actor)),
+        ),
+        Op::Broadcast { broadcast, reply } => {
+            settle(reply, savepoint(tx, |c| groups::broadcast(c, *broadcast)))
+        }
+        Op::HoldReport {
+            account,
+            report,
+            now_ms,
+            keep,
+            reply,
+        } => settle(
+            reply,
+            savepoint(tx, |c| {
+                groups::hold_report(c, account, &report, now_ms, keep)
+            }),
+        ),
+        Op::HeldReports {
+            account,
+            not_before_ms,
+            reply,
+        } => settle(
+            reply,
+            savepoint(tx, |c| groups::held_reports(c, &account, not_before_ms)),
+        ),
+        Op::DropHeldReports { ids, reply } => {
+            settle(reply, savepoint(tx, |c| groups::drop_held_reports(c, &ids)))
+        }
+        Op::PurgeGroups {
+            older_than_ms,
+            reply,
+        } => settle(reply, savepoint(tx, |c| groups::purge(c, older_than_ms))),
     }
 }
 

@@ -19,6 +19,23 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 pub const SECRET: &[u8] = b"relay-test-secret";
+
+/// The journal table as schema versions 1 to 4 had it, for tests that build an old database.
+pub const JOURNAL_BEFORE_V5: &str = "CREATE TABLE journal (
+    id INTEGER PRIMARY KEY,
+    account TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    sender TEXT NOT NULL,
+    sender_account TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    content TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    reply_to_msg TEXT,
+    accepted_ms INTEGER NOT NULL,
+    UNIQUE (account, seq),
+    UNIQUE (account, sender, message_id)
+);
+CREATE INDEX journal_accepted ON journal (accepted_ms);";
 /// Every wait in the tests is bounded by this.
 pub const DEADLINE: Duration = Duration::from_secs(5);
 
@@ -111,6 +128,34 @@ impl TestRelay {
         c
     }
 
+    /// `account` on a new opted-in connection, authenticated, its declaration of `key`'s
+    /// address sent and not yet answered.
+    pub async fn declaring(&self, account: &str, key: &courier_proto::IdentityKey) -> Client {
+        let mut c = self.client().await;
+        let RelayFrame::Authenticated {
+            address_challenge, ..
+        } = c.authenticate(account, true).await
+        else {
+            unreachable!()
+        };
+        let declaration =
+            courier_proto::declare_address_frame(key, Some(account), address_challenge.as_deref())
+                .unwrap();
+        c.send(&declaration).await;
+        c
+    }
+
+    /// An opted-in client that declared `key`'s address as its first frame, once its (empty)
+    /// drain is over.
+    pub async fn online_declared(&self, account: &str, key: &courier_proto::IdentityKey) -> Client {
+        let mut c = self.declaring(account, key).await;
+        let bound = key.address().to_string();
+        c.next_where(|f| matches!(f, RelayFrame::AddressDeclared { address } if *address == bound))
+            .await;
+        assert_eq!(c.drain_complete().await, 0);
+        c
+    }
+
     /// Makes `account` known to the relay (accounts exist from their first authentication).
     pub async fn register(&self, account: &str) {
         let mut c = self.client().await;
@@ -160,6 +205,8 @@ pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 pub struct Client {
     pub ws: Ws,
     buffered: VecDeque<RelayFrame>,
+    /// How long a read waits for the next frame.
+    patience: Duration,
 }
 
 /// How a connection ended, as the client saw it.
@@ -199,7 +246,14 @@ impl Client {
         Self {
             ws,
             buffered: VecDeque::new(),
+            patience: DEADLINE,
         }
+    }
+
+    /// Makes every later read wait up to `limit` for its frame, for frames due after a relay
+    /// clock longer than the usual deadline allows for.
+    pub fn wait_up_to(&mut self, limit: Duration) {
+        self.patience = limit;
     }
 
     pub async fn send_text(&mut self, text: impl Into<String>) {
@@ -250,7 +304,7 @@ impl Client {
 
     async fn read_frame(&mut self) -> Result<RelayFrame, Ending> {
         loop {
-            let message = within(self.ws.next())
+            let message = tokio::time::timeout(self.patience, self.ws.next())
                 .await
                 .expect("a frame within the deadline");
             match message {
@@ -360,6 +414,19 @@ impl Client {
                     return (received, count);
                 }
                 other => others.push_back(other),
+            }
+        }
+    }
+
+    /// Every frame up to and including the first that matches `pred`, buffered ones first.
+    pub async fn frames_through(&mut self, pred: impl Fn(&RelayFrame) -> bool) -> Vec<RelayFrame> {
+        let mut frames = Vec::new();
+        loop {
+            let frame = self.next_frame().await;
+            let last = pred(&frame);
+            frames.push(frame);
+            if last {
+                return frames;
             }
         }
     }

@@ -12,7 +12,11 @@
 //! - accept key packages only from a connection that declared its address, and answer a fetch
 //!   only to the connection that asked;
 //! - keep every journaled frame until its own account acks it: after the run, each account's
-//!   drain still holds every frame it received and did not ack, whatever the others acked.
+//!   drain still holds every frame it received and did not ack, whatever the others acked;
+//! - deliver a group copy only as some account's SendGroupMessage to that group (same content
+//!   and reply, stamped with the sender's account or an address it proved), in the seq space of
+//!   the account's other frames, answer group frames only with group answers or refusals for
+//!   groups the connection named, and send a group report only to the account that broadcast.
 
 mod conn;
 mod scenario;
@@ -23,8 +27,8 @@ use std::time::Duration;
 
 use arbitrary::{Arbitrary, Unstructured};
 use courier_proto::limits::{
-    close, CAP_ADDRESS_ROUTING, CAP_KEY_DIRECTORY, CAP_MAILBOX, CAP_PRESENCE_WATCH,
-    MAX_IDENTIFIER_BYTES, MAX_MALFORMED_FRAMES, RECIPIENT_UNREACHABLE,
+    close, CAP_ADDRESS_ROUTING, CAP_GROUP_DELIVERY, CAP_KEY_DIRECTORY, CAP_MAILBOX,
+    CAP_PRESENCE_WATCH, MAX_IDENTIFIER_BYTES, MAX_MALFORMED_FRAMES, RECIPIENT_UNREACHABLE,
 };
 use courier_proto::proof::{declare_address_frame, decode_challenge, relay_proof_payload};
 use courier_proto::{Address, ClientFrame, DecodeError, Disposition, IdentityKey, RelayFrame};
@@ -54,6 +58,14 @@ const ERROR_CODES: &[&str] = &[
     "address_required",
 ];
 const AUTH_REASONS: &[&str] = &["not_authenticated", "invalid_token", "invalid_account"];
+const GROUP_REASONS: &[&str] = &[
+    "group_not_found",
+    "group_exists",
+    "not_admin",
+    "not_member",
+    "group_full",
+    "invalid_member",
+];
 
 /// Decodes a scenario exactly as `libfuzzer_sys::fuzz_target!` would and runs it.
 pub fn run_bytes(data: &[u8]) {
@@ -126,6 +138,26 @@ struct Sent {
     reply_to: Option<String>,
 }
 
+/// What the harness broadcast with one message id.
+#[derive(Debug)]
+struct GroupSent {
+    from: usize,
+    group_id: String,
+    content: String,
+    reply_to: Option<String>,
+}
+
+/// One GroupMessageReceived, judged like a [`Delivery`].
+#[derive(Debug)]
+struct GroupDelivery {
+    to: usize,
+    group_id: String,
+    sender: String,
+    message_id: String,
+    content: String,
+    reply_to: Option<String>,
+}
+
 /// One MessageReceived, judged once the run is over and every declaration is known.
 #[derive(Debug)]
 struct Delivery {
@@ -164,6 +196,10 @@ struct Model {
     fresh: u32,
     ids: Vec<String>,
     sent: HashMap<String, Vec<Sent>>,
+    group_sent: HashMap<String, Vec<GroupSent>>,
+    /// (group, message) pairs each account broadcast: a report, held ones included, names one.
+    broadcasts: [HashSet<(String, String)>; ACCOUNTS.len()],
+    group_deliveries: Vec<GroupDelivery>,
     /// Addresses each account sent a valid proof for.
     proved: [HashSet<String>; ACCOUNTS.len()],
     deliveries: Vec<Delivery>,
@@ -190,6 +226,8 @@ struct Client {
     answered: HashMap<String, usize>,
     /// Identifiers this connection asked the presence of.
     asked: HashSet<String>,
+    /// Group ids this connection named in any group frame.
+    groups: HashSet<String>,
     declarations: u32,
     /// The address the first DeclareAddress may bind, when its proof was valid.
     bindable: Option<String>,
@@ -227,6 +265,9 @@ impl World {
                 fresh: 0,
                 ids: Vec::new(),
                 sent: HashMap::new(),
+                group_sent: HashMap::new(),
+                broadcasts: std::array::from_fn(|_| HashSet::new()),
+                group_deliveries: Vec::new(),
                 proved: std::array::from_fn(|_| HashSet::new()),
                 deliveries: Vec::new(),
                 journals: std::array::from_fn(|_| Journal::default()),
@@ -311,6 +352,7 @@ impl World {
         assert_eq!((user_id.as_str(), username.as_str()), (name, name));
         let has = |cap: &str| capabilities.iter().any(|c| c == cap);
         assert!(has(CAP_ADDRESS_ROUTING) && has(CAP_PRESENCE_WATCH) && has(CAP_KEY_DIRECTORY));
+        assert!(has(CAP_GROUP_DELIVERY));
         assert_eq!(has(CAP_MAILBOX), self.model.mailbox);
         assert_eq!(mailbox.is_some(), self.model.mailbox);
         assert!(rate_limit.is_some());
@@ -336,6 +378,7 @@ impl World {
             owed: HashMap::new(),
             answered: HashMap::new(),
             asked: HashSet::new(),
+            groups: HashSet::new(),
             declarations: 0,
             bindable: None,
             address_declared: false,
@@ -659,6 +702,24 @@ impl Model {
                 "{to} received {delivery:?}, which no send matches: {sends:?}"
             );
         }
+        for delivery in &self.group_deliveries {
+            let sends = self
+                .group_sent
+                .get(&delivery.message_id)
+                .map_or(&[][..], Vec::as_slice);
+            let matches = |sent: &&GroupSent| {
+                sent.group_id == delivery.group_id
+                    && sent.content == delivery.content
+                    && sent.reply_to == delivery.reply_to
+                    && (delivery.sender == ACCOUNTS[sent.from]
+                        || self.proved[sent.from].contains(&delivery.sender))
+            };
+            assert!(
+                sends.iter().any(|s| matches(&s)),
+                "{} received {delivery:?}, which no broadcast matches: {sends:?}",
+                ACCOUNTS[delivery.to]
+            );
+        }
     }
 }
 
@@ -667,6 +728,30 @@ fn decode(text: &str) -> RelayFrame {
 }
 
 impl Client {
+    /// A journal frame (direct or group copy) written to this connection.
+    fn inbound(&mut self, model: &mut Model, seq: Option<u64>, message_id: &str) {
+        let account = ACCOUNTS[self.account];
+        assert_eq!(
+            seq.is_some(),
+            model.mailbox && self.opted_in,
+            "seq on a frame to {account}"
+        );
+        if let Some(seq) = seq {
+            let last = self.seqs.last().copied().unwrap_or(0);
+            assert!(seq > last, "{account}: seq {seq} after {last}");
+            self.seqs.push(seq);
+            self.received.push((seq, message_id.to_owned()));
+            let seen = model.journals[self.account]
+                .seen
+                .entry(seq)
+                .or_insert_with(|| message_id.to_owned());
+            assert_eq!(*seen, message_id, "{account}: seq {seq} names two frames");
+        }
+        if !self.drain_complete {
+            self.drained += 1;
+        }
+    }
+
     fn seq(&self, spec: SeqSpec) -> u64 {
         match spec {
             SeqSpec::Received(back) if !self.seqs.is_empty() => {
@@ -708,8 +793,32 @@ impl Client {
                     *self.owed.entry(message_id.clone()).or_default() += 1;
                 }
             }
-            ClientFrame::SendGroupMessage { message_id, .. } => {
+            ClientFrame::SendGroupMessage {
+                group_id,
+                content,
+                message_id,
+                reply_to_msg,
+                ..
+            } => {
                 self.echoable.insert(message_id.clone());
+                self.groups.insert(group_id.clone());
+                model
+                    .group_sent
+                    .entry(message_id.clone())
+                    .or_default()
+                    .push(GroupSent {
+                        from: self.account,
+                        group_id: group_id.clone(),
+                        content: content.clone(),
+                        reply_to: reply_to_msg.clone(),
+                    });
+                model.broadcasts[self.account].insert((group_id.clone(), message_id.clone()));
+            }
+            ClientFrame::CreateGroup { group_id, .. }
+            | ClientFrame::AddGroupMember { group_id, .. }
+            | ClientFrame::RemoveGroupMember { group_id, .. }
+            | ClientFrame::LeaveGroup { group_id } => {
+                self.groups.insert(group_id.clone());
             }
             ClientFrame::Ack { seq } => {
                 journal.acked.insert(*seq);
@@ -733,11 +842,7 @@ impl Client {
             }
             ClientFrame::Authenticate { .. }
             | ClientFrame::PublishKeyPackages { .. }
-            | ClientFrame::UnwatchPresence { .. }
-            | ClientFrame::CreateGroup { .. }
-            | ClientFrame::AddGroupMember { .. }
-            | ClientFrame::RemoveGroupMember { .. }
-            | ClientFrame::LeaveGroup { .. } => {}
+            | ClientFrame::UnwatchPresence { .. } => {}
         }
     }
 
@@ -867,25 +972,7 @@ impl Client {
                 reply_to_msg,
                 ..
             } => {
-                assert_eq!(
-                    seq.is_some(),
-                    model.mailbox && self.opted_in,
-                    "seq on a MessageReceived to {account}"
-                );
-                if let Some(seq) = seq {
-                    let last = self.seqs.last().copied().unwrap_or(0);
-                    assert!(seq > last, "{account}: seq {seq} after {last}");
-                    self.seqs.push(seq);
-                    self.received.push((seq, message_id.clone()));
-                    let seen = model.journals[self.account]
-                        .seen
-                        .entry(seq)
-                        .or_insert_with(|| message_id.clone());
-                    assert_eq!(*seen, message_id, "{account}: seq {seq} names two frames");
-                }
-                if !self.drain_complete {
-                    self.drained += 1;
-                }
+                self.inbound(model, seq, &message_id);
                 model.deliveries.push(Delivery {
                     to: self.account,
                     sender,
@@ -894,6 +981,55 @@ impl Client {
                     content,
                     reply_to: reply_to_msg,
                 });
+            }
+            RelayFrame::GroupMessageReceived {
+                group_id,
+                sender,
+                content,
+                message_id,
+                seq,
+                reply_to_msg,
+                ..
+            } => {
+                self.inbound(model, seq, &message_id);
+                model.group_deliveries.push(GroupDelivery {
+                    to: self.account,
+                    group_id,
+                    sender,
+                    message_id,
+                    content,
+                    reply_to: reply_to_msg,
+                });
+            }
+            RelayFrame::GroupMessageSent {
+                group_id,
+                message_id,
+                ..
+            } => assert!(
+                model.broadcasts[self.account].contains(&(group_id.clone(), message_id.clone())),
+                "{account} was sent a report on {message_id:?} to {group_id:?}, never broadcast"
+            ),
+            RelayFrame::GroupCreated { group_id, .. }
+            | RelayFrame::GroupMemberAdded { group_id, .. }
+            | RelayFrame::GroupMemberRemoved { group_id, .. } => assert!(
+                self.groups.contains(&group_id),
+                "{account} was answered on group {group_id:?}, never named"
+            ),
+            RelayFrame::GroupError {
+                reason,
+                group_id,
+                message_id,
+            } => {
+                assert!(
+                    GROUP_REASONS.contains(&reason.as_str()),
+                    "GroupError {reason}"
+                );
+                let group_id = group_id.expect("GroupError names the group");
+                assert!(
+                    self.groups.contains(&group_id),
+                    "{account} was refused on group {group_id:?}, never named"
+                );
+                self.check_echo(message_id.as_deref());
             }
             RelayFrame::DrainComplete { count } => {
                 assert!(model.mailbox && self.opted_in, "DrainComplete to {account}");
