@@ -32,6 +32,13 @@ const EVENT_TYPES = new Set([
   'internet_server_message',
   'inbound_drain_completed',
   'diagnostic',
+  'group_created',
+  'group_member_added',
+  'group_member_removed',
+  'group_message_sent',
+  'group_message_delivery_report',
+  'group_message_member_status',
+  'group_relay_sync_changed',
 ])
 
 function checkEventType(type) {

@@ -15,6 +15,16 @@ export type ProtocolErrorCode =
   | 'ERR_UNSUPPORTED_DURABILITY_BACKEND'
   | 'ERR_EVENT_OVERFLOW'
   | 'ERR_RELAY'
+  /** A group call on a device running with `encryption.enabled: false`: groups are MLS groups. */
+  | 'ERR_ENCRYPTION_REQUIRED'
+  /** No group with that id on this device (never joined, left, or removed). */
+  | 'ERR_GROUP_NOT_FOUND'
+  /** Only a group's creator adds and removes its members. */
+  | 'ERR_GROUP_NOT_ADMIN'
+  /** Adding members takes their key packages from the relay's directory: no relay offering one is connected. */
+  | 'ERR_NOT_CONNECTED'
+  /** The relay's directory holds no key package for a member to add: it must connect once first. */
+  | 'ERR_KEY_PACKAGE_UNAVAILABLE'
   /** `whenDelivered`: the message ended in `message_failed` (or `connection_request_undeliverable`). */
   | 'ERR_MESSAGE_FAILED'
   /** `once` or `whenDelivered`: its `signal` was aborted first. */
@@ -139,6 +149,15 @@ export interface ProtocolConfig {
      * `'refuse'`: dropped unacknowledged.
      */
     unknownSenders?: 'accept' | 'request' | 'refuse'
+  }
+  /** Group delivery (`docs/delivery.md#group-sends`). */
+  group?: {
+    /**
+     * A group message goes as one relay broadcast, answered by a delivery report and backed by
+     * per-member copies, when the relay advertises `group_delivery_v3` and knows the group.
+     * `false`: always one copy per member. Default `true`.
+     */
+    relayBroadcastEnabled?: boolean
   }
   transports?: {
     internet?: {
@@ -301,6 +320,8 @@ export interface MessageReceivedEvent {
   encrypted: boolean
   /** The sender is one of this device's contacts (see `encryption.unknownSenders`). */
   knownSender: boolean
+  /** The group the message was sent to (then `chat` is the group too); absent for a direct message. */
+  groupId?: string
 }
 /**
  * A peer asks to connect. Answer with `acceptConnection(requestId)` or
@@ -425,6 +446,59 @@ export interface InboundDrainCompletedEvent { type: 'inbound_drain_completed'; c
 /** A log line at or above `logLevel`; `target` is the module that wrote it. */
 export interface DiagnosticEvent { type: 'diagnostic'; level: DiagnosticLevel; message: string; target: string }
 
+/**
+ * This device created a group (`createGroup`), or was added to one and joined it by its Welcome.
+ * `admin` is the creator, the only member that adds and removes; `members` include this device.
+ */
+export interface GroupCreatedEvent { type: 'group_created'; groupId: string; name: string; admin: string; members: string[] }
+/** `member` joined the group; later group messages reach it, earlier ones never do. */
+export interface GroupMemberAddedEvent { type: 'group_member_added'; groupId: string; member: string; addedBy: string }
+/**
+ * `member` left (`removedBy` is itself) or was removed. When `member` is this device the group
+ * is gone from it: it reads nothing sealed afterwards.
+ */
+export interface GroupMemberRemovedEvent { type: 'group_member_removed'; groupId: string; member: string; removedBy: string }
+/**
+ * A group message was accepted and went on its way: `'relay'`, one broadcast awaiting the
+ * relay's report; `'fanout'`, one copy per member, each with the whole delivery ladder.
+ */
+export interface GroupMessageSentEvent { type: 'group_message_sent'; groupId: string; messageId: string; path: 'relay' | 'fanout'; members: number }
+/**
+ * The relay's report on a broadcast, after its backstop: `delivered` members took it live,
+ * `pushed` members' mailboxes hold it, and `missedReissued` got a per-member copy (missed, or
+ * unknown to the relay). Observability only: the copies are already on their way.
+ */
+export interface GroupMessageDeliveryReportEvent {
+  type: 'group_message_delivery_report'
+  groupId: string
+  messageId: string
+  delivered: string[]
+  pushed: string[]
+  missedReissued: string[]
+}
+/** Where one member of a group message stands (`getGroupMessageStatus`). */
+export type GroupMemberStatus = 'pending' | 'stored' | 'delivered' | 'failed'
+/** One member's state of a group message changed; `delivered` and `failed` are final. */
+export interface GroupMessageMemberStatusEvent { type: 'group_message_member_status'; groupId: string; messageId: string; member: string; status: GroupMemberStatus }
+/** The relay is ready (or no longer) to broadcast this device's messages to the group. */
+export interface GroupRelaySyncChangedEvent { type: 'group_relay_sync_changed'; groupId: string; synced: boolean }
+/** A group this device is in (`listGroups`). */
+export interface GroupInfo {
+  groupId: string
+  name: string
+  /** The creator: the only member that adds and removes. */
+  admin: string
+  /** This device included, sorted. */
+  members: string[]
+  /** The relay broadcasts to it on the current connection. */
+  relaySynced: boolean
+}
+/** Each member's state of a group message, kept after delivery (`getGroupMessageStatus`). */
+export interface GroupMessageStatus {
+  groupId: string
+  members: Record<string, GroupMemberStatus>
+}
+
 /** Every event, discriminated on `type`. */
 export type ProtocolEvent =
   | MessageSentEvent
@@ -453,6 +527,13 @@ export type ProtocolEvent =
   | InternetServerMessageEvent
   | InboundDrainCompletedEvent
   | DiagnosticEvent
+  | GroupCreatedEvent
+  | GroupMemberAddedEvent
+  | GroupMemberRemovedEvent
+  | GroupMessageSentEvent
+  | GroupMessageDeliveryReportEvent
+  | GroupMessageMemberStatusEvent
+  | GroupRelaySyncChangedEvent
 
 /** The `type` of every event. */
 export type ProtocolEventType = ProtocolEvent['type']
@@ -518,6 +599,31 @@ export class Protocol {
   connectionRequests(): Promise<ConnectionRequest[]>
   /** Answered from storage; survives restarts. */
   getMessageStatus(id: string): Promise<MessageStatus>
+  /**
+   * Creates an end-to-end encrypted group with this device as its admin and `members` (`off1`
+   * addresses, this device not among them); resolves with the group's id once every member is
+   * in it, durably. Each member's key package comes from the relay's directory:
+   * `ERR_NOT_CONNECTED` without a relay offering it, `ERR_KEY_PACKAGE_UNAVAILABLE` for a member
+   * that has none there (nothing is created then).
+   */
+  createGroup(name: string, members: string[]): Promise<string>
+  /** Adds `member` (admin only); it reads what is sent from now on, never what came before. */
+  addGroupMember(groupId: string, member: string): Promise<void>
+  /** Removes `member` (admin only); it cannot read anything sent afterwards. */
+  removeGroupMember(groupId: string, member: string): Promise<void>
+  /** Leaves the group (the admin removes the others instead); this device reads nothing of it afterwards. */
+  leaveGroup(groupId: string): Promise<void>
+  /**
+   * Sends to every member of the group; resolves with the message's one id once it is durably
+   * accepted. Not held to the 256 KiB cap of `sendMessage`: the sealed message must fit one
+   * relay frame (1 MiB). Each member's progress: `group_message_member_status`,
+   * `getGroupMessageStatus`.
+   */
+  sendGroupMessage(groupId: string, content: string | Uint8Array, options?: SendOptions): Promise<string>
+  /** Each member's state of group message `id`, from storage (also after delivery); `null` when unknown. */
+  getGroupMessageStatus(id: string): Promise<GroupMessageStatus | null>
+  /** The groups this device is in. */
+  listGroups(): Promise<GroupInfo[]>
   /**
    * Waits for message `id` (a `sendMessage` or `sendConnectionRequest` id) to settle. Resolves
    * with its `message_delivered` event, or with `null` when it had been delivered before this

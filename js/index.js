@@ -49,6 +49,39 @@ function frameBytes(frame, what) {
   throw invalid(`${what} must be a Uint8Array or a string`)
 }
 
+// The native input of a send to `recipient` (an address, or a group's id): the checks every
+// send shares, so that a bad argument is refused before anything is queued.
+function sendInput(recipient, content, options) {
+  if (!isPlainObject(options)) throw invalid('options must be an object')
+  for (const key of Object.keys(options)) {
+    if (!SEND_OPTIONS.has(key)) throw invalid(`options.${key} is not a known option`)
+  }
+  const input = { recipient }
+  if (typeof content === 'string') input.content = content
+  else if (content instanceof Uint8Array) input.binary = Buffer.from(content.buffer, content.byteOffset, content.byteLength)
+  else throw invalid('content must be a string or a Uint8Array')
+  for (const key of ['priority', 'id', 'contentType']) {
+    if (options[key] === undefined) continue
+    if (typeof options[key] !== 'string') throw invalid(`options.${key} must be a string`)
+    input[key] = options[key]
+  }
+  if (options.metadata !== undefined) {
+    if (!isPlainObject(options.metadata)) throw invalid('options.metadata must be an object of strings')
+    for (const [k, v] of Object.entries(options.metadata)) {
+      if (typeof v !== 'string') throw invalid(`options.metadata.${k} must be a string`)
+    }
+    input.metadata = options.metadata
+  }
+  return input
+}
+
+// Throws `ERR_INVALID_ARGUMENT` naming the first of `args` that is not a string.
+function checkStrings(args) {
+  for (const [name, value] of Object.entries(args)) {
+    if (typeof value !== 'string') throw invalid(`${name} must be a string`)
+  }
+}
+
 class Protocol {
   #native
   #listeners = new Set()
@@ -126,29 +159,59 @@ class Protocol {
   /** Resolves with the message id once the message is durably in the outbox. */
   async sendMessage(recipient, content, options = {}) {
     if (typeof recipient !== 'string') throw invalid('recipient must be a string')
-    if (!isPlainObject(options)) throw invalid('options must be an object')
-    for (const key of Object.keys(options)) {
-      if (!SEND_OPTIONS.has(key)) throw invalid(`options.${key} is not a known option`)
-    }
-    const input = { recipient }
-    if (typeof content === 'string') input.content = content
-    else if (content instanceof Uint8Array) input.binary = Buffer.from(content.buffer, content.byteOffset, content.byteLength)
-    else throw invalid('content must be a string or a Uint8Array')
-    for (const key of ['priority', 'id', 'contentType']) {
-      if (options[key] === undefined) continue
-      if (typeof options[key] !== 'string') throw invalid(`options.${key} must be a string`)
-      input[key] = options[key]
-    }
-    if (options.metadata !== undefined) {
-      if (!isPlainObject(options.metadata)) throw invalid('options.metadata must be an object of strings')
-      for (const [k, v] of Object.entries(options.metadata)) {
-        if (typeof v !== 'string') throw invalid(`options.metadata.${k} must be a string`)
-      }
-      input.metadata = options.metadata
-    }
+    const input = sendInput(recipient, content, options)
     // Queued synchronously, so concurrent sends keep their call order.
     return call(callSync(() => this.#native.sendMessage(input)))
   }
+
+  /** Creates a group administered by this device; resolves with its id once every member is in it. */
+  async createGroup(name, members) {
+    if (typeof name !== 'string') throw invalid('name must be a string')
+    if (!Array.isArray(members) || !members.every((m) => typeof m === 'string')) {
+      throw invalid('members must be an array of strings')
+    }
+    return call(this.#native.createGroup(name, members))
+  }
+
+  /** Adds `member` to a group this device administers. */
+  async addGroupMember(groupId, member) {
+    checkStrings({ groupId, member })
+    await call(this.#native.addGroupMember(groupId, member))
+  }
+
+  /** Removes `member` from a group this device administers. */
+  async removeGroupMember(groupId, member) {
+    checkStrings({ groupId, member })
+    await call(this.#native.removeGroupMember(groupId, member))
+  }
+
+  /** Leaves a group; this device reads nothing of it afterwards. */
+  async leaveGroup(groupId) {
+    checkStrings({ groupId })
+    await call(this.#native.leaveGroup(groupId))
+  }
+
+  /** Sends to every member of the group; resolves with the message's one id once durably accepted. */
+  async sendGroupMessage(groupId, content, options = {}) {
+    if (typeof groupId !== 'string') throw invalid('groupId must be a string')
+    return call(this.#native.sendGroupMessage(sendInput(groupId, content, options)))
+  }
+
+  /** Each member's state of group message `id`, from storage; `null` when unknown. */
+  async getGroupMessageStatus(id) {
+    checkStrings({ id })
+    const status = await call(this.#native.getGroupMessageStatus(id))
+    if (status === null) return null
+    const members = {}
+    for (const { member, status: state } of status.members) members[member] = state
+    return { groupId: status.groupId, members }
+  }
+
+  /** The groups this device is in. */
+  async listGroups() {
+    return call(this.#native.listGroups())
+  }
+
 
   /**
    * Asks the device `peer` (an address) to connect; resolves with the request's id once it is

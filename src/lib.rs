@@ -23,12 +23,14 @@ use crate::error::{client_error, coded, Code, Result, Settled};
 mod app;
 mod error;
 pub mod gateway;
+mod groups;
 mod options;
 pub mod relay;
 mod running;
 
 #[napi(object)]
 pub struct NativeSendInput {
+    /// The recipient; for `sendGroupMessage`, the group's id.
     pub recipient: String,
     pub content: Option<String>,
     pub binary: Option<Buffer>,
@@ -36,6 +38,34 @@ pub struct NativeSendInput {
     pub priority: Option<String>,
     pub content_type: Option<String>,
     pub metadata: Option<HashMap<String, String>>,
+}
+
+impl NativeSendInput {
+    fn into_send(self) -> SendInput {
+        let (binary_content, binary_len) = match &self.binary {
+            Some(bytes) => {
+                use base64::Engine as _;
+                (
+                    Some(base64::engine::general_purpose::STANDARD.encode(bytes.as_ref())),
+                    bytes.len(),
+                )
+            }
+            None => (None, 0),
+        };
+        SendInput {
+            recipient: self.recipient,
+            content: self.content.unwrap_or_default(),
+            binary_content,
+            binary_len,
+            id: self.id,
+            priority: self.priority,
+            content_type: self.content_type,
+            metadata: self
+                .metadata
+                .map(|m| m.into_iter().collect::<BTreeMap<_, _>>())
+                .unwrap_or_default(),
+        }
+    }
 }
 
 /// `connectionRequests()`: `ConnectionRequest` in `js/index.d.ts`.
@@ -66,6 +96,8 @@ pub struct NativeStats {
     pub carriers_up: f64,
     /// Messages waiting for an end-to-end session with their recipient (the pre-session queue).
     pub pre_session: f64,
+    /// Group messages awaiting a relay report or with copies still in the outbox.
+    pub group_sends: f64,
 }
 
 /// Where a `Protocol` stands; `Starting` makes a concurrent second `start()` fail with
@@ -152,29 +184,7 @@ impl NativeProtocol {
         input: NativeSendInput,
     ) -> Result<PromiseRaw<'env, Settled<String>>> {
         let client = self.started()?;
-        let (binary_content, binary_len) = match &input.binary {
-            Some(bytes) => {
-                use base64::Engine as _;
-                (
-                    Some(base64::engine::general_purpose::STANDARD.encode(bytes.as_ref())),
-                    bytes.len(),
-                )
-            }
-            None => (None, 0),
-        };
-        let send = SendInput {
-            recipient: input.recipient,
-            content: input.content.unwrap_or_default(),
-            binary_content,
-            binary_len,
-            id: input.id,
-            priority: input.priority,
-            content_type: input.content_type,
-            metadata: input
-                .metadata
-                .map(|m| m.into_iter().collect::<BTreeMap<_, _>>())
-                .unwrap_or_default(),
-        };
+        let send = input.into_send();
         let durable = client.enqueue_send(send).map_err(client_error)?;
         env.spawn_future(async move { Ok(Settled(durable.await.map_err(client_error))) })
             .map_err(|e| coded(Code::INTERNAL, e.reason))
@@ -260,6 +270,7 @@ impl NativeProtocol {
             parked: s.parked as f64,
             carriers_up: s.carriers_up as f64,
             pre_session: s.pre_session as f64,
+            group_sends: s.group_sends as f64,
         })
     }
 
@@ -492,7 +503,7 @@ impl NativeProtocol {
         }
     }
 
-    fn started(&self) -> Result<Arc<Client>> {
+    pub(crate) fn started(&self) -> Result<Arc<Client>> {
         self.current()
             .ok_or_else(|| client_error(ClientError::NotStarted))
     }

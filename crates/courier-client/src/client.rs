@@ -21,11 +21,11 @@ use crate::carrier::tls;
 use crate::config::{AuthToken, ProtocolConfig, StorageConfig};
 use crate::driver::connections::{ConnectionCommand, Connections};
 use crate::driver::e2e::E2e;
-use crate::driver::groups::Groups;
+use crate::driver::groups::{GroupCommand, GroupInfo, GroupSendInput, Groups};
 use crate::driver::{self, Command, Driver, DriverTx, Published, Receipts, Wiring};
 use crate::error::ClientError;
 use crate::event::ClientEvent;
-use crate::store::{MessageStatus, PendingRequest, Store};
+use crate::store::{GroupSendStatus, MessageStatus, PendingRequest, Store};
 
 /// What the application passes to `sendMessage`, before validation.
 #[derive(Debug, Clone, Default)]
@@ -271,7 +271,7 @@ impl Client {
         impl std::future::Future<Output = Result<String, ClientError>> + Send + 'static,
         ClientError,
     > {
-        let req = validate_send(input)?;
+        let req = validate_send(input, ContentCap::Applies)?;
         if self.encryption && Address::parse(&req.recipient).is_err() {
             // A session is with a device, and only an address names one.
             return Err(ClientError::InvalidArgument(format!(
@@ -310,6 +310,72 @@ impl Client {
         let (reply, rx) = oneshot::channel();
         self.driver.send(Command::Connection { command, reply });
         rx.await.map_err(|_| ClientError::NotStarted)?
+    }
+
+    /// `createGroup`: resolves with the new group's id once it exists with every member in it,
+    /// durably (`docs/protocol.md#group-messages`).
+    pub async fn create_group(
+        &self,
+        name: String,
+        members: Vec<String>,
+    ) -> Result<String, ClientError> {
+        self.group(GroupCommand::Create { name, members }).await
+    }
+
+    pub async fn add_group_member(
+        &self,
+        group_id: String,
+        member: String,
+    ) -> Result<(), ClientError> {
+        self.group(GroupCommand::Add { group_id, member })
+            .await
+            .map(drop)
+    }
+
+    pub async fn remove_group_member(
+        &self,
+        group_id: String,
+        member: String,
+    ) -> Result<(), ClientError> {
+        self.group(GroupCommand::Remove { group_id, member })
+            .await
+            .map(drop)
+    }
+
+    pub async fn leave_group(&self, group_id: String) -> Result<(), ClientError> {
+        self.group(GroupCommand::Leave { group_id }).await.map(drop)
+    }
+
+    /// `sendGroupMessage`: resolves with the message's one logical id once it is durably
+    /// accepted (`docs/delivery.md#group-sends`). `input.recipient` is the group.
+    pub async fn send_group(&self, input: SendInput) -> Result<String, ClientError> {
+        let request = validate_send(input, ContentCap::Exempt)?;
+        let group_id = request.recipient.clone();
+        self.group(GroupCommand::Send(GroupSendInput { group_id, request }))
+            .await
+    }
+
+    async fn group(&self, command: GroupCommand) -> Result<String, ClientError> {
+        let (reply, rx) = oneshot::channel();
+        self.driver.send(Command::Group { command, reply });
+        rx.await.map_err(|_| ClientError::NotStarted)?
+    }
+
+    /// `getGroupMessageStatus`: each member's state, from storage; `None` for an id this
+    /// device never sent to a group (or forgot).
+    pub async fn group_message_status(
+        &self,
+        id: String,
+    ) -> Result<Option<GroupSendStatus>, ClientError> {
+        let (reply, rx) = oneshot::channel();
+        self.driver.send(Command::GroupStatus { id, reply });
+        rx.await.map_err(|_| ClientError::NotStarted)?
+    }
+
+    pub async fn list_groups(&self) -> Result<Vec<GroupInfo>, ClientError> {
+        let (reply, rx) = oneshot::channel();
+        self.driver.send(Command::ListGroups { reply });
+        rx.await.map_err(|_| ClientError::NotStarted)
     }
 
     /// The connection requests waiting for an answer, this device's and others', oldest first.
@@ -558,9 +624,18 @@ impl Client {
     }
 }
 
+/// Whether a send is held to the content cap: a direct message is; a group message is not,
+/// since it is sealed at once and waits in no pre-session queue, and is bounded by the frame it
+/// must fit instead (`docs/delivery.md#send-validation`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ContentCap {
+    Applies,
+    Exempt,
+}
+
 /// The checks of `sendMessage` (`docs/delivery.md#send-validation`); a refused send changes
-/// nothing.
-fn validate_send(input: SendInput) -> Result<SendRequest, ClientError> {
+/// nothing. `recipient` is the group's id for a group message.
+fn validate_send(input: SendInput, cap: ContentCap) -> Result<SendRequest, ClientError> {
     let invalid = |m: String| Err(ClientError::InvalidArgument(m));
     if let Err(e) = validate_identifier(&input.recipient) {
         return invalid(format!("recipient {e}"));
@@ -571,7 +646,7 @@ fn validate_send(input: SendInput) -> Result<SendRequest, ClientError> {
         }
     }
     let size = input.content.len() + input.binary_len;
-    if size > MAX_CONTENT_BYTES {
+    if cap == ContentCap::Applies && size > MAX_CONTENT_BYTES {
         return invalid(format!(
             "content is {size} bytes; the limit is {MAX_CONTENT_BYTES}"
         ));

@@ -380,6 +380,13 @@ impl Driver {
                 }
                 self.after_input(step, now);
             }
+            Command::Group {
+                command: GroupCommand::Send(input),
+                reply,
+            } if self.is_group_send(&input.request.id) => {
+                // A group message id already sent: a no-op answering that id.
+                owed.accepted.push((input.request.id, reply));
+            }
             Command::Group { command, reply } => {
                 let e2e = self.e2e.as_mut();
                 if let Some(accepted) =
@@ -497,6 +504,11 @@ impl Driver {
         while let Some(recipient) = self.engine.poll_session_wanted() {
             e2e.want(&mut self.engine, step, &recipient, now);
         }
+    }
+
+    /// Whether storage knows group message `id` (sent before, delivered or not).
+    fn is_group_send(&self, id: &str) -> bool {
+        matches!(self.store.group_send_status(id), Ok(Some(_)))
     }
 
     /// Carries the step out; a failed commit makes it change nothing.
