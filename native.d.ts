@@ -26,6 +26,18 @@ export declare class NativeGateway {
 }
 
 export declare class NativeProtocol {
+  /** Resolves with the group's id once it exists, with every member, durably. */
+  createGroup(name: string, members: Array<string>): Promise<string>
+  addGroupMember(groupId: string, member: string): Promise<void>
+  removeGroupMember(groupId: string, member: string): Promise<void>
+  leaveGroup(groupId: string): Promise<void>
+  /**
+   * `input.recipient` is the group; resolves with the message's logical id once it is
+   * durably accepted.
+   */
+  sendGroupMessage(input: NativeSendInput): Promise<string>
+  getGroupMessageStatus(id: string): Promise<NativeGroupMessageStatus | null>
+  listGroups(): Promise<NativeGroup[]>
   /** Validates the whole configuration (JSON text); throws `ERR_CONFIG` `path message`. */
   constructor(configJson: string)
   /** Configuration warnings worth a log line (for example a lifetime beyond the signature window). */
@@ -127,6 +139,29 @@ export interface NativeConnectionRequest {
   at: number
 }
 
+/** `listGroups()`: `GroupInfo` in `js/index.d.ts`. */
+export interface NativeGroup {
+  groupId: string
+  name: string
+  admin: string
+  /** This device included, sorted. */
+  members: Array<string>
+  relaySynced: boolean
+}
+
+/** One member's state of a group message. */
+export interface NativeGroupMemberStatus {
+  member: string
+  /** `'pending'`, `'stored'`, `'delivered'` or `'failed'`. */
+  status: string
+}
+
+/** `getGroupMessageStatus()`: `GroupMessageStatus` in `js/index.d.ts`. */
+export interface NativeGroupMessageStatus {
+  groupId: string
+  members: Array<NativeGroupMemberStatus>
+}
+
 /** A batch for the durability hook; the facade reports it with `hookDone(batchId, …)`. */
 export interface NativeHookBatch {
   batchId: number
@@ -171,6 +206,7 @@ export interface NativeSendAttempt {
 }
 
 export interface NativeSendInput {
+  /** The recipient; for `sendGroupMessage`, the group's id. */
   recipient: string
   content?: string
   binary?: Buffer
@@ -198,6 +234,8 @@ export interface NativeStats {
   carriersUp: number
   /** Messages waiting for an end-to-end session with their recipient (the pre-session queue). */
   preSession: number
+  /** Group messages awaiting a relay report or with copies still in the outbox. */
+  groupSends: number
 }
 
 export declare function relayCliHelp(): string

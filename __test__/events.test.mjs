@@ -172,6 +172,31 @@ test('every public event occurs, and each matches its declared type', async (t) 
   const tokenless = watch(await started(t, withToken('trent', () => Promise.reject(new Error('no token today'))), { connect: false }))
   await waitFor(tokenless.recorder, (e) => e.type === 'auth_failed' && e.reason === 'token_unavailable')
 
+  // A group of sealed devices (the default mode): created, a message broadcast and reported,
+  // a member added and removed.
+  const sealedPeer = async (name) => {
+    const { encryption, ...config } = peerConfig(name, dir, relay.url, { logLevel: 'info' })
+    void encryption
+    const peer = watch(await started(t, config))
+    await waitFor(peer.recorder, (e) => e.type === 'diagnostic' && e.message.includes('holds 10 one-time'))
+    return { ...peer, address: peer.protocol.localAddress() }
+  }
+  const gina = await sealedPeer('gina')
+  const hank = await sealedPeer('hank')
+  const ivan = await sealedPeer('ivan')
+  const groupId = await gina.protocol.createGroup('events', [hank.address])
+  await waitFor(gina.recorder, (e) => e.type === 'group_relay_sync_changed' && e.synced)
+  await waitFor(hank.recorder, (e) => e.type === 'group_created' && e.groupId === groupId)
+  const groupMessage = await gina.protocol.sendGroupMessage(groupId, 'to the group')
+  await waitFor(gina.recorder, (e) => e.type === 'group_message_sent' && e.messageId === groupMessage)
+  await waitFor(hank.recorder, (e) => e.type === 'message_received' && e.groupId === groupId)
+  await waitFor(gina.recorder, (e) => e.type === 'group_message_delivery_report' && e.messageId === groupMessage)
+  await waitFor(gina.recorder, (e) => e.type === 'group_message_member_status' && e.messageId === groupMessage)
+  await gina.protocol.addGroupMember(groupId, ivan.address)
+  await waitFor(hank.recorder, (e) => e.type === 'group_member_added' && e.member === ivan.address)
+  await gina.protocol.removeGroupMember(groupId, ivan.address)
+  await waitFor(ivan.recorder, (e) => e.type === 'group_member_removed' && e.member === ivan.address)
+
   const events = recorders.flatMap((r) => r.events)
   const source = typeCheckSource(events)
   const result = typeCheck(source)

@@ -9,6 +9,9 @@ import {
   type ConnectionRequestUndeliverableEvent,
   type DecryptionFailureCode,
   type DiagnosticLevel,
+  type GroupInfo,
+  type GroupMemberStatus,
+  type GroupMessageStatus,
   type IdentityReadyEvent,
   type MessageDeferredReason,
   type MessageDeliveredEvent,
@@ -238,3 +241,35 @@ export const storages = [
   // @ts-expect-error: exactly one of path and memory
   Relay.start({ storage: { path: 'relay.db', memory: true }, jwtSecret: 's3cret' }),
 ]
+
+/** A group chat as an app writes one: every group call and event typed. */
+export async function groupChat(protocol: Protocol, friends: string[]): Promise<GroupInfo[]> {
+  const groupId: string = await protocol.createGroup('friends', friends)
+  protocol.on('group_created', (ev) => console.log(ev.groupId, ev.name, ev.admin, ev.members.length))
+  protocol.on('group_member_added', (ev) => console.log(ev.member, ev.addedBy))
+  protocol.on('group_member_removed', (ev) => console.log(ev.member, ev.removedBy))
+  protocol.on('group_relay_sync_changed', (ev) => console.log(ev.groupId, ev.synced))
+  protocol.on('group_message_sent', (ev) => {
+    const path: 'relay' | 'fanout' = ev.path
+    console.log(path, ev.members)
+  })
+  protocol.on('group_message_delivery_report', (ev) => console.log(ev.delivered, ev.pushed, ev.missedReissued))
+  protocol.on('group_message_member_status', (ev) => {
+    const status: GroupMemberStatus = ev.status
+    console.log(ev.member, status)
+  })
+  protocol.on('message_received', (ev) => {
+    if (ev.groupId !== undefined) console.log(`in ${ev.groupId}: ${String(ev.content)}`)
+  })
+  const id: string = await protocol.sendGroupMessage(groupId, 'hello', { priority: 'high', metadata: { k: 'v' } })
+  const status: GroupMessageStatus | null = await protocol.getGroupMessageStatus(id)
+  if (status) for (const [member, state] of Object.entries(status.members)) console.log(member, state)
+  await protocol.addGroupMember(groupId, friends[0])
+  await protocol.removeGroupMember(groupId, friends[0])
+  await protocol.leaveGroup(groupId).catch((e: unknown) => {
+    if (e instanceof ProtocolError && e.code === 'ERR_GROUP_NOT_FOUND') return
+    throw e
+  })
+  void new Protocol({ appId: 'chat', storage: { memory: true }, group: { relayBroadcastEnabled: false } })
+  return protocol.listGroups()
+}

@@ -306,7 +306,7 @@ where
                 });
             }
             AuthEvent::Message(Some(Ok(message))) => match message {
-                Message::Text(text) => match counted(ctx, ClientFrame::decode(&text)) {
+                Message::Text(text) => match counted(ctx, ClientFrame::decode(&text), text.len()) {
                     Ok(ClientFrame::Authenticate {
                         token,
                         client_capabilities,
@@ -356,8 +356,9 @@ where
 fn counted(
     ctx: &Ctx,
     decoded: Result<ClientFrame, DecodeError>,
+    bytes: usize,
 ) -> Result<ClientFrame, DecodeError> {
-    ctx.metrics.received(&decoded);
+    ctx.metrics.received(&decoded, bytes);
     decoded
 }
 

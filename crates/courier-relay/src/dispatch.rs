@@ -166,7 +166,7 @@ impl Session {
 
     pub async fn on_text(&mut self, text: &str) -> Flow {
         let decoded = ClientFrame::decode(text);
-        self.ctx.metrics.received(&decoded);
+        self.ctx.metrics.received(&decoded, text.len());
         let frame = match decoded {
             Ok(frame) => frame,
             Err(DecodeError::Malformed) => return self.on_malformed().await,

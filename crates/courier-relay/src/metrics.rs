@@ -85,6 +85,7 @@ pub(crate) struct Metrics {
     registry: Registry,
     pub accept: AcceptCounters,
     frames_received: Family<FrameLabels, Counter>,
+    bytes_received: Family<FrameLabels, Counter>,
     frames_sent: Family<FrameLabels, Counter>,
     errors: Family<CodeLabels, Counter>,
     delivery_errors: Family<ReasonLabels, Counter>,
@@ -149,6 +150,12 @@ impl Metrics {
                 r,
                 "frames_received",
                 "Frames read from clients, by frame type",
+            ),
+            bytes_received: add_with_unit(
+                r,
+                "frames_received",
+                "Bytes of the frames read from clients, by frame type",
+                Unit::Bytes,
             ),
             frames_sent: add(r, "frames_sent", "Frames written to clients, by frame type"),
             errors: add(r, "errors", "Error frames sent, by code"),
@@ -226,7 +233,8 @@ impl Metrics {
     }
 
     /// A text message read from a client, as it decoded.
-    pub fn received(&self, decoded: &Result<ClientFrame, DecodeError>) {
+    /// A text frame of `bytes` bytes read from a client.
+    pub fn received(&self, decoded: &Result<ClientFrame, DecodeError>, bytes: usize) {
         let r#type = match decoded {
             Ok(frame) => frame.type_name(),
             Err(DecodeError::UnknownType(_)) => "unknown",
@@ -234,6 +242,9 @@ impl Metrics {
             Err(DecodeError::Malformed) => "malformed",
         };
         self.count_received(r#type);
+        self.bytes_received
+            .get_or_create(&FrameLabels { r#type })
+            .inc_by(bytes as u64);
     }
 
     /// A binary message read from a client: no frame at all.

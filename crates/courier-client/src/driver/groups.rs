@@ -462,9 +462,10 @@ impl Groups {
                     members: row.members.clone(),
                 },
             );
-            self.register(group_id);
         }
         if pending.packages.is_empty() {
+            // A group of one: registered now; otherwise the commit below registers it.
+            self.register(group_id);
             return Ok(());
         }
         let before = self.row(group_id)?.members.clone();
@@ -1285,8 +1286,11 @@ impl Groups {
     }
 }
 
+/// A roster as the app sees it: addresses as strings, sorted as strings.
 fn addresses(members: &[Address]) -> Vec<String> {
-    members.iter().map(ToString::to_string).collect()
+    let mut members: Vec<String> = members.iter().map(ToString::to_string).collect();
+    members.sort();
+    members
 }
 
 fn group_error(e: GroupError) -> ClientError {
