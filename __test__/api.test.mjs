@@ -94,7 +94,7 @@ test('stats cross from the native side as plain objects of numbers', async (t) =
   t.after(() => p.stop())
   const stats = p.stats()
   assert.equal(Object.getPrototypeOf(stats), Object.prototype)
-  assert.deepEqual(stats, { outboxRegular: 0, outboxMedia: 0, pendingAcks: 0, retryQueue: 0, parked: 0, carriersUp: 0, preSession: 0 })
+  assert.deepEqual(stats, { outboxRegular: 0, outboxMedia: 0, pendingAcks: 0, retryQueue: 0, parked: 0, carriersUp: 0, preSession: 0, groupSends: 0 })
 })
 
 test('the three reliability presets of docs/delivery.md are accepted as written', (t) => {

@@ -145,6 +145,13 @@ test('group calls refuse what they cannot do, changing nothing', async (t) => {
   await waitFor(bob.recorder, received(groupId, 'once'))
   assert.equal(await alice.protocol.sendGroupMessage(groupId, 'once', { id: 'fixed-id' }), id)
 
+  // Not held to sendMessage's 256 KiB cap, only to the frame its sealed form must fit.
+  const big = 'b'.repeat(300 * 1024)
+  await assert.rejects(alice.protocol.sendMessage(bob.address, big), code('ERR_INVALID_ARGUMENT'))
+  await alice.protocol.sendGroupMessage(groupId, big)
+  await waitFor(bob.recorder, received(groupId, big), { what: 'the 300 KiB group message' })
+  await assert.rejects(alice.protocol.sendGroupMessage(groupId, 'c'.repeat(900 * 1024)), code('ERR_INVALID_ARGUMENT'))
+
   // Groups are MLS groups: a plaintext device has none.
   const plain = await started(t, peerConfig('plain', dir, relay.url))
   await assert.rejects(plain.protocol.createGroup('g', [bob.address]), code('ERR_ENCRYPTION_REQUIRED'))
@@ -178,4 +185,28 @@ test('a broadcast with a member offline: reported stored, received on its return
   await waitFor(again.recorder, (e) => e.type === 'inbound_drain_completed')
   assert.equal(count(again, groupId, 'while carol is away'), 1)
   assert.equal(count(bob, groupId, 'while carol is away'), 1)
+})
+
+test('with a durability hook, a group message is offered with its group and acknowledged once committed', async (t) => {
+  const {
+    dir,
+    relay,
+    peers: [alice],
+  } = await world(t, 'alice')
+  const batches = []
+  const bob = await device(t, 'bob', dir, relay.url, {
+    inboundDurabilityHook: async (batch) => {
+      batches.push(batch)
+    },
+  })
+  const groupId = await alice.protocol.createGroup('hooked', [bob.address])
+  await waitFor(bob.recorder, (e) => e.type === 'group_created' && e.groupId === groupId)
+  const id = await alice.protocol.sendGroupMessage(groupId, 'kept by the app', { metadata: { k: 'v' } })
+  await waitFor(bob.recorder, received(groupId, 'kept by the app'))
+  const offered = batches.flat().find((m) => m.content === 'kept by the app')
+  assert.equal(offered.groupId, groupId)
+  assert.equal(offered.chat, groupId)
+  assert.equal(offered.sender, alice.address)
+  assert.deepEqual(offered.metadata, { k: 'v' })
+  await waitFor(alice.recorder, (e) => e.type === 'group_message_member_status' && e.messageId === id && e.status === 'delivered')
 })

@@ -248,6 +248,8 @@ export interface InboundMessage {
   metadata: Record<string, string>
   /** `'live'` (a batch of one), `'drain'` (the offline backlog), `'redelivery'` (offered again). */
   origin: 'live' | 'drain' | 'redelivery'
+  /** The group of a group message (then `chat` is the group too); absent for a direct message. */
+  groupId?: string
 }
 
 /** The options of `Protocol.sendMessage`. */

@@ -445,6 +445,7 @@ class Protocol {
       timestamp: m.timestamp,
       metadata: m.metadata,
       origin: m.origin,
+      ...(m.groupId == null ? {} : { groupId: m.groupId }),
     }))
     let result
     try {

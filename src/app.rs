@@ -12,7 +12,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use courier_client::app::{App, AppCarrierSend, HookBatch, HookMessage};
 use courier_client::driver::Receipts;
-use courier_client::event::ClientEvent;
+use courier_client::event::{app_metadata, ClientEvent};
 use napi::bindgen_prelude::Uint8Array;
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi::Status;
@@ -49,6 +49,8 @@ pub struct NativeInboundMessage {
     pub metadata: HashMap<String, String>,
     /// `'live'`, `'drain'` or `'redelivery'`.
     pub origin: String,
+    /// The group of a group message (then `chat` is the group too).
+    pub group_id: Option<String>,
 }
 
 /// A frame for the app carrier `carrier` to hand to `peer`.
@@ -180,6 +182,7 @@ fn inbound_message(m: HookMessage) -> NativeInboundMessage {
         Some(serde_json::Value::String(b64)) => Some(b64),
         _ => None,
     };
+    let (metadata, group_id) = app_metadata(m.message.metadata);
     NativeInboundMessage {
         chat: m.key.chat,
         sender: m.key.sender,
@@ -188,7 +191,8 @@ fn inbound_message(m: HookMessage) -> NativeInboundMessage {
         binary_content,
         content_type: m.message.content_type.as_str().to_owned(),
         timestamp: m.message.timestamp as f64,
-        metadata: m.message.metadata.into_iter().collect(),
+        metadata: metadata.into_iter().collect(),
         origin: m.origin.as_str().to_owned(),
+        group_id,
     }
 }

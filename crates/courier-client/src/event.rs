@@ -2,6 +2,8 @@
 //! relay frames it does not consume). Serialized as `js/index.d.ts` declares them: snake_case
 //! `type`, camelCase fields, epoch-ms times.
 
+use std::collections::BTreeMap;
+
 use courier_engine::{DiagnosticLevel, Event, FailReason};
 use courier_proto::message::{META_GROUP_COPY, META_GROUP_ID};
 use serde_json::{json, Value};
@@ -109,6 +111,16 @@ impl From<Event> for ClientEvent {
     fn from(e: Event) -> Self {
         Self::Engine(Box::new(e))
     }
+}
+
+/// A received message's metadata as the app sees it, and its group: a group message's markers
+/// are the runtime's (`docs/protocol.md#group-messages`), not the app's metadata.
+pub fn app_metadata(
+    mut metadata: BTreeMap<String, String>,
+) -> (BTreeMap<String, String>, Option<String>) {
+    let group_id = metadata.remove(META_GROUP_ID);
+    metadata.remove(META_GROUP_COPY);
+    (metadata, group_id)
 }
 
 pub fn level_name(level: DiagnosticLevel) -> &'static str {
@@ -348,14 +360,7 @@ fn engine_event_json(e: &Event) -> Value {
             transport,
             encrypted,
         } => {
-            // A group message's markers are the runtime's, not the app's metadata.
-            let group_id = message.metadata.get(META_GROUP_ID);
-            let metadata: serde_json::Map<String, Value> = message
-                .metadata
-                .iter()
-                .filter(|(key, _)| !matches!(key.as_str(), META_GROUP_ID | META_GROUP_COPY))
-                .map(|(key, value)| (key.clone(), Value::String(value.clone())))
-                .collect();
+            let (metadata, group_id) = app_metadata(message.metadata.clone());
             let mut v = json!({
                 "type": "message_received", "messageId": message.id, "sender": sender,
                 "recipient": message.recipient, "chat": chat, "content": message.content,
