@@ -182,6 +182,8 @@ export interface NativeInboundMessage {
   metadata: Record<string, string>
   /** `'live'`, `'drain'` or `'redelivery'`. */
   origin: string
+  /** The group of a group message (then `chat` is the group too). */
+  groupId?: string
 }
 
 /**

@@ -1,4 +1,4 @@
-// Group benchmark (`npm run bench:groups`): one group message to N members (default 100) through
+// Group benchmark (`node bench/groups.mjs [--members=100] [--rate=N]`, part of `npm run bench`): one group message to N members (default 100) through
 // a loopback relay, as one relay broadcast with its delivery report, and as per-member fan-out
 // (`group.relayBroadcastEnabled: false`). For each: the frames and bytes the relay read (from
 // its metrics, by frame type: the sender's frames and the members' acknowledgements), the
@@ -15,6 +15,8 @@ const args = new Map(process.argv.slice(2).map((a) => a.replace(/^--/, '').split
 const MEMBERS = Number(args.get('members') ?? 100)
 const ROUNDS = Number(args.get('rounds') ?? 3)
 const CONTENT = 'x'.repeat(Number(args.get('bytes') ?? 200))
+// `--rate=N`: the relay's per-connection limit, N frames a second (burst 3 N); default its own.
+const RATE = args.has('rate') ? Number(args.get('rate')) : null
 const dir = mkdtempSync(join(tmpdir(), 'offline-courier-bench-groups-'))
 
 function waitUntil(predicate, what, timeoutMs = 120_000) {
@@ -73,7 +75,7 @@ function delta(after, before, prefix) {
 }
 
 async function sendAndMeasure(relay, sender, groupId, members, round) {
-  const content = `${CONTENT} ${round}`
+  const content = `${CONTENT} ${sender.name} ${round}`
   const before = await metrics(relay)
   const started = performance.now()
   const id = await sender.protocol.sendGroupMessage(groupId, content)
@@ -105,7 +107,8 @@ async function sendAndMeasure(relay, sender, groupId, members, round) {
 }
 
 async function main() {
-  const relay = await Relay.start({ listen: '127.0.0.1:0', storage: { memory: true }, jwtSecret: SECRET, metricsListen: '127.0.0.1:0' })
+  const rateLimit = RATE === null ? {} : { rateLimit: { burst: 3 * RATE, perSec: RATE } }
+  const relay = await Relay.start({ listen: '127.0.0.1:0', storage: { memory: true }, jwtSecret: SECRET, metricsListen: '127.0.0.1:0', ...rateLimit })
   const members = []
   for (let i = 0; i < MEMBERS; i++) members.push(await device(relay, `m${i}`))
   const broadcaster = await device(relay, 'broadcaster')
