@@ -76,7 +76,9 @@ test(`a ${MEMBERS}-member group: paced under the relay's limit, nothing sent twi
   const before = await metrics(relay)
   const fanner = members[0]
   const fanned = await fanner.protocol.sendGroupMessage(groupId, 'one copy each')
-  const sent = fanner.events.find((e) => e.type === 'group_message_sent' && e.messageId === fanned)
+  const isSent = (e) => e.type === 'group_message_sent' && e.messageId === fanned
+  await until(() => fanner.events.some(isSent), { what: 'group_message_sent' })
+  const sent = fanner.events.find(isSent)
   assert.deepEqual([sent.path, sent.members], ['fanout', MEMBERS])
   const others = [admin, ...members.slice(1)]
   await until(() => others.every((d) => d.received.get('one copy each') === 1), { timeoutMs: 120_000, what: 'every copy delivered' })
