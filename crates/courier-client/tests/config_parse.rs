@@ -684,11 +684,20 @@ fn ca_certificates_must_be_pem() {
 /// Keys that were parsed and then ignored are refused like any unknown key: the features that
 /// will read them add them back.
 #[test]
-fn keys_nothing_read_are_refused_as_unknown() {
+fn group_broadcast_is_on_unless_switched_off_and_other_group_keys_are_refused() {
+    assert!(ok(with(json!({}))).group_relay_broadcast);
+    assert!(ok(with(json!({ "group": {} }))).group_relay_broadcast);
+    let off = ok(with(json!({ "group": { "relayBroadcastEnabled": false } })));
+    assert!(!off.group_relay_broadcast);
     refused(
-        with(json!({ "group": { "relayBroadcastEnabled": true } })),
-        "group",
+        with(json!({ "group": { "relayBroadcast": false } })),
+        "group.relayBroadcast",
         "is not a known option",
+    );
+    refused(
+        with(json!({ "group": { "relayBroadcastEnabled": "yes" } })),
+        "group.relayBroadcastEnabled",
+        "boolean",
     );
 }
 
