@@ -685,8 +685,8 @@ async fn unknown_frames_are_forwarded_verbatim_and_never_answered() {
         json!({"type": ""}).to_string(),
         json!({"type": "🦀", "x": [1, 2, 3]}).to_string(),
         json!({"type": "T".repeat(100_000)}).to_string(),
-        // Known, not consumed by the engine: forwarded as well.
-        json!({"type": "GroupCreated", "group_id": "g", "name": "G"}).to_string(),
+        // Known, not consumed by the runtime: forwarded as well.
+        json!({"type": "Error", "code": "bad_request"}).to_string(),
     ];
     for text in &unknown {
         link.send_text(text.clone()).await;
