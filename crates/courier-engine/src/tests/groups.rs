@@ -475,3 +475,40 @@ fn a_group_message_reaches_the_app_once_across_broadcast_and_copy() {
     assert_eq!(acks[0].recipient, BOB);
     assert!(sim.journal.is_empty(), "both frames released");
 }
+
+#[test]
+fn a_group_copy_a_neighbor_carries_for_another_member_is_only_carried() {
+    let mut sim = Sim::with_defaults();
+    sim.input(Input::AccountName(ALICE.to_owned()));
+    sim.local_up(BLE);
+    sim.discover(BOB, BLE);
+    let mark = sim.mark();
+    // Bob's copy for carol, still sealed, offered to this device while bob parks it.
+    let copy_id = group_copy_id(&wire_id("hello"), CAROL);
+    let mut copy = message_from(BOB, &copy_id);
+    copy.recipient = CAROL.to_owned();
+    copy.content = "__MLS_GROUP__ciphertext-of-hello".to_owned();
+    copy.metadata
+        .insert(META_GROUP_ID.to_owned(), GROUP.to_owned());
+    copy.metadata
+        .insert(META_GROUP_MESSAGE.to_owned(), wire_id("hello"));
+    let origin = InboundOrigin {
+        carrier: Carrier::Local(BLE.to_owned()),
+        stamped_sender: BOB.to_owned(),
+        sender_account: None,
+        seq: None,
+        sealed_by: None,
+    };
+    sim.inbound(copy, origin);
+    assert!(
+        sim.log[mark..].iter().all(|(_, out)| !matches!(
+            out,
+            Out::Event(Event::MessageReceived { .. } | Event::SecurityWarning { .. })
+                | Out::Transmit(Transmit {
+                    kind: TransmitKind::DeliveryAck { .. },
+                    ..
+                })
+        )),
+        "neither delivered, acknowledged, nor taken for a forged control frame"
+    );
+}
