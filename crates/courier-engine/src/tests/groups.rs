@@ -512,3 +512,34 @@ fn a_group_copy_a_neighbor_carries_for_another_member_is_only_carried() {
         "neither delivered, acknowledged, nor taken for a forged control frame"
     );
 }
+
+#[test]
+fn a_copy_that_arrives_while_its_broadcast_waits_for_the_hook_is_acknowledged_at_the_commit() {
+    let mut config = Config::new("chat");
+    config.durability_hook = Some(crate::config::HookConfig::default());
+    let mut sim = Sim::new(config);
+    sim.carrier_up();
+    sim.inbound(opened("hello", None), relay_origin(1));
+    assert!(
+        sim.poll_hook().is_some(),
+        "the broadcast copy goes to the hook"
+    );
+    // The sender's copy for this device comes in while the broadcast is with the hook.
+    let copy_id = group_copy_id(&wire_id("hello"), ALICE);
+    sim.inbound(opened("hello", Some(&copy_id)), relay_origin(2));
+    let mark = sim.mark();
+    sim.hook_result(true);
+    let acks: Vec<&Message> = sim.log[mark..]
+        .iter()
+        .filter_map(|(_, out)| match out {
+            Out::Transmit(Transmit {
+                kind: TransmitKind::DeliveryAck { message },
+                ..
+            }) => Some(message),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(acks.len(), 1, "the copy asked for an ACK: {acks:?}");
+    assert_eq!(acks[0].ack_for(), Some(copy_id.as_str()));
+    assert!(sim.journal.is_empty(), "both frames released");
+}
