@@ -543,3 +543,22 @@ fn a_copy_that_arrives_while_its_broadcast_waits_for_the_hook_is_acknowledged_at
     assert_eq!(acks[0].ack_for(), Some(copy_id.as_str()));
     assert!(sim.journal.is_empty(), "both frames released");
 }
+
+#[test]
+fn a_new_session_with_a_member_does_not_send_its_copy_again() {
+    let mut config = Config::new("chat");
+    config.encryption = true;
+    let mut sim = Sim::new(config);
+    sim.carrier_up();
+    let roster = members(1);
+    let session = || Input::SessionReady {
+        recipient: roster[0].clone(),
+    };
+    sim.input(session());
+    let mark = sim.mark();
+    sim.group_send("gm1", &roster, false);
+    // The 1:1 session with the member changes: what was sealed in it goes again, but the
+    // copy carries the group's ciphertext.
+    sim.input(session());
+    assert_eq!(sim.copies_since(mark, "gm1")[&roster[0]], 1);
+}
