@@ -4,9 +4,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use courier_engine::{InboundKey, Millis, Settlement};
-use courier_proto::{Message, SessionFrame, MLS_ENC_PREFIX};
+use courier_engine::{GroupSendRecord, InboundKey, Millis, Settlement};
+use courier_proto::message::META_GROUP_ID;
+use courier_proto::{group_copy_id, Message, SessionFrame, MLS_ENC_PREFIX};
 
+use crate::relay::group_key;
 use crate::store::key_of;
 
 /// The prefix of every invariant violation's panic message.
@@ -44,6 +46,30 @@ pub struct Inbound {
     pub expired: bool,
 }
 
+/// One group message at its sender (`docs/delivery.md#group-sends`).
+#[derive(Debug)]
+pub struct GroupMessage {
+    pub group: String,
+    pub wire_id: String,
+    /// Who it was sealed for: the roster of its epoch, the sender excluded.
+    pub roster: BTreeSet<String>,
+    /// Its tracker row is committed: the accept is durable.
+    pub durable: bool,
+    /// Its tracker row is marked done.
+    pub done: bool,
+    /// Sent into the quiet honest world: every member must be reached.
+    pub probe: bool,
+}
+
+/// A group message's per-member copy at its sender: an outbox entry of its own.
+#[derive(Debug)]
+pub struct Copy {
+    /// The group message's id at its sender.
+    pub group_message: String,
+    pub member: String,
+    pub settled: Option<Settlement>,
+}
+
 /// What a relay journal `seq` carried.
 #[derive(Debug, Clone)]
 pub struct SeqInfo {
@@ -78,6 +104,14 @@ pub struct Ledger {
     outranked: BTreeMap<(String, String), Millis>,
     /// (device, peer) → when the device last joined a session from a Welcome of the peer.
     joined: BTreeMap<(String, String), Millis>,
+    /// (sender, id) → group message.
+    pub groups: BTreeMap<(String, String), GroupMessage>,
+    /// (sender, wire id) → the group message's id.
+    group_ids: BTreeMap<(String, String), String>,
+    /// (sender, copy id) → copy.
+    copies: BTreeMap<(String, String), Copy>,
+    /// Copy id → the dedup key of its group message at its member (what an ACK of it stands for).
+    copy_keys: BTreeMap<String, InboundKey>,
 }
 
 /// What a sealed envelope holds, as far as the checks need it.
@@ -198,12 +232,7 @@ impl Ledger {
 
     /// `message_received` at `peer`.
     pub fn on_received(&mut self, peer: &str, key: &InboundKey, message: &Message) {
-        if message.recipient != peer {
-            violated(format!(
-                "{}'s message {} for {} reached the application of {peer}",
-                message.sender, message.id, message.recipient
-            ));
-        }
+        self.check_addressee(peer, message);
         let rec = self
             .inbound
             .entry((peer.to_owned(), key.clone()))
@@ -211,6 +240,37 @@ impl Ledger {
         rec.dispatched += 1;
         if rec.dispatched > 1 {
             violated(format!("{key:?} reached {peer}'s application twice"));
+        }
+    }
+
+    /// `message` may reach `peer`'s application: it is addressed to it, or a group message
+    /// sealed for a roster `peer` is in.
+    pub fn check_addressee(&self, peer: &str, message: &Message) {
+        if let Some(group) = message.metadata.get(META_GROUP_ID) {
+            let key = (message.sender.clone(), message.id.clone());
+            let Some(sent) = self.group_ids.get(&key).and_then(|id| {
+                self.groups
+                    .get(&(message.sender.clone(), id.clone()))
+                    .filter(|g| g.group == *group)
+            }) else {
+                violated(format!(
+                    "{peer}'s application got {}'s group message {} in {group}, which nobody sent",
+                    message.sender, message.id
+                ));
+            };
+            if !sent.roster.contains(peer) {
+                violated(format!(
+                    "{}'s group message {} reached the application of {peer}, who is not in its roster {:?}",
+                    message.sender, message.id, sent.roster
+                ));
+            }
+            return;
+        }
+        if message.recipient != peer {
+            violated(format!(
+                "{}'s message {} for {} reached the application of {peer}",
+                message.sender, message.id, message.recipient
+            ));
         }
     }
 
@@ -255,7 +315,8 @@ impl Ledger {
         // A session frame is processed like a data message, but never the application's.
         let data =
             self.ack_for(message).is_none() && SessionFrame::parse(&message.content).is_none();
-        let key = data.then(|| key_of(&message.sender, &message.id));
+        let key = group_key(&message.sender, message)
+            .or_else(|| data.then(|| key_of(&message.sender, &message.id)));
         self.seqs.insert((account.to_owned(), seq), SeqInfo { key });
     }
 
@@ -360,6 +421,156 @@ impl Ledger {
             .iter()
             .flat_map(|(key, recs)| recs.iter().map(move |rec| (key, rec)));
         retired.chain(&self.outbound)
+    }
+
+    /// The app of `sender` sends group message `id` (wire id `wire_id`) to `group`, sealed for
+    /// `roster` (the sender excluded).
+    pub fn on_group_send(
+        &mut self,
+        sender: &str,
+        id: &str,
+        group: &str,
+        wire_id: &str,
+        roster: BTreeSet<String>,
+        probe: bool,
+    ) {
+        for member in &roster {
+            let key = InboundKey {
+                chat: group.to_owned(),
+                sender: sender.to_owned(),
+                message_id: wire_id.to_owned(),
+            };
+            self.copy_keys.insert(group_copy_id(wire_id, member), key);
+        }
+        self.group_ids
+            .insert((sender.to_owned(), wire_id.to_owned()), id.to_owned());
+        let message = GroupMessage {
+            group: group.to_owned(),
+            wire_id: wire_id.to_owned(),
+            roster,
+            durable: false,
+            done: false,
+            probe,
+        };
+        if self
+            .groups
+            .insert((sender.to_owned(), id.to_owned()), message)
+            .is_some()
+        {
+            violated(format!("{sender} sent group message {id} twice"));
+        }
+    }
+
+    /// `sender` committed the tracker row of a group message.
+    pub fn on_group_put(&mut self, sender: &str, record: &GroupSendRecord) {
+        let id = &record.id;
+        let Some(sent) = self.groups.get_mut(&(sender.to_owned(), id.clone())) else {
+            violated(format!(
+                "{sender} wrote group message {id}, which its app never sent"
+            ));
+        };
+        if sent.done {
+            violated(format!(
+                "{sender} wrote group message {id} after it was done"
+            ));
+        }
+        let members: BTreeSet<String> = record.members.keys().cloned().collect();
+        if members != sent.roster {
+            violated(format!(
+                "{sender}'s group message {id} tracks {members:?}, but was sealed for {:?}",
+                sent.roster
+            ));
+        }
+        sent.durable = true;
+    }
+
+    /// `sender` marked group message `id` done.
+    pub fn on_group_done(&mut self, sender: &str, id: &str) {
+        let Some(sent) = self.groups.get_mut(&(sender.to_owned(), id.to_owned())) else {
+            violated(format!(
+                "{sender} marked group message {id} done, which it never sent"
+            ));
+        };
+        if !sent.durable || sent.done {
+            violated(format!(
+                "{sender} marked group message {id} done {}",
+                if sent.done {
+                    "twice"
+                } else {
+                    "without its row"
+                }
+            ));
+        }
+        sent.done = true;
+    }
+
+    /// The group message of `sender` with wire id `wire_id`: (its id, record).
+    pub fn group_of_wire(&self, sender: &str, wire_id: &str) -> Option<(&str, &GroupMessage)> {
+        let id = self
+            .group_ids
+            .get(&(sender.to_owned(), wire_id.to_owned()))?;
+        let sent = self.groups.get(&(sender.to_owned(), id.clone()))?;
+        Some((id, sent))
+    }
+
+    /// `sender` committed the outbox row of copy `copy_id` of its group message `wire_id` for
+    /// `member`.
+    pub fn on_copy_put(&mut self, sender: &str, copy_id: &str, member: &str, wire_id: &str) {
+        let Some((id, sent)) = self.group_of_wire(sender, wire_id) else {
+            violated(format!(
+                "{sender} wrote copy {copy_id} of group message {wire_id}, which it never sent"
+            ));
+        };
+        if !sent.roster.contains(member) || group_copy_id(wire_id, member) != copy_id {
+            violated(format!(
+                "{sender} wrote copy {copy_id} of {id} for {member}, who is not in its roster {:?} or whose copy id differs",
+                sent.roster
+            ));
+        }
+        let id = id.to_owned();
+        let key = (sender.to_owned(), copy_id.to_owned());
+        if let Some(copy) = self.copies.get(&key) {
+            if copy.settled.is_some() {
+                violated(format!(
+                    "{sender} admitted copy {copy_id} of {id} for {member} again after it settled"
+                ));
+            }
+            return;
+        }
+        let copy = Copy {
+            group_message: id,
+            member: member.to_owned(),
+            settled: None,
+        };
+        self.copies.insert(key, copy);
+    }
+
+    pub fn copy(&self, sender: &str, copy_id: &str) -> Option<&Copy> {
+        self.copies.get(&(sender.to_owned(), copy_id.to_owned()))
+    }
+
+    /// `sender` settled copy `copy_id`: once.
+    pub fn on_copy_settle(&mut self, sender: &str, copy_id: &str, settlement: &Settlement) {
+        let Some(copy) = self
+            .copies
+            .get_mut(&(sender.to_owned(), copy_id.to_owned()))
+        else {
+            violated(format!(
+                "{sender} settled copy {copy_id}, which it never wrote"
+            ));
+        };
+        if let Some(before) = &copy.settled {
+            violated(format!(
+                "{sender} settled copy {copy_id} of {} for {} twice ({before:?}, then {settlement:?})",
+                copy.group_message, copy.member
+            ));
+        }
+        copy.settled = Some(settlement.clone());
+    }
+
+    /// The dedup key at its member of the group message copy `copy_id` stands for.
+    pub fn copy_key(&self, copy_id: &str) -> Option<&InboundKey> {
+        self.copy_keys.get(copy_id)
     }
 
     /// Ids of `peer` whose accept is durable and that have not settled.

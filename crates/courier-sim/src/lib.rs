@@ -84,6 +84,9 @@ pub struct Options {
     /// Whether messages travel sealed in end-to-end sessions; `None`: the seed decides (about
     /// half the seeds do).
     pub encryption: Option<bool>,
+    /// Whether the peers form chat groups and send group messages; `None`: the seed decides
+    /// (about two in five do).
+    pub groups: Option<bool>,
 }
 
 /// A seed whose run broke an invariant (or panicked).
@@ -138,5 +141,12 @@ pub fn replay_command(seed: u64, options: Options) -> String {
         Some(false) => " --no-encryption",
         None => "",
     };
-    format!("cargo run -p courier-sim --release -- --seed {seed}{actions}{encryption} --verbose")
+    let groups = match options.groups {
+        Some(true) => " --groups",
+        Some(false) => " --no-groups",
+        None => "",
+    };
+    format!(
+        "cargo run -p courier-sim --release -- --seed {seed}{actions}{encryption}{groups} --verbose"
+    )
 }

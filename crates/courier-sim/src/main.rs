@@ -6,7 +6,9 @@
 //! courier-sim --seeds 10000 [--from 1]        a range of seeds
 //! options: --actions N (fault actions per seed), --determinism (run each seed twice, compare),
 //!          --encryption / --no-encryption (every seed's messages sealed in end-to-end sessions,
-//!          or none; by default each seed decides), --jobs N (seeds run at once; one per core)
+//!          or none; by default each seed decides), --groups / --no-groups (every seed's peers
+//!          form chat groups and send group messages, or none; by default each seed decides),
+//!          --jobs N (seeds run at once; one per core)
 //! ```
 
 use std::collections::BTreeMap;
@@ -58,10 +60,12 @@ fn parse() -> Result<Args, String> {
             "--verbose" | "-v" => args.options.verbose = true,
             "--encryption" => args.options.encryption = Some(true),
             "--no-encryption" => args.options.encryption = Some(false),
+            "--groups" => args.options.groups = Some(true),
+            "--no-groups" => args.options.groups = Some(false),
             "--determinism" => args.determinism = true,
             "--jobs" => args.jobs = Some(number("--jobs", it.next())? as usize),
             "--help" | "-h" => {
-                return Err("usage: courier-sim [--seed N | --seeds N [--from S]] [--actions N] [--encryption | --no-encryption] [--jobs N] [--verbose] [--determinism]".into())
+                return Err("usage: courier-sim [--seed N | --seeds N [--from S]] [--actions N] [--encryption | --no-encryption] [--groups | --no-groups] [--jobs N] [--verbose] [--determinism]".into())
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }
@@ -228,6 +232,39 @@ fn main() -> ExitCode {
                 totals.welcomes_repeated,
                 totals.stale_welcomes_joined,
                 totals.e2e_warnings,
+            );
+        }
+        if totals.group_worlds > 0 {
+            println!(
+                "groups: {} worlds, sent {} accepted {} (broadcast {}, fan-out {}), relay broadcasts {} (copies not journaled again {}), reports {} (members reissued {}; lost {}, late {}, after the wait {}), refused {}, sender disconnects {} crashes {}, registrations refused {}, roster changes {} drifts {}, members delivered by ACK {} by report {} stored {} failed {}, received {} unreadable {}, reached but lost: live {} purged {} expired {}, security warnings {}",
+                totals.group_worlds,
+                totals.group_sends,
+                totals.group_accepted,
+                totals.group_broadcast_path,
+                totals.group_fanout_path,
+                totals.group_relay_broadcasts,
+                totals.group_relay_dedup,
+                totals.group_reports,
+                totals.group_reissued,
+                totals.group_reports_lost,
+                totals.group_reports_late,
+                totals.group_reports_after_wait,
+                totals.group_refusals,
+                totals.group_sender_disconnects,
+                totals.group_sender_crashes,
+                totals.group_registrations_refused,
+                totals.group_roster_changes,
+                totals.group_drifts,
+                totals.group_members_acked,
+                totals.group_members_reported,
+                totals.group_members_stored,
+                totals.group_members_failed,
+                totals.group_received,
+                totals.group_unreadable,
+                totals.group_live_losses,
+                totals.group_purged,
+                totals.group_expired,
+                totals.security_warnings,
             );
         }
     }

@@ -60,6 +60,8 @@ pub struct Session {
     pub conn: ConnId,
     /// `Authenticated` arrived: the relay carrier is up.
     pub authenticated: bool,
+    /// The relay advertised group delivery.
+    pub groups: bool,
     /// Outbox frames written and not answered: (id, send_seq).
     pub unanswered: BTreeSet<(String, u64)>,
 }
@@ -92,6 +94,9 @@ pub struct Running {
     pub replays: Vec<Event>,
     /// Ids whose terminal events were dispatched since the last commit, which records them.
     pub reported: Vec<String>,
+    /// Group copy attempts handed to the relay whose write (or failure) the engine has not been
+    /// told of yet, by id: no attempt may follow before it is (the ACK timer starts on the write).
+    pub unwritten: BTreeMap<String, u64>,
 }
 
 /// The application: its own durable store (what its durability hook committed) and the sends it

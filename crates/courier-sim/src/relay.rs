@@ -2,18 +2,22 @@
 //! one connection per account, the per-account journal with `seq` (with the mailbox) or
 //! live-only forwarding (without it), dedup of a re-sent frame while it is unacked, mailbox
 //! limits and TTL, the drain on every connection followed by `DrainComplete`, `live`, `stored`
-//! and `unreachable` answers, hop acks, pushed presence, and — when it offers it — the
-//! key-package directory (`directory`). A restart keeps the journal, the directory and the known
-//! accounts (SQLite) and loses every connection and watch.
+//! and `unreachable` answers, hop acks, pushed presence, and — when it offers them — the
+//! key-package directory (`directory`) and group delivery (`groups`). A restart keeps the
+//! journal, the directory, the group rosters and broadcast records and the known accounts
+//! (SQLite) and loses every connection, watch, registration and held report.
 
 mod directory;
+mod groups;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use courier_engine::Millis;
+use courier_engine::{GroupReport, Millis};
 use courier_proto::{Message, UnreachableCause};
 
 pub use directory::{Directory, Held};
+use groups::Groups;
+pub use groups::{group_key, Carried, GroupFrame, GroupLog};
 
 pub type ConnId = u64;
 
@@ -51,6 +55,8 @@ pub enum ToClient {
         mailbox: bool,
         /// `key_directory_v1` is advertised.
         directory: bool,
+        /// `group_delivery_v3` is advertised.
+        groups: bool,
     },
     Received {
         seq: Option<u64>,
@@ -87,6 +93,19 @@ pub enum ToClient {
     KeyPackageUnavailable {
         address: String,
     },
+    /// Whether this connection's account is registered in `group_id`: the answer to a
+    /// registration, or a change of the relay's roster.
+    GroupReady {
+        group_id: String,
+        ready: bool,
+    },
+    /// `GroupError` naming a broadcast the relay refused.
+    GroupError {
+        message_id: String,
+        reason: String,
+    },
+    /// `GroupMessageSent`: the settled report of a broadcast.
+    GroupReport(GroupReport),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -108,6 +127,8 @@ struct Frame {
 struct Conn {
     account: String,
     watches: BTreeSet<String>,
+    /// Groups whose registration this connection asked about.
+    groups: BTreeSet<String>,
 }
 
 /// Frames the relay writes: (connection, frame), in write order.
@@ -127,6 +148,9 @@ pub struct RelayCounts {
     pub one_time_fetched: u64,
     pub last_resort_fetched: u64,
     pub fetched_none: u64,
+    /// Broadcasts taken, and per-member copies a re-broadcast did not journal again.
+    pub broadcasts: u64,
+    pub broadcast_dedup: u64,
 }
 
 #[derive(Debug)]
@@ -134,6 +158,10 @@ pub struct Relay {
     pub mailbox: Option<MailboxLimits>,
     /// The key-package directory, when the relay offers it.
     directory: Option<Directory>,
+    /// Group delivery, when the relay offers it.
+    groups: Option<Groups>,
+    /// What the relay did with every group message, for the checks.
+    pub group_log: GroupLog,
     pub up: bool,
     // HookPipeline.
     known: BTreeSet<String>,
@@ -150,11 +178,14 @@ impl Relay {
     pub fn new(
         mailbox: Option<MailboxLimits>,
         directory: bool,
+        groups: bool,
         accounts: impl IntoIterator<Item = String>,
     ) -> Self {
         Self {
             mailbox,
             directory: directory.then(Directory::default),
+            groups: groups.then(Groups::default),
+            group_log: GroupLog::default(),
             up: true,
             known: accounts.into_iter().collect(),
             journals: BTreeMap::new(),
@@ -168,7 +199,8 @@ impl Relay {
 
     /// An authenticated connection for `account`: it displaces the account's older one, gets
     /// `Authenticated`, then (with the mailbox) the drain of every unacked frame in seq order and
-    /// `DrainComplete`. Returns the new connection, the displaced one and the writes.
+    /// `DrainComplete`, then the group reports held for it. Returns the new connection, the
+    /// displaced one and the writes.
     pub fn accept(&mut self, account: &str, now: Millis) -> (ConnId, Option<ConnId>, Writes) {
         self.purge(now);
         self.known.insert(account.to_owned());
@@ -184,6 +216,7 @@ impl Relay {
             Conn {
                 account: account.to_owned(),
                 watches: BTreeSet::new(),
+                groups: BTreeSet::new(),
             },
         );
         self.online.insert(account.to_owned(), conn);
@@ -192,6 +225,7 @@ impl Relay {
             ToClient::Authenticated {
                 mailbox: self.mailbox.is_some(),
                 directory: self.directory.is_some(),
+                groups: self.groups.is_some(),
             },
         ));
         if self.mailbox.is_some() {
@@ -211,6 +245,11 @@ impl Relay {
             }
             self.counts.drained += count;
             out.push((conn, ToClient::DrainComplete { count }));
+        }
+        if let Some(groups) = self.groups.as_mut() {
+            for report in groups.take_held(account) {
+                out.push((conn, ToClient::GroupReport(report)));
+            }
         }
         if displaced.is_none() {
             self.notify(account, true, &mut out);
@@ -235,6 +274,9 @@ impl Relay {
     pub fn crash(&mut self) -> Vec<ConnId> {
         self.up = false;
         self.online.clear();
+        if let Some(groups) = self.groups.as_mut() {
+            groups.crash();
+        }
         std::mem::take(&mut self.conns).into_keys().collect()
     }
 
@@ -320,62 +362,82 @@ impl Relay {
     ) {
         let message_id = message.id.clone();
         let recipient = message.recipient.clone();
-        let unreachable = |cause| ToClient::Unreachable {
-            message_id: message_id.clone(),
-            tag,
-            cause,
-        };
-        if !self.known.contains(&recipient) {
-            self.counts.unknown_recipient += 1;
-            out.push((conn, unreachable(UnreachableCause::UnknownRecipient)));
-            return;
-        }
-        let live = self.online.get(&recipient).copied();
-        let sent = ToClient::Sent {
-            message_id: message_id.clone(),
-            tag,
-            stored: live.is_none(),
-        };
-        let Some(limits) = self.mailbox else {
-            match live {
-                Some(to) => {
-                    out.push((
-                        to,
-                        ToClient::Received {
-                            seq: None,
-                            sender: sender.to_owned(),
-                            message: Box::new(message),
-                        },
-                    ));
-                    out.push((conn, sent));
-                }
-                None => {
-                    self.counts.offline_no_mailbox += 1;
-                    out.push((conn, unreachable(UnreachableCause::OfflineNoMailbox)));
-                }
-            }
-            return;
-        };
-        let journal = self.journals.entry(recipient.clone()).or_default();
-        let duplicate = journal
-            .values()
-            .any(|f| f.sender == sender && f.message.id == message_id);
-        if duplicate {
+        let duplicate = self.mailbox.is_some()
+            && self.journals.get(&recipient).is_some_and(|journal| {
+                journal
+                    .values()
+                    .any(|f| f.sender == sender && f.message.id == message_id)
+            });
+        let answer = if duplicate {
             self.counts.dedup_hits += 1;
-            out.push((conn, sent));
-            return;
+            Ok(!self.online.contains_key(&recipient))
+        } else {
+            self.deliver(sender, &recipient, message, now, out)
+                .map(|live| !live)
+        };
+        let answer = match answer {
+            Ok(stored) => ToClient::Sent {
+                message_id,
+                tag,
+                stored,
+            },
+            Err(cause) => ToClient::Unreachable {
+                message_id,
+                tag,
+                cause,
+            },
+        };
+        out.push((conn, answer));
+    }
+
+    /// Hands `message` to `recipient`: journaled with the mailbox, and written to its live
+    /// connection if it has one. `Ok(true)` when written live, `Ok(false)` when only stored,
+    /// else why it could not be.
+    fn deliver(
+        &mut self,
+        sender: &str,
+        recipient: &str,
+        message: Message,
+        now: Millis,
+        out: &mut Writes,
+    ) -> Result<bool, UnreachableCause> {
+        if !self.known.contains(recipient) {
+            self.counts.unknown_recipient += 1;
+            return Err(UnreachableCause::UnknownRecipient);
         }
+        let live = self.online.get(recipient).copied();
+        let Some(limits) = self.mailbox else {
+            let Some(to) = live else {
+                self.counts.offline_no_mailbox += 1;
+                return Err(UnreachableCause::OfflineNoMailbox);
+            };
+            self.group_log
+                .note(recipient, sender, &message, Carried::Live);
+            out.push((
+                to,
+                ToClient::Received {
+                    seq: None,
+                    sender: sender.to_owned(),
+                    message: Box::new(message),
+                },
+            ));
+            return Ok(true);
+        };
+        let journal = self.journals.entry(recipient.to_owned()).or_default();
         let bytes = message.content.len() + message.id.len();
         let held: usize = journal.values().map(|f| f.bytes).sum();
         if journal.len() >= limits.max_messages || held + bytes > limits.max_bytes {
             self.counts.mailbox_full += 1;
-            out.push((conn, unreachable(UnreachableCause::MailboxFull)));
-            return;
+            return Err(UnreachableCause::MailboxFull);
         }
-        let next = self.next_seq.entry(recipient.clone()).or_insert(0);
+        let next = self.next_seq.entry(recipient.to_owned()).or_insert(0);
         *next += 1;
         let seq = *next;
+        self.group_log
+            .note(recipient, sender, &message, Carried::Journaled);
         if let Some(to) = live {
+            self.group_log
+                .note(recipient, sender, &message, Carried::Live);
             out.push((
                 to,
                 ToClient::Received {
@@ -396,7 +458,7 @@ impl Relay {
         );
         self.counts.journaled += 1;
         self.counts.max_journal = self.counts.max_journal.max(journal.len());
-        out.push((conn, sent));
+        Ok(live.is_some())
     }
 
     fn notify(&self, account: &str, online: bool, out: &mut Writes) {
@@ -418,9 +480,16 @@ impl Relay {
         let Some(limits) = self.mailbox else {
             return;
         };
-        for journal in self.journals.values_mut() {
+        for (account, journal) in &mut self.journals {
             let before = journal.len();
-            journal.retain(|_, f| f.accepted_at.saturating_add(limits.ttl_ms) > now);
+            journal.retain(|_, f| {
+                let keep = f.accepted_at.saturating_add(limits.ttl_ms) > now;
+                if !keep {
+                    self.group_log
+                        .note(account, &f.sender, &f.message, Carried::Purged);
+                }
+                keep
+            });
             self.counts.purged += (before - journal.len()) as u64;
         }
     }

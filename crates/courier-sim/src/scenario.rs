@@ -1,7 +1,10 @@
 //! Everything a seed decides before the run starts: the peers and their configurations, which
 //! of them run a durability hook and how it behaves, the local-carrier topology, the relay's
-//! mailbox, how hostile the network and the scheduler are, and whether messages travel sealed
-//! in end-to-end sessions (and whether the relay offers its key-package directory for them).
+//! mailbox, how hostile the network and the scheduler are, whether messages travel sealed
+//! in end-to-end sessions (and whether the relay offers its key-package directory for them),
+//! and the chat groups among the peers, if any (`GroupWorld`).
+
+use std::collections::BTreeSet;
 
 use courier_engine::{Config, HookConfig, Millis};
 use courier_proto::address::ADDRESS_HASH_LEN;
@@ -83,20 +86,72 @@ pub struct Scenario {
     /// without it sessions are set up by the round trip through the peer. Only meaningful
     /// with `encryption`.
     pub directory: bool,
+    /// The chat groups and how the relay treats them; `None`: nobody sends to a group.
+    pub groups: Option<GroupWorld>,
+}
+
+/// A chat group as the seed starts it.
+#[derive(Debug, Clone)]
+pub struct GroupSpec {
+    pub id: String,
+    /// The first epoch's roster, by peer index.
+    pub members: BTreeSet<usize>,
+}
+
+/// What the relay does with a broadcast's report, in per mille (the rest is on time). Only
+/// while the chaos lasts.
+#[derive(Debug, Clone, Copy)]
+pub struct ReportFaults {
+    /// Never written.
+    pub lost: u32,
+    /// Written within the sender's 60 s wait, but late (up to the relay's 45 s).
+    pub late: u32,
+    /// Written after the sender's wait ran out: the sender has broadcast again by then.
+    pub after_wait: u32,
+    /// `GroupError` naming the broadcast instead: nothing journaled.
+    pub refused: u32,
+    /// The sender's connection drops right after the broadcast: the relay holds the report
+    /// for its next connection.
+    pub disconnect: u32,
+    /// The sender's process dies right after the broadcast, before the report.
+    pub crash: u32,
+}
+
+/// The seed's chat groups (`docs/delivery.md#group-sends`).
+#[derive(Debug, Clone)]
+pub struct GroupWorld {
+    pub groups: Vec<GroupSpec>,
+    /// The relay advertises group delivery (`group_delivery_v3`); without it every group
+    /// message fans out.
+    pub relay_delivery: bool,
+    /// `group.relayBroadcastEnabled` per peer.
+    pub broadcast: Vec<bool>,
+    pub report: ReportFaults,
+    /// The relay refuses a group's registration on a connection, in per mille.
+    pub registration_refused: u32,
+    /// How long the relay's copy of a roster lags behind a membership change, at most.
+    pub roster_lag_ms: Millis,
+    /// Weights of the group actions (see `world::Action`), appended to `weights`.
+    pub weights: [u32; 3],
 }
 
 /// What the encryption choices of a seed are drawn from: a stream of their own, so that a
 /// world without encryption is the same world it was before encryption existed, and forcing
 /// encryption on changes nothing else about the seed's world.
 const E2E_STREAM: u64 = 0x6e32_6565_5f73_6565;
+/// The stream the group choices are drawn from, for the same reason: a world without groups is
+/// the world it was before groups existed, and forcing them on changes nothing else.
+const GROUP_STREAM: u64 = 0x6772_6f75_705f_7365;
 
 impl Scenario {
-    /// The seed's scenario; `encryption`: `Some` forces the choice the seed would make.
+    /// The seed's scenario; `encryption` and `groups`: `Some` forces the choice the seed would
+    /// make.
     pub fn generate(
         rng: &mut Rng,
         seed: u64,
         actions: Option<u32>,
         encryption: Option<bool>,
+        groups: Option<bool>,
     ) -> Self {
         let count = rng.range(3, 5) as usize;
         let mut peers: Vec<PeerSpec> = (0..count).map(|i| peer_spec(rng, i)).collect();
@@ -146,6 +201,11 @@ impl Scenario {
             spike_ms: rng.range(100, 10 * SEC),
             latency: (rng.range(1, 10), rng.range(10, 400)),
         };
+        let chaos_actions = actions.unwrap_or_else(|| rng.range(150, 300) as u32);
+        let chaos_gap_ms = rng.range(200, 3 * SEC);
+        let groups = group_world(&mut Rng::new(seed ^ GROUP_STREAM), count, groups);
+        let mut weights = crate::world::Action::weights(rng);
+        weights.extend(groups.as_ref().map_or([0; 3], |g| g.weights));
         Self {
             peers,
             ghost: address(0xee),
@@ -153,11 +213,12 @@ impl Scenario {
             ble_pairs,
             relay_link,
             local_link,
-            chaos_actions: actions.unwrap_or_else(|| rng.range(150, 300) as u32),
-            chaos_gap_ms: rng.range(200, 3 * SEC),
-            weights: crate::world::Action::weights(rng),
+            chaos_actions,
+            chaos_gap_ms,
+            weights,
             encryption,
             directory,
+            groups,
         }
     }
 
@@ -173,6 +234,48 @@ impl Scenario {
         }
         text
     }
+}
+
+/// About two seeds in five have groups: one to three, each of two or more of the peers.
+fn group_world(rng: &mut Rng, peers: usize, force: Option<bool>) -> Option<GroupWorld> {
+    let drawn = rng.chance(400);
+    if !force.unwrap_or(drawn) {
+        return None;
+    }
+    let groups = (0..rng.range(1, 3))
+        .map(|g| {
+            let mut members = BTreeSet::new();
+            while members.len() < 2 {
+                members = (0..peers).filter(|_| rng.chance(650)).collect();
+            }
+            GroupSpec {
+                id: format!("group-{}", g + 1),
+                members,
+            }
+        })
+        .collect();
+    let mut draw = |lo: u64, hi: u64| rng.range(lo, hi) as u32;
+    let report = ReportFaults {
+        lost: draw(0, 150),
+        late: draw(0, 150),
+        after_wait: draw(0, 100),
+        refused: draw(0, 60),
+        disconnect: draw(0, 60),
+        crash: draw(0, 60),
+    };
+    Some(GroupWorld {
+        groups,
+        relay_delivery: !rng.chance(150),
+        broadcast: (0..peers).map(|_| !rng.chance(250)).collect(),
+        report,
+        registration_refused: rng.range(0, 100) as u32,
+        roster_lag_ms: rng.range(0, 30 * SEC),
+        weights: [
+            rng.range(10, 40) as u32,
+            rng.range(1, 6) as u32,
+            rng.range(0, 4) as u32,
+        ],
+    })
 }
 
 /// A well-formed `off1` address, a different one per `tag`.

@@ -1,14 +1,17 @@
 //! One device's storage as the client's SQLite store keeps it: the engine's `StoreOp`s applied
 //! in commit batches with the same row semantics (upserts, insert-or-ignore, deletes), the
 //! terminal events held with their settlements until their dispatch is recorded (schema v5), the
-//! MLS session rows written in the same transaction as the step that changed them, and the same
-//! loads at start. A crash keeps exactly what was committed.
+//! group message trackers (`store/groups.rs`: a row per group message, its members' states
+//! updated in place, marked done rather than deleted), the MLS session rows written in the same
+//! transaction as the step that changed them, and the same loads at start. A crash keeps exactly
+//! what was committed.
 
 use std::collections::BTreeMap;
 
 use courier_crypto::{Change, RowKey};
 use courier_engine::{
-    Event, InboundKey, Millis, OutboxRecord, PendingInbound, ProcessedKey, Settlement, StoreOp,
+    Event, GroupSendRecord, InboundKey, Millis, OutboxRecord, PendingInbound, ProcessedKey,
+    Settlement, StoreOp,
 };
 
 /// A `settled` row.
@@ -30,6 +33,14 @@ pub struct Reports {
     pub done: Vec<String>,
 }
 
+/// A group message's tracker row.
+#[derive(Debug)]
+pub struct GroupRow {
+    pub record: GroupSendRecord,
+    /// Nothing of it is left to deliver: kept for status, not restored.
+    pub done: bool,
+}
+
 #[derive(Debug, Default)]
 pub struct Store {
     /// Live outbox rows by id.
@@ -41,6 +52,8 @@ pub struct Store {
     /// Buffered inbound rows (insert-or-ignore: the first copy is kept), with their insertion
     /// order for the load's tie-break.
     pub pending: BTreeMap<InboundKey, (u64, PendingInbound)>,
+    /// Group message trackers by id.
+    pub group_sends: BTreeMap<String, GroupRow>,
     next_rowid: u64,
     /// The end-to-end session state as `courier_crypto::Sessions` hands its rows over.
     sessions: BTreeMap<RowKey, Vec<u8>>,
@@ -99,10 +112,40 @@ impl Store {
                         self.pending.remove(key);
                     }
                 }
-                // This world sends no group messages yet.
-                StoreOp::PutGroupSend(_)
-                | StoreOp::GroupMember { .. }
-                | StoreOp::GroupSendDone { .. } => {}
+                // An upsert that keeps the first message and creation time and the done mark,
+                // and upserts each member's state.
+                StoreOp::PutGroupSend(record) => match self.group_sends.get_mut(&record.id) {
+                    Some(row) => {
+                        row.record.path = record.path;
+                        row.record.members.extend(
+                            record
+                                .members
+                                .iter()
+                                .map(|(member, state)| (member.clone(), *state)),
+                        );
+                    }
+                    None => {
+                        let row = GroupRow {
+                            record: record.clone(),
+                            done: false,
+                        };
+                        self.group_sends.insert(record.id.clone(), row);
+                    }
+                },
+                StoreOp::GroupMember { id, member, state } => {
+                    if let Some(slot) = self
+                        .group_sends
+                        .get_mut(id)
+                        .and_then(|row| row.record.members.get_mut(member))
+                    {
+                        *slot = *state;
+                    }
+                }
+                StoreOp::GroupSendDone { id } => {
+                    if let Some(row) = self.group_sends.get_mut(id) {
+                        row.done = true;
+                    }
+                }
             }
         }
         for id in &reports.done {
@@ -137,6 +180,22 @@ impl Store {
             a.created_at
                 .cmp(&b.created_at)
                 .then_with(|| a.message.id.cmp(&b.message.id))
+        });
+        rows
+    }
+
+    /// The group messages with something left to deliver, oldest first.
+    pub fn load_group_sends(&self) -> Vec<GroupSendRecord> {
+        let mut rows: Vec<GroupSendRecord> = self
+            .group_sends
+            .values()
+            .filter(|row| !row.done)
+            .map(|row| row.record.clone())
+            .collect();
+        rows.sort_by(|a, b| {
+            a.created_at
+                .cmp(&b.created_at)
+                .then_with(|| a.id.cmp(&b.id))
         });
         rows
     }

@@ -5,8 +5,9 @@
 //! are checked.
 //!
 //! Once the honest world is quiet, every device sends one probe of each priority to another
-//! device, one round at a time, and the world runs until quiet again: each probe must be
-//! delivered, whatever the chaos left behind.
+//! device, one round at a time, then every member of every group one group message, one at a
+//! time, and the world runs until quiet again: each probe must be delivered (every member of a
+//! group probe's roster reached and given it), whatever the chaos left behind.
 //!
 //! Each device's process is modelled as `courier-client`'s driver runs it: commands queue up
 //! and one step applies them all, then commits the step's store ops in one batch — holding the
@@ -16,6 +17,10 @@
 //! the restarted process is rebuilt only from what the store committed, and emits the terminal
 //! events still held there again, flagged replayed, before anything else.
 //!
+//! In a world with groups (`groups`) members send group messages, which the relay broadcasts
+//! when the sender's engine chooses it, and the world checks each group message's per-member
+//! matrix against what the relay did and what every member's application got.
+//!
 //! Relay connections are ordered (WebSocket over TCP): frames on one connection keep their
 //! order, though the scheduler may lose or duplicate a frame (a lossy middlebox) and delay
 //! spikes hold back the frames behind them. Local carriers are datagram-like: frames are lost,
@@ -24,26 +29,28 @@
 mod checks;
 mod driver;
 mod e2e;
+mod groups;
 mod network;
 mod scheduler;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use courier_engine::{
-    Carrier, CarrierAnswer, Engine, Event, FailReason, InboundKey, InboundOrigin, Input, Millis,
-    Restore, SendRequest, Settlement, StoreOp, Transmit, TransmitKind,
+    Carrier, CarrierAnswer, Engine, Event, FailReason, GroupReport, InboundKey, InboundOrigin,
+    Input, Millis, Restore, SendRequest, Settlement, StoreOp, Transmit, TransmitKind,
 };
 use courier_proto::{ContentType, Message, Priority};
 
 use crate::ledger::{violated, Ledger, Refused};
 use crate::peer::{App, Command, CrashPoint, Peer, Running, Session};
-use crate::relay::{ConnId, Relay, ToClient, ToRelay, Writes};
+use crate::relay::{ConnId, GroupFrame, Relay, ToClient, ToRelay, Writes};
 use crate::rng::Rng;
 use crate::scenario::{LinkFaults, Scenario, BLE, HOUR, POISON, SEC};
 use crate::store::{key_of, Reports, Store};
 use crate::Options;
 
 pub use e2e::{DirectoryReport, E2e};
+use groups::GroupState;
 pub use scheduler::Action;
 
 /// The virtual clock starts here (a plausible epoch time, so timestamps look like real ones).
@@ -150,6 +157,51 @@ pub struct Counts {
     pub stale_welcomes_joined: u64,
     /// Warnings of the end-to-end layer (a session frame not used, a package not usable).
     pub e2e_warnings: u64,
+    /// `security_warning` events.
+    pub security_warnings: u64,
+    /// Runs with chat groups.
+    pub group_worlds: u64,
+    /// Group messages the apps sent, and of those the engines accepted durably.
+    pub group_sends: u64,
+    pub group_accepted: u64,
+    /// Group messages that went by the relay's broadcast, and by per-member copies at once.
+    pub group_broadcast_path: u64,
+    pub group_fanout_path: u64,
+    /// Broadcasts the relay took (re-broadcasts included), and per-member copies it did not
+    /// journal again for a re-broadcast.
+    pub group_relay_broadcasts: u64,
+    pub group_relay_dedup: u64,
+    /// Reports the engines took (`group_message_delivery_report`), and members given copies by
+    /// them (the missed and the unnamed).
+    pub group_reports: u64,
+    pub group_reissued: u64,
+    /// Reports the relay lost, wrote late (within the wait, after it), broadcasts it refused,
+    /// and senders that lost their connection or died right after a broadcast.
+    pub group_reports_lost: u64,
+    pub group_reports_late: u64,
+    pub group_reports_after_wait: u64,
+    pub group_refusals: u64,
+    pub group_sender_disconnects: u64,
+    pub group_sender_crashes: u64,
+    /// Registrations the relay refused, roster changes, and drifts of the relay's roster.
+    pub group_registrations_refused: u64,
+    pub group_roster_changes: u64,
+    pub group_drifts: u64,
+    /// Member states committed: delivered by a copy's ACK, delivered by a report, stored, failed.
+    pub group_members_acked: u64,
+    pub group_members_reported: u64,
+    pub group_members_stored: u64,
+    pub group_members_failed: u64,
+    /// Group messages reaching an application, and broadcasts dropped unopened by a device
+    /// outside the epoch they were sealed in.
+    pub group_received: u64,
+    pub group_unreadable: u64,
+    /// Members reached by the matrix whose application never got the message, as the model
+    /// allows: written live by a relay without a mailbox, deleted by the mailbox TTL, expired in
+    /// the member's hook buffer.
+    pub group_live_losses: u64,
+    pub group_purged: u64,
+    pub group_expired: u64,
     pub flush_rounds: u64,
     pub max_outbox: usize,
     pub max_pending_acks: usize,
@@ -221,6 +273,49 @@ impl Counts {
             (&mut self.welcomes_repeated, other.welcomes_repeated),
             (&mut self.stale_welcomes_joined, other.stale_welcomes_joined),
             (&mut self.e2e_warnings, other.e2e_warnings),
+            (&mut self.security_warnings, other.security_warnings),
+            (&mut self.group_worlds, other.group_worlds),
+            (&mut self.group_sends, other.group_sends),
+            (&mut self.group_accepted, other.group_accepted),
+            (&mut self.group_broadcast_path, other.group_broadcast_path),
+            (&mut self.group_fanout_path, other.group_fanout_path),
+            (
+                &mut self.group_relay_broadcasts,
+                other.group_relay_broadcasts,
+            ),
+            (&mut self.group_relay_dedup, other.group_relay_dedup),
+            (&mut self.group_reports, other.group_reports),
+            (&mut self.group_reissued, other.group_reissued),
+            (&mut self.group_reports_lost, other.group_reports_lost),
+            (&mut self.group_reports_late, other.group_reports_late),
+            (
+                &mut self.group_reports_after_wait,
+                other.group_reports_after_wait,
+            ),
+            (&mut self.group_refusals, other.group_refusals),
+            (
+                &mut self.group_sender_disconnects,
+                other.group_sender_disconnects,
+            ),
+            (&mut self.group_sender_crashes, other.group_sender_crashes),
+            (
+                &mut self.group_registrations_refused,
+                other.group_registrations_refused,
+            ),
+            (&mut self.group_roster_changes, other.group_roster_changes),
+            (&mut self.group_drifts, other.group_drifts),
+            (&mut self.group_members_acked, other.group_members_acked),
+            (
+                &mut self.group_members_reported,
+                other.group_members_reported,
+            ),
+            (&mut self.group_members_stored, other.group_members_stored),
+            (&mut self.group_members_failed, other.group_members_failed),
+            (&mut self.group_received, other.group_received),
+            (&mut self.group_unreadable, other.group_unreadable),
+            (&mut self.group_live_losses, other.group_live_losses),
+            (&mut self.group_purged, other.group_purged),
+            (&mut self.group_expired, other.group_expired),
             (&mut self.flush_rounds, other.flush_rounds),
             (&mut self.steps, other.steps),
         ];
@@ -265,6 +360,10 @@ enum Ev {
         conn: ConnId,
         frame: ToRelay,
     },
+    GroupToRelay {
+        conn: ConnId,
+        frame: GroupFrame,
+    },
     ToClient {
         peer: usize,
         conn: ConnId,
@@ -304,6 +403,21 @@ enum Ev {
     /// Every device sends its probe of priority `PRIORITIES[round]`.
     Probe {
         round: usize,
+    },
+    /// The relay's report of a broadcast from `peer` on `conn` is due.
+    GroupReport {
+        conn: ConnId,
+        peer: usize,
+        report: GroupReport,
+    },
+    /// The relay's roster of group `group` catches up with the real one.
+    GroupSync {
+        group: usize,
+    },
+    /// Device `peer` sends its probe to group `group`.
+    GroupProbe {
+        peer: usize,
+        group: usize,
     },
 }
 
@@ -345,6 +459,8 @@ pub struct World {
     deadline: Millis,
     chaos_left: u32,
     in_range: BTreeSet<(usize, usize)>,
+    /// The chat groups, by index (empty in a world without groups).
+    groups: Vec<GroupState>,
     conn_owner: BTreeMap<ConnId, usize>,
     /// Ordered links: the arrival time of the last frame per (connection, towards the relay).
     fifo: BTreeMap<(ConnId, bool), Millis>,
@@ -358,13 +474,26 @@ pub struct World {
 impl World {
     pub fn new(seed: u64, options: Options) -> Self {
         let mut rng = Rng::new(seed);
-        let scn = Scenario::generate(&mut rng, seed, options.actions, options.encryption);
+        let scn = Scenario::generate(
+            &mut rng,
+            seed,
+            options.actions,
+            options.encryption,
+            options.groups,
+        );
         let directory = scn.encryption && scn.directory;
         let relay = Relay::new(
             scn.mailbox,
             directory,
+            scn.groups.as_ref().is_some_and(|g| g.relay_delivery),
             scn.peers.iter().map(|p| p.name.clone()),
         );
+        let groups = scn
+            .groups
+            .iter()
+            .flat_map(|w| &w.groups)
+            .map(|g| GroupState::new(g.id.clone(), g.members.clone()))
+            .collect();
         let peers = scn
             .peers
             .iter()
@@ -399,6 +528,7 @@ impl World {
             probes: None,
             deadline: Millis::MAX,
             in_range,
+            groups,
             conn_owner: BTreeMap::new(),
             fifo: BTreeMap::new(),
             next_id: 0,
@@ -434,8 +564,44 @@ impl World {
             (true, true) => "sessions through the key-package directory",
             (true, false) => "sessions by the round trip",
         };
+        let groups = match &self.scn.groups {
+            None => "none".to_owned(),
+            Some(w) => {
+                let rosters: Vec<String> = w
+                    .groups
+                    .iter()
+                    .map(|g| {
+                        let members: Vec<&str> = g
+                            .members
+                            .iter()
+                            .map(|&q| self.peers[q].spec.alias.as_str())
+                            .collect();
+                        format!("{}{{{}}}", g.id, members.join(","))
+                    })
+                    .collect();
+                let broadcast: Vec<&str> = (0..self.peers.len())
+                    .filter(|&q| w.broadcast[q])
+                    .map(|q| self.peers[q].spec.alias.as_str())
+                    .collect();
+                let r = w.report;
+                format!(
+                    "{} relay delivery:{} broadcast by [{}] reports lost/late/after-wait/refused/disconnect/crash {}/{}/{}/{}/{}/{}‰ registration refused {}‰ roster lag {} s",
+                    rosters.join(" "),
+                    w.relay_delivery,
+                    broadcast.join(","),
+                    r.lost,
+                    r.late,
+                    r.after_wait,
+                    r.refused,
+                    r.disconnect,
+                    r.crash,
+                    w.registration_refused,
+                    w.roster_lag_ms / SEC,
+                )
+            }
+        };
         format!(
-            "peers {} | mailbox {:?} | ble {:?} | {} actions | encryption: {e2e}",
+            "peers {} | mailbox {:?} | ble {:?} | {} actions | encryption: {e2e} | groups: {groups}",
             peers.join(" "),
             self.scn.mailbox.map(|m| m.max_messages),
             self.scn.ble_pairs,
@@ -451,6 +617,8 @@ impl World {
     pub fn run(mut self) -> Summary {
         self.counts.encrypted_worlds = u64::from(self.scn.encryption);
         self.counts.directory_worlds = u64::from(self.scn.encryption && self.scn.directory);
+        self.counts.group_worlds = u64::from(self.scn.groups.is_some());
+        self.start_groups();
         for p in 0..self.peers.len() {
             self.restart(p);
         }
@@ -475,6 +643,11 @@ impl World {
                     self.probes = Some(Vec::new());
                     for round in 0..PRIORITIES.len() {
                         self.schedule(round as Millis * PROBE_GAP, Ev::Probe { round });
+                    }
+                    let after = PRIORITIES.len() as Millis * PROBE_GAP;
+                    for (round, (p, g)) in self.group_probes().into_iter().enumerate() {
+                        let at = after + round as Millis * PROBE_GAP;
+                        self.schedule(at, Ev::GroupProbe { peer: p, group: g });
                     }
                     continue;
                 }
@@ -501,6 +674,8 @@ impl World {
         }
         self.final_checks();
         self.counts.max_relay_journal = self.relay.counts.max_journal;
+        self.counts.group_relay_broadcasts = self.relay.counts.broadcasts;
+        self.counts.group_relay_dedup = self.relay.counts.broadcast_dedup;
         Summary {
             digest: self.digest,
             virtual_ms: self.now - EPOCH,
@@ -570,6 +745,11 @@ impl World {
 
     fn handle(&mut self, ev: Ev) {
         match ev {
+            Ev::GroupToRelay { conn, frame } => {
+                if self.relay.up {
+                    self.relay_group_frame(conn, frame);
+                }
+            }
             Ev::ToRelay { conn, frame } => {
                 if self.relay.up {
                     let ack = match &frame {
@@ -662,6 +842,9 @@ impl World {
             }
             Ev::Chaos => self.chaos(),
             Ev::Probe { round } => self.probe(round),
+            Ev::GroupReport { conn, peer, report } => self.group_report_due(conn, peer, report),
+            Ev::GroupSync { group } => self.group_sync(group),
+            Ev::GroupProbe { peer, group } => self.app_group_send(peer, group, true),
         }
     }
 }

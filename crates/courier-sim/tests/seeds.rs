@@ -1,7 +1,9 @@
 //! A few hundred seeds of the simulation, checked against the delivery invariants, and the
 //! paths they must go through so a change of the world model cannot quietly stop exercising one.
 //! Worlds in the clear and encrypted worlds run apart: real MLS in a debug build costs seconds a
-//! world, so a few chosen encrypted seeds cover the sealed paths.
+//! world, so a few chosen encrypted seeds cover the sealed paths. The default worlds have chat
+//! groups for some seeds, as the runner's do; a run of worlds that all have them covers the
+//! group paths.
 
 use courier_sim::{replay_command, run_seed, Counts, Options};
 
@@ -11,6 +13,12 @@ const CLEAR: Options = Options {
     actions: None,
     verbose: false,
     encryption: Some(false),
+    groups: None,
+};
+
+const GROUPS: Options = Options {
+    groups: Some(true),
+    ..CLEAR
 };
 
 const ENCRYPTED: Options = Options {
@@ -25,6 +33,12 @@ const ENCRYPTED: Options = Options {
 /// in the step that delivered it (3238), a setup frame lost on its way and asked for again on
 /// the timer (2226), messages sealed for a session that lost a tie (7444).
 const ENCRYPTED_SEEDS: [u64; 8] = [10, 12, 18, 46, 1492, 2226, 3238, 7444];
+
+/// Encrypted seeds with chat groups, among them some that once failed: a copy acknowledged in
+/// the clear by a member without a session with its sender (28), a copy that arrived while the
+/// broadcast of its message waited for the hook (391), a copy sent again for a new session with
+/// its member (429).
+const ENCRYPTED_GROUP_SEEDS: [u64; 3] = [28, 391, 429];
 
 /// Runs `seeds` and adds up their counts; panics with the replay lines of those that fail.
 fn run(seeds: impl IntoIterator<Item = u64>, options: Options) -> Counts {
@@ -125,12 +139,65 @@ fn encrypted_worlds_keep_the_invariants() {
 }
 
 #[test]
+fn group_worlds_keep_the_invariants() {
+    let totals = run(1..=120, GROUPS);
+    let paths = [
+        ("group worlds", totals.group_worlds),
+        ("group messages accepted", totals.group_accepted),
+        ("broadcast by the relay", totals.group_broadcast_path),
+        ("fanned out at once", totals.group_fanout_path),
+        ("reports taken", totals.group_reports),
+        ("members given copies by a report", totals.group_reissued),
+        ("reports lost", totals.group_reports_lost),
+        ("reports late", totals.group_reports_late),
+        ("reports after the wait", totals.group_reports_after_wait),
+        ("broadcasts refused", totals.group_refusals),
+        (
+            "senders disconnected after a broadcast",
+            totals.group_sender_disconnects,
+        ),
+        ("senders crashed after a broadcast", totals.group_sender_crashes),
+        ("registrations refused", totals.group_registrations_refused),
+        ("roster changes", totals.group_roster_changes),
+        ("relay roster drifts", totals.group_drifts),
+        (
+            "copies a re-broadcast did not journal again",
+            totals.group_relay_dedup,
+        ),
+        ("members delivered by a copy's ACK", totals.group_members_acked),
+        ("members delivered by a report", totals.group_members_reported),
+        ("members stored", totals.group_members_stored),
+        ("members failed", totals.group_members_failed),
+        ("group messages received", totals.group_received),
+        (
+            "broadcasts of an epoch the device was not in",
+            totals.group_unreadable,
+        ),
+    ];
+    for (path, count) in paths {
+        assert!(count > 0, "no group seed went through: {path}");
+    }
+}
+
+#[test]
+fn encrypted_group_worlds_keep_the_invariants() {
+    let options = Options {
+        encryption: Some(true),
+        ..GROUPS
+    };
+    let totals = run(ENCRYPTED_GROUP_SEEDS, options);
+    assert!(totals.group_received > 0 && totals.sealed > 0);
+    assert!(totals.group_members_acked > 0, "no copy was acknowledged");
+}
+
+#[test]
 fn a_seed_replays_identically() {
     // openmls draws its own randomness: the course of an encrypted world must not depend on it.
     let seeds = [
         (3, CLEAR),
         (77, CLEAR),
         (1234, CLEAR),
+        (5, GROUPS),
         (40_000, CLEAR),
         (28, ENCRYPTED),
     ];

@@ -277,13 +277,14 @@ impl Engine {
     /// Every attempt to `recipient` in flight (handed to a carrier, or written and awaiting its
     /// ACK) goes back to the queue, due now, with no retry spent: the attempt was lost to the
     /// session change, not to the peer. A later report on the old attempt is stale and ignored.
+    /// A group copy carries its group's ciphertext, never sealed in this session: it stays.
     fn resend_sealed_for_old_session(&mut self, recipient: &str, now: Millis) {
         let mut resent = 0;
         for key in self.outbox.keys_to(recipient) {
             let in_flight = self
                 .outbox
                 .get(key)
-                .is_some_and(|e| e.current_send_seq().is_some());
+                .is_some_and(|e| e.current_send_seq().is_some() && e.class() != Class::GroupCopy);
             if in_flight && self.requeue(key, now, now) {
                 resent += 1;
             }

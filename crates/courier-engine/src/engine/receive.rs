@@ -38,10 +38,13 @@ impl Engine {
             self.release_frame(&origin);
             return;
         }
+        // An opened group message is addressed to its group; a group copy a neighbor carries
+        // for another member is addressed to that member, like any carried copy.
+        let opened_group = message.metadata.get(META_GROUP_ID) == Some(&message.recipient);
         if message.ack_for().is_none()
             && matches!(origin.carrier, Carrier::Local(_))
             && !self.names_this_device(&message.recipient)
-            && !message.metadata.contains_key(META_GROUP_ID)
+            && !opened_group
         {
             // Nothing routed it here, so it is not ours to deliver, record or acknowledge.
             let text = format!(

@@ -218,6 +218,16 @@ impl HookPipeline {
         let draining = self.draining.as_ref() == Some(&pending.carrier);
         if let Some(&id) = self.index.get(&pending.key) {
             let row = self.rows.get_mut(&id).expect("indexed row");
+            let carrier = pending.carrier.clone();
+            if pending.message.requires_ack && !row.pending.message.requires_ack {
+                // A group message's copy, buffered from the relay's broadcast (which asks for
+                // no ACK): the commit owes the copy's sender its ACK
+                // (`docs/delivery.md#received-group-messages`).
+                row.pending = PendingInbound {
+                    received_at: row.pending.received_at,
+                    ..pending
+                };
+            }
             if let Some(seq) = seq {
                 if !row.seqs.contains(&seq) {
                     row.seqs.push(seq);
@@ -229,7 +239,7 @@ impl HookPipeline {
             if let Place::Waiting(group) = row.place {
                 // A redelivery of a refused message: back in the pipeline now, from the copy.
                 self.leave_group(group, id);
-                self.place(id, BatchOrigin::Redelivery, &pending.carrier, now);
+                self.place(id, BatchOrigin::Redelivery, &carrier, now);
             }
             return Arrival::Known;
         }

@@ -475,3 +475,90 @@ fn a_group_message_reaches_the_app_once_across_broadcast_and_copy() {
     assert_eq!(acks[0].recipient, BOB);
     assert!(sim.journal.is_empty(), "both frames released");
 }
+
+#[test]
+fn a_group_copy_a_neighbor_carries_for_another_member_is_only_carried() {
+    let mut sim = Sim::with_defaults();
+    sim.input(Input::AccountName(ALICE.to_owned()));
+    sim.local_up(BLE);
+    sim.discover(BOB, BLE);
+    let mark = sim.mark();
+    // Bob's copy for carol, still sealed, offered to this device while bob parks it.
+    let copy_id = group_copy_id(&wire_id("hello"), CAROL);
+    let mut copy = message_from(BOB, &copy_id);
+    copy.recipient = CAROL.to_owned();
+    copy.content = "__MLS_GROUP__ciphertext-of-hello".to_owned();
+    copy.metadata
+        .insert(META_GROUP_ID.to_owned(), GROUP.to_owned());
+    copy.metadata
+        .insert(META_GROUP_MESSAGE.to_owned(), wire_id("hello"));
+    let origin = InboundOrigin {
+        carrier: Carrier::Local(BLE.to_owned()),
+        stamped_sender: BOB.to_owned(),
+        sender_account: None,
+        seq: None,
+        sealed_by: None,
+    };
+    sim.inbound(copy, origin);
+    assert!(
+        sim.log[mark..].iter().all(|(_, out)| !matches!(
+            out,
+            Out::Event(Event::MessageReceived { .. } | Event::SecurityWarning { .. })
+                | Out::Transmit(Transmit {
+                    kind: TransmitKind::DeliveryAck { .. },
+                    ..
+                })
+        )),
+        "neither delivered, acknowledged, nor taken for a forged control frame"
+    );
+}
+
+#[test]
+fn a_copy_that_arrives_while_its_broadcast_waits_for_the_hook_is_acknowledged_at_the_commit() {
+    let mut config = Config::new("chat");
+    config.durability_hook = Some(crate::config::HookConfig::default());
+    let mut sim = Sim::new(config);
+    sim.carrier_up();
+    sim.inbound(opened("hello", None), relay_origin(1));
+    assert!(
+        sim.poll_hook().is_some(),
+        "the broadcast copy goes to the hook"
+    );
+    // The sender's copy for this device comes in while the broadcast is with the hook.
+    let copy_id = group_copy_id(&wire_id("hello"), ALICE);
+    sim.inbound(opened("hello", Some(&copy_id)), relay_origin(2));
+    let mark = sim.mark();
+    sim.hook_result(true);
+    let acks: Vec<&Message> = sim.log[mark..]
+        .iter()
+        .filter_map(|(_, out)| match out {
+            Out::Transmit(Transmit {
+                kind: TransmitKind::DeliveryAck { message },
+                ..
+            }) => Some(message),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(acks.len(), 1, "the copy asked for an ACK: {acks:?}");
+    assert_eq!(acks[0].ack_for(), Some(copy_id.as_str()));
+    assert!(sim.journal.is_empty(), "both frames released");
+}
+
+#[test]
+fn a_new_session_with_a_member_does_not_send_its_copy_again() {
+    let mut config = Config::new("chat");
+    config.encryption = true;
+    let mut sim = Sim::new(config);
+    sim.carrier_up();
+    let roster = members(1);
+    let session = || Input::SessionReady {
+        recipient: roster[0].clone(),
+    };
+    sim.input(session());
+    let mark = sim.mark();
+    sim.group_send("gm1", &roster, false);
+    // The 1:1 session with the member changes: what was sealed in it goes again, but the
+    // copy carries the group's ciphertext.
+    sim.input(session());
+    assert_eq!(sim.copies_since(mark, "gm1")[&roster[0]], 1);
+}

@@ -3,6 +3,7 @@
 
 use courier_engine::{EntryState, OutboxRecord};
 
+use super::groups::is_copy;
 use super::*;
 
 /// Messages the pre-session queue holds at most, in all and for one recipient.
@@ -44,7 +45,7 @@ impl<'s> OutboxView<'s> {
         }
     }
 
-    fn rows(&self) -> impl Iterator<Item = &'s OutboxRecord> + '_ {
+    pub(super) fn rows(&self) -> impl Iterator<Item = &'s OutboxRecord> + '_ {
         let stored = self.store.values().filter(|r| {
             let id = r.message.id.as_str();
             !self.put.contains_key(id) && !self.settled.contains(id)
@@ -83,7 +84,9 @@ impl World {
     }
 
     /// The sender just settled `row` as failed for `reason`. Capacity needs its class full at
-    /// that moment, and a lifetime expiry the entry's lifetime run out. Once the world is honest
+    /// that moment (a group message with something left to deliver counts as one regular
+    /// entry, `groups` of them; a copy fails by capacity with its whole group message), and a
+    /// lifetime expiry the entry's lifetime run out. Once the world is honest
     /// every real device is up and reachable over the relay, so a message to one of them may
     /// only fail with an excuse the chaos left (see [`World::excuse`]): anything else is a
     /// delivery the engine owed and did not make (a lost end-to-end ACK, a stuck entry).
@@ -93,6 +96,7 @@ impl World {
         row: &OutboxRecord,
         reason: FailReason,
         outbox: &OutboxView<'_>,
+        groups: usize,
     ) {
         let peer = &self.peers[p];
         let config = &peer.spec.config;
@@ -103,8 +107,12 @@ impl World {
         match reason {
             FailReason::OutboxCapacityExceeded => {
                 let media = |r: &OutboxRecord| r.message.content_type == ContentType::FileChunk;
-                let class = media(row);
-                let held = outbox.rows().filter(|r| media(r) == class).count();
+                let class = media(row) && !is_copy(&row.message);
+                let held = outbox
+                    .rows()
+                    .filter(|r| !is_copy(&r.message) && media(r) == class)
+                    .count()
+                    + if class { 0 } else { groups };
                 let bound = if class {
                     config.outbox_max_media_entries
                 } else {
@@ -186,7 +194,12 @@ impl World {
     ) -> Option<&'static str> {
         let wire_id = courier_proto::wire_id(&row.message.id);
         let recipient = &self.peers[self.scn.index_of(&row.message.recipient)?];
-        let key = key_of(sender, &wire_id);
+        // What the recipient records processing it as: a copy stands for its group message.
+        let key = self
+            .ledger
+            .copy_key(&wire_id)
+            .cloned()
+            .unwrap_or_else(|| key_of(sender, &wire_id));
         let last_written = row.last_sent_at.unwrap_or(0);
         match reason {
             FailReason::OutboxCapacityExceeded => Some("its outbox was full"),
@@ -317,7 +330,13 @@ impl World {
         match &transmit.kind {
             TransmitKind::DeliveryAck { message } => {
                 let acked = self.ledger.ack_for(message).unwrap_or_default();
-                check(&key_of(&message.recipient, acked), "end-to-end ACK", false);
+                // The ACK of a group copy names the copy, and stands for its group message.
+                let key = self
+                    .ledger
+                    .copy_key(acked)
+                    .cloned()
+                    .unwrap_or_else(|| key_of(&message.recipient, acked));
+                check(&key, "end-to-end ACK", false);
             }
             // A sealed copy that did not open, or a spent repeat, is released unprocessed.
             TransmitKind::ReleaseFrame { seq } if self.ledger.was_unopened(name, *seq) => {}
@@ -341,13 +360,16 @@ impl World {
         let config = &peer.spec.config;
         let stats = run.engine.stats();
         let name = peer.name();
-        if stats.outbox_regular > config.outbox_max_entries
+        // A group message with something left to deliver counts as one regular entry; its
+        // copies count in neither class (`docs/delivery.md#group-messages-and-the-outbox-bound`).
+        if stats.outbox_regular + stats.group_sends > config.outbox_max_entries.max(1)
             || stats.outbox_media > config.outbox_max_media_entries
         {
             violated(format!(
-                "{name}'s outbox holds {} + {} entries (bounds {} + {})",
+                "{name}'s outbox holds {} + {} entries and {} group messages (bounds {} + {})",
                 stats.outbox_regular,
                 stats.outbox_media,
+                stats.group_sends,
                 config.outbox_max_entries,
                 config.outbox_max_media_entries
             ));
@@ -370,13 +392,30 @@ impl World {
                 ));
             }
         }
-        let (waiting, rows): (Vec<&OutboxRecord>, Vec<&OutboxRecord>) = peer
+        let (copies, entries): (Vec<&OutboxRecord>, Vec<&OutboxRecord>) = peer
             .store
             .outbox
             .values()
+            .partition(|row| is_copy(&row.message));
+        let (waiting, rows): (Vec<&OutboxRecord>, Vec<&OutboxRecord>) = entries
+            .into_iter()
             .partition(|row| row.state == EntryState::AwaitingSession);
         if rows.len() > config.outbox_max_entries + config.outbox_max_media_entries {
             violated(format!("{name}'s store holds {} outbox rows", rows.len()));
+        }
+        // Copies are bounded by their group messages: one per member not reached.
+        let rosters: usize = peer
+            .store
+            .group_sends
+            .values()
+            .filter(|row| !row.done)
+            .map(|row| row.record.members.len())
+            .sum();
+        if copies.len() > rosters {
+            violated(format!(
+                "{name}'s store holds {} group copies for rosters of {rosters} members",
+                copies.len()
+            ));
         }
         // The pre-session queue's fixed bounds (`docs/delivery.md#pre-session-queue`).
         let mut per_recipient = BTreeMap::<&str, usize>::new();
@@ -481,6 +520,7 @@ impl World {
             }
         }
         self.check_undecryptable();
+        self.final_group_checks();
         if self.scn.encryption {
             self.check_sessions();
         }

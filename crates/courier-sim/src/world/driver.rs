@@ -11,6 +11,9 @@ use courier_engine::{HookBatch, Input, PresenceChange};
 
 use super::checks::OutboxView;
 use super::e2e::Frame;
+use courier_proto::message::{META_GROUP_ID, META_GROUP_MESSAGE};
+
+use super::groups::{is_copy, is_sealed_group, GroupChecks, GroupView};
 use crate::ledger::Undecryptable;
 
 use super::*;
@@ -31,13 +34,20 @@ struct StepHost<'w> {
     e2e: Option<E2e>,
     /// Inputs for the next step: sends that could not be sealed.
     refeed: Vec<Input>,
-    accepted: Vec<String>,
+    accepted: Accepted,
     /// The step's terminal events, held with the commit.
     held: Vec<String>,
     /// `message_received`s not dispatched yet: lost if the process dies before they are.
     undispatched: Vec<InboundKey>,
     /// (store ops, events) of the commit, for the world's reproducibility digest.
     sizes: (u64, u64),
+}
+
+/// The sends of a step, answered once it is durable.
+#[derive(Default)]
+struct Accepted {
+    sends: Vec<String>,
+    group_sends: Vec<String>,
 }
 
 impl StepHost<'_> {
@@ -97,18 +107,34 @@ impl Host<AppEvent> for StepHost<'_> {
         self.sizes = (ops.len() as u64, events.len() as u64);
         let sessions = self.e2e.as_mut().map(E2e::commit).unwrap_or_default();
         self.world.commit(p, &ops, &reports, sessions);
+        let engine_events: Vec<&Event> = all()
+            .filter_map(|event| match event {
+                AppEvent::Engine(event) => Some(event),
+                AppEvent::Replayed(_) => None,
+            })
+            .collect();
+        self.world.check_group_events(p, &ops, &engine_events);
         ControlFlow::Continue(())
     }
 
     fn resolve(&mut self, _: &Engine, _: &[PresenceChange]) -> ControlFlow<CrashPoint> {
         self.crash_if(CrashPoint::AfterCommit)?;
         let name = self.world.peers[self.p].name().to_owned();
-        for id in std::mem::take(&mut self.accepted) {
+        let accepted = std::mem::take(&mut self.accepted);
+        for id in accepted.sends {
             let store = &self.world.peers[self.p].store;
             let durable = store.outbox.contains_key(&id) || store.settled.contains_key(&id);
             self.world.ledger.on_resolved(&name, &id, durable);
             self.world.peers[self.p].app.owed.remove(&id);
             self.world.counts.accepted += 1;
+        }
+        for id in accepted.group_sends {
+            if !self.world.peers[self.p].store.group_sends.contains_key(&id) {
+                violated(format!(
+                    "{name}'s sendGroupMessage resolved {id} before it was durable"
+                ));
+            }
+            self.world.counts.group_accepted += 1;
         }
         ControlFlow::Continue(())
     }
@@ -201,7 +227,7 @@ impl World {
         let mut e2e = run.e2e.take();
         self.counts.steps += 1;
         let mut step = Step::default();
-        let mut accepted = Vec::new();
+        let mut accepted = Accepted::default();
         for event in replays {
             step.emit(&mut engine, AppEvent::Replayed(event));
         }
@@ -265,18 +291,41 @@ impl World {
         e2e: &mut Option<E2e>,
         step: &mut Step<AppEvent>,
         command: Command,
-        accepted: &mut Vec<String>,
+        accepted: &mut Accepted,
     ) {
         if self.verbose {
             let line = format!("{} <- {}", self.peers[p].name(), describe_command(&command));
             self.trace(|_| line);
         }
-        let name = self.peers[p].name();
         match (command, e2e.as_mut()) {
+            (Command::Engine(Input::Inbound { message, origin }), _)
+                if is_sealed_group(&message) =>
+            {
+                self.open_group(p, engine, step, *message, origin)
+            }
             (Command::Engine(Input::Inbound { message, origin }), Some(e2e)) => {
                 self.open(p, e2e, engine, step, *message, origin)
             }
             (Command::Engine(mut input), _) => {
+                if let Input::Written { id, send_seq }
+                | Input::SendFailed { id, send_seq, .. }
+                | Input::Answer { id, send_seq, .. } = &input
+                {
+                    let run = self.peers[p].run.as_mut().expect("running");
+                    if run.unwritten.get(id) == Some(send_seq) {
+                        run.unwritten.remove(id);
+                    }
+                }
+                if let Input::Answer {
+                    id,
+                    answer: CarrierAnswer::Unreachable(_),
+                    ..
+                } = &input
+                {
+                    let name = self.peers[p].name().to_owned();
+                    self.ledger
+                        .on_refused(Refused::Attempt, &name, id, self.now);
+                }
                 match &mut input {
                     Input::Send(req) => {
                         req.settled = self.peers[p]
@@ -284,13 +333,9 @@ impl World {
                             .settled
                             .get(&req.id)
                             .map(|row| row.settlement.clone());
-                        accepted.push(req.id.clone());
+                        accepted.sends.push(req.id.clone());
                     }
-                    Input::Answer {
-                        id,
-                        answer: CarrierAnswer::Unreachable(_),
-                        ..
-                    } => self.ledger.on_refused(Refused::Attempt, name, id, self.now),
+                    Input::GroupSend(req) => accepted.group_sends.push(req.id.clone()),
                     _ => {}
                 }
                 step.apply(engine, input, self.now);
@@ -357,13 +402,48 @@ impl World {
         sessions: Vec<courier_crypto::Change>,
     ) {
         let name = self.peers[p].name().to_owned();
-        let mut outbox = OutboxView::new(&self.peers[p].store.outbox);
+        let store = &self.peers[p].store;
+        let mut outbox = OutboxView::new(&store.outbox);
+        let mut groups = GroupView::new(&store.group_sends);
+        let settles: BTreeMap<&str, &Settlement> = ops
+            .iter()
+            .filter_map(|op| match op {
+                StoreOp::Settle { id, settlement, .. } => Some((id.as_str(), settlement)),
+                _ => None,
+            })
+            .collect();
+        let done_now: BTreeSet<&str> = ops
+            .iter()
+            .filter_map(|op| match op {
+                StoreOp::GroupSendDone { id } => Some(id.as_str()),
+                _ => None,
+            })
+            .collect();
         for op in ops {
             match op {
+                StoreOp::Put(record) if is_copy(&record.message) => {
+                    let wire = &record.message.metadata[META_GROUP_MESSAGE];
+                    let (id, member) = (&record.message.id, &record.message.recipient);
+                    self.ledger.on_copy_put(&name, id, member, wire);
+                    outbox.put(record);
+                }
                 StoreOp::Put(record) => {
                     self.ledger
                         .on_put(&name, &record.message.id, &record.message.recipient);
                     outbox.put(record);
+                }
+                StoreOp::Settle { id, settlement, .. } if self.ledger.copy(&name, id).is_some() => {
+                    let Some(row) = outbox.row(id) else {
+                        violated(format!("{name} settled copy {id}, which has no outbox row"));
+                    };
+                    self.ledger.on_copy_settle(&name, id, settlement);
+                    match settlement {
+                        Settlement::Delivered => self.check_copy_delivered(&name, id),
+                        Settlement::Failed(reason) => {
+                            self.check_failed(p, row, *reason, &outbox, groups.active())
+                        }
+                    }
+                    outbox.settle(id);
                 }
                 StoreOp::Settle { id, settlement, .. } => {
                     let row = outbox.row(id);
@@ -371,17 +451,17 @@ impl World {
                     match (settlement, row) {
                         (Settlement::Delivered, _) => self.check_delivered(&name, id),
                         (Settlement::Failed(reason), Some(row)) => {
-                            self.check_failed(p, row, *reason, &outbox)
+                            self.check_failed(p, row, *reason, &outbox, groups.active())
                         }
                         (Settlement::Failed(_), None) => {}
                     }
                     outbox.settle(id);
                 }
                 StoreOp::CommitInbound { keys, .. } => {
-                    let peer = &self.peers[p];
-                    if peer.spec.hook.is_some() {
+                    if self.peers[p].spec.hook.is_some() {
                         for key in keys {
-                            if !peer.store.is_processed(key) && !peer.app.hook_store.contains(key) {
+                            let app = &self.peers[p].app;
+                            if !store.is_processed(key) && !app.hook_store.contains(key) {
                                 violated(format!(
                                     "{name} committed {key:?} as processed, but its application never committed it"
                                 ));
@@ -395,13 +475,27 @@ impl World {
                         self.counts.expired_rows += 1;
                     }
                 }
-                StoreOp::MarkProcessed(_)
-                | StoreOp::BufferInbound(_)
-                | StoreOp::PutGroupSend(_)
+                StoreOp::PutGroupSend(_)
                 | StoreOp::GroupMember { .. }
-                | StoreOp::GroupSendDone { .. } => {}
+                | StoreOp::GroupSendDone { .. } => {
+                    let mut checks = GroupChecks {
+                        ledger: &mut self.ledger,
+                        counts: &mut self.counts,
+                        relay: &self.relay,
+                        name: &name,
+                    };
+                    checks.op(op, &settles, &done_now, &mut groups);
+                }
+                StoreOp::MarkProcessed(_) | StoreOp::BufferInbound(_) => {}
             }
         }
+        let checks = GroupChecks {
+            ledger: &mut self.ledger,
+            counts: &mut self.counts,
+            relay: &self.relay,
+            name: &name,
+        };
+        checks.done(&done_now, &outbox);
         self.peers[p].store.commit(ops, reports, sessions);
     }
 
@@ -460,12 +554,39 @@ impl World {
                     ));
                 }
                 self.counts.received += 1;
+                if message.metadata.contains_key(META_GROUP_ID) {
+                    self.counts.group_received += 1;
+                }
                 let key = InboundKey {
                     chat: chat.clone(),
                     sender: sender.clone(),
                     message_id: message.id.clone(),
                 };
                 self.ledger.on_received(&name, &key, message);
+            }
+            Event::GroupMessageSent { path, .. } => match *path {
+                "relay" => self.counts.group_broadcast_path += 1,
+                _ => self.counts.group_fanout_path += 1,
+            },
+            Event::GroupMessageDeliveryReport {
+                missed_reissued, ..
+            } => {
+                self.counts.group_reports += 1;
+                self.counts.group_reissued += missed_reissued.len() as u64;
+            }
+            Event::SecurityWarning {
+                peer_id,
+                reason_code,
+                ..
+            } => {
+                // Nobody forges anything here: only the retention of the durability buffer
+                // has cause to warn.
+                if *reason_code != "INBOUND_RETENTION_EXPIRED" {
+                    violated(format!(
+                        "{name} warned of {reason_code} from {peer_id} in a world that forges nothing"
+                    ));
+                }
+                self.counts.security_warnings += 1;
             }
             Event::MessageStored { .. } => self.counts.stored += 1,
             Event::MessageUndeliverable { .. } => self.counts.undeliverable += 1,
@@ -513,6 +634,15 @@ impl World {
         }
         let now = self.now;
         let inc = self.peers[p].incarnation;
+        // Every relay frame of a group copy is an attempt of its ladder (offers go to
+        // neighbors and gateways, and may reach the recipient itself beside an attempt).
+        if let (TransmitKind::Outbox { message, send_seq }, Carrier::Relay) =
+            (&transmit.kind, &transmit.carrier)
+        {
+            if is_copy(message) {
+                self.check_written(p, &message.id, *send_seq);
+            }
+        }
         let Transmit {
             carrier,
             peer: neighbor,
@@ -571,8 +701,13 @@ impl World {
                     (TransmitKind::ReleaseFrame { seq }, Some(conn)) => {
                         self.send_to_relay(conn, ToRelay::Ack { seq })
                     }
-                    // This world's relay offers no group delivery, so no peer broadcasts.
-                    (TransmitKind::GroupBroadcast { .. }, _) | (_, None) => {}
+                    (TransmitKind::GroupBroadcast { group_id, message }, Some(conn)) => {
+                        let message = Box::new(message);
+                        self.send_group_to_relay(conn, GroupFrame::Send { group_id, message })
+                    }
+                    // The connection is gone: the engine downgrades the broadcast when it
+                    // hears (`CarrierDown`).
+                    (_, None) => {}
                 }
             }
             Carrier::Local(name) if name == BLE => {
@@ -603,6 +738,22 @@ impl World {
         }
     }
 
+    /// Attempt `send_seq` of group copy `id` goes to the relay: the attempt before it must have
+    /// been reported written or failed to the engine first, since its ACK timer starts on the
+    /// write (`docs/delivery.md#large-groups`). This world writes a frame as it is handed over,
+    /// so an attempt that came too early is one handed out twice before the engine heard of
+    /// the first. (A direct message may be: a change of its end-to-end session sends again
+    /// what was handed before it, even in the same step, before that was sealed.)
+    fn check_written(&mut self, p: usize, id: &str, send_seq: u64) {
+        let run = self.peers[p].run.as_mut().expect("running");
+        if let Some(before) = run.unwritten.insert(id.to_owned(), send_seq) {
+            violated(format!(
+                "{} sent {id} again (attempt {send_seq}) before attempt {before} was written",
+                self.peers[p].name()
+            ));
+        }
+    }
+
     /// The application's durability hook gets `batch`, and answers at random.
     fn hook_gets(&mut self, p: usize, batch: HookBatch) {
         let inc = self.peers[p].incarnation;
@@ -630,12 +781,7 @@ impl World {
                     m.key
                 ));
             }
-            if m.message.recipient != name {
-                violated(format!(
-                    "{}'s message {} for {} was offered to the hook of {name}",
-                    m.message.sender, m.message.id, m.message.recipient
-                ));
-            }
+            self.ledger.check_addressee(&name, &m.message);
             self.ledger.on_offered(&name, &m.key);
         }
         self.counts.hook_batches += 1;
@@ -753,6 +899,10 @@ fn describe_command(command: &Command) -> String {
     };
     match input {
         Input::Send(req) => format!("send {:?} to {}", req.id, req.recipient),
+        Input::GroupSend(req) => format!(
+            "group send {:?} ({}) to {} for {:?}, broadcast: {}",
+            req.id, req.message.id, req.group_id, req.members, req.broadcast
+        ),
         Input::Inbound { message, origin } => format!(
             "inbound {} from {} via {} seq {:?}{}",
             message.id,
@@ -781,6 +931,7 @@ fn describe_content(message: &Message) -> String {
     }
     let kinds = [
         (courier_proto::MLS_ENC_PREFIX, " (sealed)"),
+        ("__MLS_GROUP__", " (group)"),
         (courier_proto::SessionFrame::Welcome.prefix(), " (welcome)"),
         (
             courier_proto::SessionFrame::KeyPackage.prefix(),

@@ -131,11 +131,18 @@ impl World {
             let (message, send_seq) = match &mut transmit.kind {
                 TransmitKind::Outbox { message, send_seq } => (message, Some(*send_seq)),
                 TransmitKind::DeliveryAck { message } => (message, None),
+                // A broadcast is sealed already, once for the whole group.
                 TransmitKind::ReleaseFrame { .. } | TransmitKind::GroupBroadcast { .. } => {
                     frames.push(Frame::Engine(transmit));
                     continue;
                 }
             };
+            if super::groups::is_copy(message) {
+                // A group message's copy carries the group's ciphertext: never sealed again,
+                // never waiting for a session (`docs/delivery.md#group-sends`).
+                frames.push(Frame::Engine(transmit));
+                continue;
+            }
             let peer = Address::parse(&message.recipient).ok();
             let Some(peer) = peer.filter(|p| e2e.sessions.has_session(p)) else {
                 if let Some(send_seq) = send_seq {
@@ -149,7 +156,9 @@ impl World {
                     continue;
                 }
                 // An ACK to a peer without a session acknowledges a message that came in the
-                // clear: it goes back the same way.
+                // clear (a group copy, say): it goes back the same way, signed, since only the
+                // recipient may settle (`docs/delivery.md#ack-attribution`).
+                sign_control(message, &e2e.identity, self.now);
                 frames.push(Frame::Engine(transmit));
                 continue;
             };

@@ -47,6 +47,7 @@ impl World {
             run.session = Some(Session {
                 conn,
                 authenticated: false,
+                groups: false,
                 unanswered: BTreeSet::new(),
             });
         }
@@ -125,6 +126,10 @@ impl World {
         self.ordered(conn, true, false, Ev::ToRelay { conn, frame });
     }
 
+    pub(super) fn send_group_to_relay(&mut self, conn: ConnId, frame: GroupFrame) {
+        self.ordered(conn, true, false, Ev::GroupToRelay { conn, frame });
+    }
+
     pub(super) fn relay_writes(&mut self, writes: Writes) {
         for (conn, frame) in writes {
             let Some(owner) = self.conn_owner.get(&conn).copied() else {
@@ -165,14 +170,18 @@ impl World {
         };
         let mut cmds = Vec::new();
         let mut watch = None;
+        let mut register = false;
         let encryption = self.scn.encryption;
         let directory = |report| directory_command(encryption, report);
         match frame {
             ToClient::Authenticated {
                 mailbox,
                 directory: offered,
+                groups,
             } => {
                 session.authenticated = true;
+                session.groups = groups;
+                register = groups;
                 run.backoff_ms = SEC;
                 if mailbox {
                     cmds.push(Input::DrainStarted(Carrier::Relay).into());
@@ -261,12 +270,22 @@ impl World {
                 }
                 .into(),
             ),
+            ToClient::GroupReady { group_id, ready } => {
+                cmds.push(Input::GroupRelay { group_id, ready }.into())
+            }
+            ToClient::GroupError { message_id, reason } => {
+                cmds.push(Input::GroupRefused { message_id, reason }.into())
+            }
+            ToClient::GroupReport(report) => cmds.push(Input::GroupReport(report).into()),
         }
         for cmd in cmds {
             peer.command(cmd, now);
         }
         if let Some(list) = watch {
             self.send_to_relay(conn, ToRelay::Watch(list));
+        }
+        if register {
+            self.register_groups(p, conn);
         }
     }
 

@@ -1,6 +1,6 @@
 //! The scheduler: the actions it takes between ordinary moments (app traffic, disconnects,
-//! relay and device crashes, local-carrier range), process starts and crashes, and the turn to
-//! the honest phase.
+//! relay and device crashes, local-carrier range, group messages and membership), process
+//! starts and crashes, and the turn to the honest phase.
 
 use super::*;
 
@@ -17,10 +17,16 @@ pub enum Action {
     BleRange,
     BleToggle,
     Idle,
+    /// A member sends to one of its groups.
+    GroupSend,
+    /// A group gains or loses a member: a new epoch.
+    GroupMembership,
+    /// The relay's roster of a group drifts from the real one until the next sync.
+    GroupDrift,
 }
 
 impl Action {
-    pub const ALL: [Action; 9] = [
+    pub const ALL: [Action; 12] = [
         Self::Send,
         Self::Resend,
         Self::Disconnect,
@@ -30,9 +36,13 @@ impl Action {
         Self::BleRange,
         Self::BleToggle,
         Self::Idle,
+        Self::GroupSend,
+        Self::GroupMembership,
+        Self::GroupDrift,
     ];
 
-    /// A seed's mix of actions, in the order of `ALL`.
+    /// A seed's mix of the actions before the group ones, in the order of `ALL` (the group
+    /// actions' weights are the seed's `GroupWorld::weights`, zero without groups).
     pub fn weights(rng: &mut Rng) -> Vec<u32> {
         let mut draw = |lo: u64, hi: u64| rng.range(lo, hi) as u32;
         vec![
@@ -103,6 +113,9 @@ impl World {
                 self.trace(|w| format!("ble {pair:?} in range: {}", w.in_range.contains(&pair)));
                 self.sync_links();
             }
+            (Action::GroupSend, Some(p)) => self.group_send_action(p),
+            (Action::GroupMembership, _) => self.group_membership_action(),
+            (Action::GroupDrift, _) => self.group_drift_action(),
             (Action::BleToggle, Some(p)) if self.peers[p].has_ble => {
                 let now = self.now;
                 let peer = &mut self.peers[p];
@@ -252,7 +265,7 @@ impl World {
             ),
             outbox: peer.store.load_outbox(),
             inbound: peer.store.load_pending(),
-            group_sends: Vec::new(),
+            group_sends: peer.store.load_group_sends(),
         };
         engine.handle(Input::Restore(restore), now);
         let e2e = peer.spec.identity.clone().map(|identity| {
@@ -282,6 +295,7 @@ impl World {
                 .map(|(_, e)| e)
                 .collect(),
             reported: Vec::new(),
+            unwritten: BTreeMap::new(),
         };
         if peer.has_ble {
             run.ble = true;
@@ -330,6 +344,7 @@ impl World {
         self.honest_since = Some(self.now);
         self.trace(|_| "the world turns honest".into());
         self.relay.up = true;
+        self.sync_groups();
         for p in 0..self.peers.len() {
             self.restart(p);
             let now = self.now;
@@ -364,13 +379,18 @@ impl World {
     }
 
     /// Every connection is cut and made again: what a frame lost on a connection left
-    /// behind is redelivered on the next one.
+    /// behind is redelivered on the next one. A device still backing off from a failed connect
+    /// of the chaos connects now too: the honest world keeps nobody off the relay.
     pub(super) fn reconnect_all(&mut self) {
         for p in 0..self.peers.len() {
+            let inc = self.peers[p].incarnation;
             if let Some(run) = self.peers[p].run.as_mut() {
                 run.backoff_ms = SEC;
                 if run.session.is_some() {
                     self.drop_session(p, true);
+                } else if run.connecting {
+                    let delay = self.rng.range(0, 200);
+                    self.schedule(delay, Ev::Connect { peer: p, inc });
                 }
             }
         }
