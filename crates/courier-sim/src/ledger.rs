@@ -99,6 +99,8 @@ pub struct Ledger {
     unopened: BTreeSet<(String, u64)>,
     /// (recipient, sender, wire id) of data messages that failed to decrypt → when last.
     undecryptable: BTreeMap<(String, String, String), Millis>,
+    /// (device, peer, acknowledged id) of delivery ACKs the device failed to decrypt → when last.
+    undecryptable_acks: BTreeMap<(String, String, String), Millis>,
     /// (device, peer) → when the device first kept its own session over a Welcome from the peer
     /// (both had started one at once, and the device's address is the lower).
     outranked: BTreeMap<(String, String), Millis>,
@@ -363,11 +365,28 @@ impl Ledger {
             }) => Undecryptable::Ack,
             _ => Undecryptable::Data,
         };
-        if what == Undecryptable::Data {
-            let key = (device.to_owned(), sender.to_owned(), id.to_owned());
-            self.undecryptable.insert(key, at);
+        match what {
+            Undecryptable::Data => {
+                let key = (device.to_owned(), sender.to_owned(), id.to_owned());
+                self.undecryptable.insert(key, at);
+            }
+            Undecryptable::Ack => {
+                let acked = self.sealed[&(sender.to_owned(), id.to_owned())]
+                    .ack_for
+                    .clone()
+                    .expect("an ACK");
+                let key = (device.to_owned(), sender.to_owned(), acked);
+                self.undecryptable_acks.insert(key, at);
+            }
+            Undecryptable::Carried => {}
         }
         what
+    }
+
+    /// When `device` last failed to decrypt `peer`'s ACK of `acked`.
+    pub fn ack_undecryptable_at(&self, device: &str, peer: &str, acked: &str) -> Option<Millis> {
+        let key = (device.to_owned(), peer.to_owned(), acked.to_owned());
+        self.undecryptable_acks.get(&key).copied()
     }
 
     /// When `recipient` last failed to decrypt `sender`'s data message `wire_id`.

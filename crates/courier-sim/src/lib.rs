@@ -18,6 +18,20 @@
 //! rows committed with the step. openmls draws its own randomness, so no ciphertext byte reaches
 //! the run's digest: only what the engine and the driver decide does.
 //!
+//! About two seeds in five have chat groups (`--groups` forces them for all, `--no-groups`
+//! leaves them out; `docs/delivery.md#group-sends`): one to three groups among the devices,
+//! whose rosters change in epochs between sends, and whose members send group messages. MLS is
+//! modelled minimally: a message is sealed (a reversible transform) for its epoch's roster,
+//! which is what its sender hands the engine and what must receive it, and only a member of that
+//! epoch can open it. The relay advertises group delivery (mostly), registers each group per
+//! connection (now and then refusing), keeps its own roster of each group — lagging behind
+//! membership changes, or drifting — journals a broadcast once per member of it but the sender,
+//! writes no second copy for a broadcast sent again under its id, and reports each broadcast on
+//! time, late, after the sender's 60 s wait or never, refuses it, or sees its sender disconnect
+//! (the report waits for its next connection) or die right after it. Per-member copies travel
+//! as ordinary entries, never sealed in a 1:1 session. The relay models no rate limiter and the
+//! clients write every frame as it is handed over, so the relay's rate budget is not checked.
+//!
 //! Checked during the run (see `ledger` and `world`):
 //! - an accepted send is durable before `sendMessage` resolves;
 //! - no message settles twice; every terminal event is the committed settlement, and every one
@@ -34,7 +48,15 @@
 //!   its lifetime ran out;
 //! - in an encrypted world no message reaches an application in the clear (`encrypted: true` on
 //!   every `message_received`, the probes' included), and the pre-session queue stays within
-//!   its fixed bounds.
+//!   its fixed bounds;
+//! - no device warns of a forgery (only the durability buffer's retention may warn);
+//! - a group message reaches only the applications of its roster, each at most once; a member
+//!   is marked delivered only by its copy's ACK (it processed the message) or by the relay's
+//!   live write of it, stored only by a journal that holds it, failed only with its copy or its
+//!   whole evicted message; each copy settles once, reported as exactly one member event and
+//!   never as a `message_*` event; a copy is never sent again before its write was reported; a
+//!   group message with something left counts as one entry against the outbox bound, its copies
+//!   against its roster; at most 64 broadcasts await a report.
 //!
 //! Liveness, once the world is honest (every device up and reachable over the relay): a
 //! message to a device that fails must have an excuse the chaos left behind, with its evidence
@@ -56,7 +78,12 @@
 //! delivered message reached its recipient's application (without a hook a crash between
 //! processing and dispatch loses it: the documented at-most-once, counted as
 //! `at_most_once_losses`); no buffered inbound row and no relay frame is left; idle engines ask
-//! for no wake-up. In an encrypted world: every data message that failed to decrypt was
+//! for no wake-up. Every group message's tracker is done, with no member pending and no tracker
+//! active in an engine (every backstop fired), and every member its matrix marks delivered or
+//! stored has it in its application — unless the model allows the loss and it is counted: a
+//! live write by a relay without a mailbox, a journal frame the mailbox TTL deleted, a row the
+//! member's durability buffer let expire. Every member of a group probe, sent into the quiet
+//! honest world by each member of each group in turn, gets it and is delivered or stored. In an encrypted world: every data message that failed to decrypt was
 //! delivered after all or failed with an excuse, and nothing is left that no one can open —
 //! what each device would seal for a peer next, the peer opens (after the Welcome that goes
 //! ahead of it), tried on copies of the committed session state.

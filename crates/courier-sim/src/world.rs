@@ -404,10 +404,12 @@ enum Ev {
     Probe {
         round: usize,
     },
-    /// The relay's report of a broadcast from `peer` on `conn` is due.
+    /// The relay's report of a broadcast from `peer` on `conn` is due, unless the relay
+    /// restarted since (it had restarted `restarts` times at the broadcast).
     GroupReport {
         conn: ConnId,
         peer: usize,
+        restarts: u64,
         report: GroupReport,
     },
     /// The relay's roster of group `group` catches up with the real one.
@@ -618,7 +620,7 @@ impl World {
         self.counts.encrypted_worlds = u64::from(self.scn.encryption);
         self.counts.directory_worlds = u64::from(self.scn.encryption && self.scn.directory);
         self.counts.group_worlds = u64::from(self.scn.groups.is_some());
-        self.start_groups();
+        self.sync_groups();
         for p in 0..self.peers.len() {
             self.restart(p);
         }
@@ -842,7 +844,12 @@ impl World {
             }
             Ev::Chaos => self.chaos(),
             Ev::Probe { round } => self.probe(round),
-            Ev::GroupReport { conn, peer, report } => self.group_report_due(conn, peer, report),
+            Ev::GroupReport {
+                conn,
+                peer,
+                restarts,
+                report,
+            } => self.group_report_due(conn, peer, restarts, report),
             Ev::GroupSync { group } => self.group_sync(group),
             Ev::GroupProbe { peer, group } => self.app_group_send(peer, group, true),
         }

@@ -37,8 +37,9 @@ const ENCRYPTED_SEEDS: [u64; 8] = [10, 12, 18, 46, 1492, 2226, 3238, 7444];
 /// Encrypted seeds with chat groups, among them some that once failed: a copy acknowledged in
 /// the clear by a member without a session with its sender (28), a copy that arrived while the
 /// broadcast of its message waited for the hook (391), a copy sent again for a new session with
-/// its member (429).
-const ENCRYPTED_GROUP_SEEDS: [u64; 3] = [28, 391, 429];
+/// its member (429), a copy whose member sealed its ACK in a session the sender did not hold
+/// (1128).
+const ENCRYPTED_GROUP_SEEDS: [u64; 4] = [28, 391, 429, 1128];
 
 /// Runs `seeds` and adds up their counts; panics with the replay lines of those that fail.
 fn run(seeds: impl IntoIterator<Item = u64>, options: Options) -> Counts {
@@ -156,7 +157,10 @@ fn group_worlds_keep_the_invariants() {
             "senders disconnected after a broadcast",
             totals.group_sender_disconnects,
         ),
-        ("senders crashed after a broadcast", totals.group_sender_crashes),
+        (
+            "senders crashed after a broadcast",
+            totals.group_sender_crashes,
+        ),
         ("registrations refused", totals.group_registrations_refused),
         ("roster changes", totals.group_roster_changes),
         ("relay roster drifts", totals.group_drifts),
@@ -164,8 +168,14 @@ fn group_worlds_keep_the_invariants() {
             "copies a re-broadcast did not journal again",
             totals.group_relay_dedup,
         ),
-        ("members delivered by a copy's ACK", totals.group_members_acked),
-        ("members delivered by a report", totals.group_members_reported),
+        (
+            "members delivered by a copy's ACK",
+            totals.group_members_acked,
+        ),
+        (
+            "members delivered by a report",
+            totals.group_members_reported,
+        ),
         ("members stored", totals.group_members_stored),
         ("members failed", totals.group_members_failed),
         ("group messages received", totals.group_received),

@@ -250,6 +250,17 @@ impl World {
             FailReason::MaxRetriesExceeded if !recipient.store.is_processed(&key) => {
                 Some("the recipient never processed it")
             }
+            // A group copy needs no session to go, so nothing makes its sender set one up; its
+            // member seals the ACK in a session of its own that the sender may not hold.
+            FailReason::MaxRetriesExceeded
+                if is_copy(&row.message)
+                    && self
+                        .ledger
+                        .ack_undecryptable_at(sender, recipient.name(), &wire_id)
+                        .is_some_and(|at| at >= last_written) =>
+            {
+                Some("its member's ACK was sealed in a session its sender does not hold")
+            }
             FailReason::MaxRetriesExceeded if self.ack_on_its_way(sender, &wire_id) => {
                 Some("its ACK was on its way")
             }

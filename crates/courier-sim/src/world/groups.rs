@@ -93,15 +93,6 @@ impl World {
             .collect()
     }
 
-    /// The relay's rosters as the world starts.
-    pub(super) fn start_groups(&mut self) {
-        for g in 0..self.groups.len() {
-            let names = self.roster_names(g);
-            let writes = self.relay.set_group_roster(&self.groups[g].id, names);
-            self.relay_writes(writes);
-        }
-    }
-
     /// The app of device `p` sends a message to group `g`, which it is a member of: sealed for
     /// the current epoch's roster, which it hands the engine without itself.
     pub(super) fn app_group_send(&mut self, p: usize, g: usize, probe: bool) {
@@ -256,7 +247,7 @@ impl World {
         self.relay_writes(writes);
     }
 
-    /// The honest world: every relay roster is the real one.
+    /// Every relay roster is the real one (as the world starts, and once it turns honest).
     pub(super) fn sync_groups(&mut self) {
         for g in 0..self.groups.len() {
             self.group_sync(g);
@@ -365,11 +356,13 @@ impl World {
                         self.rng.range(5, 2 * SEC)
                     }
                 };
+                let restarts = self.counts.relay_restarts;
                 self.schedule(
                     delay,
                     Ev::GroupReport {
                         conn,
                         peer: owner,
+                        restarts,
                         report,
                     },
                 );
@@ -391,9 +384,15 @@ impl World {
     }
 
     /// A broadcast's report is due at the relay: written to the sender's connection, or held
-    /// for its next one.
-    pub(super) fn group_report_due(&mut self, conn: ConnId, peer: usize, report: GroupReport) {
-        if !self.relay.up {
+    /// for its next one; gone if the relay restarted since the broadcast (`restarts` then).
+    pub(super) fn group_report_due(
+        &mut self,
+        conn: ConnId,
+        peer: usize,
+        restarts: u64,
+        report: GroupReport,
+    ) {
+        if !self.relay.up || self.counts.relay_restarts != restarts {
             return;
         }
         let account = self.peers[peer].name().to_owned();
@@ -480,7 +479,29 @@ impl World {
 /// The group tracker rows of one device as a commit's ops leave them so far.
 pub(super) struct GroupView<'s> {
     store: &'s BTreeMap<String, GroupRow>,
-    rows: BTreeMap<String, (BTreeMap<String, MemberState>, bool, bool)>,
+    rows: BTreeMap<String, ViewRow>,
+}
+
+/// A tracker row in the view.
+struct ViewRow {
+    members: BTreeMap<String, MemberState>,
+    /// A broadcast awaiting its report.
+    awaiting: bool,
+    done: bool,
+}
+
+impl ViewRow {
+    fn of(row: &GroupRow) -> Self {
+        Self {
+            members: row.record.members.clone(),
+            awaiting: awaiting(&row.record.path),
+            done: row.done,
+        }
+    }
+}
+
+fn awaiting(path: &GroupPath) -> bool {
+    matches!(path, GroupPath::Broadcast { .. })
 }
 
 impl<'s> GroupView<'s> {
@@ -491,15 +512,11 @@ impl<'s> GroupView<'s> {
         }
     }
 
-    /// (members, broadcast awaiting a report, done) of row `id`, loaded into the view.
-    fn row(&mut self, id: &str) -> Option<&mut (BTreeMap<String, MemberState>, bool, bool)> {
+    /// Row `id`, loaded into the view.
+    fn row(&mut self, id: &str) -> Option<&mut ViewRow> {
         if !self.rows.contains_key(id) {
-            let row = self.store.get(id)?;
-            let broadcast = matches!(row.record.path, GroupPath::Broadcast { .. });
-            self.rows.insert(
-                id.to_owned(),
-                (row.record.members.clone(), broadcast, row.done),
-            );
+            let row = ViewRow::of(self.store.get(id)?);
+            self.rows.insert(id.to_owned(), row);
         }
         self.rows.get_mut(id)
     }
@@ -522,17 +539,11 @@ impl<'s> GroupView<'s> {
             .store
             .iter()
             .filter(|(id, row)| {
-                !row.done
-                    && !self.rows.contains_key(*id)
-                    && matches!(row.record.path, GroupPath::Broadcast { .. })
+                !row.done && !self.rows.contains_key(*id) && awaiting(&row.record.path)
             })
             .count();
-        stored
-            + self
-                .rows
-                .values()
-                .filter(|(_, broadcast, done)| *broadcast && !done)
-                .count()
+        let viewed = self.rows.values().filter(|r| r.awaiting && !r.done).count();
+        stored + viewed
     }
 }
 
@@ -565,17 +576,18 @@ impl GroupChecks<'_> {
         match op {
             StoreOp::PutGroupSend(record) => {
                 self.ledger.on_group_put(&name, record);
-                let broadcast = matches!(record.path, GroupPath::Broadcast { .. });
                 match view.row(&record.id) {
                     Some(row) => {
-                        row.0.extend(record.members.clone());
-                        row.1 = broadcast;
+                        row.members.extend(record.members.clone());
+                        row.awaiting = awaiting(&record.path);
                     }
                     None => {
-                        view.rows.insert(
-                            record.id.clone(),
-                            (record.members.clone(), broadcast, false),
-                        );
+                        let row = ViewRow {
+                            members: record.members.clone(),
+                            awaiting: awaiting(&record.path),
+                            done: false,
+                        };
+                        view.rows.insert(record.id.clone(), row);
                     }
                 }
                 if view.awaiting_reports() > MAX_PENDING_REPORTS {
@@ -589,7 +601,7 @@ impl GroupChecks<'_> {
                 let Some(row) = view.row(id) else {
                     violated(format!("{name} set {member} of {id}, which has no row"));
                 };
-                let Some(before) = row.0.get(member).copied() else {
+                let Some(before) = row.members.get(member).copied() else {
                     violated(format!(
                         "{name} set {member} of {id}, who is not in its roster"
                     ));
@@ -607,7 +619,7 @@ impl GroupChecks<'_> {
                         "{name} moved {member} of {id} from {before:?} to {state:?}"
                     ));
                 }
-                row.0.insert(member.clone(), *state);
+                row.members.insert(member.clone(), *state);
                 self.member(id, member, *state, settles, done_now);
             }
             StoreOp::GroupSendDone { id } => {
@@ -616,7 +628,7 @@ impl GroupChecks<'_> {
                     violated(format!("{name} marked {id} done, which has no row"));
                 };
                 let pending: Vec<&String> = row
-                    .0
+                    .members
                     .iter()
                     .filter(|(_, s)| **s == MemberState::Pending)
                     .map(|(m, _)| m)
@@ -626,7 +638,7 @@ impl GroupChecks<'_> {
                         "{name} marked {id} done with {pending:?} still pending"
                     ));
                 }
-                row.2 = true;
+                row.done = true;
             }
             _ => {}
         }
