@@ -144,6 +144,9 @@ pub enum Refused {
     /// An end-to-end ACK of it (the sender's mailbox full, or the sender offline without a
     /// mailbox): that ACK is lost.
     Ack,
+    /// A session Welcome its sender sent ahead of its messages (keyed by the peer it is for):
+    /// the sealed messages behind it may still find room in the peer's mailbox, and not open.
+    Welcome,
 }
 
 impl Ledger {

@@ -62,8 +62,9 @@
 //! message to a device that fails must have an excuse the chaos left behind, with its evidence
 //! (see `World::excuse`: a lifetime that ran out during the chaos, a last attempt written during
 //! it, a message the recipient never processed, an ACK refused by the relay or still on its way,
-//! an attempt answered "offline"); an engine that does not acknowledge what it processed has
-//! none. When the honest world is quiet every device sends a probe of each priority to another
+//! an attempt answered "offline", a Welcome ahead of the last attempt that the relay refused, a
+//! group copy's ACK sealed in a session its sender does not hold); an engine that does not
+//! acknowledge what it processed has none. When the honest world is quiet every device sends a probe of each priority to another
 //! device, and every probe must be delivered; a run that sent to devices must deliver something.
 //! Never lost to a ratchet: in an encrypted world every `message_decryption_failed` is counted,
 //! and a message whose last attempt, written in the honest phase, its recipient failed to

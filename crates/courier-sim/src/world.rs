@@ -53,6 +53,14 @@ pub use e2e::{DirectoryReport, E2e};
 use groups::GroupState;
 pub use scheduler::Action;
 
+/// Whether `message` is a session Welcome, as the driver sends it ahead of messages.
+fn is_welcome(message: &Message) -> bool {
+    matches!(
+        courier_proto::SessionFrame::parse(&message.content),
+        Some((courier_proto::SessionFrame::Welcome, _))
+    )
+}
+
 /// The virtual clock starts here (a plausible epoch time, so timestamps look like real ones).
 pub const EPOCH: Millis = 1_700_000_000_000;
 /// How long the client waits for the carrier answer to a write
@@ -754,26 +762,32 @@ impl World {
             }
             Ev::ToRelay { conn, frame } => {
                 if self.relay.up {
-                    let ack = match &frame {
+                    // What a refusal of this frame would cost: (frame id, what, whose, of what).
+                    let stake = match &frame {
                         ToRelay::Send { message, .. } => {
-                            self.ledger.ack_for(message).map(|acked| {
-                                (
-                                    message.id.clone(),
+                            let id = message.id.clone();
+                            match self.ledger.ack_for(message) {
+                                Some(acked) => Some((
+                                    id,
+                                    Refused::Ack,
                                     message.recipient.clone(),
                                     acked.to_owned(),
-                                )
-                            })
+                                )),
+                                None => is_welcome(message).then(|| {
+                                    let to = message.recipient.clone();
+                                    (id, Refused::Welcome, message.sender.clone(), to)
+                                }),
+                            }
                         }
                         _ => None,
                     };
                     let writes = self.relay.receive(conn, frame, self.now);
-                    if let Some((id, sender, acked)) = ack {
+                    if let Some((id, what, sender, of)) = stake {
                         let refused = writes.iter().any(|(_, w)| {
                             matches!(w, ToClient::Unreachable { message_id, .. } if *message_id == id)
                         });
                         if refused {
-                            self.ledger
-                                .on_refused(Refused::Ack, &sender, &acked, self.now);
+                            self.ledger.on_refused(what, &sender, &of, self.now);
                         }
                     }
                     self.relay_writes(writes);

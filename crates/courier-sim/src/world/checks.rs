@@ -180,10 +180,12 @@ impl World {
     /// journal frame a lost frame left unreleased, which the relay only redelivers on a new
     /// connection, or a durability hook still working through the chaos's backlog); its ACK is
     /// still on its way (the hook's backlog made it late); the relay refused the recipient's
-    /// ACK (its sender's mailbox full, or the sender offline without a mailbox); or the relay
-    /// found the recipient offline for the last attempt (a media chunk
-    /// is not parked, it keeps its ladder). An engine that does not acknowledge what it
-    /// processed has none of these.
+    /// ACK (its sender's mailbox full, or the sender offline without a mailbox); the relay
+    /// found the recipient offline for the last attempt (a media chunk is not parked, it keeps
+    /// its ladder); the relay refused the Welcome sent ahead of the last attempt (the
+    /// recipient's mailbox full) while the attempt found room; or, for a group copy, the
+    /// member sealed its ACK in a session the sender does not hold. An engine that does not
+    /// acknowledge what it processed has none of these.
     fn excuse(
         &self,
         sender: &str,
@@ -234,6 +236,18 @@ impl World {
                     .is_some_and(|joined| last_written <= joined) =>
             {
                 Some("its last attempt was sealed in the session that lost a simultaneous start")
+            }
+            // The Welcome that went ahead of the last attempt found the recipient's mailbox
+            // full, and the attempt found room behind it: sealed in a session the recipient
+            // never joined.
+            FailReason::MaxRetriesExceeded
+                if !recipient.store.is_processed(&key)
+                    && self
+                        .ledger
+                        .refused(Refused::Welcome, sender, recipient.name())
+                        .is_some_and(|at| at >= last_written) =>
+            {
+                Some("the relay refused the Welcome ahead of its last attempt")
             }
             // Lost to a ratchet: in the honest world every attempt is sealed in a session the
             // recipient can open, or carries the Welcome into it. (An attempt that opened and

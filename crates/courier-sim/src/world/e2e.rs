@@ -23,6 +23,7 @@ use courier_proto::{
 
 use crate::relay::Held;
 
+use super::groups::is_copy;
 use super::*;
 
 /// One-time key packages the driver keeps published in the relay's directory.
@@ -137,7 +138,7 @@ impl World {
                     continue;
                 }
             };
-            if super::groups::is_copy(message) {
+            if is_copy(message) {
                 // A group message's copy carries the group's ciphertext: never sealed again,
                 // never waiting for a session (`docs/delivery.md#group-sends`).
                 frames.push(Frame::Engine(transmit));
