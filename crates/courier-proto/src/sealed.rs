@@ -119,18 +119,10 @@ impl GroupFrame {
         }
     }
 
-    /// The unsigned frame `id` of app `app_id` from `sender` to `recipient` carrying `bytes`,
-    /// made at `at`. Nobody waits for an answer to it; the caller signs it as a control frame.
-    pub fn message(
-        self,
-        id: String,
-        app_id: &str,
-        sender: &Address,
-        recipient: &Address,
-        bytes: &[u8],
-        at: u64,
-    ) -> Message {
-        unanswered_control(self.prefix(), id, app_id, sender, recipient, bytes, at)
+    /// The `content` of the frame carrying `bytes`. It travels as a signed control frame
+    /// through the outbox, one per member, with the whole delivery ladder.
+    pub fn content(self, bytes: &[u8]) -> String {
+        prefixed(self.prefix(), bytes)
     }
 
     /// Which group frame `content` is, and the bytes it carries.
@@ -332,22 +324,15 @@ mod tests {
     }
 
     #[test]
-    fn group_frames_are_signed_control_frames_that_parse_back() {
-        let key = IdentityKey::from_seed([1; 32]);
-        let (admin, member) = (key.address(), IdentityKey::from_seed([2; 32]).address());
+    fn group_frames_are_signature_gated_and_parse_back() {
         for kind in [GroupFrame::Welcome, GroupFrame::Commit] {
-            let frame = kind.message("f1".into(), "chat", &admin, &member, b"mls bytes", 7);
-            assert!(crate::is_signature_gated(&frame.content), "{kind:?}");
-            assert!(!frame.requires_ack);
+            let content = kind.content(b"mls bytes");
+            assert!(crate::is_signature_gated(&content), "{kind:?}");
             assert_eq!(
-                (frame.sender.as_str(), frame.recipient.as_str()),
-                (admin.to_string().as_str(), member.to_string().as_str())
-            );
-            assert_eq!(
-                GroupFrame::parse(&frame.content),
+                GroupFrame::parse(&content),
                 Some((kind, Ok(b"mls bytes".to_vec())))
             );
-            assert_eq!(SessionFrame::parse(&frame.content), None);
+            assert_eq!(SessionFrame::parse(&content), None);
         }
         assert_eq!(
             GroupFrame::parse("__GRP_COMMIT__not base64!"),

@@ -513,33 +513,26 @@ impl Groups {
         };
         row.members = addresses(&commit.members);
         if let Some(welcome) = &commit.welcome {
+            // Encoded once: the same Welcome goes to every added member.
+            let content = GroupFrame::Welcome.content(welcome);
+            let metadata = BTreeMap::from([(META_GROUP_NAME.to_owned(), row.name.clone())]);
             for member in added {
-                let frame = GroupFrame::Welcome.message(
-                    String::new(),
-                    &self.app_id,
-                    &self.address,
-                    member,
-                    welcome,
-                    now,
-                );
-                let mut metadata = BTreeMap::new();
-                metadata.insert(META_GROUP_NAME.to_owned(), row.name.clone());
-                self.submit(frame.content, metadata, member, engine, step, now);
+                self.submit(content.clone(), metadata.clone(), member, engine, step, now);
             }
         }
+        let content = GroupFrame::Commit.content(&commit.commit);
         for member in before.iter().filter(|m| **m != me) {
             let Ok(address) = Address::parse(member) else {
                 continue;
             };
-            let frame = GroupFrame::Commit.message(
-                String::new(),
-                &self.app_id,
-                &self.address,
+            self.submit(
+                content.clone(),
+                BTreeMap::new(),
                 &address,
-                &commit.commit,
+                engine,
+                step,
                 now,
             );
-            self.submit(frame.content, BTreeMap::new(), &address, engine, step, now);
         }
         self.upsert(row);
         self.register(group_id);
