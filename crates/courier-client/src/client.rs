@@ -692,5 +692,6 @@ fn validate_send(input: SendInput, cap: ContentCap) -> Result<SendRequest, Clien
         priority,
         metadata: input.metadata,
         binary_content: input.binary_content,
+        media: None,
     })
 }

@@ -82,6 +82,7 @@ fn request(id: String) -> SendRequest {
         priority: Priority::Medium,
         metadata: BTreeMap::new(),
         binary_content: None,
+        media: None,
     }
 }
 

@@ -40,7 +40,9 @@ pub enum Input {
         send_seq: u64,
         answer: CarrierAnswer,
     },
-    /// A message from a carrier: data, or a delivery ACK.
+    /// A message from a carrier: data, or a delivery ACK. A file chunk comes here only once the
+    /// runtime holds its bytes durably (they commit with this step): the engine acknowledges it
+    /// and records it processed, and neither the application nor the durability hook sees it.
     Inbound {
         message: Box<Message>,
         origin: InboundOrigin,
@@ -94,6 +96,9 @@ pub enum Input {
     GroupReport(GroupReport),
     /// The relay refused the broadcast `message_id` (its wire id): `GroupError` naming it.
     GroupRefused { message_id: String, reason: String },
+    /// The runtime withdraws these file chunks (their transfer ended or restarts): each leaves
+    /// the outbox or the pre-session queue with no event (`docs/delivery.md#file-transfers`).
+    CancelChunks { ids: Vec<String> },
     /// Time passed. Spurious calls are harmless: nothing that is not due happens.
     Timeout,
 }

@@ -62,6 +62,9 @@ pub struct SendRequest {
     pub metadata: BTreeMap<String, String>,
     /// Base64 of binary content (`Uint8Array` from JS), carried in `Message.binary_content`.
     pub binary_content: Option<String>,
+    /// A file chunk's header (`courier_proto::ChunkHeader`), carried in `Message.media_metadata`.
+    /// Its bytes are the runtime's to add when it puts the chunk on a carrier.
+    pub media: Option<serde_json::Value>,
 }
 
 /// What the application asked to send to a group, sealed once for its roster
@@ -138,6 +141,18 @@ pub struct GroupReport {
     pub pushed: Vec<String>,
     /// (member, reason): logged, never branched on.
     pub missed: Vec<(String, String)>,
+}
+
+/// What became of a file chunk (`Engine::poll_chunk`): the runtime's transfer follows its chunks
+/// by these, not by message events, which the application never sees for a chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkOutcome {
+    /// The chunk's id, as the runtime submitted it.
+    pub id: String,
+    pub file_id: String,
+    /// `Ok` when the recipient acknowledged it; else why it failed (a withdrawn chunk reports
+    /// nothing).
+    pub result: Result<(), FailReason>,
 }
 
 /// How an addressed carrier (the relay or a gateway) answered a `SendMessage` it read.
@@ -260,10 +275,12 @@ pub enum FailReason {
     /// The relay's verdict on a connection request: it is never parked
     /// (`docs/delivery.md#connection-requests`).
     ConnectionRequestUndeliverable,
+    /// A file chunk withdrawn by the runtime: its transfer ended (`Input::CancelChunks`).
+    TransferAborted,
 }
 
 impl FailReason {
-    pub const ALL: [FailReason; 7] = [
+    pub const ALL: [FailReason; 8] = [
         Self::MaxRetriesExceeded,
         Self::OutboxLifetimeExceeded,
         Self::OutboxCapacityExceeded,
@@ -271,6 +288,7 @@ impl FailReason {
         Self::PendingSessionCapacityExceeded,
         Self::ControlSignatureExpired,
         Self::ConnectionRequestUndeliverable,
+        Self::TransferAborted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -282,6 +300,7 @@ impl FailReason {
             Self::PendingSessionCapacityExceeded => "Pending session queue capacity exceeded",
             Self::ControlSignatureExpired => "Control signature expired",
             Self::ConnectionRequestUndeliverable => "Connection request undeliverable",
+            Self::TransferAborted => "Media transfer aborted",
         }
     }
 

@@ -167,6 +167,12 @@ impl PreSession {
         Some(waiting)
     }
 
+    /// Takes out the message the app named `id`, if it waits here.
+    pub(crate) fn withdraw(&mut self, id: &str) -> Option<Waiting> {
+        let n = *self.ids.get(id)?;
+        self.remove(n)
+    }
+
     /// Whether messages wait for `recipient`'s session.
     pub(crate) fn waits_for(&self, recipient: &str) -> bool {
         self.recipients.contains_key(recipient)

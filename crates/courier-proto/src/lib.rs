@@ -19,6 +19,7 @@ pub mod identity_key;
 pub mod key_package;
 pub mod limits;
 pub mod lines;
+pub mod media;
 pub mod message;
 pub mod proof;
 pub mod sealed;
@@ -41,6 +42,7 @@ pub use identity_key::{
     decode_public_key, decode_signature, verify_strict, IdentityKey, KeyGenError,
 };
 pub use key_package::{KeyPackage, KeyPackageBatch, KeyPackageError};
+pub use media::{file_chunk_id, Chunk, ChunkError, ChunkHeader, FileDetails};
 pub use message::{ContentType, Message, MessageError, Priority};
 pub use proof::{
     declare_address_after_auth, declare_address_frame, decode_challenge, gateway_declaration,

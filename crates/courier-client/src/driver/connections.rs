@@ -302,6 +302,7 @@ impl Connections {
             priority: Priority::High,
             metadata,
             binary_content: None,
+            media: None,
         };
         step.apply(engine, Input::Send(send), now);
         id

@@ -572,6 +572,7 @@ impl Groups {
             priority: Priority::High,
             metadata,
             binary_content: None,
+            media: None,
         };
         step.apply(engine, Input::Send(send), now);
     }

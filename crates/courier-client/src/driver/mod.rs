@@ -719,6 +719,7 @@ mod tests {
             priority: Priority::Medium,
             metadata: Default::default(),
             binary_content: None,
+            media: None,
         }
     }
 

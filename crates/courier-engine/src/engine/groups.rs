@@ -343,6 +343,10 @@ impl Engine {
                 return;
             }
         };
+        if self.chunks.contains_key(id) {
+            self.chunk_event(event);
+            return;
+        }
         let Some((group_message, member)) = self
             .groups
             .copy_owner(id)

@@ -38,6 +38,7 @@ impl Engine {
                 .lamport
                 .max(record.message.lamport_clock.min(MAX_LAMPORT));
             let wire_id = courier_proto::wire_id(&record.message.id);
+            self.track_chunk(&record.message);
             if self.outbox.key_of(&record.message.id).is_some()
                 || self.outbox.key_of_wire(&wire_id).is_some()
             {
@@ -128,6 +129,7 @@ impl Engine {
             priority,
             metadata,
             binary_content,
+            media,
         } = req;
         let wire_id = courier_proto::wire_id(&id);
         // Two app ids with one wire id would be one message on the wire: the second is a
@@ -165,11 +167,12 @@ impl Engine {
             requires_ack: true,
             reply_to_msg: None,
             binary_content: binary_content.map(Value::String),
-            media_metadata: None,
+            media_metadata: media,
             forwarded_from: None,
             reply_context: None,
             encrypted: None,
         };
+        self.track_chunk(&message);
         let waiting = Waiting {
             message,
             wire_id,
@@ -219,7 +222,7 @@ impl Engine {
     fn await_session(&mut self, waiting: Waiting, now: Millis) {
         self.store
             .push_back(StoreOp::Put(waiting.record(&self.config)));
-        self.events.push_back(Event::MessageDeferred {
+        self.outbox_event(Event::MessageDeferred {
             message_id: waiting.message.id.clone(),
             recipient: waiting.message.recipient.clone(),
             reason: REASON_AWAITING_SESSION.to_owned(),

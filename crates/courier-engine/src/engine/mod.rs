@@ -3,7 +3,7 @@
 //! timers and mark it for a `StoreOp::Put` at the end of the call (one Put per changed entry per
 //! call). The transitions live in the child modules, each named for what it owns.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use courier_proto::limits::is_relay_answer;
 use courier_proto::{ack_id, Address, ContentType, Message, UnreachableCause};
@@ -18,9 +18,9 @@ use crate::hook::{Commit, HookPipeline, Sink};
 use crate::inbound;
 use crate::input::{Input, Restore};
 use crate::io::{
-    Carrier, CarrierAnswer, EntryState, FailReason, HookBatch, InboundKey, InboundOrigin, Millis,
-    PendingInbound, PresenceChange, ProcessedKey, SendRequest, Settlement, Stats, StoreOp,
-    Transmit, TransmitKind,
+    Carrier, CarrierAnswer, ChunkOutcome, EntryState, FailReason, HookBatch, InboundKey,
+    InboundOrigin, Millis, PendingInbound, PresenceChange, ProcessedKey, SendRequest, Settlement,
+    Stats, StoreOp, Transmit, TransmitKind,
 };
 use crate::neighbors::Neighbors;
 use crate::outbox::{self, Class, Entry, Key, Outbox, Phase};
@@ -36,6 +36,7 @@ mod groups;
 mod inputs;
 #[cfg(test)]
 mod invariants;
+mod media;
 mod phases;
 mod receive;
 mod routing;
@@ -90,6 +91,10 @@ pub struct Engine {
     session_wanted: VecDeque<String>,
     /// Verified control frames for the runtime, each once (`poll_control`).
     control: VecDeque<Message>,
+    /// File chunks in the outbox or the pre-session queue, by id, with their transfer's id.
+    chunks: HashMap<String, String>,
+    /// What became of chunks, for the runtime (`poll_chunk`).
+    chunk_outcomes: VecDeque<ChunkOutcome>,
     carriers: BTreeSet<Carrier>,
     lamport: u64,
     last_send_seq: u64,
@@ -128,6 +133,8 @@ impl Engine {
             wanted: BTreeSet::new(),
             session_wanted: VecDeque::new(),
             control: VecDeque::new(),
+            chunks: HashMap::new(),
+            chunk_outcomes: VecDeque::new(),
             carriers: BTreeSet::new(),
             lamport: 0,
             last_send_seq: 0,
@@ -199,6 +206,7 @@ impl Engine {
             Input::GroupRefused { message_id, reason } => {
                 self.group_refused(&message_id, &reason, now)
             }
+            Input::CancelChunks { ids } => self.cancel_chunks(ids, now),
             Input::Timeout => self.timeout(now),
         }
         self.end_call();
@@ -261,6 +269,18 @@ impl Engine {
         self.control.pop_front()
     }
 
+    /// What became of the next file chunk: acknowledged or failed. Poll after each input; one
+    /// left over after a step makes [`next_deadline`](Self::next_deadline) due at once.
+    pub fn poll_chunk(&mut self) -> Option<ChunkOutcome> {
+        self.chunk_outcomes.pop_front()
+    }
+
+    /// Whether a message to `recipient` would go without waiting for an end-to-end session: the
+    /// runtime holds one, or encryption is off.
+    pub fn has_session(&self, recipient: &str) -> bool {
+        !self.config.encryption || self.sessions.contains(recipient)
+    }
+
     /// The next frame to put on a carrier. Poll after committing the step's store ops and
     /// dispatching its events. An outbox frame is only a request until the carrier reports it
     /// with `Input::Written` or `Input::SendFailed` (quoting its `send_seq`).
@@ -300,9 +320,13 @@ impl Engine {
     /// deadline of the batch it holds, the open drain batch's age, the retry of refused batches
     /// (while a carrier is up) and the retention of buffered rows; nothing when nothing is
     /// buffered. The pre-session queue adds the end of its oldest message's lifetime and the
-    /// next time a session is asked for again; group broadcasts their report deadlines.
+    /// next time a session is asked for again; group broadcasts their report deadlines. A chunk
+    /// outcome not polled yet makes it due at once.
     #[must_use]
     pub fn next_deadline(&self) -> Option<Millis> {
+        if !self.chunk_outcomes.is_empty() {
+            return Some(0);
+        }
         let fixed = self.timers.next_fixed_deadline();
         let sends = if self.has_slot() {
             let probes_from = if self.config.edge_driven_unreachable_dm {

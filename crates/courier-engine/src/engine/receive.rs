@@ -276,7 +276,9 @@ impl Engine {
         };
         let mut release = true;
         let mut ack = None;
-        if self.hook.is_some() && !self.dedup.contains(&key, now) {
+        // The runtime already holds a chunk's bytes: the hook and the application never see it.
+        let chunk = message.content_type == ContentType::FileChunk;
+        if self.hook.is_some() && !chunk && !self.dedup.contains(&key, now) {
             // With the hook, a message not processed yet goes to the pipeline: its seq and its
             // ACK wait for the commit (or, over the buffer bound, for a redelivery).
             let pending = PendingInbound {
@@ -295,18 +297,20 @@ impl Engine {
             ack = message
                 .requires_ack
                 .then(|| self.delivery_ack(&message, now, &transport));
-            if self.hook.is_none() && self.dedup.first_sighting(&key, now) {
+            if (self.hook.is_none() || chunk) && self.dedup.first_sighting(&key, now) {
                 self.store.push_back(StoreOp::MarkProcessed(ProcessedKey {
                     key: key.clone(),
                     at: now,
                 }));
-                self.events.push_back(Event::MessageReceived {
-                    message,
-                    chat: key.chat,
-                    sender: key.sender,
-                    transport,
-                    encrypted: origin.sealed_by.is_some(),
-                });
+                if !chunk {
+                    self.events.push_back(Event::MessageReceived {
+                        message,
+                        chat: key.chat,
+                        sender: key.sender,
+                        transport,
+                        encrypted: origin.sealed_by.is_some(),
+                    });
+                }
             }
         }
         // The peer that carried it is back: an edge for it (`docs/delivery.md#edge-driven-mode`

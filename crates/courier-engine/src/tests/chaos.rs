@@ -154,6 +154,10 @@ fn outcome(event: &Event) -> Option<&'static str> {
             reason: FailReason::ConnectionRequestUndeliverable,
             ..
         } => "request undeliverable",
+        Event::MessageFailed {
+            reason: FailReason::TransferAborted,
+            ..
+        } => "transfer aborted",
         Event::InboundDrainCompleted { .. } => "drain completed",
         Event::SecurityWarning { .. } => "security warning",
         Event::MessageDecryptionFailed { .. } => "decryption failed",

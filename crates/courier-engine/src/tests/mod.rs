@@ -13,6 +13,7 @@ mod inbound_durable;
 mod ladder;
 mod lifecycle;
 mod lifetime;
+mod media;
 mod neighbors;
 mod parking;
 mod presence;
@@ -27,8 +28,8 @@ use courier_proto::{ContentType, Message, Priority};
 use courier_proto::message::{META_GROUP_COPY, META_GROUP_ID, META_GROUP_MESSAGE};
 
 use crate::{
-    Carrier, CarrierAnswer, Config, Engine, EntryState, Event, GroupSendRecord, HookBatch,
-    HookMessage, InboundKey, InboundOrigin, Input, MemberState, Millis, OutboxRecord,
+    Carrier, CarrierAnswer, ChunkOutcome, Config, Engine, EntryState, Event, GroupSendRecord,
+    HookBatch, HookMessage, InboundKey, InboundOrigin, Input, MemberState, Millis, OutboxRecord,
     PendingInbound, PresenceChange, ProcessedKey, Restore, SendRequest, Settlement, StoreOp,
     Transmit, TransmitKind,
 };
@@ -194,6 +195,10 @@ pub(crate) struct Sim {
     pub member_events: BTreeMap<(String, String), MemberState>,
     /// The message each received group copy carried, by the copy's id (what its ACK names).
     copy_keys: BTreeMap<String, InboundKey>,
+    /// Inbound file chunks: processed at once even with the hook.
+    chunk_keys: BTreeSet<InboundKey>,
+    /// What the engine reported of this device's chunks, in order.
+    pub chunk_outcomes: Vec<ChunkOutcome>,
 }
 
 impl Sim {
@@ -246,6 +251,8 @@ impl Sim {
             broadcasts: Vec::new(),
             member_events: BTreeMap::new(),
             copy_keys: BTreeMap::new(),
+            chunk_keys: BTreeSet::new(),
+            chunk_outcomes: Vec::new(),
             seq_keys: BTreeMap::new(),
             committing: false,
         }
@@ -449,6 +456,9 @@ impl Sim {
     pub(crate) fn inbound(&mut self, message: Message, origin: InboundOrigin) {
         if let Some(copy) = message.metadata.get(META_GROUP_COPY) {
             self.copy_keys.insert(copy.clone(), inbound_key(&message));
+        }
+        if message.content_type == ContentType::FileChunk {
+            self.chunk_keys.insert(inbound_key(&message));
         }
         if let (None, Some(seq)) = (message.ack_for(), origin.seq) {
             // The relay journals a data frame until it is released.
@@ -915,6 +925,10 @@ impl Sim {
     /// Drains one call's outputs like the runtime (store, then events, then transmits) and
     /// checks the invariants; returns the outbox frames to execute.
     fn after_call_collect(&mut self) -> VecDeque<Handed> {
+        // A chunk's terminal is its outcome for the transfer, or nothing when withdrawn.
+        let outcomes: Vec<ChunkOutcome> = std::iter::from_fn(|| self.engine.poll_chunk()).collect();
+        let mut terminal: BTreeSet<String> = outcomes.iter().map(|o| o.id.clone()).collect();
+        self.chunk_outcomes.extend(outcomes);
         let mut settled = BTreeSet::new();
         while let Some(op) = self.engine.poll_store() {
             match &op {
@@ -932,6 +946,9 @@ impl Sim {
                         );
                     }
                     assert!(settled.insert(id.clone()), "{id} settled twice in one call");
+                    if *settlement == Settlement::Failed(crate::FailReason::TransferAborted) {
+                        terminal.insert(id.clone());
+                    }
                     if *settlement == Settlement::Delivered {
                         assert!(
                             self.acked_by_recipient.contains(id),
@@ -941,7 +958,7 @@ impl Sim {
                 }
                 StoreOp::MarkProcessed(key) => {
                     assert!(
-                        self.config.durability_hook.is_none(),
+                        self.config.durability_hook.is_none() || self.chunk_keys.contains(&key.key),
                         "MarkProcessed with a hook"
                     );
                     self.processed.push(key.clone());
@@ -1025,7 +1042,6 @@ impl Sim {
             }
             self.log.push((self.now, Out::Store(op)));
         }
-        let mut terminal = BTreeSet::new();
         let mut frames = VecDeque::new();
         let events: Vec<Event> = std::iter::from_fn(|| self.engine.poll_event()).collect();
         if self.config.durability_hook.is_some() {
@@ -1323,6 +1339,7 @@ pub(crate) fn request(
         priority,
         metadata: BTreeMap::new(),
         binary_content: None,
+        media: None,
     }
 }
 

@@ -217,10 +217,10 @@ impl World {
                 (row.created_at + lifetime <= honest_since)
                     .then_some("its pre-session lifetime ran out during the chaos")
             }
-            // The simulated apps send no control frames.
-            FailReason::ControlSignatureExpired | FailReason::ConnectionRequestUndeliverable => {
-                None
-            }
+            // The simulated apps send no control frames and no files.
+            FailReason::ControlSignatureExpired
+            | FailReason::ConnectionRequestUndeliverable
+            | FailReason::TransferAborted => None,
             FailReason::OutboxLifetimeExceeded => {
                 (expiry <= honest_since).then_some("its lifetime ran out during the chaos")
             }

@@ -533,6 +533,9 @@ impl World {
                         FailReason::ConnectionRequestUndeliverable => {
                             violated(format!("{message_id}: the simulated apps send no requests"))
                         }
+                        FailReason::TransferAborted => {
+                            violated(format!("{message_id}: the simulated apps send no files"))
+                        }
                         FailReason::OutboxCapacityExceeded
                         | FailReason::PendingSessionCapacityExceeded => {
                             self.counts.failed_capacity += 1
