@@ -22,9 +22,11 @@ use crate::config::{AuthToken, ProtocolConfig, StorageConfig};
 use crate::driver::connections::{ConnectionCommand, Connections};
 use crate::driver::e2e::E2e;
 use crate::driver::groups::{GroupCommand, GroupInfo, GroupSendInput, Groups};
+use crate::driver::media::Media;
 use crate::driver::{self, Command, Driver, DriverTx, Published, Receipts, Wiring};
 use crate::error::ClientError;
 use crate::event::ClientEvent;
+use crate::media_send::{self, MediaInput};
 use crate::store::{GroupSendStatus, MessageStatus, PendingRequest, Store};
 
 /// What the application passes to `sendMessage`, before validation.
@@ -55,6 +57,8 @@ pub struct Client {
     running: Mutex<Option<Running>>,
     /// Messages travel sealed in end-to-end sessions.
     encryption: bool,
+    /// `media.maxFileSize`, checked before a file is read.
+    max_file_size: u64,
 }
 
 struct Running {
@@ -133,7 +137,17 @@ impl Client {
         for name in &config.app_carriers {
             Self::check_transport_name(name)?;
         }
-        let mut engine = driver::restored_engine(&mut store, &config.engine, &address, now)?;
+        let media = Media::restore(
+            &store,
+            config.media.clone(),
+            config.internet.is_some() || config.gateway.is_some(),
+            config.engine.outbox_max_media_entries,
+            &store.load_outbox()?,
+            now,
+        )?;
+        let withheld = media.media.withheld();
+        let mut engine =
+            driver::restored_engine(&mut store, &config.engine, &address, now, &withheld)?;
         let e2e = if config.engine.encryption {
             let sessions = Sessions::restore(identity.clone(), store.load_sessions()?)
                 .map_err(|e| ClientError::Storage(format!("cannot load the session state: {e}")))?;
@@ -160,6 +174,10 @@ impl Client {
         driver_tx.send(Command::Emit(ClientEvent::IdentityReady {
             address: address.clone(),
         }));
+        // Transfers from bytes the last process held: the app hands them over again.
+        for event in media.events {
+            driver_tx.send(Command::Emit(ClientEvent::Media(Box::new(event))));
+        }
         // Terminal events a crash cut off between their commit and their dispatch.
         for (message_id, json) in unreported {
             match serde_json::from_str(&json) {
@@ -230,6 +248,7 @@ impl Client {
             e2e,
             connections,
             groups,
+            media: media.media,
         };
         let driver = Driver::new(
             engine,
@@ -246,6 +265,7 @@ impl Client {
         let (gateway_tx, gateway_task) = gateway.unzip();
         Ok(Self {
             encryption: config.engine.encryption,
+            max_file_size: config.media.max_file_size,
             address,
             driver: driver_tx,
             relay_tx,
@@ -283,6 +303,22 @@ impl Client {
         let (reply, rx) = oneshot::channel();
         self.driver.send(Command::Send { req, reply });
         Ok(async move { rx.await.map_err(|_| ClientError::NotStarted)? })
+    }
+
+    /// `sendMedia`: resolves with the file id once the transfer is durably accepted. The source
+    /// is hashed first, on a blocking thread: a large file takes a moment.
+    pub async fn send_media(&self, input: MediaInput) -> Result<String, ClientError> {
+        let (encryption, max) = (self.encryption, self.max_file_size);
+        let command =
+            tokio::task::spawn_blocking(move || media_send::prepare(input, encryption, max))
+                .await
+                .map_err(|e| ClientError::Internal(format!("hashing the file stopped: {e}")))??;
+        let (reply, rx) = oneshot::channel();
+        self.driver.send(Command::Media {
+            command: Box::new(command),
+            reply,
+        });
+        rx.await.map_err(|_| ClientError::NotStarted)?
     }
 
     pub async fn send(&self, input: SendInput) -> Result<String, ClientError> {
@@ -648,7 +684,8 @@ fn validate_send(input: SendInput, cap: ContentCap) -> Result<SendRequest, Clien
     let size = input.content.len() + input.binary_len;
     if cap == ContentCap::Applies && size > MAX_CONTENT_BYTES {
         return invalid(format!(
-            "content is {size} bytes; the limit is {MAX_CONTENT_BYTES}"
+            "content is {size} bytes; the limit is {MAX_CONTENT_BYTES} (send larger content \
+             with sendMedia)"
         ));
     }
     if is_reserved_content(&input.content) {

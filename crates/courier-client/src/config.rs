@@ -23,6 +23,7 @@ use zeroize::Zeroizing;
 use crate::carrier::gateway::GatewayClientTimings;
 use crate::driver::connections::UnknownSenders;
 
+pub mod media;
 mod section;
 pub use section::{Section, MAX_SAFE_INTEGER};
 
@@ -210,6 +211,8 @@ pub struct ProtocolConfig {
     /// `group.relayBroadcastEnabled`: a group message may go as one relay broadcast
     /// (`docs/delivery.md#path-choice`).
     pub group_relay_broadcast: bool,
+    /// `media.*`: file transfers.
+    pub media: media::MediaConfig,
     /// Valid but questionable settings, for the runtime to surface as `diagnostic` events.
     pub warnings: Vec<String>,
     /// Not in the JSON config: the app carriers to register at start, up from the first step
@@ -232,6 +235,7 @@ const ROOT_KEYS: &[&str] = &[
     "acceptLegacyControlV1",
     "encryption",
     "group",
+    "media",
 ];
 
 /// Validates `value` (the config object as JSON) and builds the runtime config.
@@ -294,6 +298,8 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
         None => true,
     };
 
+    let media = media::parse(&root, &storage, app_id)?;
+
     let has_durability_hook = match root.get("inboundDurabilityHook") {
         None => false,
         Some(Value::Bool(true)) => true,
@@ -331,6 +337,7 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
         log_level,
         unknown_senders,
         group_relay_broadcast,
+        media,
         warnings,
         app_carriers: BTreeSet::new(),
     })

@@ -33,6 +33,15 @@ pub enum ClientError {
     /// since they last used their packages up, or never.
     #[error("no key package for {0} in the relay's directory: they must connect once first")]
     KeyPackageUnavailable(String),
+    /// A file over `media.maxFileSize` (or over what a transfer can carry).
+    #[error("{0}")]
+    FileTooLarge(String),
+    /// `media.maxOutgoingTransfers` unfinished transfers already.
+    #[error("{0}")]
+    MediaOutboxFull(String),
+    /// The file to send cannot be read.
+    #[error("{0}")]
+    FileUnreadable(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -58,6 +67,9 @@ impl ClientError {
             Self::GroupNotAdmin(_) => "ERR_GROUP_NOT_ADMIN",
             Self::NotConnected(_) => "ERR_NOT_CONNECTED",
             Self::KeyPackageUnavailable(_) => "ERR_KEY_PACKAGE_UNAVAILABLE",
+            Self::FileTooLarge(_) => "ERR_FILE_TOO_LARGE",
+            Self::MediaOutboxFull(_) => "ERR_MEDIA_OUTBOX_FULL",
+            Self::FileUnreadable(_) => "ERR_FILE_UNREADABLE",
             Self::Internal(_) => "ERR_INTERNAL",
         }
     }

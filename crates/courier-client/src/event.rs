@@ -98,6 +98,8 @@ pub enum ClientEvent {
         group_id: String,
         synced: bool,
     },
+    /// A file transfer's event (`file_progress`, `file_received`, …).
+    Media(Box<crate::driver::media::MediaEvent>),
     /// A terminal event (`message_delivered` / `message_failed`) committed before a crash cut
     /// off its dispatch, emitted again at the next start: its JSON as it was then, plus
     /// `"replayed": true`.
@@ -253,6 +255,7 @@ impl ClientEvent {
                 "type": "group_member_removed", "groupId": group_id, "member": member,
                 "removedBy": removed_by,
             }),
+            Self::Media(event) => event.to_json(),
             Self::GroupRelaySyncChanged { group_id, synced } => json!({
                 "type": "group_relay_sync_changed", "groupId": group_id, "synced": synced,
             }),

@@ -8,4 +8,5 @@ pub mod config;
 pub mod driver;
 pub mod error;
 pub mod event;
+pub mod media_send;
 pub mod store;

@@ -13,11 +13,12 @@ use courier_engine::{Carrier, Engine, InboundOrigin, Input, Millis, Transmit, Tr
 use courier_proto::message::META_GROUP_MESSAGE;
 use courier_proto::{
     envelope, is_signature_gated, open_envelope, sealed_payload, sign_control, Address,
-    ClientFrame, IdentityKey, KeyPackage, KeyPackageBatch, Message, SessionFrame,
+    ClientFrame, ContentType, IdentityKey, KeyPackage, KeyPackageBatch, Message, SessionFrame,
 };
 
 use super::connections::Connections;
 use super::host::send_message;
+use super::media::Media;
 use super::mint_id;
 use crate::event::ClientEvent;
 
@@ -300,11 +301,13 @@ impl E2e {
 
     /// An inbound message for the engine: a sealed copy is opened first, and what the engine
     /// does not keep of it leaves the session as it was.
+    #[allow(clippy::too_many_arguments)]
     pub fn inbound(
         &mut self,
         engine: &mut Engine,
         step: &mut Step<ClientEvent>,
         connections: &mut Connections,
+        media: &mut Media,
         message: Message,
         origin: InboundOrigin,
         now: Millis,
@@ -354,6 +357,19 @@ impl E2e {
                     }
                     let (id, sender) = (inner.id.clone(), inner.sender.clone());
                     let ack = inner.ack_for().is_some();
+                    if inner.content_type == ContentType::FileChunk {
+                        // Its bytes are written before the engine acknowledges it; a refused
+                        // chunk is not, and the sender's retry is sealed anew.
+                        let input = match media.receive(&inner, &sealer, engine, step, now) {
+                            Ok(()) => inbound(inner, origin.clone()),
+                            Err(reason) => Input::Discard {
+                                origin: origin.clone(),
+                                reason,
+                            },
+                        };
+                        step.apply(engine, input, now);
+                        return true;
+                    }
                     step.apply(engine, inbound(inner, origin.clone()), now);
                     // An ACK is never redelivered for another try; a data message is kept
                     // when it was processed or buffered.

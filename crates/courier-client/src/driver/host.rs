@@ -16,6 +16,7 @@ use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 use super::connections::Connections;
 use super::e2e::{E2e, Frame};
 use super::groups::Groups;
+use super::media::Media;
 use super::Published;
 use crate::app::{App, AppCarrierSend, SendAttempt};
 use crate::carrier::gateway::GatewayOut;
@@ -48,6 +49,7 @@ pub(super) struct StepHost<'a> {
     pub e2e: Option<&'a mut E2e>,
     pub connections: &'a mut Connections,
     pub groups: &'a mut Groups,
+    pub media: &'a mut Media,
     pub now: Millis,
     /// Inputs for the next step: sends that could not be sealed.
     pub refeed: &'a mut Vec<Input>,
@@ -57,7 +59,16 @@ impl Host<ClientEvent> for StepHost<'_> {
     type Stop = CommitFailed;
     type Frame = Frame;
 
-    fn prepare(&mut self, transmits: Vec<Transmit>) -> ControlFlow<CommitFailed, Vec<Frame>> {
+    fn prepare(&mut self, mut transmits: Vec<Transmit>) -> ControlFlow<CommitFailed, Vec<Frame>> {
+        // A chunk's bytes are read only now, as it goes (`docs/delivery.md#file-transfers`).
+        transmits.retain_mut(|transmit| match &mut transmit.kind {
+            TransmitKind::Outbox { message, .. }
+                if message.content_type == courier_proto::ContentType::FileChunk =>
+            {
+                self.media.materialize(message)
+            }
+            _ => true,
+        });
         ControlFlow::Continue(match self.e2e.as_deref_mut() {
             Some(e2e) => e2e.seal(transmits, self.now, self.refeed),
             None => transmits.into_iter().map(Frame::clear).collect(),
@@ -80,10 +91,20 @@ impl Host<ClientEvent> for StepHost<'_> {
         };
         self.connections.settled(events);
         let sessions = self.e2e.as_deref().map(E2e::changes).unwrap_or_default();
+        // A chunk is acknowledged after this commit: its bytes are on disk before.
+        if let Err(e) = self.media.sync() {
+            *self.reported = reports.done;
+            return ControlFlow::Break(CommitFailed {
+                message: format!("cannot sync a partial file: {e}"),
+                accepted: std::mem::take(&mut self.accepted),
+            });
+        }
+        let media = self.media.changes();
         let runtime = RuntimeChanges {
             sessions: &sessions,
             connections: self.connections.changes(),
             groups: self.groups.changes(),
+            media: &media,
         };
         match self.store.commit_with(&ops, &reports, &runtime) {
             Ok(()) => {
@@ -92,6 +113,13 @@ impl Host<ClientEvent> for StepHost<'_> {
                 }
                 self.connections.committed();
                 self.groups.committed();
+                for problem in self.media.committed() {
+                    self.app.event(ClientEvent::Diagnostic {
+                        level: courier_engine::DiagnosticLevel::Error,
+                        message: problem,
+                        target: "courier_client::media",
+                    });
+                }
                 self.held = reports.held.into_iter().map(|(id, _)| id).collect();
                 ControlFlow::Continue(())
             }

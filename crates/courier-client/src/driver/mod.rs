@@ -7,6 +7,7 @@ pub mod connections;
 pub mod e2e;
 pub mod groups;
 mod host;
+pub mod media;
 
 use std::collections::HashSet;
 use std::ops::ControlFlow;
@@ -29,6 +30,7 @@ use crate::store::{GroupSendStatus, MessageStatus, PendingRequest, Reports, Stor
 
 use connections::{ConnectionCommand, Connections};
 use groups::{GroupCommand, GroupInfo, GroupRelayReport, Groups};
+use media::{Media, SendMedia};
 
 use e2e::{DirectoryReport, E2e};
 use host::{CommitFailed, StepHost};
@@ -77,6 +79,11 @@ pub enum Command {
     /// message's id once the step that carried it out is committed.
     Group {
         command: GroupCommand,
+        reply: oneshot::Sender<Result<String, ClientError>>,
+    },
+    /// `sendMedia`, answered with the file id once the step that took it is committed.
+    Media {
+        command: Box<SendMedia>,
         reply: oneshot::Sender<Result<String, ClientError>>,
     },
     /// What the relay said about groups.
@@ -132,15 +139,24 @@ pub fn now_ms() -> Millis {
         .unwrap_or(0)
 }
 
-/// An engine loaded with what storage holds.
+/// An engine loaded with what storage holds, but the chunks of the transfers in `withheld`,
+/// whose bytes are gone (`docs/delivery.md#resuming-a-transfer`).
 pub fn restored_engine(
     store: &mut Store,
     config: &Config,
     local_identity: &str,
     now: Millis,
+    withheld: &HashSet<String>,
 ) -> Result<Engine, StoreError> {
+    let mut outbox = store.load_outbox()?;
+    if !withheld.is_empty() {
+        outbox.retain(|record| {
+            courier_proto::media::header_of(&record.message)
+                .map_or(true, |header| !withheld.contains(&header.file_id))
+        });
+    }
     let restore = Restore {
-        outbox: store.load_outbox()?,
+        outbox,
         processed: store.load_processed(
             now,
             config.dedup_retention_ms(),
@@ -185,6 +201,7 @@ pub struct Driver {
     e2e: Option<E2e>,
     connections: Connections,
     groups: Groups,
+    media: Media,
     /// Inputs a step left for the next one (sends that could not be sealed).
     refeed: Vec<Input>,
 }
@@ -202,6 +219,7 @@ pub struct Wiring {
     pub e2e: Option<E2e>,
     pub connections: Connections,
     pub groups: Groups,
+    pub media: Media,
 }
 
 /// How the application confirms that a terminal event reached its listeners, when its
@@ -267,6 +285,7 @@ impl Driver {
             e2e,
             connections,
             groups,
+            media,
         } = wiring;
         if let Ok(mut stats) = published.stats.lock() {
             *stats = engine.stats();
@@ -291,6 +310,7 @@ impl Driver {
             e2e,
             connections,
             groups,
+            media,
             refeed: Vec::new(),
         }
     }
@@ -348,14 +368,32 @@ impl Driver {
                                 .inbound(*message, origin, &mut self.engine, e2e, now);
                         step.apply(&mut self.engine, input, now);
                     }
-                    Some(e2e) => {
-                        e2e.inbound(&mut self.engine, step, connections, *message, origin, now)
-                    }
+                    Some(e2e) => e2e.inbound(
+                        &mut self.engine,
+                        step,
+                        connections,
+                        &mut self.media,
+                        *message,
+                        origin,
+                        now,
+                    ),
                     // Sealed, and this device keeps no sessions: reported, never shown as text.
                     None if group || message.content.starts_with(courier_proto::MLS_ENC_PREFIX) => {
                         let code = courier_crypto::code::ENCRYPTION_DISABLED;
                         let reason = "a sealed message, and encryption is disabled here".into();
                         let input = Input::undecryptable(&message, origin, code, reason);
+                        step.apply(&mut self.engine, input, now);
+                    }
+                    None if message.content_type == courier_proto::ContentType::FileChunk => {
+                        let sender = message.sender.clone();
+                        let input =
+                            match self
+                                .media
+                                .receive(&message, &sender, &mut self.engine, step, now)
+                            {
+                                Ok(()) => Input::Inbound { message, origin },
+                                Err(reason) => Input::Discard { origin, reason },
+                            };
                         step.apply(&mut self.engine, input, now);
                     }
                     None => connections.deliver(&mut self.engine, step, *message, origin, now),
@@ -402,6 +440,18 @@ impl Driver {
                         e2e,
                         now,
                     ));
+                }
+                self.after_input(step, now);
+            }
+            Command::Media { command, reply } => {
+                match self
+                    .media
+                    .send(*command, &mut self.engine, step, self.e2e.as_mut(), now)
+                {
+                    Ok(id) => owed.accepted.push((id, reply)),
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
                 }
                 self.after_input(step, now);
             }
@@ -465,6 +515,10 @@ impl Driver {
     /// joins its session, a connection request is kept, in this step) and the recipients it
     /// wants a session with.
     fn after_input(&mut self, step: &mut Step<ClientEvent>, now: Millis) {
+        self.media
+            .outcomes(&mut self.engine, step, self.e2e.as_mut(), now);
+        self.media
+            .pump(&mut self.engine, step, self.e2e.as_mut(), now);
         while let Some(message) = self.engine.poll_control() {
             match courier_proto::ConnectionFrame::parse(&message.content) {
                 Some(Ok(frame)) => self.connections.control(
@@ -532,6 +586,7 @@ impl Driver {
             e2e: self.e2e.as_mut(),
             connections: &mut self.connections,
             groups: &mut self.groups,
+            media: &mut self.media,
             now,
             refeed: &mut self.refeed,
         };
@@ -614,6 +669,9 @@ impl Driver {
 
     /// Blocks until a command arrives or the engine's next deadline; `Ok(None)` means due work.
     fn wait(&self) -> Result<Option<Command>, ()> {
+        if self.media.has_work() {
+            return Ok(None);
+        }
         match self.engine.next_deadline() {
             None => self.rx.recv().map(Some).map_err(|_| ()),
             Some(deadline) => {
@@ -661,7 +719,22 @@ impl Driver {
                 });
             }
         }
-        match restored_engine(&mut self.store, &self.config, &self.local_identity, now) {
+        let records = self.store.load_outbox().unwrap_or_default();
+        if let Err(e) = self.media.rollback(&self.store, &records, now) {
+            self.app.event(ClientEvent::Diagnostic {
+                level: DiagnosticLevel::Error,
+                message: format!("cannot reload the file transfers: {e}"),
+                target: "courier_client::media",
+            });
+        }
+        let withheld = self.media.withheld();
+        match restored_engine(
+            &mut self.store,
+            &self.config,
+            &self.local_identity,
+            now,
+            &withheld,
+        ) {
             Ok(mut engine) => {
                 if let Some(account) = self.engine.account() {
                     engine.handle(Input::AccountName(account.to_owned()), now);
@@ -789,6 +862,16 @@ mod tests {
                 true,
             )
             .unwrap(),
+            media: Media::restore(
+                &store,
+                crate::config::media::MediaConfig::new(std::env::temp_dir()),
+                false,
+                config.outbox_max_media_entries,
+                &[],
+                0,
+            )
+            .unwrap()
+            .media,
         };
         let engine = Engine::new(config.clone(), "alice".into());
         let driver = Driver::new(engine, store, config, "alice".into(), wiring);

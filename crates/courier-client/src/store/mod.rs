@@ -28,6 +28,7 @@ mod groups;
 mod identity;
 mod inbound;
 mod lock;
+pub mod media;
 mod mls;
 mod outbox;
 mod schema;
@@ -72,6 +73,7 @@ pub struct RuntimeChanges<'a> {
     pub sessions: &'a [Change],
     pub connections: &'a [ConnectionChange],
     pub groups: &'a [GroupChange],
+    pub media: &'a [media::MediaChange],
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -390,6 +392,7 @@ impl Store {
             sessions,
             connections,
             groups,
+            media,
         } = *runtime;
         if ops.is_empty()
             && reports.held.is_empty()
@@ -397,6 +400,7 @@ impl Store {
             && sessions.is_empty()
             && connections.is_empty()
             && groups.is_empty()
+            && media.is_empty()
         {
             return Ok(());
         }
@@ -409,6 +413,7 @@ impl Store {
         }
         connections::apply(&tx, connections)?;
         groups::apply(&tx, groups)?;
+        media::apply(&tx, media, crate::driver::now_ms())?;
         for op in ops {
             match op {
                 StoreOp::Put(record) => outbox::put(&tx, record)?,
@@ -445,6 +450,15 @@ impl Store {
     }
 
     /// The group messages with something left to deliver, oldest first.
+    pub fn load_media(
+        &self,
+    ) -> Result<(Vec<media::OutgoingRow>, Vec<media::IncomingRow>), StoreError> {
+        Ok((
+            media::load_outgoing(&self.conn)?,
+            media::load_incoming(&self.conn)?,
+        ))
+    }
+
     pub fn load_group_sends(&self) -> Result<Vec<GroupSendRecord>, StoreError> {
         groups::load_active(&self.conn)
     }

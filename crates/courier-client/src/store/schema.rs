@@ -27,6 +27,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     v7_sealed_inbound,
     v8_connections,
     v9_groups,
+    v10_media,
 ];
 
 /// The schema version this build writes and understands.
@@ -282,6 +283,27 @@ fn v9_groups(tx: &Transaction<'_>) -> rusqlite::Result<()> {
              member TEXT NOT NULL,
              state  TEXT NOT NULL CHECK (state IN ('pending', 'stored', 'delivered', 'failed')),
              PRIMARY KEY (id, member)
+         ) WITHOUT ROWID;",
+    )
+}
+
+/// Version 10: file transfer manifests, outgoing and incoming.
+fn v10_media(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "CREATE TABLE media_out (
+             file_id    TEXT    PRIMARY KEY NOT NULL,
+             state      TEXT    NOT NULL CHECK (state IN ('active', 'done', 'failed')),
+             row_json   TEXT    NOT NULL,
+             updated_at INTEGER NOT NULL
+         ) WITHOUT ROWID;
+
+         CREATE TABLE media_in (
+             sender     TEXT    NOT NULL,
+             file_id    TEXT    NOT NULL,
+             state      TEXT    NOT NULL CHECK (state IN ('active', 'done', 'failed')),
+             row_json   TEXT    NOT NULL,
+             updated_at INTEGER NOT NULL,
+             PRIMARY KEY (sender, file_id)
          ) WITHOUT ROWID;",
     )
 }
