@@ -38,6 +38,8 @@ export declare class NativeProtocol {
   sendGroupMessage(input: NativeSendInput): Promise<string>
   getGroupMessageStatus(id: string): Promise<NativeGroupMessageStatus | null>
   listGroups(): Promise<NativeGroup[]>
+  /** Resolves with the file id once the transfer is durably accepted. */
+  sendMedia(input: NativeMediaInput): Promise<string>
   /** Validates the whole configuration (JSON text); throws `ERR_CONFIG` `path message`. */
   constructor(configJson: string)
   /** Configuration warnings worth a log line (for example a lifetime beyond the signature window). */
@@ -184,6 +186,19 @@ export interface NativeInboundMessage {
   origin: string
   /** The group of a group message (then `chat` is the group too). */
   groupId?: string
+}
+
+/** `sendMedia(recipient, source, options)`: exactly one of `path` and `bytes`. */
+export interface NativeMediaInput {
+  recipient: string
+  path?: string
+  bytes?: Buffer
+  fileId?: string
+  fileName?: string
+  contentType?: string
+  caption?: string
+  replyTo?: string
+  metadata?: Record<string, string>
 }
 
 /**

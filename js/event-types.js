@@ -39,6 +39,11 @@ const EVENT_TYPES = new Set([
   'group_message_delivery_report',
   'group_message_member_status',
   'group_relay_sync_changed',
+  'file_progress',
+  'file_received',
+  'file_delivered',
+  'file_failed',
+  'media_resend_required',
 ])
 
 function checkEventType(type) {

@@ -25,6 +25,12 @@ export type ProtocolErrorCode =
   | 'ERR_NOT_CONNECTED'
   /** The relay's directory holds no key package for a member to add: it must connect once first. */
   | 'ERR_KEY_PACKAGE_UNAVAILABLE'
+  /** `sendMedia`: the file is larger than `media.maxFileSize`. */
+  | 'ERR_FILE_TOO_LARGE'
+  /** `sendMedia`: `media.maxOutgoingTransfers` transfers are unfinished already. */
+  | 'ERR_MEDIA_OUTBOX_FULL'
+  /** `sendMedia`: the path names no readable regular file. */
+  | 'ERR_FILE_UNREADABLE'
   /** `whenDelivered`: the message ended in `message_failed` (or `connection_request_undeliverable`). */
   | 'ERR_MESSAGE_FAILED'
   /** `once` or `whenDelivered`: its `signal` was aborted first. */
@@ -149,6 +155,31 @@ export interface ProtocolConfig {
      * `'refuse'`: dropped unacknowledged.
      */
     unknownSenders?: 'accept' | 'request' | 'refuse'
+  }
+  /** File transfers (`docs/delivery.md#file-transfers`). */
+  media?: {
+    /**
+     * Where received files are written (created if missing); partial files wait in its
+     * `.partial` folder and never carry a final name. Default: beside the database,
+     * `<storage.path>.media`.
+     */
+    directory?: string
+    /** The largest file sent or accepted, in bytes. Default 104857600 (100 MiB). */
+    maxFileSize?: number
+    /** Chunk size when a relay or gateway is configured, 1024–262144. Default 262144. */
+    chunkSize?: number
+    /** Chunk size when only app carriers are, 1024–262144. Default 65536. */
+    localChunkSize?: number
+    /** Chunks of one transfer awaiting their ACK at once, 1–64. Default 8. */
+    window?: number
+    /** Unfinished outgoing transfers at once; beyond it `ERR_MEDIA_OUTBOX_FULL`. Default 16. */
+    maxOutgoingTransfers?: number
+    /** Files being received at once, from everyone. Default 16. */
+    maxIncomingTransfers?: number
+    /** Files being received at once from one sender. Default 4. */
+    maxIncomingPerSender?: number
+    /** Total size of the files being received, in bytes. Default 1073741824 (1 GiB). */
+    maxIncomingBytes?: number
   }
   /** Group delivery (`docs/delivery.md#group-sends`). */
   group?: {
@@ -501,6 +532,69 @@ export interface GroupMessageStatus {
   members: Record<string, GroupMemberStatus>
 }
 
+/** Which way a file goes. */
+export type FileDirection = 'outgoing' | 'incoming'
+/**
+ * A file transfer moved: `bytes` of `totalBytes` acknowledged by the receiver (outgoing) or
+ * written here (incoming). At most four a second per transfer, and always the last; never going
+ * back, except when a transfer starts over (the receiver's checksum failed, the file changed).
+ */
+export interface FileProgressEvent {
+  type: 'file_progress'
+  fileId: string
+  direction: FileDirection
+  /** The recipient (outgoing) or the sender (incoming). */
+  peer: string
+  bytes: number
+  totalBytes: number
+  chunks: number
+  totalChunks: number
+  /** Since this process started following the transfer. */
+  bytesPerSecond: number
+  /** `null` until there is a rate to go by. */
+  etaMs: number | null
+}
+/** A whole file arrived, its SHA-256 checked, under its final name in `media.directory`. */
+export interface FileReceivedEvent {
+  type: 'file_received'
+  fileId: string
+  sender: string
+  path: string
+  fileName: string | null
+  /** The MIME type the sender gave. */
+  contentType: string | null
+  size: number
+  sha256: string
+  caption: string | null
+  metadata: Record<string, string>
+  /** The message this file answers (as this device knows its id). */
+  replyTo: string | null
+  forwardInfo: unknown | null
+}
+/** Every chunk of an outgoing file was acknowledged: the recipient holds it whole. Terminal. */
+export interface FileDeliveredEvent { type: 'file_delivered'; fileId: string; recipient: string; size: number }
+/** A transfer ended without the file: terminal for an outgoing one. */
+export interface FileFailedEvent { type: 'file_failed'; fileId: string; direction: FileDirection; peer: string; reason: string }
+/**
+ * At `start()`: a transfer sent from bytes lost them with the last process. Call `sendMedia`
+ * with the same `fileId` and bytes; only what the recipient lacks is sent again.
+ */
+export interface MediaResendRequiredEvent { type: 'media_resend_required'; fileId: string; recipient: string; fileName: string | null; fileSize: number }
+
+/** The options of `sendMedia`. */
+export interface SendMediaOptions {
+  /** Your id for the transfer: answering `media_resend_required`, or making a repeat a no-op. */
+  fileId?: string
+  /** Shown to the receiver; a path source's own name by default. */
+  fileName?: string
+  /** The MIME type, e.g. `'image/jpeg'`. */
+  contentType?: string
+  caption?: string
+  /** The id of the message this file answers. */
+  replyTo?: string
+  metadata?: Record<string, string>
+}
+
 /** Every event, discriminated on `type`. */
 export type ProtocolEvent =
   | MessageSentEvent
@@ -536,6 +630,11 @@ export type ProtocolEvent =
   | GroupMessageDeliveryReportEvent
   | GroupMessageMemberStatusEvent
   | GroupRelaySyncChangedEvent
+  | FileProgressEvent
+  | FileReceivedEvent
+  | FileDeliveredEvent
+  | FileFailedEvent
+  | MediaResendRequiredEvent
 
 /** The `type` of every event. */
 export type ProtocolEventType = ProtocolEvent['type']
@@ -622,6 +721,15 @@ export class Protocol {
    * `getGroupMessageStatus`.
    */
   sendGroupMessage(groupId: string, content: string | Uint8Array, options?: SendOptions): Promise<string>
+  /**
+   * Sends a file: `source` is a path (streamed from disk, never held whole in memory; resumed on
+   * its own after a restart) or the bytes (`media_resend_required` after a restart). Resolves
+   * with the file id once the transfer is durably accepted; `file_progress`, then
+   * `file_delivered` or `file_failed`, follow. `ERR_FILE_TOO_LARGE` over `media.maxFileSize`,
+   * `ERR_MEDIA_OUTBOX_FULL` at `media.maxOutgoingTransfers`, `ERR_FILE_UNREADABLE` for a path
+   * that is not a readable file.
+   */
+  sendMedia(recipient: string, source: string | Uint8Array, options?: SendMediaOptions): Promise<string>
   /** Each member's state of group message `id`, from storage (also after delivery); `null` when unknown. */
   getGroupMessageStatus(id: string): Promise<GroupMessageStatus | null>
   /** The groups this device is in. */

@@ -13,6 +13,7 @@ const { Waits, signalOption } = require('./waits.js')
 
 const isPlainObject = (v) => v !== null && typeof v === 'object' && !Array.isArray(v)
 const SEND_OPTIONS = new Set(['priority', 'id', 'contentType', 'metadata'])
+const MEDIA_OPTIONS = new Set(['fileId', 'fileName', 'contentType', 'caption', 'replyTo', 'metadata'])
 const DEFAULT_EVENT_BUFFER = 10_000
 /** `Symbol.asyncDispose`, or on a Node without it the symbol Node itself falls back to. */
 const asyncDispose = Symbol.asyncDispose ?? Symbol.for('nodejs.asyncDispose')
@@ -49,6 +50,35 @@ function frameBytes(frame, what) {
   throw invalid(`${what} must be a Uint8Array or a string`)
 }
 
+// The native input of `sendMedia`: a string source is a file path (relative to the working
+// directory), a Uint8Array the file's bytes.
+function mediaInput(recipient, source, options) {
+  if (typeof recipient !== 'string') throw invalid('recipient must be a string')
+  if (!isPlainObject(options)) throw invalid('options must be an object')
+  for (const key of Object.keys(options)) {
+    if (!MEDIA_OPTIONS.has(key)) throw invalid(`options.${key} is not a known option`)
+  }
+  const input = { recipient }
+  if (typeof source === 'string') input.path = require('node:path').resolve(source)
+  else if (source instanceof Uint8Array) input.bytes = Buffer.from(source.buffer, source.byteOffset, source.byteLength)
+  else throw invalid('source must be a file path or a Uint8Array')
+  for (const key of ['fileId', 'fileName', 'contentType', 'caption', 'replyTo']) {
+    if (options[key] === undefined) continue
+    if (typeof options[key] !== 'string') throw invalid(`options.${key} must be a string`)
+    input[key] = options[key]
+  }
+  if (options.metadata !== undefined) input.metadata = stringMap(options.metadata)
+  return input
+}
+
+function stringMap(metadata) {
+  if (!isPlainObject(metadata)) throw invalid('options.metadata must be an object of strings')
+  for (const [k, v] of Object.entries(metadata)) {
+    if (typeof v !== 'string') throw invalid(`options.metadata.${k} must be a string`)
+  }
+  return metadata
+}
+
 // The native input of a send to `recipient` (an address, or a group's id): the checks every
 // send shares, so that a bad argument is refused before anything is queued.
 function sendInput(recipient, content, options) {
@@ -65,13 +95,7 @@ function sendInput(recipient, content, options) {
     if (typeof options[key] !== 'string') throw invalid(`options.${key} must be a string`)
     input[key] = options[key]
   }
-  if (options.metadata !== undefined) {
-    if (!isPlainObject(options.metadata)) throw invalid('options.metadata must be an object of strings')
-    for (const [k, v] of Object.entries(options.metadata)) {
-      if (typeof v !== 'string') throw invalid(`options.metadata.${k} must be a string`)
-    }
-    input.metadata = options.metadata
-  }
+  if (options.metadata !== undefined) input.metadata = stringMap(options.metadata)
   return input
 }
 
@@ -195,6 +219,14 @@ class Protocol {
   async sendGroupMessage(groupId, content, options = {}) {
     if (typeof groupId !== 'string') throw invalid('groupId must be a string')
     return call(this.#native.sendGroupMessage(sendInput(groupId, content, options)))
+  }
+
+  /**
+   * Sends a file (a path, streamed from disk, or the bytes); resolves with its file id once the
+   * transfer is durably accepted.
+   */
+  async sendMedia(recipient, source, options = {}) {
+    return call(this.#native.sendMedia(mediaInput(recipient, source, options)))
   }
 
   /** Each member's state of group message `id`, from storage; `null` when unknown. */

@@ -24,6 +24,7 @@ mod app;
 mod error;
 pub mod gateway;
 mod groups;
+mod media;
 mod options;
 pub mod relay;
 mod running;

@@ -69,6 +69,13 @@ impl Host<ClientEvent> for StepHost<'_> {
             }
             _ => true,
         });
+        for line in self.media.take_sent() {
+            self.app.event(ClientEvent::Diagnostic {
+                level: courier_engine::DiagnosticLevel::Debug,
+                message: line,
+                target: "courier_client::media",
+            });
+        }
         ControlFlow::Continue(match self.e2e.as_deref_mut() {
             Some(e2e) => e2e.seal(transmits, self.now, self.refeed),
             None => transmits.into_iter().map(Frame::clear).collect(),

@@ -80,6 +80,8 @@ pub struct Media {
     removals: Vec<PathBuf>,
     /// Transfers whose chunk could not be read when it went out: failed in the next step.
     broken: Vec<(String, String)>,
+    /// The chunks put on a carrier in this step, for a debug diagnostic each.
+    sent: Vec<String>,
 }
 
 /// What a start found: the transfers, and the events to report at once.
@@ -117,6 +119,7 @@ impl Media {
             renames: Vec::new(),
             removals: Vec::new(),
             broken: Vec::new(),
+            sent: Vec::new(),
         };
         let mut out_chunks: HashMap<String, BTreeSet<u32>> = HashMap::new();
         for record in records {
@@ -463,6 +466,20 @@ impl Media {
         }
         transfer.resubmit.remove(&index);
         transfer.acked_bytes += transfer.len_of(index);
+        let generation = transfer.row.generation;
+        step.emit(
+            engine,
+            ClientEvent::Diagnostic {
+                level: courier_engine::DiagnosticLevel::Debug,
+                message: format!(
+                    "file {file_id} generation {generation} chunk {index} acknowledged"
+                ),
+                target: "courier_client::media",
+            },
+        );
+        let Some(transfer) = self.outgoing.get_mut(file_id) else {
+            return;
+        };
         self.dirty_out.insert(file_id.to_owned());
         let row = &transfer.row;
         if let Some(reading) =
@@ -561,6 +578,10 @@ impl Media {
         match transfer.read(header.index) {
             Ok(bytes) => {
                 message.binary_content = Some(courier_proto::media::chunk_content(&bytes));
+                self.sent.push(format!(
+                    "file {} generation {} chunk {} goes out",
+                    header.file_id, header.generation, header.index
+                ));
                 true
             }
             Err(e) => {
@@ -569,6 +590,11 @@ impl Media {
                 false
             }
         }
+    }
+
+    /// What `materialize` put on carriers since the last call, as diagnostic lines.
+    pub fn take_sent(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.sent)
     }
 
     /// Whether the next step has work of this module's own.

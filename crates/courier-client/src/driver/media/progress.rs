@@ -42,10 +42,7 @@ impl Progress {
         let (base_bytes, since) = self.base;
         let elapsed = now.saturating_sub(since);
         let moved = bytes.saturating_sub(base_bytes);
-        let bytes_per_second = moved
-            .saturating_mul(1000)
-            .checked_div(elapsed)
-            .unwrap_or(0);
+        let bytes_per_second = moved.saturating_mul(1000).checked_div(elapsed).unwrap_or(0);
         let eta_ms = (bytes_per_second > 0)
             .then(|| total.saturating_sub(bytes).saturating_mul(1000) / bytes_per_second);
         Some(Reading {

@@ -1,0 +1,103 @@
+// File transfers from the public API (`docs/delivery.md#file-transfers`): `sendMedia` from a path
+// or from bytes, sealed chunk by chunk through a real relay, `file_progress` on both sides,
+// `file_received` with the file under its final name in `media.directory`, and the bounds —
+// each a clear error or event that disturbs nothing else.
+import assert from 'node:assert/strict'
+import { createHash, randomBytes } from 'node:crypto'
+import { existsSync, readFileSync, readdirSync, writeFileSync } from 'node:fs'
+import { join } from 'node:path'
+import { test } from 'node:test'
+
+import { ProtocolError } from '../js/index.js'
+import { PLAINTEXT, ofType, peerConfig, startRelay, started, tempDir, waitFor } from './helpers.mjs'
+
+/** A sealed device (the default) receiving into `<dir>/<name>-media`. */
+export function mediaConfig(name, dir, url, media = {}) {
+  const { encryption, ...config } = peerConfig(name, dir, url)
+  assert.equal(encryption, PLAINTEXT)
+  return { ...config, media: { directory: join(dir, `${name}-media`), ...media } }
+}
+
+const sha256 = (bytes) => createHash('sha256').update(bytes).digest('hex')
+
+/** Progress of `fileId` one way never goes back, and ends at the whole file. */
+export function assertMonotonic(recorder, fileId, direction, size) {
+  const seen = ofType(recorder, 'file_progress').filter((e) => e.fileId === fileId && e.direction === direction)
+  assert.ok(seen.length > 0, `${direction} progress of ${fileId}`)
+  for (let i = 1; i < seen.length; i++) assert.ok(seen[i].bytes >= seen[i - 1].bytes, `${direction} progress went back`)
+  assert.equal(seen.at(-1).bytes, size)
+  assert.equal(seen.at(-1).totalBytes, size)
+}
+
+async function pair(t, media = {}) {
+  const dir = tempDir(t)
+  const relay = await startRelay(t)
+  const alice = await started(t, mediaConfig('alice', dir, relay.url, media))
+  const bob = await started(t, mediaConfig('bob', dir, relay.url, media))
+  return { dir, relay, alice, bob, bobAddress: bob.protocol.localAddress() }
+}
+
+test('a file from a path and one from bytes arrive whole, checked, with their details', async (t) => {
+  const { dir, alice, bob, bobAddress } = await pair(t)
+  const onDisk = randomBytes(1_500_000)
+  const path = join(dir, 'holiday.jpg')
+  writeFileSync(path, onDisk)
+  const inMemory = randomBytes(300_000)
+
+  const photo = await alice.protocol.sendMedia(bobAddress, path, {
+    contentType: 'image/jpeg', caption: 'the beach', metadata: { album: 'summer' },
+  })
+  const note = await alice.protocol.sendMedia(bobAddress, inMemory, { fileName: 'note.bin', fileId: 'note-1' })
+  assert.equal(note, 'note-1')
+
+  for (const [id, bytes, name] of [[photo, onDisk, 'holiday.jpg'], [note, inMemory, 'note.bin']]) {
+    const got = await waitFor(bob.recorder, (e) => e.type === 'file_received' && e.fileId === id, { timeoutMs: 30_000, what: `${name} at bob` })
+    assert.equal(got.sender, alice.protocol.localAddress())
+    assert.equal(got.fileName, name)
+    assert.equal(got.size, bytes.length)
+    assert.equal(got.sha256, sha256(bytes))
+    assert.equal(got.path, join(dir, 'bob-media', name))
+    assert.deepEqual(readFileSync(got.path), bytes)
+    await waitFor(alice.recorder, (e) => e.type === 'file_delivered' && e.fileId === id, { what: `${name} delivered` })
+    assertMonotonic(alice.recorder, id, 'outgoing', bytes.length)
+    assertMonotonic(bob.recorder, id, 'incoming', bytes.length)
+  }
+  const photoAtBob = ofType(bob.recorder, 'file_received').find((e) => e.fileId === photo)
+  assert.equal(photoAtBob.contentType, 'image/jpeg')
+  assert.equal(photoAtBob.caption, 'the beach')
+  assert.deepEqual(photoAtBob.metadata, { album: 'summer' })
+  assert.deepEqual(readdirSync(join(dir, 'bob-media', '.partial')), [], 'no partial file is left')
+  assert.equal(ofType(bob.recorder, 'message_received').length, 0, 'chunks never show as messages')
+  assert.equal(ofType(alice.recorder, 'message_delivered').length, 0, 'nor as deliveries')
+  assert.equal(alice.protocol.stats().outboxMedia, 0)
+
+  // A repeat of a delivered file id is a no-op.
+  assert.equal(await alice.protocol.sendMedia(bobAddress, inMemory, { fileId: 'note-1' }), 'note-1')
+})
+
+test('bad input is refused with a clear error and nothing sent', async (t) => {
+  const { dir, alice, bob, bobAddress } = await pair(t, { maxFileSize: 10_000, maxOutgoingTransfers: 1 })
+  const refuse = async (promise, code) => {
+    await assert.rejects(promise, (e) => e instanceof ProtocolError && e.code === code)
+  }
+  await refuse(alice.protocol.sendMedia(bobAddress, new Uint8Array(10_001)), 'ERR_FILE_TOO_LARGE')
+  const big = join(dir, 'big.bin')
+  writeFileSync(big, randomBytes(20_000))
+  await refuse(alice.protocol.sendMedia(bobAddress, big), 'ERR_FILE_TOO_LARGE')
+  await refuse(alice.protocol.sendMedia(bobAddress, join(dir, 'missing.bin')), 'ERR_FILE_UNREADABLE')
+  await refuse(alice.protocol.sendMedia(bobAddress, dir), 'ERR_FILE_UNREADABLE')
+  await refuse(alice.protocol.sendMedia(bobAddress, 42), 'ERR_INVALID_ARGUMENT')
+  await refuse(alice.protocol.sendMedia(bobAddress, new Uint8Array(1), { colour: 'red' }), 'ERR_INVALID_ARGUMENT')
+  await refuse(alice.protocol.sendMedia('not-an-address', new Uint8Array(1)), 'ERR_INVALID_ARGUMENT')
+  await refuse(alice.protocol.sendMedia(bobAddress, new Uint8Array(1), { caption: 'x'.repeat(40_000) }), 'ERR_INVALID_ARGUMENT')
+  assert.equal(alice.protocol.stats().outboxMedia, 0, 'nothing was queued')
+
+  // The media outbox: one unfinished transfer at a time here. Bob is offline, so the first stays.
+  await bob.protocol.stop()
+  const first = await alice.protocol.sendMedia(bobAddress, new Uint8Array(5_000))
+  assert.ok(first)
+  await refuse(alice.protocol.sendMedia(bobAddress, new Uint8Array(5_000)), 'ERR_MEDIA_OUTBOX_FULL')
+  // Messages are not disturbed by a full media outbox.
+  const text = await alice.protocol.sendMessage(bobAddress, 'still here')
+  assert.ok(text)
+})
