@@ -17,8 +17,6 @@ const NOT_PRODUCED_HERE = {
   message_delivered: ['replayed'],
   message_failed: ['replayed'],
   connection_request_undeliverable: ['replayed'],
-  // Media messages, which sendMessage refuses.
-  message_undeliverable: ['fileId'],
 }
 
 /** An event as TypeScript source (JSON, except for the bytes of a binary message). */
@@ -92,6 +90,9 @@ test('every public event occurs, and each matches its declared type', async (t) 
   const parked = await alice.protocol.sendMessage('nobody-known', 'to nobody')
   await waitFor(alice.recorder, (e) => e.type === 'message_undeliverable' && e.messageId === parked)
   await waitFor(alice.recorder, (e) => e.type === 'presence_updated' && e.peerId === 'nobody-known' && !e.online)
+  // A file chunk's verdict names its file.
+  const lostFile = await alice.protocol.sendMedia('nobody-known', new Uint8Array(100))
+  await waitFor(alice.recorder, (e) => e.type === 'message_undeliverable' && e.fileId === lostFile)
 
   // Bob comes back: the stored message drains, and a live one follows.
   const bob = watch(await started(t, peerConfig('bob', dir, relay.url)))
@@ -196,6 +197,34 @@ test('every public event occurs, and each matches its declared type', async (t) 
   await waitFor(hank.recorder, (e) => e.type === 'group_member_added' && e.member === ivan.address)
   await gina.protocol.removeGroupMember(groupId, ivan.address)
   await waitFor(ivan.recorder, (e) => e.type === 'group_member_removed' && e.member === ivan.address)
+
+  // Files: one delivered, one refused by the receiver's bounds, and one from bytes that a
+  // restart lost.
+  const fileId = await gina.protocol.sendMedia(hank.address, new Uint8Array(3000), {
+    fileName: 'a.bin', contentType: 'application/octet-stream', caption: 'a file', replyTo: groupMessage, metadata: { k: 'v' },
+  })
+  await waitFor(hank.recorder, (e) => e.type === 'file_received' && e.fileId === fileId)
+  await waitFor(hank.recorder, (e) => e.type === 'file_progress' && e.fileId === fileId)
+  await waitFor(gina.recorder, (e) => e.type === 'file_progress' && e.fileId === fileId)
+  await waitFor(gina.recorder, (e) => e.type === 'file_delivered' && e.fileId === fileId)
+  await ivan.protocol.stop()
+  const { encryption, ...picky } = peerConfig('ivan', dir, relay.url, { media: { maxFileSize: 1000 } })
+  void encryption
+  const ivanAgain = watch(await started(t, picky))
+  const refusedFile = await gina.protocol.sendMedia(ivan.address, new Uint8Array(3000))
+  await waitFor(ivanAgain.recorder, (e) => e.type === 'file_failed' && e.fileId === refusedFile)
+  const packerConfig = { appId: 'test', storage: { path: `${dir}/packer.db` }, encryption: PLAINTEXT }
+  const packer = new Protocol(packerConfig)
+  packer.registerTransport('void', blackHole)
+  await packer.start()
+  await packer.sendMedia('ghost', new Uint8Array(10), { fileId: 'lost-bytes' })
+  await packer.stop()
+  const unpacked = new Protocol(packerConfig)
+  const unpackedEvents = record(unpacked)
+  recorders.push(unpackedEvents)
+  await unpacked.start()
+  t.after(() => unpacked.stop())
+  await waitFor(unpackedEvents, (e) => e.type === 'media_resend_required' && e.fileId === 'lost-bytes')
 
   const events = recorders.flatMap((r) => r.events)
   const source = typeCheckSource(events)

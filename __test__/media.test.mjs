@@ -101,3 +101,52 @@ test('bad input is refused with a clear error and nothing sent', async (t) => {
   const text = await alice.protocol.sendMessage(bobAddress, 'still here')
   assert.ok(text)
 })
+
+test('a file that changes midway arrives damaged, and the transfer starts over cleanly', async (t) => {
+  const dir = tempDir(t)
+  const relay = await startRelay(t)
+  const alice = await started(t, { ...mediaConfig('alice', dir, relay.url), logLevel: 'debug' })
+  const bob = await started(t, mediaConfig('bob', dir, relay.url))
+  const bobAddress = bob.protocol.localAddress()
+  // Sixteen chunks; the window of eight goes to the relay's mailbox while Bob is away.
+  const original = randomBytes(4 * 1024 * 1024)
+  const path = join(dir, 'draft.pdf')
+  writeFileSync(path, original)
+  bob.protocol.internetStatusChanged(false)
+  await waitFor(bob.recorder, (e) => e.type === 'internet_status_changed' && !e.connected)
+  const fileId = await alice.protocol.sendMedia(bobAddress, path)
+  await waitFor(alice.recorder, (e) => e.type === 'diagnostic' && e.message === `file ${fileId} generation 0 chunk 7 goes out`)
+
+  // The second half changes before it is read: what Bob assembles matches neither version.
+  const edited = Buffer.concat([original.subarray(0, 2 * 1024 * 1024), randomBytes(2 * 1024 * 1024)])
+  writeFileSync(path, edited)
+  bob.protocol.internetStatusChanged(true)
+
+  const got = await waitFor(bob.recorder, (e) => e.type === 'file_received' && e.fileId === fileId, { timeoutMs: 30_000, what: 'the file, sent again' })
+  assert.equal(got.sha256, sha256(edited))
+  assert.deepEqual(readFileSync(got.path), edited)
+  await waitFor(alice.recorder, (e) => e.type === 'file_delivered' && e.fileId === fileId)
+  assert.ok(alice.recorder.events.some((e) => e.type === 'diagnostic' && e.message.includes('generation 1')), 'it went as a second generation')
+  assert.equal(ofType(alice.recorder, 'file_failed').length + ofType(bob.recorder, 'file_failed').length, 0)
+  assert.equal(ofType(bob.recorder, 'file_received').length, 1)
+})
+
+test('a file over the receiver\'s bounds is refused there, and the sender hears it', async (t) => {
+  const dir = tempDir(t)
+  const relay = await startRelay(t)
+  const alice = await started(t, mediaConfig('alice', dir, relay.url))
+  const bob = await started(t, mediaConfig('bob', dir, relay.url, { maxIncomingBytes: 100_000, maxIncomingPerSender: 1 }))
+  const bobAddress = bob.protocol.localAddress()
+  const tooBig = await alice.protocol.sendMedia(bobAddress, new Uint8Array(200_000))
+  const refused = await waitFor(bob.recorder, (e) => e.type === 'file_failed' && e.fileId === tooBig)
+  assert.equal(refused.direction, 'incoming')
+  assert.match(refused.reason, /maxIncomingBytes/)
+  const failed = await waitFor(alice.recorder, (e) => e.type === 'file_failed' && e.fileId === tooBig, { what: 'the refusal at the sender' })
+  assert.match(failed.reason, /refused/)
+  assert.equal(alice.protocol.stats().outboxMedia, 0, 'its chunks were withdrawn')
+  // Nothing else is disturbed: a file within the bounds and a message still go.
+  const fits = await alice.protocol.sendMedia(bobAddress, new Uint8Array(50_000))
+  await waitFor(bob.recorder, (e) => e.type === 'file_received' && e.fileId === fits)
+  const text = await alice.protocol.sendMessage(bobAddress, 'hello')
+  await waitFor(alice.recorder, (e) => e.type === 'message_delivered' && e.messageId === text)
+})

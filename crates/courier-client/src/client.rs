@@ -140,6 +140,8 @@ impl Client {
         let media = Media::restore(
             &store,
             config.media.clone(),
+            identity.clone(),
+            config.app_id.clone(),
             config.internet.is_some() || config.gateway.is_some(),
             config.engine.outbox_max_media_entries,
             &store.load_outbox()?,

@@ -81,7 +81,7 @@ pub fn prepare(
                 return too_large(size);
             }
             let digest = media::sha256_bytes(&bytes);
-            (SendSource::Bytes(Arc::from(bytes)), size, digest, None)
+            (SendSource::Bytes(Arc::new(bytes)), size, digest, None)
         }
         MediaSource::Path(path) => {
             let unreadable =

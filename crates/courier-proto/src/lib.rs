@@ -42,7 +42,9 @@ pub use identity_key::{
     decode_public_key, decode_signature, verify_strict, IdentityKey, KeyGenError,
 };
 pub use key_package::{KeyPackage, KeyPackageBatch, KeyPackageError};
-pub use media::{file_chunk_id, Chunk, ChunkError, ChunkHeader, FileDetails};
+pub use media::{
+    file_chunk_id, Chunk, ChunkError, ChunkHeader, FileAction, FileControl, FileDetails,
+};
 pub use message::{ContentType, Message, MessageError, Priority};
 pub use proof::{
     declare_address_after_auth, declare_address_frame, decode_challenge, gateway_declaration,

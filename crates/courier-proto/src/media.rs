@@ -142,6 +142,43 @@ impl FileDetails {
     }
 }
 
+/// A receiver's word to a sender about one of its transfers: a signed control frame
+/// (`docs/protocol.md#file-control`), `__FILE_CTRL__` then this as JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileControl {
+    pub file_id: String,
+    /// The generation it is about; a sender ignores one about another.
+    pub generation: u32,
+    pub action: FileAction,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileAction {
+    /// The whole file did not match its SHA-256: send it again, as a new generation.
+    Restart,
+    /// The receiver will not take it (its bounds): stop.
+    Refuse,
+}
+
+pub const FILE_CONTROL_PREFIX: &str = "__FILE_CTRL__";
+
+impl FileControl {
+    pub fn content(&self) -> String {
+        format!(
+            "{FILE_CONTROL_PREFIX}{}",
+            serde_json::to_string(self).expect("file controls serialize")
+        )
+    }
+
+    /// The file control `content` carries; `None` when it is not one.
+    pub fn parse(content: &str) -> Option<Result<Self, ChunkError>> {
+        let body = content.strip_prefix(FILE_CONTROL_PREFIX)?;
+        Some(serde_json::from_str(body).map_err(|e| ChunkError::Header(e.to_string())))
+    }
+}
+
 /// A chunk as the receiver reads it from a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chunk {
@@ -234,6 +271,21 @@ mod tests {
             ..FileDetails::default()
         });
         assert!(matches!(h.validate(), Err(ChunkError::Details(_))));
+    }
+
+    #[test]
+    fn a_file_control_round_trips_and_is_signature_gated() {
+        let control = FileControl {
+            file_id: "f".into(),
+            generation: 2,
+            action: FileAction::Restart,
+            reason: "checksum".into(),
+        };
+        let content = control.content();
+        assert!(crate::is_signature_gated(&content));
+        assert_eq!(FileControl::parse(&content), Some(Ok(control)));
+        assert_eq!(FileControl::parse("hello"), None);
+        assert!(matches!(FileControl::parse("__FILE_CTRL__{"), Some(Err(_))));
     }
 
     #[test]

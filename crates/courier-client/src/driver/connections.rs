@@ -13,14 +13,10 @@
 use std::collections::{BTreeMap, HashSet};
 
 use courier_engine::step::Step;
-use courier_engine::{Engine, Event, InboundOrigin, Input, Millis, SendRequest};
-use courier_proto::{
-    control_frame, sign_control, Address, ConnectionFrame, ContentType, IdentityKey, Message,
-    Priority, MAX_REQUEST_NOTE_BYTES,
-};
+use courier_engine::{Engine, Event, InboundOrigin, Input, Millis};
+use courier_proto::{Address, ConnectionFrame, IdentityKey, Message, MAX_REQUEST_NOTE_BYTES};
 
 use super::e2e::E2e;
-use super::mint_id;
 use crate::error::ClientError;
 use crate::event::ClientEvent;
 use crate::store::{ConnectionChange, PendingRequest, Store, StoreError};
@@ -280,30 +276,15 @@ impl Connections {
         step: &mut Step<ClientEvent>,
         now: Millis,
     ) -> String {
-        let id = mint_id();
-        let mut message = control_frame(
-            id.clone(),
+        let send = super::signed::control_request(
+            &self.identity,
             &self.app_id,
-            &self.address,
             peer,
             frame.content(),
+            Default::default(),
             now,
         );
-        sign_control(&mut message, &self.identity, now);
-        let Message {
-            content, metadata, ..
-        } = message;
-        let send = SendRequest {
-            id: id.clone(),
-            settled: None,
-            recipient: peer.to_owned(),
-            content,
-            content_type: ContentType::Text,
-            priority: Priority::High,
-            metadata,
-            binary_content: None,
-            media: None,
-        };
+        let id = send.id.clone();
         step.apply(engine, Input::Send(send), now);
         id
     }

@@ -18,8 +18,7 @@ use courier_engine::step::Step;
 use courier_engine::{DiagnosticLevel, Engine, InboundOrigin, Input, Millis, SendRequest};
 use courier_proto::message::{META_GROUP_COPY, META_GROUP_ID, META_GROUP_MESSAGE};
 use courier_proto::{
-    control_frame, group_envelope, group_payload, sign_control, wire_id, Address, ClientFrame,
-    ContentType, GroupFrame, IdentityKey, Message, Priority,
+    group_envelope, group_payload, wire_id, Address, ClientFrame, GroupFrame, IdentityKey, Message,
 };
 use tokio::sync::oneshot;
 
@@ -548,32 +547,14 @@ impl Groups {
         step: &mut Step<ClientEvent>,
         now: Millis,
     ) {
-        let id = super::mint_id();
-        let peer = peer.to_string();
-        let mut message = control_frame(
-            id.clone(),
+        let send = super::signed::control_request(
+            &self.identity,
             &self.app_id,
-            &self.address.to_string(),
-            &peer,
+            &peer.to_string(),
             content,
+            metadata,
             now,
         );
-        message.metadata = metadata;
-        sign_control(&mut message, &self.identity, now);
-        let Message {
-            content, metadata, ..
-        } = message;
-        let send = SendRequest {
-            id,
-            settled: None,
-            recipient: peer,
-            content,
-            content_type: ContentType::Text,
-            priority: Priority::High,
-            metadata,
-            binary_content: None,
-            media: None,
-        };
         step.apply(engine, Input::Send(send), now);
     }
 

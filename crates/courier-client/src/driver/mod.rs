@@ -8,6 +8,7 @@ pub mod e2e;
 pub mod groups;
 mod host;
 pub mod media;
+mod signed;
 
 use std::collections::HashSet;
 use std::ops::ControlFlow;
@@ -444,10 +445,7 @@ impl Driver {
                 self.after_input(step, now);
             }
             Command::Media { command, reply } => {
-                match self
-                    .media
-                    .send(*command, &mut self.engine, step, self.e2e.as_mut(), now)
-                {
+                match self.media.send(*command, &mut self.engine, step, now) {
                     Ok(id) => owed.accepted.push((id, reply)),
                     Err(e) => {
                         let _ = reply.send(Err(e));
@@ -515,10 +513,8 @@ impl Driver {
     /// joins its session, a connection request is kept, in this step) and the recipients it
     /// wants a session with.
     fn after_input(&mut self, step: &mut Step<ClientEvent>, now: Millis) {
-        self.media
-            .outcomes(&mut self.engine, step, self.e2e.as_mut(), now);
-        self.media
-            .pump(&mut self.engine, step, self.e2e.as_mut(), now);
+        self.media.outcomes(&mut self.engine, step, now);
+        self.media.pump(&mut self.engine, step, now);
         while let Some(message) = self.engine.poll_control() {
             match courier_proto::ConnectionFrame::parse(&message.content) {
                 Some(Ok(frame)) => self.connections.control(
@@ -540,6 +536,7 @@ impl Driver {
                         target: "courier_client::connections",
                     },
                 ),
+                None if self.media.control(&message, &mut self.engine, step, now) => {}
                 None => {
                     if let Some(e2e) = &mut self.e2e {
                         if !self
@@ -865,6 +862,8 @@ mod tests {
             media: Media::restore(
                 &store,
                 crate::config::media::MediaConfig::new(std::env::temp_dir()),
+                courier_proto::IdentityKey::from_seed([1; 32]),
+                "test".into(),
                 false,
                 config.outbox_max_media_entries,
                 &[],

@@ -20,9 +20,11 @@ use std::sync::Arc;
 use courier_engine::step::Step;
 use courier_engine::{Engine, Input, Millis, OutboxRecord, SendRequest};
 use courier_proto::media::{header_of, MAX_CHUNKS};
-use courier_proto::{Chunk, ChunkHeader, ContentType, FileDetails, Message, Priority};
+use courier_proto::{
+    Address, Chunk, ChunkHeader, ContentType, FileAction, FileControl, FileDetails, IdentityKey,
+    Message, Priority,
+};
 
-use super::e2e::E2e;
 use crate::config::media::MediaConfig;
 use crate::error::ClientError;
 use crate::event::ClientEvent;
@@ -48,14 +50,20 @@ pub struct SendMedia {
 #[derive(Debug, Clone)]
 pub enum SendSource {
     Path { path: PathBuf, modified_ms: u64 },
-    Bytes(Arc<[u8]>),
+    Bytes(Arc<Vec<u8>>),
 }
 
 /// Refusals of new incoming transfers remembered, so each is reported once.
 const MAX_REFUSED: usize = 1024;
+/// A transfer starts over at most this many times (a checksum that did not match each time):
+/// a file that keeps arriving damaged fails.
+const MAX_GENERATION: u32 = 3;
 
 pub struct Media {
     config: MediaConfig,
+    /// Signs the file controls this device sends as a receiver.
+    identity: IdentityKey,
+    app_id: String,
     /// A relay or gateway is configured: transfers use the larger chunk size.
     addressed: bool,
     /// The engine's media bound: chunks in the outbox at once, all transfers together.
@@ -93,9 +101,12 @@ pub struct Restored {
 impl Media {
     /// The transfers storage holds. `records` is the outbox as stored: which chunks are still
     /// out.
+    #[allow(clippy::too_many_arguments)]
     pub fn restore(
         store: &Store,
         config: MediaConfig,
+        identity: IdentityKey,
+        app_id: String,
         addressed: bool,
         capacity: usize,
         records: &[OutboxRecord],
@@ -104,6 +115,8 @@ impl Media {
         let (out_rows, in_rows) = store.load_media()?;
         let mut media = Self {
             config,
+            identity,
+            app_id,
             addressed,
             capacity,
             outgoing: BTreeMap::new(),
@@ -206,6 +219,8 @@ impl Media {
         let restored = Self::restore(
             store,
             self.config.clone(),
+            self.identity.clone(),
+            self.app_id.clone(),
             self.addressed,
             self.capacity,
             records,
@@ -236,7 +251,6 @@ impl Media {
         cmd: SendMedia,
         engine: &mut Engine,
         step: &mut Step<ClientEvent>,
-        e2e: Option<&mut E2e>,
         now: Millis,
     ) -> Result<String, ClientError> {
         let file_id = cmd.file_id.clone().unwrap_or_else(super::mint_id);
@@ -269,7 +283,7 @@ impl Media {
             if cmd.sha256 == transfer.row.sha256 && cmd.size == transfer.row.size {
                 transfer.source = Source::Bytes(bytes);
                 transfer.resubmit = transfer.in_flight.clone();
-                self.pump(engine, step, e2e, now);
+                self.pump(engine, step, now);
                 return Ok(file_id);
             }
             // Other bytes under the same id: the transfer starts over as a new generation.
@@ -277,7 +291,7 @@ impl Media {
             self.forget_chunks(&old, engine, step, now);
             let mut row = old.row;
             row.generation += 1;
-            self.start(row, cmd, SendSource::Bytes(bytes), engine, step, e2e, now);
+            self.start(row, cmd, SendSource::Bytes(bytes), engine, step, now);
             return Ok(file_id);
         }
         if let Some(row) = self.finished.get(&file_id) {
@@ -329,7 +343,7 @@ impl Media {
             created_at: now,
         };
         let source = cmd.source.clone();
-        self.start(row, cmd, source, engine, step, e2e, now);
+        self.start(row, cmd, source, engine, step, now);
         Ok(file_id)
     }
 
@@ -342,7 +356,6 @@ impl Media {
         source: SendSource,
         engine: &mut Engine,
         step: &mut Step<ClientEvent>,
-        e2e: Option<&mut E2e>,
         now: Millis,
     ) {
         let (source, source_row) = match source {
@@ -368,31 +381,23 @@ impl Media {
             Outgoing::new(row, source, BTreeSet::new(), now),
         );
         self.dirty_out.insert(file_id);
-        self.pump(engine, step, e2e, now);
+        self.pump(engine, step, now);
     }
 
-    /// Puts chunks in the outbox while windows and the media bound have room and sessions are
-    /// there; asks for the sessions that are not.
-    pub fn pump(
-        &mut self,
-        engine: &mut Engine,
-        step: &mut Step<ClientEvent>,
-        mut e2e: Option<&mut E2e>,
-        now: Millis,
-    ) {
-        let window = self.config.window;
+    /// Puts chunks in the outbox while windows and the media bound have room. Without an
+    /// end-to-end session with the recipient a transfer's window is one chunk: that chunk waits
+    /// in the pre-session queue, which asks for the session (and again, on presence and on its
+    /// timer), and the rest follow once it exists.
+    pub fn pump(&mut self, engine: &mut Engine, step: &mut Step<ClientEvent>, now: Millis) {
         for (file_id, transfer) in &mut self.outgoing {
             if !transfer.has_bytes() || transfer.complete() {
                 continue;
             }
-            if !engine.has_session(&transfer.row.recipient) {
-                if let (false, Some(e2e)) = (transfer.session_asked, e2e.as_deref_mut()) {
-                    transfer.session_asked = true;
-                    e2e.want(engine, step, &transfer.row.recipient, now);
-                }
-                continue;
-            }
-            transfer.session_asked = false;
+            let window = if engine.has_session(&transfer.row.recipient) {
+                self.config.window
+            } else {
+                1
+            };
             while engine.stats().outbox_media < self.capacity {
                 let Some(index) = transfer.next_chunk(window) else {
                     break;
@@ -419,13 +424,7 @@ impl Media {
     }
 
     /// What the engine reported of chunks since the last call.
-    pub fn outcomes(
-        &mut self,
-        engine: &mut Engine,
-        step: &mut Step<ClientEvent>,
-        e2e: Option<&mut E2e>,
-        now: Millis,
-    ) {
+    pub fn outcomes(&mut self, engine: &mut Engine, step: &mut Step<ClientEvent>, now: Millis) {
         for (file_id, reason) in std::mem::take(&mut self.broken) {
             self.fail_outgoing(&file_id, reason, engine, step, now);
         }
@@ -446,7 +445,7 @@ impl Media {
             }
         }
         if moved {
-            self.pump(engine, step, e2e, now);
+            self.pump(engine, step, now);
         }
     }
 
@@ -526,19 +525,29 @@ impl Media {
             return;
         };
         self.forget_chunks(&transfer, engine, step, now);
-        let mut row = transfer.row;
+        self.finish_failed(transfer.row, reason, engine, step);
+    }
+
+    /// An outgoing transfer's end without the file: `file_failed`, and its manifest kept.
+    fn finish_failed(
+        &mut self,
+        mut row: OutgoingRow,
+        reason: String,
+        engine: &mut Engine,
+        step: &mut Step<ClientEvent>,
+    ) {
         row.state = TransferState::Failed(reason.clone());
         step.emit(
             engine,
             ClientEvent::Media(Box::new(MediaEvent::Failed {
-                file_id: file_id.to_owned(),
+                file_id: row.file_id.clone(),
                 direction: Direction::Outgoing,
                 peer: row.recipient.clone(),
                 reason,
             })),
         );
-        self.dirty_out.insert(file_id.to_owned());
-        self.finished.insert(file_id.to_owned(), row);
+        self.dirty_out.insert(row.file_id.clone());
+        self.finished.insert(row.file_id.clone(), row);
     }
 
     /// Withdraws a transfer's chunks from the engine, and from storage those the engine never
@@ -563,6 +572,108 @@ impl Media {
         } else {
             self.dropped_chunks.extend(ids);
         }
+    }
+
+    /// A verified control frame: a file control from a transfer's recipient is handled here
+    /// (true); anything else is not this module's (false).
+    pub fn control(
+        &mut self,
+        message: &Message,
+        engine: &mut Engine,
+        step: &mut Step<ClientEvent>,
+        now: Millis,
+    ) -> bool {
+        let control = match FileControl::parse(&message.content) {
+            None => return false,
+            Some(Ok(control)) => control,
+            Some(Err(e)) => {
+                let text = format!("a file control from {} not used: {e}", message.sender);
+                step.emit(engine, media_warning(text));
+                return true;
+            }
+        };
+        let current = self.outgoing.get(&control.file_id).is_some_and(|t| {
+            t.row.recipient == message.sender && t.row.generation == control.generation
+        });
+        if !current {
+            // Another generation's, a finished transfer's, or not from its recipient.
+            return true;
+        }
+        match control.action {
+            FileAction::Refuse => {
+                let reason = format!("the recipient refused it: {}", control.reason);
+                self.fail_outgoing(&control.file_id, reason, engine, step, now);
+            }
+            FileAction::Restart => {
+                self.restart(&control.file_id, &control.reason, engine, step, now)
+            }
+        }
+        true
+    }
+
+    /// Starts a transfer over as a new generation, its source hashed again (a file that changed
+    /// since is what usually makes a checksum fail).
+    fn restart(
+        &mut self,
+        file_id: &str,
+        why: &str,
+        engine: &mut Engine,
+        step: &mut Step<ClientEvent>,
+        now: Millis,
+    ) {
+        let Some(old) = self.outgoing.remove(file_id) else {
+            return;
+        };
+        self.forget_chunks(&old, engine, step, now);
+        let Outgoing {
+            mut row, source, ..
+        } = old;
+        self.dirty_out.insert(file_id.to_owned());
+        if row.generation + 1 >= MAX_GENERATION {
+            let reason = format!("the recipient received it damaged {MAX_GENERATION} times: {why}");
+            self.finish_failed(row, reason, engine, step);
+            return;
+        }
+        let hashed = match &source {
+            Source::Path(path) => digest::file(path, None).map(Some),
+            Source::Bytes(bytes) => Ok(Some((digest::bytes(bytes), bytes.len() as u64))),
+            Source::Missing => Ok(None),
+        };
+        match hashed {
+            Ok(Some((sha256, size))) if size <= self.config.max_file_size => {
+                row.sha256 = sha256;
+                row.size = size;
+                row.count = ChunkHeader::chunk_count(size, row.chunk_size) as u32;
+            }
+            Ok(Some((_, size))) => {
+                let reason = format!(
+                    "the file is {size} bytes now; media.maxFileSize is {}",
+                    self.config.max_file_size
+                );
+                self.finish_failed(row, reason, engine, step);
+                return;
+            }
+            // Hashed when the app hands the bytes over again.
+            Ok(None) => {}
+            Err(e) => {
+                self.finish_failed(row, format!("the file cannot be read: {e}"), engine, step);
+                return;
+            }
+        }
+        row.generation += 1;
+        row.next_index = 0;
+        step.emit(
+            engine,
+            media_warning(format!(
+                "file {file_id}: sending it again as generation {} ({why})",
+                row.generation
+            )),
+        );
+        self.outgoing.insert(
+            file_id.to_owned(),
+            Outgoing::new(row, source, BTreeSet::new(), now),
+        );
+        self.pump(engine, step, now);
     }
 
     /// Fills in a chunk's bytes as it goes on a carrier; false when they cannot be read (the
@@ -675,9 +786,42 @@ impl Media {
             );
         }
         if assembly.complete() {
-            return self.finish(&key, engine, step);
+            return self.finish(&key, engine, step, now);
         }
         Ok(())
+    }
+
+    /// Sends the sender of `header`'s transfer a file control.
+    #[allow(clippy::too_many_arguments)]
+    fn tell(
+        &self,
+        sender: &str,
+        header: &ChunkHeader,
+        action: FileAction,
+        reason: &str,
+        engine: &mut Engine,
+        step: &mut Step<ClientEvent>,
+        now: Millis,
+    ) {
+        if Address::parse(sender).is_err() {
+            // Only an address can be answered with a signed frame; the sender's retries end it.
+            return;
+        }
+        let control = FileControl {
+            file_id: header.file_id.clone(),
+            generation: header.generation,
+            action,
+            reason: reason.to_owned(),
+        };
+        let send = super::signed::control_request(
+            &self.identity,
+            &self.app_id,
+            sender,
+            control.content(),
+            BTreeMap::new(),
+            now,
+        );
+        step.apply(engine, Input::Send(send), now);
     }
 
     /// A new incoming transfer, within the assembly bounds.
@@ -721,6 +865,15 @@ impl Media {
                 self.refused.clear();
             }
             if self.refused.insert(key.clone()) {
+                self.tell(
+                    &key.0,
+                    header,
+                    FileAction::Refuse,
+                    &reason,
+                    engine,
+                    step,
+                    now,
+                );
                 step.emit(
                     engine,
                     ClientEvent::Media(Box::new(MediaEvent::Failed {
@@ -746,6 +899,7 @@ impl Media {
         key: &(String, String),
         engine: &mut Engine,
         step: &mut Step<ClientEvent>,
+        now: Millis,
     ) -> Result<(), String> {
         let dir = self.config.directory.clone();
         let mut assembly = self.incoming.remove(key).expect("complete");
@@ -755,18 +909,47 @@ impl Media {
             .map_err(|e| format!("cannot read the partial file back: {e}"))?;
         self.dirty_in.insert(key.clone());
         if !good {
+            // The last chunk is not acknowledged; the sender hears why and starts over, or —
+            // after too many tries — stops.
             let reason = "the file's SHA-256 does not match the sender's".to_owned();
+            let row = &assembly.row;
+            let header = ChunkHeader {
+                file_id: row.file_id.clone(),
+                generation: row.generation,
+                index: 0,
+                count: row.count,
+                size: row.size,
+                chunk_size: row.chunk_size,
+                sha256: row.sha256.clone(),
+                details: None,
+            };
+            let again = row.generation + 1 < MAX_GENERATION;
+            let action = if again {
+                FileAction::Restart
+            } else {
+                FileAction::Refuse
+            };
+            self.tell(&key.0, &header, action, &reason, engine, step, now);
             assembly.row.state = TransferState::Failed(reason.clone());
             self.removals.push(partial);
-            step.emit(
-                engine,
+            let event = if again {
+                ClientEvent::Diagnostic {
+                    level: courier_engine::DiagnosticLevel::Warn,
+                    message: format!(
+                        "file {} from {}: {reason}; asked the sender to send it again",
+                        key.1, key.0
+                    ),
+                    target: "courier_client::media",
+                }
+            } else {
                 ClientEvent::Media(Box::new(MediaEvent::Failed {
                     file_id: key.1.clone(),
                     direction: Direction::Incoming,
                     peer: key.0.clone(),
                     reason: reason.clone(),
-                })),
-            );
+                }))
+            };
+            step.emit(engine, event);
             self.received.insert(key.clone(), assembly.row);
             return Err(reason);
         }
@@ -844,6 +1027,7 @@ impl Media {
         self.dirty_in.clear();
         self.dropped_chunks.clear();
         let mut problems = Vec::new();
+        let renamed = !self.renames.is_empty();
         for (from, to) in self.renames.drain(..) {
             if let Err(e) = fs::rename(&from, &to) {
                 problems.push(format!(
@@ -853,12 +1037,23 @@ impl Media {
                 ));
             }
         }
-        if let Ok(dir) = File::open(&self.config.directory) {
-            let _ = dir.sync_all();
+        if renamed || !self.removals.is_empty() {
+            // A name is durable once its directory is synced; only a step that changed one pays.
+            if let Ok(dir) = File::open(&self.config.directory) {
+                let _ = dir.sync_all();
+            }
         }
         for path in self.removals.drain(..) {
             let _ = fs::remove_file(path);
         }
         problems
+    }
+}
+
+fn media_warning(message: String) -> ClientEvent {
+    ClientEvent::Diagnostic {
+        level: courier_engine::DiagnosticLevel::Warn,
+        message,
+        target: "courier_client::media",
     }
 }

@@ -17,7 +17,7 @@ use crate::store::media::OutgoingRow;
 #[derive(Debug, Clone)]
 pub enum Source {
     Path(PathBuf),
-    Bytes(Arc<[u8]>),
+    Bytes(Arc<Vec<u8>>),
     /// Bytes lost with an earlier process: nothing goes until the app hands them over again.
     Missing,
 }
@@ -33,8 +33,6 @@ pub struct Outgoing {
     pub resubmit: BTreeSet<u32>,
     pub acked_bytes: u64,
     pub progress: Progress,
-    /// A session with the recipient was asked for since the transfer last waited for one.
-    pub session_asked: bool,
 }
 
 impl Outgoing {
@@ -46,7 +44,6 @@ impl Outgoing {
             resubmit: BTreeSet::new(),
             acked_bytes: 0,
             progress: Progress::new(0, now),
-            session_asked: false,
         };
         transfer.acked_bytes = (0..transfer.row.next_index)
             .filter(|i| !transfer.in_flight.contains(i))
