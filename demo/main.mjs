@@ -3,28 +3,35 @@
 // address. Shows a live delivery, a recipient that is offline (relay custody), a sender that is
 // offline (deferred, then flushed on reconnect), an offline sender killed with SIGKILL right after
 // `sendMessage` resolved that delivers after it restarts, and a first message to a device that
-// has never been online, sent the moment it appears. Prints a timeline; exits 0.
+// has never been online, sent the moment it appears, and a file sent with `sendMedia` whose
+// progress both sides show live while its recipient drops off the network partway. Prints a
+// timeline; exits 0.
 import { spawn } from 'node:child_process'
-import { mkdtempSync, rmSync } from 'node:fs'
+import { createHash, randomBytes } from 'node:crypto'
+import { createReadStream, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { createInterface } from 'node:readline'
+import { pipeline } from 'node:stream/promises'
+import { setTimeout as sleep } from 'node:timers/promises'
 import { fileURLToPath } from 'node:url'
 
 import { Protocol, Relay, issueToken } from '../js/index.js'
+import { createScreen, mib } from './screen.mjs'
 
 const SECRET = 'demo-secret-please-change'
 const dir = mkdtempSync(join(tmpdir(), 'offline-courier-demo-'))
 const t0 = Date.now()
 const DEADLINE_MS = 30_000
-
-function log(who, what) {
-  const t = ((Date.now() - t0) / 1000).toFixed(2).padStart(6)
-  console.log(`${t}s  ${who.padEnd(7)} ${what}`)
-}
+/** Large enough that the transfer takes a few seconds through a relay on loopback. */
+const FILE_SIZE = 24 * 1024 * 1024
+/** How long the recipient of the file stays off the network, long enough to see both bars stall. */
+const OFFLINE_MS = 1500
 
 /** Devices are known by their addresses; the timeline shows whose each is. */
 const who = (address) => names.get(address) ?? address
+const screen = createScreen({ nameOf: who, t0 })
+const { log, print } = screen
 
 function describe(e) {
   switch (e.type) {
@@ -40,6 +47,9 @@ function describe(e) {
     case 'message_undeliverable': return `PARKED ${e.messageId.slice(0, 8)}: ${who(e.recipient)} is unreachable (kept, probed, re-driven when it appears)`
     case 'presence_updated': return `${who(e.peerId)} is ${e.online ? 'online' : 'offline'}`
     case 'inbound_drain_completed': return `mailbox drained (${e.count} waiting frame${e.count === 1 ? '' : 's'})`
+    case 'file_received': return `received file ${e.fileName} (${mib(e.size)}) from ${who(e.sender)}: ${e.path}`
+    case 'file_delivered': return `FILE DELIVERED ${e.fileId.slice(0, 8)} to ${who(e.recipient)}: every chunk of ${mib(e.size)} acknowledged`
+    case 'file_failed': return `FILE FAILED ${e.fileId.slice(0, 8)} (${e.direction}, ${who(e.peer)}): ${e.reason}`
     default: return null
   }
 }
@@ -50,11 +60,13 @@ function peer(name) {
     storage: { path: join(dir, `${name}.db`) },
     transports: { internet: { url: relay.url, authToken: issueToken(SECRET, name) } },
     reliability: { ack: { defaultTimeoutMs: 5000 } },
+    media: { directory: join(dir, `${name}-media`) },
   })
   const events = []
   const waiters = new Set()
   protocol.onEvent((e) => {
     if (e.type === 'identity_ready') names.set(e.address, name)
+    if (e.type === 'file_progress') screen.progress(name, e)
     const line = describe(e)
     if (line) log(name, line)
     events.push(e)
@@ -92,6 +104,19 @@ const connected = (e) => e.type === 'internet_status_changed' && e.connected
 const deliveredId = (id) => (e) => e.type === 'message_delivered' && e.messageId === id
 const receivedId = (id) => (e) => e.type === 'message_received' && e.messageId === id
 
+/** The first event of transfer `fileId` at `peer` that `wanted` accepts; a `file_failed` throws. */
+async function transferReaches(peer, fileId, what, wanted) {
+  const e = await peer.waitFor((e) => e.fileId === fileId && (e.type === 'file_failed' || wanted(e)), what)
+  if (e.type === 'file_failed') throw new Error(`${peer.name}: the transfer failed: ${e.reason}`)
+  return e
+}
+
+async function sha256(path) {
+  const hash = createHash('sha256')
+  await pipeline(createReadStream(path), hash)
+  return hash.digest('hex')
+}
+
 /** Runs a sender in its own process and kills it with SIGKILL as soon as its send is durable. */
 function sendThenKill(recipient, content) {
   return new Promise((resolve, reject) => {
@@ -126,12 +151,12 @@ try {
   await Promise.all([alice.waitFor(connected, 'connection'), bob.waitFor(connected, 'connection')])
   const bobAddress = bob.protocol.localAddress()
 
-  console.log('\n— 1. live delivery, sealed in a session set up from the relay\'s key directory —')
+  print('\n— 1. live delivery, sealed in a session set up from the relay\'s key directory —')
   const live = await alice.protocol.sendMessage(bobAddress, 'hello bob')
   log('alice', `sendMessage resolved: ${live.slice(0, 8)} is durably in the outbox`)
   await alice.waitFor(deliveredId(live), 'delivery')
 
-  console.log('\n— 2. the recipient is offline: the relay keeps the message —')
+  print('\n— 2. the recipient is offline: the relay keeps the message —')
   await bob.protocol.stop()
   log('bob', 'stopped (offline)')
   const stored = await alice.protocol.sendMessage(bobAddress, 'are you there?')
@@ -141,7 +166,7 @@ try {
   await bob.waitFor(receivedId(stored), 'the stored message')
   await alice.waitFor(deliveredId(stored), 'delivery')
 
-  console.log('\n— 3. the sender is offline: deferred, then flushed on reconnect —')
+  print('\n— 3. the sender is offline: deferred, then flushed on reconnect —')
   alice.protocol.internetStatusChanged(false)
   await alice.waitFor((e) => e.type === 'internet_status_changed' && !e.connected, 'disconnect')
   const deferred = await alice.protocol.sendMessage(bobAddress, 'written on a plane')
@@ -150,7 +175,7 @@ try {
   alice.protocol.internetStatusChanged(true)
   await alice.waitFor(deliveredId(deferred), 'delivery')
 
-  console.log('\n— 4. the sender is killed right after sendMessage resolved —')
+  print('\n— 4. the sender is killed right after sendMessage resolved —')
   const { id: crashed, signal } = await sendThenKill(bobAddress, 'sent just before a crash')
   log('carol', `offline; sendMessage resolved ${crashed.slice(0, 8)}; process killed with ${signal}`)
   const carol = peer('carol')
@@ -161,7 +186,7 @@ try {
   await carol.waitFor(deliveredId(crashed), 'delivery')
   log('carol', `status of ${crashed.slice(0, 8)}: ${await carol.protocol.getMessageStatus(crashed)}`)
 
-  console.log('\n— 5. a device that has never been online: the message waits, watched by presence —')
+  print('\n— 5. a device that has never been online: the message waits, watched by presence —')
   const daveAddress = await identityOf('dave')
   const waiting = await alice.protocol.sendMessage(daveAddress, 'welcome, dave')
   await alice.waitFor((e) => e.type === 'message_deferred' && e.messageId === waiting, 'the deferral')
@@ -172,9 +197,32 @@ try {
   await dave.waitFor(receivedId(waiting), 'the first message')
   await alice.waitFor(deliveredId(waiting), 'delivery')
 
+  print('\n— 6. a file with live progress on both sides; the recipient drops off the network partway —')
+  const original = join(dir, 'footage.bin')
+  writeFileSync(original, randomBytes(FILE_SIZE))
+  const fileId = await alice.protocol.sendMedia(bobAddress, original, {
+    caption: 'raw footage from the field', contentType: 'application/octet-stream',
+  })
+  log('alice', `sendMedia resolved: ${fileId.slice(0, 8)} (${mib(FILE_SIZE)} read from footage.bin) is hashed and durably accepted`)
+  const partway = await transferReaches(bob, fileId, '40 % of the file', (e) => e.type === 'file_progress' && e.bytes >= e.totalBytes * 0.4)
+  bob.protocol.internetStatusChanged(false)
+  log('bob', `goes offline with ${Math.floor((100 * partway.bytes) / partway.totalBytes)} % written; the relay keeps what alice sends meanwhile`)
+  await sleep(OFFLINE_MS)
+  log('bob', `back online after ${OFFLINE_MS / 1000} s`)
+  bob.protocol.internetStatusChanged(true)
+  const [received] = await Promise.all([
+    transferReaches(bob, fileId, 'the file', (e) => e.type === 'file_received'),
+    transferReaches(alice, fileId, 'its delivery', (e) => e.type === 'file_delivered'),
+  ])
+  screen.settle()
+  const [sent, kept] = await Promise.all([sha256(original), sha256(received.path)])
+  if (kept !== sent || received.sha256 !== sent) throw new Error(`bob's copy does not match: ${kept}, sent ${sent}`)
+  log('bob', `${mib(received.size)}, "${received.caption}", SHA-256 ${kept.slice(0, 16)}… matches the original`)
+
   await Promise.all([alice.protocol.stop(), bob.protocol.stop(), carol.protocol.stop(), dave.protocol.stop()])
-  console.log('\nEvery message settled in exactly one terminal event: message_delivered.')
+  print('\nEvery message settled in exactly one terminal event, message_delivered, and the file in file_delivered.')
 } finally {
+  screen.settle()
   await relay.stop()
   rmSync(dir, { recursive: true, force: true })
 }
