@@ -9,6 +9,7 @@ import { join } from 'node:path'
 import { test } from 'node:test'
 
 import { ProtocolError } from '../js/index.js'
+import { PipeCarrier } from './pipe-carrier.mjs'
 import { PLAINTEXT, ofType, peerConfig, startRelay, started, tempDir, waitFor } from './helpers.mjs'
 
 /** A sealed device (the default) receiving into `<dir>/<name>-media`. */
@@ -149,4 +150,27 @@ test('a file over the receiver\'s bounds is refused there, and the sender hears 
   await waitFor(bob.recorder, (e) => e.type === 'file_received' && e.fileId === fits)
   const text = await alice.protocol.sendMessage(bobAddress, 'hello')
   await waitFor(alice.recorder, (e) => e.type === 'message_delivered' && e.messageId === text)
+})
+
+test('over an app carrier a file goes in the smaller chunks its frames allow', async (t) => {
+  const dir = tempDir(t)
+  const pipe = new PipeCarrier()
+  const local = (name) => ({
+    appId: 'test', storage: { path: join(dir, `${name}.db`) }, encryption: PLAINTEXT,
+    media: { directory: join(dir, `${name}-media`), localChunkSize: 4096 },
+  })
+  const carol = await started(t, local('carol'), { connect: false })
+  const dave = await started(t, local('dave'), { connect: false })
+  pipe.attach('carol', carol.protocol)
+  pipe.attach('dave', dave.protocol)
+  pipe.link()
+  const bytes = randomBytes(50_000)
+  const fileId = await carol.protocol.sendMedia('dave', bytes, { fileName: 'map.png' })
+  const got = await waitFor(dave.recorder, (e) => e.type === 'file_received' && e.fileId === fileId)
+  assert.deepEqual(readFileSync(got.path), bytes)
+  await waitFor(carol.recorder, (e) => e.type === 'file_delivered' && e.fileId === fileId)
+  const chunks = pipe.delivered.map((f) => JSON.parse(f.frame)).filter((m) => m.content_type === 'file_chunk')
+  const indexes = new Set(chunks.map((m) => m.media_metadata.index))
+  assert.equal(indexes.size, Math.ceil(bytes.length / 4096), 'one chunk per 4 KiB')
+  assert.ok(chunks.every((m) => Buffer.from(m.binary_content, 'base64').length <= 4096))
 })

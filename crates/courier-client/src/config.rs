@@ -298,7 +298,7 @@ pub fn parse_protocol_config(value: &Value) -> Result<ProtocolConfig, ConfigErro
         None => true,
     };
 
-    let media = media::parse(&root, &storage, app_id)?;
+    let media = media::parse(&root, &storage, &engine)?;
 
     let has_durability_hook = match root.get("inboundDurabilityHook") {
         None => false,

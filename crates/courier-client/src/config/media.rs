@@ -39,6 +39,9 @@ pub struct MediaConfig {
     pub max_incoming_per_sender: usize,
     /// Sum of the sizes of the files being assembled.
     pub max_incoming_bytes: u64,
+    /// A file being received that no chunk reached for this long is given up (its sender gave
+    /// up by then too): the outbox's absolute lifetime.
+    pub stale_after_ms: u64,
 }
 
 pub const DEFAULT_MAX_FILE_SIZE: u64 = 100 * 1024 * 1024;
@@ -56,6 +59,7 @@ impl MediaConfig {
             max_incoming: 16,
             max_incoming_per_sender: 4,
             max_incoming_bytes: 1024 * 1024 * 1024,
+            stale_after_ms: 4 * 604_800_000,
         }
     }
 }
@@ -78,9 +82,10 @@ fn default_directory(storage: &StorageConfig, app_id: &str) -> PathBuf {
 pub fn parse(
     root: &Section<'_>,
     storage: &StorageConfig,
-    app_id: &str,
+    engine: &courier_engine::Config,
 ) -> Result<MediaConfig, ConfigError> {
-    let mut config = MediaConfig::new(default_directory(storage, app_id));
+    let mut config = MediaConfig::new(default_directory(storage, &engine.app_id));
+    config.stale_after_ms = engine.absolute_lifetime_ms();
     let Some(media) = root.section("media", KEYS)? else {
         return Ok(config);
     };

@@ -757,7 +757,9 @@ impl Driver {
         let processed = self
             .store
             .prune_processed(older_than, self.retention.max_processed);
-        if let Err(e) = settled.and(processed) {
+        let media = self.store.prune_media(older_than);
+        self.media.forget_before(older_than);
+        if let Err(e) = settled.and(processed).and(media) {
             self.app.event(ClientEvent::Diagnostic {
                 level: DiagnosticLevel::Warn,
                 message: format!("pruning old delivery records failed: {e}"),

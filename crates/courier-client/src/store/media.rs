@@ -79,6 +79,9 @@ pub struct IncomingRow {
     pub path: Option<String>,
     pub state: TransferState,
     pub started_at: Millis,
+    /// When a chunk last arrived.
+    #[serde(default)]
+    pub touched_at: Millis,
 }
 
 impl IncomingRow {
@@ -169,6 +172,18 @@ fn load<T: for<'de> Deserialize<'de>>(conn: &Connection, sql: &str) -> Result<Ve
         );
     }
     Ok(out)
+}
+
+/// Forgets the manifests of transfers that ended before `older_than`; returns how many.
+pub(crate) fn prune(conn: &Connection, older_than: Millis) -> Result<usize, StoreError> {
+    let mut n = 0;
+    for table in ["media_out", "media_in"] {
+        n += conn.execute(
+            &format!("DELETE FROM {table} WHERE state != 'active' AND updated_at < ?1"),
+            [to_db(older_than)],
+        )?;
+    }
+    Ok(n)
 }
 
 /// Every outgoing manifest, finished ones included (a repeated `fileId` is answered from them).

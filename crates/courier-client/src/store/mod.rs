@@ -459,6 +459,16 @@ impl Store {
         ))
     }
 
+    /// Forgets the manifests of transfers that ended before `older_than`.
+    pub fn prune_media(&mut self, older_than: Millis) -> Result<usize, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = media::prune(&tx, older_than)?;
+        tx.commit()?;
+        Ok(n)
+    }
+
     pub fn load_group_sends(&self) -> Result<Vec<GroupSendRecord>, StoreError> {
         groups::load_active(&self.conn)
     }

@@ -50,6 +50,7 @@ impl Incoming {
                 path: None,
                 state: TransferState::Active,
                 started_at: now,
+                touched_at: now,
             },
             progress: Progress::new(0, now),
         })

@@ -90,7 +90,12 @@ pub struct Media {
     broken: Vec<(String, String)>,
     /// The chunks put on a carrier in this step, for a debug diagnostic each.
     sent: Vec<String>,
+    /// When stale incoming transfers are looked for next.
+    next_sweep: Millis,
 }
+
+/// Stale incoming transfers are looked for at most this often.
+const SWEEP_EVERY_MS: Millis = 3_600_000;
 
 /// What a start found: the transfers, and the events to report at once.
 pub struct Restored {
@@ -133,6 +138,7 @@ impl Media {
             removals: Vec::new(),
             broken: Vec::new(),
             sent: Vec::new(),
+            next_sweep: 0,
         };
         let mut out_chunks: HashMap<String, BTreeSet<u32>> = HashMap::new();
         for record in records {
@@ -425,6 +431,7 @@ impl Media {
 
     /// What the engine reported of chunks since the last call.
     pub fn outcomes(&mut self, engine: &mut Engine, step: &mut Step<ClientEvent>, now: Millis) {
+        self.sweep(engine, step, now);
         for (file_id, reason) in std::mem::take(&mut self.broken) {
             self.fail_outgoing(&file_id, reason, engine, step, now);
         }
@@ -768,6 +775,7 @@ impl Media {
         let file = assembly
             .write(&dir, &chunk)
             .map_err(|e| format!("cannot write chunk {}: {e}", header.index))?;
+        assembly.row.touched_at = now;
         self.to_sync.push(file);
         self.dirty_in.insert(key.clone());
         let row = &assembly.row;
@@ -822,6 +830,46 @@ impl Media {
             now,
         );
         step.apply(engine, Input::Send(send), now);
+    }
+
+    /// Gives up the incoming transfers no chunk reached for `media.stale_after_ms`: their partial
+    /// files go, and each reports `file_failed`.
+    fn sweep(&mut self, engine: &mut Engine, step: &mut Step<ClientEvent>, now: Millis) {
+        if now < self.next_sweep {
+            return;
+        }
+        self.next_sweep = now.saturating_add(SWEEP_EVERY_MS);
+        let stale_after = self.config.stale_after_ms;
+        let stale: Vec<(String, String)> = self
+            .incoming
+            .iter()
+            .filter(|(_, a)| a.row.touched_at.max(a.row.started_at) + stale_after <= now)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in stale {
+            let mut assembly = self.incoming.remove(&key).expect("just listed");
+            self.removals
+                .push(assembly.partial_path(&self.config.directory));
+            let reason = format!("no chunk arrived for {} days", stale_after / 86_400_000);
+            assembly.row.state = TransferState::Failed(reason.clone());
+            step.emit(
+                engine,
+                ClientEvent::Media(Box::new(MediaEvent::Failed {
+                    file_id: key.1.clone(),
+                    direction: Direction::Incoming,
+                    peer: key.0.clone(),
+                    reason,
+                })),
+            );
+            self.dirty_in.insert(key.clone());
+            self.received.insert(key, assembly.row);
+        }
+    }
+
+    /// Forgets finished transfers that started before `older_than` (storage prunes their rows).
+    pub fn forget_before(&mut self, older_than: Millis) {
+        self.finished.retain(|_, row| row.created_at >= older_than);
+        self.received.retain(|_, row| row.started_at >= older_than);
     }
 
     /// A new incoming transfer, within the assembly bounds.
@@ -1055,5 +1103,83 @@ fn media_warning(message: String) -> ClientEvent {
         level: courier_engine::DiagnosticLevel::Warn,
         message,
         target: "courier_client::media",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use courier_engine::Config;
+
+    use super::*;
+
+    const DAY: Millis = 86_400_000;
+
+    fn media(dir: &Path) -> Media {
+        let store = Store::open_memory().unwrap();
+        let config = MediaConfig::new(dir.to_path_buf());
+        let identity = IdentityKey::from_seed([3; 32]);
+        Media::restore(&store, config, identity, "test".into(), true, 100, &[], 0)
+            .unwrap()
+            .media
+    }
+
+    /// Chunk `index` of a 4-chunk, 4 KiB file from bob.
+    fn chunk(index: u32) -> Message {
+        let header = ChunkHeader {
+            file_id: "f1".into(),
+            generation: 0,
+            index,
+            count: 4,
+            size: 4096,
+            chunk_size: 1024,
+            sha256: "0".repeat(64),
+            details: None,
+        };
+        let mut message = courier_proto::control_frame(
+            courier_proto::file_chunk_id("f1", 0, index),
+            "test",
+            "bob",
+            "alice",
+            String::new(),
+            0,
+        );
+        message.content_type = ContentType::FileChunk;
+        message.media_metadata = Some(serde_json::to_value(header).unwrap());
+        message.binary_content = Some(courier_proto::media::chunk_content(&[7; 1024]));
+        message
+    }
+
+    #[test]
+    fn a_file_no_chunk_reaches_for_the_stale_time_is_given_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut media = media(dir.path());
+        let mut engine = Engine::new(Config::new("test"), "alice".into());
+        let mut step = Step::default();
+        let start = 10 * DAY;
+        media
+            .receive(&chunk(1), "bob", &mut engine, &mut step, start)
+            .expect("the first chunk opens the assembly");
+        media.sync().unwrap();
+        media.committed();
+        let partial = media.incoming.values().next().unwrap().partial_path(dir.path());
+        assert!(partial.exists());
+
+        // A day short of stale: kept.
+        media.outcomes(&mut engine, &mut step, start + 27 * DAY);
+        assert_eq!(media.incoming.len(), 1);
+        // An hour's sweep later, past the stale time: given up, its partial file removed.
+        media.outcomes(&mut engine, &mut step, start + 28 * DAY + SWEEP_EVERY_MS);
+        assert!(media.incoming.is_empty());
+        let changes = media.changes();
+        assert!(changes.iter().any(|c| matches!(
+            c,
+            MediaChange::Incoming(row) if matches!(row.state, TransferState::Failed(_))
+        )));
+        media.committed();
+        assert!(!partial.exists());
+        // A late chunk of it is refused, not assembled again.
+        assert!(media
+            .receive(&chunk(2), "bob", &mut engine, &mut step, start + 29 * DAY)
+            .is_err());
     }
 }
