@@ -115,7 +115,7 @@ test('bad sends are refused with ERR_INVALID_ARGUMENT and change nothing', async
   await p.start()
   t.after(() => p.stop())
   await rejectsCode(p.start(), 'ERR_ALREADY_STARTED')
-  await rejectsCode(p.sendMessage('bob', 'x'.repeat(256 * 1024 + 1)), 'ERR_INVALID_ARGUMENT', /^content is 262145 bytes; the limit is 262144$/)
+  await rejectsCode(p.sendMessage('bob', 'x'.repeat(256 * 1024 + 1)), 'ERR_INVALID_ARGUMENT', /^content is 262145 bytes; the limit is 262144 \(send larger content with sendMedia\)$/)
   assert.ok(await p.sendMessage('bob', 'x'.repeat(256 * 1024)))
   for (const prefix of ['__MLS_ENC__', '__GRP_x', '__CTRL_x', '__FILE_x', '__ACK_x']) {
     await rejectsCode(p.sendMessage('bob', `${prefix}payload`), 'ERR_INVALID_ARGUMENT', /reserved/)

@@ -109,6 +109,9 @@ test('a file that changes midway arrives damaged, and the transfer starts over c
   const alice = await started(t, { ...mediaConfig('alice', dir, relay.url), logLevel: 'debug' })
   const bob = await started(t, mediaConfig('bob', dir, relay.url))
   const bobAddress = bob.protocol.localAddress()
+  // A session first, so that the whole window goes while Bob is away.
+  const hello = await alice.protocol.sendMessage(bobAddress, 'a file follows')
+  await waitFor(alice.recorder, (e) => e.type === 'message_delivered' && e.messageId === hello)
   // Sixteen chunks; the window of eight goes to the relay's mailbox while Bob is away.
   const original = randomBytes(4 * 1024 * 1024)
   const path = join(dir, 'draft.pdf')

@@ -32,8 +32,9 @@ function emitted() {
     ],
     DecryptionFailureCode: literals(read('crates/courier-crypto/src/sessions.rs'), 'pub mod code {', '}', /"([A-Z_]+)"/g),
     // A connection request's failure is its own event, `connection_request_undeliverable`
-    // (crates/courier-client/src/event.rs).
-    MessageFailedReason: failReasons.filter((r) => r !== 'Connection request undeliverable'),
+    // (crates/courier-client/src/event.rs); a file chunk's is its transfer's, `file_failed`
+    // (crates/courier-engine/src/engine/media.rs).
+    MessageFailedReason: failReasons.filter((r) => !['Connection request undeliverable', 'Media transfer aborted'].includes(r)),
     UndeliverableReasonCode: literals(read('crates/courier-proto/src/unreachable.rs'), 'pub fn as_str', '}\n    }', /=> "([a-z_]+)"/g),
   }
 }

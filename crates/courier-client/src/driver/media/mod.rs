@@ -419,7 +419,8 @@ impl Media {
                     recipient: transfer.row.recipient.clone(),
                     content: String::new(),
                     content_type: ContentType::FileChunk,
-                    priority: Priority::Medium,
+                    // Text goes first: a file waits a moment more, a message would not.
+                    priority: Priority::Low,
                     metadata: BTreeMap::new(),
                     binary_content: None,
                     media: Some(header),
