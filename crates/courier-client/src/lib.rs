@@ -8,4 +8,5 @@ pub mod config;
 pub mod driver;
 pub mod error;
 pub mod event;
+pub mod send;
 pub mod store;

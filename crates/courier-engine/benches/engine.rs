@@ -82,6 +82,7 @@ fn request(id: String) -> SendRequest {
         priority: Priority::Medium,
         metadata: BTreeMap::new(),
         binary_content: None,
+        rich: Default::default(),
     }
 }
 
@@ -368,6 +369,7 @@ fn inbound_message(n: u64) -> Message {
         metadata: BTreeMap::new(),
         requires_ack: true,
         reply_to_msg: None,
+        rich: None,
         binary_content: None,
         media_metadata: None,
         forwarded_from: None,

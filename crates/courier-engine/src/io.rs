@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use courier_proto::{ContentType, Message, Priority, UnreachableCause};
+use courier_proto::{ContentType, Message, Priority, RichParts, UnreachableCause};
 use serde::{Deserialize, Serialize};
 
 /// Epoch milliseconds. The engine never reads a clock; every input carries `now`.
@@ -62,6 +62,10 @@ pub struct SendRequest {
     pub metadata: BTreeMap<String, String>,
     /// Base64 of binary content (`Uint8Array` from JS), carried in `Message.binary_content`.
     pub binary_content: Option<String>,
+    /// The reply link, quote, mentions, extras and forward origin
+    /// (`docs/protocol.md#rich-messages`), checked. Boxed: most sends have none, and a send
+    /// travels inside every input and command.
+    pub rich: Box<RichParts>,
 }
 
 /// What the application asked to send to a group, sealed once for its roster

@@ -302,6 +302,7 @@ impl Connections {
             priority: Priority::High,
             metadata,
             binary_content: None,
+            rich: Default::default(),
         };
         step.apply(engine, Input::Send(send), now);
         id

@@ -128,6 +128,7 @@ impl Engine {
             priority,
             metadata,
             binary_content,
+            rich,
         } = req;
         let wire_id = courier_proto::wire_id(&id);
         // Two app ids with one wire id would be one message on the wire: the second is a
@@ -149,7 +150,7 @@ impl Engine {
             self.make_room(Class::of(content_type), now);
         }
         self.lamport = self.lamport.saturating_add(1).min(MAX_LAMPORT);
-        let message = Message {
+        let mut message = Message {
             id,
             sender: self.local_identity.clone(),
             recipient,
@@ -164,12 +165,14 @@ impl Engine {
             metadata,
             requires_ack: true,
             reply_to_msg: None,
+            rich: None,
             binary_content: binary_content.map(Value::String),
             media_metadata: None,
             forwarded_from: None,
             reply_context: None,
             encrypted: None,
         };
+        rich.write_to(&mut message);
         let waiting = Waiting {
             message,
             wire_id,

@@ -1323,6 +1323,7 @@ pub(crate) fn request(
         priority,
         metadata: BTreeMap::new(),
         binary_content: None,
+        rich: Default::default(),
     }
 }
 
@@ -1343,6 +1344,7 @@ pub(crate) fn message_from(sender: &str, id: &str) -> Message {
         metadata: BTreeMap::new(),
         requires_ack: true,
         reply_to_msg: None,
+        rich: None,
         binary_content: None,
         media_metadata: None,
         forwarded_from: None,

@@ -170,6 +170,7 @@ impl World {
             priority,
             metadata: BTreeMap::new(),
             binary_content: None,
+            rich: Default::default(),
         };
         self.counts.sends += 1;
         self.trace(|w| {
@@ -205,6 +206,7 @@ impl World {
                 priority,
                 metadata: BTreeMap::new(),
                 binary_content: None,
+                rich: Default::default(),
             };
             self.counts.sends += 1;
             self.trace(|w| format!("{} probes {} with {id}", w.peers[p].name(), req.recipient));
@@ -239,6 +241,7 @@ impl World {
             priority: Priority::Medium,
             metadata: BTreeMap::new(),
             binary_content: None,
+            rich: Default::default(),
         };
         self.trace(|_| format!("{name} app sends {id} again"));
         let now = self.now;
