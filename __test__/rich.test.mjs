@@ -7,7 +7,7 @@ import assert from 'node:assert/strict'
 import { test } from 'node:test'
 
 import { ProtocolError } from '../js/index.js'
-import { peerConfig, sealedDevice, startRelay, started, tempDir, waitFor } from './helpers.mjs'
+import { PLAINTEXT, peerConfig, sealedDevice, startRelay, started, tempDir, waitFor } from './helpers.mjs'
 
 const code = (expected) => (e) => e instanceof ProtocolError && e.code === expected
 const receivedAs = (id) => (e) => e.type === 'message_received' && e.messageId === id
@@ -64,6 +64,26 @@ test('in plaintext mode the reply link rides the relay frame to the recipient', 
   const answer = await waitFor(bob.recorder, receivedAs(answered))
   assert.equal(answer.encrypted, false)
   assert.deepEqual(richOf(answer), { ...NONE, replyTo: asked, mentions: ['bob'] })
+})
+
+test("a peer's malformed reply link, rich parts and forward origin are dropped with a warning; its message arrives", async (t) => {
+  const dir = tempDir(t)
+  const device = await started(t, { appId: 'test', storage: { path: `${dir}/device.db` }, encryption: PLAINTEXT }, { connect: false })
+  device.protocol.registerTransport('pipe', { send: async () => {} })
+  const frame = {
+    id: 'm-1', sender: 'mallory', recipient: device.protocol.localAddress(), app_id: 'test', priority: 'medium',
+    ttl: 5, hop_count: 0, timestamp: 1, lamport_clock: 1, content_type: 'text', content: 'still here',
+    metadata: {}, requires_ack: true, reply_to_msg: 'a/b', rich: { mentions: 'everyone' }, forwarded_from: { message_id: 'x' },
+  }
+  device.protocol.receiveFrame('pipe', 'mallory', JSON.stringify(frame))
+  const got = await waitFor(device.recorder, receivedAs('m-1'), { what: 'the message without its broken parts' })
+  assert.equal(got.content, 'still here')
+  assert.deepEqual(richOf(got), NONE)
+  const warnings = device.recorder.events.filter((e) => e.type === 'diagnostic' && e.level === 'warn' && e.message.includes('m-1'))
+  assert.deepEqual(
+    warnings.map((e) => ['reply_to_msg', 'rich', 'forwarded_from'].find((part) => e.message.includes(`(${part}`))),
+    ['reply_to_msg', 'rich', 'forwarded_from'],
+  )
 })
 
 test('quote, mentions and extras are capped at 32 KiB; a refused send changes nothing', async (t) => {
