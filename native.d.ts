@@ -61,6 +61,12 @@ export declare class NativeProtocol {
    */
   sendMessage(input: NativeSendInput): Promise<string>
   /**
+   * Forwards the message this device received as `messageId` to `to` (an address, or a
+   * group this device is in); resolves with the new message's id once it is durably accepted
+   * (`docs/protocol.md#rich-messages`).
+   */
+  forwardMessage(messageId: string, to: string, options?: NativeForwardOptions | undefined | null): Promise<string>
+  /**
    * Resolves with the request's id once it is durably in the outbox
    * (`docs/delivery.md#connection-requests`).
    */
@@ -141,6 +147,12 @@ export interface NativeConnectionRequest {
   at: number
 }
 
+/** The options of `forwardMessage`. */
+export interface NativeForwardOptions {
+  id?: string
+  priority?: string
+}
+
 /** `listGroups()`: `GroupInfo` in `js/index.d.ts`. */
 export interface NativeGroup {
   groupId: string
@@ -186,6 +198,15 @@ export interface NativeInboundMessage {
   origin: string
   /** The group of a group message (then `chat` is the group too). */
   groupId?: string
+  /** `replyTo`, `quote`, `mentions`, `extras` and `forwardInfo`, as on `message_received`. */
+  rich: Record<string, any>
+}
+
+/** `SendOptions.quote` in `js/index.d.ts`. */
+export interface NativeQuote {
+  text: string
+  sender?: string
+  messageId?: string
 }
 
 /** `sendMedia(recipient, source, options)`: exactly one of `path` and `bytes`. */
@@ -231,6 +252,12 @@ export interface NativeSendInput {
   priority?: string
   contentType?: string
   metadata?: Record<string, string>
+  /** The id of the message this one replies to. */
+  replyTo?: string
+  quote?: NativeQuote
+  mentions?: Array<string>
+  /** `extras` as JSON text (an object), which the facade checked it can hold. */
+  extrasJson?: string
 }
 
 /** `stats()`: `ProtocolStats` in `js/index.d.ts`. Counts cross as JS numbers, exact up to 2^53. */

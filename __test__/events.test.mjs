@@ -103,6 +103,17 @@ test('every public event occurs, and each matches its declared type', async (t) 
     await waitFor(alice.recorder, (e) => e.type === 'message_delivered' && e.messageId === id, { what: `${id} delivered` })
   }
   await waitFor(alice.recorder, (e) => e.type === 'internet_server_message')
+  // A reply with a quote, mentions and extras, and a forward of it: every rich field of a
+  // received message set.
+  const reply = await alice.protocol.sendMessage('bob', 'a reply', {
+    replyTo: stored,
+    quote: { text: 'kept by the relay', sender: 'alice', messageId: stored },
+    mentions: ['bob'],
+    extras: { k: [1, { n: null }] },
+  })
+  await waitFor(bob.recorder, (e) => e.type === 'message_received' && e.messageId === reply && e.quote !== null)
+  const forward = await bob.protocol.forwardMessage(reply, 'alice')
+  await waitFor(alice.recorder, (e) => e.type === 'message_received' && e.messageId === forward && e.forwardInfo !== null)
 
   // A device with only an app carrier that loses every frame: the message waits for a carrier,
   // then times out unacknowledged, then fails.

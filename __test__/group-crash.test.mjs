@@ -6,34 +6,20 @@ import assert from 'node:assert/strict'
 import { join } from 'node:path'
 import { test } from 'node:test'
 
-import { PeerProcess, peerConfig, startRelay, started, tempDir, until, waitFor } from './helpers.mjs'
-
-const published = (e) => e.type === 'diagnostic' && e.message.includes('holds 10 one-time')
-
-function sealedConfig(name, dir, url) {
-  const { encryption, ...config } = peerConfig(name, dir, url, { logLevel: 'info' })
-  void encryption
-  return config
-}
-
-async function member(t, name, dir, url) {
-  const peer = await started(t, sealedConfig(name, dir, url))
-  await waitFor(peer.recorder, published, { what: `${name}'s key packages` })
-  return { ...peer, name, address: peer.protocol.localAddress() }
-}
+import { PeerProcess, keyPackagesPublished, sealedConfig, sealedDevice, startRelay, tempDir, until, waitFor } from './helpers.mjs'
 
 test('a sender killed between its broadcast and the report still reaches every member exactly once', async (t) => {
   const dir = tempDir(t)
   const relay = await startRelay(t)
-  const bob = await member(t, 'bob', dir, relay.url)
-  const carol = await member(t, 'carol', dir, relay.url)
+  const bob = await sealedDevice(t, 'bob', dir, relay.url)
+  const carol = await sealedDevice(t, 'carol', dir, relay.url)
   const marker = join(dir, 'died')
   const config = sealedConfig('alice', dir, relay.url)
 
   const alice = new PeerProcess(config, { PEER_DIE_ON_GROUP_SENT: marker })
   t.after(() => alice.kill())
   await alice.request({ cmd: 'start' })
-  await alice.waitFor(published, { what: "alice's key packages" })
+  await alice.waitFor(keyPackagesPublished, { what: "alice's key packages" })
   const groupId = await alice.request({ cmd: 'createGroup', name: 'crash', members: [bob.address, carol.address] })
   for (const peer of [bob, carol]) {
     await waitFor(peer.recorder, (e) => e.type === 'group_created' && e.groupId === groupId, { what: `${peer.name} joining` })

@@ -45,6 +45,27 @@ export function peerConfig(name, dir, relayUrl, extra = {}) {
   }
 }
 
+/** A device as an app configures it by default, sealed end to end (no `encryption` key). */
+export function sealedConfig(name, dir, relayUrl, extra = {}) {
+  const { encryption, ...config } = peerConfig(name, dir, relayUrl, { logLevel: 'info', ...extra })
+  void encryption
+  return config
+}
+
+/** The diagnostic that says a sealed device's key packages are in the relay's directory. */
+export const keyPackagesPublished = (e) => e.type === 'diagnostic' && e.message.includes('holds 10 one-time')
+
+/**
+ * A started sealed device (see `started`) whose key packages are in the relay's directory, so a
+ * message to it is sealed at once; with its `name`, `config` and `address`.
+ */
+export async function sealedDevice(t, name, dir, relayUrl, extra = {}) {
+  const config = sealedConfig(name, dir, relayUrl, extra)
+  const peer = await started(t, config)
+  await waitFor(peer.recorder, keyPackagesPublished, { what: `${name}'s key packages in the directory` })
+  return { ...peer, name, config, address: peer.protocol.localAddress() }
+}
+
 /** The address of a device that is never started again: no relay or carrier knows it. */
 export async function strayAddress() {
   const device = new Protocol({ appId: 'test', storage: { memory: true } })

@@ -31,6 +31,8 @@ export type ProtocolErrorCode =
   | 'ERR_MEDIA_OUTBOX_FULL'
   /** `sendMedia`: the path names no readable regular file. */
   | 'ERR_FILE_UNREADABLE'
+  /** `forwardMessage`: this device keeps no received message with that id (never received, or pruned). */
+  | 'ERR_MESSAGE_NOT_FOUND'
   /** `whenDelivered`: the message ended in `message_failed` (or `connection_request_undeliverable`). */
   | 'ERR_MESSAGE_FAILED'
   /** `once` or `whenDelivered`: its `signal` was aborted first. */
@@ -268,8 +270,51 @@ export interface ProtocolConfig {
   logger?: Logger
 }
 
+/** An excerpt a message quotes (`SendOptions.quote`, and on a received message). */
+export interface Quote {
+  /** The quoted text. */
+  text: string
+  /** Who wrote it. */
+  sender?: string
+  /**
+   * The quoted message's id: sending, one this device received (its `messageId`) or sent (its
+   * own id); received, the id the quoted message arrived under.
+   */
+  messageId?: string
+}
+
+/** Where a forwarded message first came from (`forwardMessage`). */
+export interface ForwardInfo {
+  /** The original message's id, as its first recipient saw it (`messageId`). */
+  messageId: string
+  /** The original message's sender. */
+  sender: string
+  /** The original sender's clock when it sent the message (epoch ms). */
+  timestamp: number
+  /** Where it was first received: its sender for a direct message, the group for a group message. */
+  chat?: string
+  /** How many forwards brought it here: 1 for a forward of the original. */
+  forwardCount: number
+}
+
+/**
+ * What a received message carries beside its content (`docs/protocol.md#rich-messages`). A part a
+ * peer sent malformed arrives as absent (`null`, or no mentions), with a `warn` diagnostic.
+ */
+export interface RichMessageFields {
+  /** The id of the message this one replies to, as this device saw it (`messageId`); `null` when none. */
+  replyTo: string | null
+  quote: Quote | null
+  /** Empty when none. */
+  mentions: string[]
+  /** The sender app's data. */
+  extras: Record<string, unknown> | null
+  /** Set on a forwarded message. */
+  forwardInfo: ForwardInfo | null
+}
+
 /** One message handed to the inbound durability hook. */
-export interface InboundMessage {
+export interface InboundMessage extends RichMessageFields {
   chat: string
   sender: string
   messageId: string
@@ -293,6 +338,25 @@ export interface SendOptions {
   contentType?: ContentType
   /** App metadata (string values; reserved keys are refused). */
   metadata?: Record<string, string>
+  /** The id of the message this one replies to: a received `messageId`, or an id this device sent. */
+  replyTo?: string
+  /** An excerpt this message quotes. */
+  quote?: Quote
+  /** Identifiers (addresses, account names) this message mentions: at most 256, each once. */
+  mentions?: string[]
+  /**
+   * The app's own data: a plain JSON object. `quote`, `mentions` and `extras` together are at most
+   * 32 KiB serialized, and count toward the 256 KiB of a direct message.
+   */
+  extras?: Record<string, unknown>
+}
+
+/** The options of `Protocol.forwardMessage`. */
+export interface ForwardOptions {
+  /** Default `'medium'`. */
+  priority?: Priority
+  /** Client-chosen id of the forward, as `SendOptions.id`. */
+  id?: string
 }
 
 /** A carrier wrote the message; `attempt` counts the ACK ladder's attempts from 1. */
@@ -336,7 +400,7 @@ export type MessageFailedReason =
 /** Terminal failure. `replayed: true`: see {@link MessageDeliveredEvent}. */
 export interface MessageFailedEvent { type: 'message_failed'; messageId: string; recipient: string; reason: MessageFailedReason; retryCount: number; replayed?: true }
 /** An inbound message. */
-export interface MessageReceivedEvent {
+export interface MessageReceivedEvent extends RichMessageFields {
   type: 'message_received'
   messageId: string
   sender: string
@@ -683,6 +747,15 @@ export class Protocol {
   [Symbol.asyncDispose](): Promise<void>
   /** Resolves with the message id once the message is durably in the outbox. */
   sendMessage(recipient: string, content: string | Uint8Array, options?: SendOptions): Promise<string>
+  /**
+   * Forwards a message this device received, by the `messageId` it saw, to `to`: an address, or
+   * a group this device is in. The forward carries the message's content, content type, metadata,
+   * quote, mentions and extras, and `forwardInfo` naming where it first came from (a forward of a
+   * forward keeps that origin and counts one more). Resolves with the forward's id once it is
+   * durably accepted; `ERR_MESSAGE_NOT_FOUND` when this device keeps no received message with that
+   * id (it keeps the latest 10 000, up to 64 MiB).
+   */
+  forwardMessage(messageId: string, to: string, options?: ForwardOptions): Promise<string>
   /**
    * Asks the device `peer` (an `off1` address) to connect; resolves with the request's id once
    * it is durably in the outbox. It settles as `message_delivered` when it reached the device, or

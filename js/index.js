@@ -12,7 +12,9 @@ const { checkLogger, log } = require('./logger.js')
 const { Waits, signalOption } = require('./waits.js')
 
 const isPlainObject = (v) => v !== null && typeof v === 'object' && !Array.isArray(v)
-const SEND_OPTIONS = new Set(['priority', 'id', 'contentType', 'metadata'])
+const SEND_OPTIONS = new Set(['priority', 'id', 'contentType', 'metadata', 'replyTo', 'quote', 'mentions', 'extras'])
+const QUOTE_KEYS = new Set(['text', 'sender', 'messageId'])
+const FORWARD_OPTIONS = new Set(['priority', 'id'])
 const MEDIA_OPTIONS = new Set(['fileId', 'fileName', 'contentType', 'caption', 'replyTo', 'metadata'])
 const DEFAULT_EVENT_BUFFER = 10_000
 /** `Symbol.asyncDispose`, or on a Node without it the symbol Node itself falls back to. */
@@ -62,11 +64,7 @@ function mediaInput(recipient, source, options) {
   if (typeof source === 'string') input.path = require('node:path').resolve(source)
   else if (source instanceof Uint8Array) input.bytes = Buffer.from(source.buffer, source.byteOffset, source.byteLength)
   else throw invalid('source must be a file path or a Uint8Array')
-  for (const key of ['fileId', 'fileName', 'contentType', 'caption', 'replyTo']) {
-    if (options[key] === undefined) continue
-    if (typeof options[key] !== 'string') throw invalid(`options.${key} must be a string`)
-    input[key] = options[key]
-  }
+  copyStrings(options, 'options', ['fileId', 'fileName', 'contentType', 'caption', 'replyTo'], input)
   if (options.metadata !== undefined) input.metadata = stringMap(options.metadata)
   return input
 }
@@ -82,21 +80,74 @@ function stringMap(metadata) {
 // The native input of a send to `recipient` (an address, or a group's id): the checks every
 // send shares, so that a bad argument is refused before anything is queued.
 function sendInput(recipient, content, options) {
-  if (!isPlainObject(options)) throw invalid('options must be an object')
-  for (const key of Object.keys(options)) {
-    if (!SEND_OPTIONS.has(key)) throw invalid(`options.${key} is not a known option`)
-  }
+  checkKeys(options, 'options', SEND_OPTIONS)
   const input = { recipient }
   if (typeof content === 'string') input.content = content
   else if (content instanceof Uint8Array) input.binary = Buffer.from(content.buffer, content.byteOffset, content.byteLength)
   else throw invalid('content must be a string or a Uint8Array')
-  for (const key of ['priority', 'id', 'contentType']) {
-    if (options[key] === undefined) continue
-    if (typeof options[key] !== 'string') throw invalid(`options.${key} must be a string`)
-    input[key] = options[key]
-  }
+  copyStrings(options, 'options', ['priority', 'id', 'contentType', 'replyTo'], input)
   if (options.metadata !== undefined) input.metadata = stringMap(options.metadata)
+  if (options.quote !== undefined) input.quote = quoteInput(options.quote)
+  if (options.mentions !== undefined) {
+    if (!Array.isArray(options.mentions) || !options.mentions.every((m) => typeof m === 'string')) {
+      throw invalid('options.mentions must be an array of strings')
+    }
+    input.mentions = [...options.mentions]
+  }
+  if (options.extras !== undefined) input.extrasJson = extrasJson(options.extras)
   return input
+}
+
+function quoteInput(quote) {
+  checkKeys(quote, 'options.quote', QUOTE_KEYS)
+  if (typeof quote.text !== 'string') throw invalid('options.quote.text must be a string')
+  return copyStrings(quote, 'options.quote', ['sender', 'messageId'], { text: quote.text })
+}
+
+/** Throws unless `source` is an object whose keys are all `known`. */
+function checkKeys(source, path, known) {
+  if (!isPlainObject(source)) throw invalid(`${path} must be an object`)
+  for (const key of Object.keys(source)) {
+    if (!known.has(key)) throw invalid(`${path}.${key} is not a known option`)
+  }
+}
+
+/** Copies the fields `keys` of `source` that are set into `into`; each must be a string. */
+function copyStrings(source, path, keys, into) {
+  for (const key of keys) {
+    if (source[key] === undefined) continue
+    if (typeof source[key] !== 'string') throw invalid(`${path}.${key} must be a string`)
+    into[key] = source[key]
+  }
+  return into
+}
+
+const plainPrototype = (v) => [Object.prototype, null].includes(Object.getPrototypeOf(v))
+
+/**
+ * `extras` as JSON text. What JSON would drop or change without a word — `undefined`, a function,
+ * a symbol, a BigInt, `NaN` or an infinity, an object that is not plain (a `Map`, a `Date`, a
+ * class instance), a cycle — is refused, naming where it is.
+ */
+function extrasJson(extras) {
+  if (!isPlainObject(extras) || !plainPrototype(extras)) throw invalid('options.extras must be a plain object')
+  const within = new Set()
+  const check = (value, path) => {
+    if (value === null || typeof value === 'string' || typeof value === 'boolean') return
+    if (typeof value === 'number') {
+      if (Number.isFinite(value)) return
+      throw invalid(`${path} is ${value}, which JSON cannot hold`)
+    }
+    const object = typeof value === 'object' && (Array.isArray(value) || plainPrototype(value))
+    if (!object) throw invalid(`${path} is ${typeof value === 'object' ? 'not a plain object or array' : `a ${typeof value}`}, which JSON cannot hold`)
+    if (within.has(value)) throw invalid(`${path} refers back to itself`)
+    within.add(value)
+    if (Array.isArray(value)) for (let i = 0; i < value.length; i++) check(value[i], `${path}[${i}]`)
+    else for (const [k, v] of Object.entries(value)) check(v, `${path}.${k}`)
+    within.delete(value)
+  }
+  check(extras, 'options.extras')
+  return JSON.stringify(extras)
 }
 
 // Throws `ERR_INVALID_ARGUMENT` naming the first of `args` that is not a string.
@@ -186,6 +237,17 @@ class Protocol {
     const input = sendInput(recipient, content, options)
     // Queued synchronously, so concurrent sends keep their call order.
     return call(callSync(() => this.#native.sendMessage(input)))
+  }
+
+  /**
+   * Forwards a message this device received (by the `messageId` it saw) to `to`, an address or a
+   * group this device is in; resolves with the new message's id once it is durably accepted.
+   */
+  async forwardMessage(messageId, to, options = {}) {
+    checkStrings({ messageId, to })
+    checkKeys(options, 'options', FORWARD_OPTIONS)
+    const native = copyStrings(options, 'options', FORWARD_OPTIONS, {})
+    return call(this.#native.forwardMessage(messageId, to, native))
   }
 
   /** Creates a group administered by this device; resolves with its id once every member is in it. */
@@ -478,6 +540,7 @@ class Protocol {
       metadata: m.metadata,
       origin: m.origin,
       ...(m.groupId == null ? {} : { groupId: m.groupId }),
+      ...m.rich,
     }))
     let result
     try {

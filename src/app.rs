@@ -12,7 +12,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use courier_client::app::{App, AppCarrierSend, HookBatch, HookMessage};
 use courier_client::driver::Receipts;
-use courier_client::event::{app_metadata, ClientEvent};
+use courier_client::event::{app_metadata, rich_fields, ClientEvent};
 use napi::bindgen_prelude::Uint8Array;
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi::Status;
@@ -51,6 +51,8 @@ pub struct NativeInboundMessage {
     pub origin: String,
     /// The group of a group message (then `chat` is the group too).
     pub group_id: Option<String>,
+    /// `replyTo`, `quote`, `mentions`, `extras` and `forwardInfo`, as on `message_received`.
+    pub rich: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A frame for the app carrier `carrier` to hand to `peer`.
@@ -178,6 +180,7 @@ impl App for JsApp {
 }
 
 fn inbound_message(m: HookMessage) -> NativeInboundMessage {
+    let rich = rich_fields(&m.message);
     let binary_content = match m.message.binary_content {
         Some(serde_json::Value::String(b64)) => Some(b64),
         _ => None,
@@ -194,5 +197,6 @@ fn inbound_message(m: HookMessage) -> NativeInboundMessage {
         metadata: metadata.into_iter().collect(),
         origin: m.origin.as_str().to_owned(),
         group_id,
+        rich,
     }
 }

@@ -87,7 +87,7 @@ impl NativeProtocol {
         let sent = async {
             let client = self.started()?;
             client
-                .send_group(input.into_send())
+                .send_group(input.into_send()?)
                 .await
                 .map_err(client_error)
         };

@@ -6,11 +6,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use courier_client::app::SendAttempt;
-use courier_client::client::{Client, SendInput};
+use courier_client::client::Client;
 use courier_client::config::{parse_protocol_config, ProtocolConfig};
 use courier_client::driver::connections::ConnectionCommand;
 use courier_client::driver::Receipts;
 use courier_client::error::ClientError;
+use courier_client::send::{ForwardInput, Quote, RichInput, SendInput};
 use napi::bindgen_prelude::{Buffer, Env, PromiseRaw};
 use napi_derive::napi;
 
@@ -39,10 +40,31 @@ pub struct NativeSendInput {
     pub priority: Option<String>,
     pub content_type: Option<String>,
     pub metadata: Option<HashMap<String, String>>,
+    /// The id of the message this one replies to.
+    pub reply_to: Option<String>,
+    pub quote: Option<NativeQuote>,
+    pub mentions: Option<Vec<String>>,
+    /// `extras` as JSON text (an object), which the facade checked it can hold.
+    pub extras_json: Option<String>,
+}
+
+/// `SendOptions.quote` in `js/index.d.ts`.
+#[napi(object)]
+pub struct NativeQuote {
+    pub text: String,
+    pub sender: Option<String>,
+    pub message_id: Option<String>,
+}
+
+/// The options of `forwardMessage`.
+#[napi(object)]
+pub struct NativeForwardOptions {
+    pub id: Option<String>,
+    pub priority: Option<String>,
 }
 
 impl NativeSendInput {
-    fn into_send(self) -> SendInput {
+    fn into_send(self) -> Result<SendInput> {
         let (binary_content, binary_len) = match &self.binary {
             Some(bytes) => {
                 use base64::Engine as _;
@@ -53,7 +75,7 @@ impl NativeSendInput {
             }
             None => (None, 0),
         };
-        SendInput {
+        Ok(SendInput {
             recipient: self.recipient,
             content: self.content.unwrap_or_default(),
             binary_content,
@@ -65,7 +87,27 @@ impl NativeSendInput {
                 .metadata
                 .map(|m| m.into_iter().collect::<BTreeMap<_, _>>())
                 .unwrap_or_default(),
-        }
+            rich: RichInput {
+                reply_to: self.reply_to,
+                quote: self.quote.map(|q| Quote {
+                    text: q.text,
+                    sender: q.sender,
+                    message_id: q.message_id,
+                }),
+                mentions: self.mentions.unwrap_or_default(),
+                extras: self.extras_json.as_deref().map(extras).transpose()?,
+            },
+        })
+    }
+}
+
+fn extras(json: &str) -> Result<serde_json::Map<String, serde_json::Value>> {
+    match serde_json::from_str(json) {
+        Ok(serde_json::Value::Object(extras)) => Ok(extras),
+        _ => Err(coded(
+            Code::INVALID_ARGUMENT,
+            "options.extras must be an object JSON can hold",
+        )),
     }
 }
 
@@ -185,10 +227,37 @@ impl NativeProtocol {
         input: NativeSendInput,
     ) -> Result<PromiseRaw<'env, Settled<String>>> {
         let client = self.started()?;
-        let send = input.into_send();
+        let send = input.into_send()?;
         let durable = client.enqueue_send(send).map_err(client_error)?;
         env.spawn_future(async move { Ok(Settled(durable.await.map_err(client_error))) })
             .map_err(|e| coded(Code::INTERNAL, e.reason))
+    }
+
+    /// Forwards the message this device received as `messageId` to `to` (an address, or a
+    /// group this device is in); resolves with the new message's id once it is durably accepted
+    /// (`docs/protocol.md#rich-messages`).
+    #[napi(ts_return_type = "Promise<string>")]
+    pub async fn forward_message(
+        &self,
+        message_id: String,
+        to: String,
+        options: Option<NativeForwardOptions>,
+    ) -> Settled<String> {
+        let forwarded = async {
+            let client = self.started()?;
+            let options = options.unwrap_or(NativeForwardOptions {
+                id: None,
+                priority: None,
+            });
+            let forward = ForwardInput {
+                message_id,
+                to,
+                id: options.id,
+                priority: options.priority,
+            };
+            client.forward(forward).await.map_err(client_error)
+        };
+        forwarded.await.into()
     }
 
     /// Resolves with the request's id once it is durably in the outbox

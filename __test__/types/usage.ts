@@ -9,17 +9,22 @@ import {
   type ConnectionRequestUndeliverableEvent,
   type DecryptionFailureCode,
   type DiagnosticLevel,
+  type ForwardInfo,
+  type ForwardOptions,
   type GroupInfo,
   type GroupMemberStatus,
   type GroupMessageStatus,
   type IdentityReadyEvent,
+  type InboundMessage,
   type MessageDeferredReason,
   type MessageDeliveredEvent,
   type MessageFailedEvent,
   type MessageFailedReason,
   type ProtocolEvent,
   type ProtocolEventOf,
+  type Quote,
   type SecurityWarningReasonCode,
+  type SendOptions,
   type Transport,
   type UndeliverableReasonCode,
 } from '../../js/index.js'
@@ -272,4 +277,40 @@ export async function groupChat(protocol: Protocol, friends: string[]): Promise<
   })
   void new Protocol({ appId: 'chat', storage: { memory: true }, group: { relayBroadcastEnabled: false } })
   return protocol.listGroups()
+}
+
+export async function richMessages(protocol: Protocol, bobAddress: string, groupId: string): Promise<string> {
+  protocol.on('message_received', (ev) => {
+    const replyTo: string | null = ev.replyTo
+    const quote: Quote | null = ev.quote
+    const mentions: string[] = ev.mentions
+    const extras: Record<string, unknown> | null = ev.extras
+    const origin: ForwardInfo | null = ev.forwardInfo
+    if (origin !== null) console.log(origin.messageId, origin.sender, origin.timestamp, origin.chat ?? '-', origin.forwardCount)
+    console.log(replyTo, quote?.text, quote?.sender, quote?.messageId, mentions.length, extras?.['thread'])
+  })
+  const options: SendOptions = {
+    replyTo: 'm-1',
+    quote: { text: 'dinner at 8?', sender: bobAddress, messageId: 'm-1' },
+    mentions: [bobAddress],
+    extras: { thread: 7, tags: ['plans'] },
+  }
+  await protocol.sendMessage(bobAddress, 'yes', options)
+  await protocol.sendGroupMessage(groupId, 'yes', { mentions: [bobAddress], extras: { pinned: true } })
+  const forwardOptions: ForwardOptions = { priority: 'low', id: 'fwd-1' }
+  await protocol.forwardMessage('m-1', groupId, forwardOptions)
+  const hooked = new Protocol({
+    appId: 'chat',
+    storage: { path: 'hooked.db' },
+    inboundDurabilityHook: async (batch: InboundMessage[]) => {
+      for (const m of batch) console.log(m.replyTo, m.quote?.text, m.mentions, m.extras, m.forwardInfo?.forwardCount)
+    },
+  })
+  void hooked
+  try {
+    return await protocol.forwardMessage('m-2', bobAddress)
+  } catch (e) {
+    if (e instanceof ProtocolError && e.code === 'ERR_MESSAGE_NOT_FOUND') return 'not kept'
+    throw e
+  }
 }

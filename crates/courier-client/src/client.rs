@@ -1,14 +1,13 @@
 //! `Client`: what the binding holds while a `Protocol` is started.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::{Mutex, PoisonError};
 use std::thread;
 
 use courier_crypto::Sessions;
-use courier_engine::{Carrier, DiagnosticLevel, InboundOrigin, Input, SendRequest, Stats};
-use courier_proto::limits::{is_reserved_content, MAX_CONTENT_BYTES, MAX_FRAME_BYTES};
-use courier_proto::message::RESERVED_METADATA_KEYS;
-use courier_proto::{validate_identifier, Address, ContentType, IdentityKey, Message, Priority};
+use courier_engine::{Carrier, DiagnosticLevel, InboundOrigin, Input, Stats};
+use courier_proto::limits::MAX_FRAME_BYTES;
+use courier_proto::{validate_identifier, IdentityKey, Message};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -27,20 +26,10 @@ use crate::driver::{self, Command, Driver, DriverTx, Published, Receipts, Wiring
 use crate::error::ClientError;
 use crate::event::ClientEvent;
 use crate::media_send::{self, MediaInput};
+/// Named from here by the binding and the tests since before `send` owned it.
+pub use crate::send::SendInput;
+use crate::send::{check_direct_recipient, validate_send, ContentCap, ForwardInput};
 use crate::store::{GroupSendStatus, MessageStatus, PendingRequest, Store};
-
-/// What the application passes to `sendMessage`, before validation.
-#[derive(Debug, Clone, Default)]
-pub struct SendInput {
-    pub recipient: String,
-    pub content: String,
-    pub binary_content: Option<String>,
-    pub binary_len: usize,
-    pub id: Option<String>,
-    pub priority: Option<String>,
-    pub content_type: Option<String>,
-    pub metadata: BTreeMap<String, String>,
-}
 
 pub struct Client {
     /// This device's `off1` address, derived from its persisted identity key.
@@ -294,14 +283,7 @@ impl Client {
         ClientError,
     > {
         let req = validate_send(input, ContentCap::Applies)?;
-        if self.encryption && Address::parse(&req.recipient).is_err() {
-            // A session is with a device, and only an address names one.
-            return Err(ClientError::InvalidArgument(format!(
-                "recipient {:?} is not an off1 address: with encryption enabled messages go to \
-                 a device's address",
-                req.recipient
-            )));
-        }
+        check_direct_recipient(&req.recipient, self.encryption)?;
         let (reply, rx) = oneshot::channel();
         self.driver.send(Command::Send { req, reply });
         Ok(async move { rx.await.map_err(|_| ClientError::NotStarted)? })
@@ -325,6 +307,16 @@ impl Client {
 
     pub async fn send(&self, input: SendInput) -> Result<String, ClientError> {
         self.enqueue_send(input)?.await
+    }
+
+    /// `forwardMessage`: sends a message this device received, with its forward origin, to an
+    /// address or to a group this device is in; resolves with the new message's id once it is
+    /// durably accepted (`docs/protocol.md#rich-messages`). `ERR_MESSAGE_NOT_FOUND` when this
+    /// device keeps no received message with that id.
+    pub async fn forward(&self, forward: ForwardInput) -> Result<String, ClientError> {
+        let (reply, rx) = oneshot::channel();
+        self.driver.send(Command::Forward { forward, reply });
+        rx.await.map_err(|_| ClientError::NotStarted)?
     }
 
     /// `sendConnectionRequest`: resolves with the request's id once it is durably in the outbox
@@ -660,77 +652,4 @@ impl Client {
         let _ = rx.await;
         let _ = tokio::task::spawn_blocking(move || running.driver_thread.join()).await;
     }
-}
-
-/// Whether a send is held to the content cap: a direct message is; a group message is not,
-/// since it is sealed at once and waits in no pre-session queue, and is bounded by the frame it
-/// must fit instead (`docs/delivery.md#send-validation`).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum ContentCap {
-    Applies,
-    Exempt,
-}
-
-/// The checks of `sendMessage` (`docs/delivery.md#send-validation`); a refused send changes
-/// nothing. `recipient` is the group's id for a group message.
-fn validate_send(input: SendInput, cap: ContentCap) -> Result<SendRequest, ClientError> {
-    let invalid = |m: String| Err(ClientError::InvalidArgument(m));
-    if let Err(e) = validate_identifier(&input.recipient) {
-        return invalid(format!("recipient {e}"));
-    }
-    if let Some(id) = &input.id {
-        if let Err(e) = validate_identifier(id) {
-            return invalid(format!("options.id {e}"));
-        }
-    }
-    let size = input.content.len() + input.binary_len;
-    if cap == ContentCap::Applies && size > MAX_CONTENT_BYTES {
-        return invalid(format!(
-            "content is {size} bytes; the limit is {MAX_CONTENT_BYTES} (send larger content \
-             with sendMedia)"
-        ));
-    }
-    if is_reserved_content(&input.content) {
-        return invalid("content starts with a prefix reserved for the engine".into());
-    }
-    let priority = match input.priority.as_deref() {
-        None => Priority::Medium,
-        Some(p) => match Priority::parse(p) {
-            Some(p) => p,
-            None => {
-                return invalid(format!(
-                    "options.priority must be 'low', 'medium', 'high' or 'critical', got {p:?}"
-                ))
-            }
-        },
-    };
-    let content_type = match input.content_type.as_deref() {
-        None => ContentType::Text,
-        Some(t) => match ContentType::parse(t) {
-            Some(ContentType::FileChunk) | None => {
-                return invalid(format!(
-                    "options.contentType {t:?} is not a message content type"
-                ))
-            }
-            Some(t) => t,
-        },
-    };
-    if let Some(key) = input
-        .metadata
-        .keys()
-        .find(|k| RESERVED_METADATA_KEYS.contains(&k.as_str()))
-    {
-        return invalid(format!("options.metadata key {key:?} is reserved"));
-    }
-    Ok(SendRequest {
-        id: input.id.unwrap_or_else(driver::mint_id),
-        settled: None,
-        recipient: input.recipient,
-        content: input.content,
-        content_type,
-        priority,
-        metadata: input.metadata,
-        binary_content: input.binary_content,
-        media: None,
-    })
 }

@@ -22,6 +22,9 @@ pub enum ClientError {
     /// Groups are MLS groups: they need `encryption` on.
     #[error("groups need end-to-end encryption, which is disabled")]
     EncryptionRequired,
+    /// `forwardMessage` of an id this device keeps no received message under.
+    #[error("no received message {0} on this device")]
+    MessageNotFound(String),
     #[error("no group {0} on this device")]
     GroupNotFound(String),
     #[error("this device does not administer group {0}: only its creator changes its members")]
@@ -63,6 +66,7 @@ impl ClientError {
             Self::Storage(_) => "ERR_STORAGE",
             Self::UnsupportedDurabilityBackend => "ERR_UNSUPPORTED_DURABILITY_BACKEND",
             Self::EncryptionRequired => "ERR_ENCRYPTION_REQUIRED",
+            Self::MessageNotFound(_) => "ERR_MESSAGE_NOT_FOUND",
             Self::GroupNotFound(_) => "ERR_GROUP_NOT_FOUND",
             Self::GroupNotAdmin(_) => "ERR_GROUP_NOT_ADMIN",
             Self::NotConnected(_) => "ERR_NOT_CONNECTED",

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 
 use courier_engine::{DiagnosticLevel, Event, FailReason};
 use courier_proto::message::{META_GROUP_COPY, META_GROUP_ID};
-use serde_json::{json, Value};
+use courier_proto::{Message, RichParts};
+use serde_json::{json, Map, Value};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClientEvent {
@@ -123,6 +124,42 @@ pub fn app_metadata(
     let group_id = metadata.remove(META_GROUP_ID);
     metadata.remove(META_GROUP_COPY);
     (metadata, group_id)
+}
+
+/// A received message's reply link, quote, mentions, extras and forward origin as the app sees
+/// them (`replyTo`, `quote`, `mentions`, `extras`, `forwardInfo` in `js/index.d.ts`), on
+/// `message_received` and on the durability hook's messages alike. The engine hands on only parts
+/// that keep their rules (`docs/protocol.md#rich-messages`).
+pub fn rich_fields(message: &Message) -> Map<String, Value> {
+    let parts = RichParts::read(message).0;
+    let rich = parts.rich.unwrap_or_default();
+    let quote = rich.quote.map(|quote| {
+        let mut v = json!({"text": quote.text});
+        if let Some(sender) = quote.sender {
+            v["sender"] = Value::String(sender);
+        }
+        if let Some(id) = quote.message_id {
+            v["messageId"] = Value::String(id);
+        }
+        v
+    });
+    let forward_info = parts.forwarded_from.map(|origin| {
+        let mut v = json!({
+            "messageId": origin.message_id, "sender": origin.sender,
+            "timestamp": origin.timestamp, "forwardCount": origin.forward_count,
+        });
+        if let Some(chat) = origin.chat {
+            v["chat"] = Value::String(chat);
+        }
+        v
+    });
+    Map::from_iter([
+        ("replyTo".to_owned(), json!(parts.reply_to)),
+        ("quote".to_owned(), json!(quote)),
+        ("mentions".to_owned(), json!(rich.mentions)),
+        ("extras".to_owned(), json!(rich.extras)),
+        ("forwardInfo".to_owned(), json!(forward_info)),
+    ])
 }
 
 pub fn level_name(level: DiagnosticLevel) -> &'static str {
@@ -376,6 +413,9 @@ fn engine_event_json(e: &Event) -> Value {
             }
             if let Some(Value::String(b64)) = &message.binary_content {
                 v["binaryContent"] = Value::String(b64.clone());
+            }
+            if let Some(fields) = v.as_object_mut() {
+                fields.extend(rich_fields(message));
             }
             v
         }

@@ -9,4 +9,5 @@ pub mod driver;
 pub mod error;
 pub mod event;
 pub mod media_send;
+pub mod send;
 pub mod store;

@@ -105,6 +105,7 @@ async fn a_message_claiming_another_sender_is_dropped_and_cannot_spend_its_id() 
         metadata: BTreeMap::new(),
         requires_ack: true,
         reply_to_msg: None,
+        rich: None,
         binary_content: None,
         media_metadata: None,
         forwarded_from: None,

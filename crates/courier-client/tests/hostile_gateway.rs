@@ -343,6 +343,7 @@ fn from_bob(own: &str, id: &str) -> Value {
         metadata: Default::default(),
         requires_ack: true,
         reply_to_msg: None,
+        rich: None,
         binary_content: None,
         media_metadata: None,
         forwarded_from: None,

@@ -23,6 +23,7 @@ fn record(id: &str) -> OutboxRecord {
             metadata: Default::default(),
             requires_ack: true,
             reply_to_msg: None,
+            rich: None,
             binary_content: None,
             media_metadata: None,
             forwarded_from: None,

@@ -176,6 +176,9 @@ fn a_version_3_seed_stored_in_the_clear_is_sealed_at_the_next_start() {
          DROP TABLE group_registration;
          DROP TABLE group_sends;
          DROP TABLE group_send_members;
+         DROP TABLE received_messages;
+         DROP TABLE media_out;
+         DROP TABLE media_in;
          DROP TABLE identity;
          CREATE TABLE identity (
              id         INTEGER PRIMARY KEY CHECK (id = 1),

@@ -53,6 +53,7 @@ fn message(i: u64, sender: &str) -> Message {
         metadata,
         requires_ack: i % 7 != 3,
         reply_to_msg: i.is_multiple_of(3).then(|| format!("in-{}", i + 100)),
+        rich: None,
         binary_content: (i % 4 == 1).then(|| json!("aGVsbG8=")),
         media_metadata: (i % 4 == 2).then(|| json!({"w": 640, "h": 480})),
         forwarded_from: (i % 4 == 3).then(|| json!({"by": "dave"})),

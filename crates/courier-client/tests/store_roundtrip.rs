@@ -43,6 +43,7 @@ fn message(i: u64) -> Message {
         reply_to_msg: i
             .is_multiple_of(3)
             .then(|| format!("msg-{}", i.saturating_sub(1))),
+        rich: (i == 5).then(|| json!({"mentions": ["bob"], "extras": {"k": [1]}})),
         binary_content: (i % 4 == 1).then(|| json!("aGVsbG8=")),
         media_metadata: (i % 4 == 2).then(|| json!({"w": 640, "h": 480})),
         forwarded_from: None,

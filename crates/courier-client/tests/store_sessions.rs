@@ -43,6 +43,7 @@ fn waiting(id: &str) -> OutboxRecord {
             metadata: Default::default(),
             requires_ack: true,
             reply_to_msg: None,
+            rich: None,
             binary_content: None,
             media_metadata: None,
             forwarded_from: None,

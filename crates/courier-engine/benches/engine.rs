@@ -83,6 +83,7 @@ fn request(id: String) -> SendRequest {
         metadata: BTreeMap::new(),
         binary_content: None,
         media: None,
+        rich: Default::default(),
     }
 }
 
@@ -369,6 +370,7 @@ fn inbound_message(n: u64) -> Message {
         metadata: BTreeMap::new(),
         requires_ack: true,
         reply_to_msg: None,
+        rich: None,
         binary_content: None,
         media_metadata: None,
         forwarded_from: None,

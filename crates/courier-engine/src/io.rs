@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use courier_proto::{ContentType, Message, Priority, UnreachableCause};
+use courier_proto::{ContentType, Message, Priority, RichParts, UnreachableCause};
 use serde::{Deserialize, Serialize};
 
 /// Epoch milliseconds. The engine never reads a clock; every input carries `now`.
@@ -65,6 +65,10 @@ pub struct SendRequest {
     /// A file chunk's header (`courier_proto::ChunkHeader`), carried in `Message.media_metadata`.
     /// Its bytes are the runtime's to add when it puts the chunk on a carrier.
     pub media: Option<serde_json::Value>,
+    /// The reply link, quote, mentions, extras and forward origin
+    /// (`docs/protocol.md#rich-messages`), checked. Boxed: most sends have none, and a send
+    /// travels inside every input and command.
+    pub rich: Box<RichParts>,
 }
 
 /// What the application asked to send to a group, sealed once for its roster

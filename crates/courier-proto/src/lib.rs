@@ -1,6 +1,7 @@
 //! Shared vocabulary of offline-courier (`docs/protocol.md`): the relay wire frames
 //! (`docs/protocol.md#frame-reference`), the end-to-end `Message`
-//! (`docs/protocol.md#end-to-end-message`), identifier rules (`docs/protocol.md#identifiers`), the
+//! (`docs/protocol.md#end-to-end-message`) with its rich parts (`docs/protocol.md#rich-messages`),
+//! identifier rules (`docs/protocol.md#identifiers`), the
 //! protocol's fixed limits, the key packages of the relay's directory
 //! (`docs/protocol.md#key-package-directory`), and the identity layer: the Ed25519 identity key,
 //! `off1` addresses, canonical signing payloads, control-frame signatures and the relay and
@@ -22,6 +23,7 @@ pub mod lines;
 pub mod media;
 pub mod message;
 pub mod proof;
+pub mod rich;
 pub mod sealed;
 pub mod security;
 pub mod signing;
@@ -51,6 +53,7 @@ pub use proof::{
     gateway_proof_payload, relay_proof_payload, verify_declaration, verify_gateway_declaration,
     AddressDeclError, DeclareError, GatewayDeclaration,
 };
+pub use rich::{ForwardInfo, Quote, Rich, RichError, RichParts};
 pub use sealed::{
     envelope, group_envelope, group_payload, open_envelope, sealed_payload, GroupFrame,
     SealedError, SessionFrame, MLS_ENC_PREFIX, MLS_GROUP_PREFIX,

@@ -150,10 +150,16 @@ pub struct Message {
     pub requires_ack: bool,
     #[serde(default)]
     pub reply_to_msg: Option<String>,
+    /// A quote, mentions and app extras (`docs/protocol.md#rich-messages`), as the wire has
+    /// them: a receiver reads them with [`RichParts::read`](crate::rich::RichParts::read), which
+    /// drops a malformed part rather than the message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rich: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub binary_content: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub media_metadata: Option<Value>,
+    /// Where a forward first came from (`docs/protocol.md#rich-messages`), read like `rich`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forwarded_from: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -229,6 +235,7 @@ impl Message {
             metadata,
             requires_ack: false,
             reply_to_msg: None,
+            rich: None,
             binary_content: None,
             media_metadata: None,
             forwarded_from: None,
@@ -239,10 +246,10 @@ impl Message {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn sample() -> Message {
+    pub(crate) fn sample() -> Message {
         Message {
             id: "m1".into(),
             sender: "alice".into(),
@@ -258,6 +265,7 @@ mod tests {
             metadata: BTreeMap::new(),
             requires_ack: true,
             reply_to_msg: None,
+            rich: None,
             binary_content: None,
             media_metadata: None,
             forwarded_from: None,

@@ -57,6 +57,7 @@ fn envelope_with(prefix: &str, inner: &Message, sender: &Address, ciphertext: &[
         metadata: BTreeMap::new(),
         requires_ack: inner.requires_ack,
         reply_to_msg: None,
+        rich: None,
         binary_content: None,
         media_metadata: None,
         forwarded_from: None,
@@ -241,9 +242,12 @@ mod tests {
             metadata: BTreeMap::from([("k".into(), "private".into())]),
             requires_ack: true,
             reply_to_msg: Some("earlier".into()),
+            rich: Some(serde_json::json!({"mentions": ["carol"], "extras": {"note": "hidden"}})),
             binary_content: None,
             media_metadata: None,
-            forwarded_from: None,
+            forwarded_from: Some(serde_json::json!({
+                "message_id": "m-0", "sender": "dave", "timestamp": 1, "forward_count": 1
+            })),
             reply_context: None,
             encrypted: None,
         }
@@ -255,7 +259,15 @@ mod tests {
         let inner = message(&alice.to_string());
         let outer = envelope(&inner, &alice, b"ciphertext bytes");
         let wire = outer.encode();
-        for secret in ["the secret", "private", "earlier", "image"] {
+        for secret in [
+            "the secret",
+            "private",
+            "earlier",
+            "image",
+            "carol",
+            "hidden",
+            "dave",
+        ] {
             assert!(!wire.contains(secret), "{secret} is visible");
         }
         let (sealed_by, bytes) = sealed_payload(&outer).unwrap().unwrap();

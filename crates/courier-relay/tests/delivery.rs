@@ -50,6 +50,53 @@ async fn live_send_is_journaled_and_delivered_byte_identical() {
     assert_eq!(relay.stored_frames(), 0);
 }
 
+/// `reply_to_msg` is journaled with the frame and reaches the recipient as sent: from the
+/// mailbox, live, after a relay restart, and `null` when the sender gave none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reply_to_msg_reaches_the_recipient_as_sent() {
+    let mut relay = TestRelay::start().await;
+    relay.register("bob").await;
+    let mut alice = relay.online("alice").await;
+    let replying = |message_id: &str, reply_to: Option<&str>| ClientFrame::SendMessage {
+        recipient: "bob".into(),
+        content: CONTENT.into(),
+        message_id: message_id.into(),
+        reply_to_msg: reply_to.map(Into::into),
+    };
+    alice.send(&replying("m1", Some("m0"))).await;
+    assert_sent(&alice.answer().await, "m1", "bob", "stored");
+    alice.send(&replying("m2", None)).await;
+    assert_sent(&alice.answer().await, "m2", "bob", "stored");
+
+    let mut bob = relay.client().await;
+    bob.authenticate("bob", true).await;
+    let (frames, _) = bob.drain().await;
+    let links: Vec<_> = frames.iter().map(|f| f.reply_to_msg.as_deref()).collect();
+    assert_eq!(links, [Some("m0"), None]);
+
+    alice.send(&replying("m3", Some("m1"))).await;
+    assert_sent(&alice.answer().await, "m3", "bob", "live");
+    let live = bob.received().await;
+    assert_eq!(
+        (live.message_id.as_str(), live.reply_to_msg.as_deref()),
+        ("m3", Some("m1"))
+    );
+
+    // Unreleased frames come back after a restart with their links.
+    relay.restart_with(|_| {}).await;
+    let mut bob = relay.client().await;
+    bob.authenticate("bob", true).await;
+    let (frames, _) = bob.drain().await;
+    let links: Vec<_> = frames
+        .iter()
+        .map(|f| (f.message_id.as_str(), f.reply_to_msg.as_deref()))
+        .collect();
+    assert_eq!(
+        links,
+        [("m1", Some("m0")), ("m2", None), ("m3", Some("m1"))]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn offline_recipient_gets_stored_frames_in_its_drain() {
     let relay = TestRelay::start().await;

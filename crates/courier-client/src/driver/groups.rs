@@ -247,6 +247,11 @@ impl Groups {
         }
     }
 
+    /// Whether this device is in group `group_id`.
+    pub fn is_member(&self, group_id: &str) -> bool {
+        self.rows.contains_key(group_id)
+    }
+
     fn row(&self, group_id: &str) -> Result<&GroupRow, ClientError> {
         self.rows
             .get(group_id)
@@ -683,7 +688,7 @@ impl Groups {
         let row = self.row(&group_id)?.clone();
         let me = self.address.to_string();
         let wire = wire_id(&request.id);
-        let inner = Message {
+        let mut inner = Message {
             id: wire.clone(),
             sender: me.clone(),
             recipient: group_id.clone(),
@@ -698,12 +703,14 @@ impl Groups {
             metadata: request.metadata,
             requires_ack: false,
             reply_to_msg: None,
+            rich: None,
             binary_content: request.binary_content.map(serde_json::Value::String),
             media_metadata: None,
             forwarded_from: None,
             reply_context: None,
             encrypted: None,
         };
+        request.rich.write_to(&mut inner);
         let sealed = e2e
             .sessions_mut()
             .seal_group(&group_id, inner.encode().as_bytes())

@@ -24,7 +24,7 @@ use crate::carrier::relay::RelayOut;
 use crate::carrier::Submit;
 use crate::error::ClientError;
 use crate::event::ClientEvent;
-use crate::store::{Reports, RuntimeChanges, Store};
+use crate::store::{Received, Reports, RuntimeChanges, Store};
 
 type Reply = oneshot::Sender<Result<String, ClientError>>;
 
@@ -107,11 +107,18 @@ impl Host<ClientEvent> for StepHost<'_> {
             });
         }
         let media = self.media.changes();
+        let received: Vec<Received<'_>> = events
+            .iter()
+            .chain(after_transmits)
+            .filter_map(received)
+            .collect();
         let runtime = RuntimeChanges {
             sessions: &sessions,
             connections: self.connections.changes(),
             groups: self.groups.changes(),
             media: &media,
+            received: &received,
+            now: self.now,
         };
         match self.store.commit_with(&ops, &reports, &runtime) {
             Ok(()) => {
@@ -311,6 +318,24 @@ pub(super) fn send_message(message: &Message) -> ClientFrame {
     }
 }
 
+/// The message a `message_received` delivers, kept in the step's commit for forwarding: the
+/// step that processed it (or whose hook verdict committed it) is the one that emits it.
+fn received(event: &ClientEvent) -> Option<Received<'_>> {
+    match event.engine()? {
+        Event::MessageReceived {
+            message,
+            chat,
+            sender,
+            ..
+        } => Some(Received {
+            chat,
+            sender,
+            message,
+        }),
+        _ => None,
+    }
+}
+
 /// A terminal event's `(message id, JSON)`, held in storage until it has been dispatched.
 fn terminal_report(event: &ClientEvent) -> Option<(String, String)> {
     let id = event.terminal_message_id()?.to_owned();
@@ -320,4 +345,39 @@ fn terminal_report(event: &ClientEvent) -> Option<(String, String)> {
         _ => event.to_json().to_string(),
     };
     Some((id, json))
+}
+
+#[cfg(test)]
+mod tests {
+    use courier_proto::{IdentityKey, RichParts};
+
+    use super::*;
+
+    fn frame_reply_link(message: &Message) -> Option<String> {
+        match send_message(message) {
+            ClientFrame::SendMessage { reply_to_msg, .. } => reply_to_msg,
+            other => panic!("expected SendMessage, got {other:?}"),
+        }
+    }
+
+    /// The relay frame names the message replied to only for a message in the clear: a sealed
+    /// one keeps the link inside its ciphertext (`docs/protocol.md#rich-messages`).
+    #[test]
+    fn only_a_message_in_the_clear_shows_its_reply_link_on_the_frame() {
+        let alice = IdentityKey::from_seed([1; 32]).address();
+        let mut message = Message::decode(&format!(
+            r#"{{"id":"m1","sender":"{alice}","recipient":"bob","app_id":"chat","priority":"medium",
+               "ttl":10,"hop_count":0,"timestamp":1,"lamport_clock":1,"content_type":"text",
+               "content":"yes","metadata":{{}}}}"#
+        ))
+        .unwrap();
+        RichParts {
+            reply_to: Some("m0".into()),
+            ..RichParts::default()
+        }
+        .write_to(&mut message);
+        assert_eq!(frame_reply_link(&message).as_deref(), Some("m0"));
+        let sealed = courier_proto::envelope(&message, &alice, b"ciphertext");
+        assert_eq!(frame_reply_link(&sealed), None);
+    }
 }

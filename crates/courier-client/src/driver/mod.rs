@@ -27,10 +27,11 @@ use crate::carrier::gateway::GatewayOut;
 use crate::carrier::relay::RelayOut;
 use crate::error::ClientError;
 use crate::event::ClientEvent;
+use crate::send::{self, ContentCap, ForwardInput};
 use crate::store::{GroupSendStatus, MessageStatus, PendingRequest, Reports, Store, StoreError};
 
 use connections::{ConnectionCommand, Connections};
-use groups::{GroupCommand, GroupInfo, GroupRelayReport, Groups};
+use groups::{GroupCommand, GroupInfo, GroupRelayReport, GroupSendInput, Groups};
 use media::{Media, SendMedia};
 
 use e2e::{DirectoryReport, E2e};
@@ -46,6 +47,12 @@ pub enum Command {
     /// storage remembers of the id (`SendRequest::settled`), which the engine judges.
     Send {
         req: SendRequest,
+        reply: oneshot::Sender<Result<String, ClientError>>,
+    },
+    /// `forwardMessage`: the received message is looked up in storage, then sent like a
+    /// `sendMessage` (or a `sendGroupMessage` when `to` is a group this device is in).
+    Forward {
+        forward: ForwardInput,
         reply: oneshot::Sender<Result<String, ClientError>>,
     },
     Status {
@@ -250,11 +257,25 @@ pub struct Retention {
     pub age_ms: u64,
     pub max_settled: usize,
     pub max_processed: usize,
+    /// Received messages kept for forwarding (`docs/delivery.md#received-messages`): by count
+    /// and by bytes, never by age.
+    pub max_received: usize,
+    pub max_received_bytes: u64,
 }
 
 /// Pruning runs at most this often, and only when the driver wakes for other work anyway.
 const PRUNE_EVERY_MS: u64 = 3_600_000;
 pub const MAX_SETTLED: usize = 100_000;
+/// Received messages kept for forwarding, and the bytes they may take
+/// (`docs/delivery.md#received-messages`).
+pub const MAX_RECEIVED: usize = 10_000;
+pub const MAX_RECEIVED_BYTES: u64 = 64 * 1024 * 1024;
+
+/// A checked forward: to an address, or to a group this device is in.
+enum Forwarding {
+    Direct(SendRequest),
+    Group(GroupSendInput),
+}
 
 /// What a step owes its callers besides its outputs.
 #[derive(Default)]
@@ -296,6 +317,8 @@ impl Driver {
                 age_ms: config.dedup_retention_ms(),
                 max_settled: MAX_SETTLED,
                 max_processed: config.dedup_max_entries,
+                max_received: MAX_RECEIVED,
+                max_received_bytes: MAX_RECEIVED_BYTES,
             },
             engine,
             store,
@@ -478,6 +501,18 @@ impl Driver {
                     let _ = reply.send(Err(e.into()));
                 }
             },
+            Command::Forward { forward, reply } => match self.forward(forward) {
+                Ok(Forwarding::Direct(req)) => {
+                    self.apply(Command::Send { req, reply }, now, step, owed)
+                }
+                Ok(Forwarding::Group(input)) => {
+                    let command = GroupCommand::Send(input);
+                    self.apply(Command::Group { command, reply }, now, step, owed)
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
             Command::Connection { command, reply } => {
                 let e2e = self.e2e.as_mut();
                 match self
@@ -555,6 +590,31 @@ impl Driver {
         while let Some(recipient) = self.engine.poll_session_wanted() {
             e2e.want(&mut self.engine, step, &recipient, now);
         }
+    }
+
+    /// The send that forwards the received message `forward.message_id`, checked as
+    /// `sendMessage` or `sendGroupMessage` checks theirs.
+    fn forward(&self, forward: ForwardInput) -> Result<Forwarding, ClientError> {
+        let received = self
+            .store
+            .received(&forward.message_id)?
+            .ok_or_else(|| ClientError::MessageNotFound(forward.message_id.clone()))?;
+        let origin = send::forward_origin(&received);
+        let to_group = self.groups.is_member(&forward.to);
+        let input = send::forward_input(&received, forward);
+        let cap = if to_group {
+            ContentCap::Exempt
+        } else {
+            ContentCap::Applies
+        };
+        let mut request = send::validate_send(input, cap)?;
+        request.rich.forwarded_from = Some(origin);
+        if to_group {
+            let group_id = request.recipient.clone();
+            return Ok(Forwarding::Group(GroupSendInput { group_id, request }));
+        }
+        send::check_direct_recipient(&request.recipient, self.e2e.is_some())?;
+        Ok(Forwarding::Direct(request))
     }
 
     /// Whether storage knows group message `id` (sent before, delivered or not).
@@ -759,7 +819,11 @@ impl Driver {
             .prune_processed(older_than, self.retention.max_processed);
         let media = self.store.prune_media(older_than);
         self.media.forget_before(older_than);
-        if let Err(e) = settled.and(processed).and(media) {
+        let received = self.store.prune_received(
+            self.retention.max_received,
+            self.retention.max_received_bytes,
+        );
+        if let Err(e) = settled.and(processed).and(media).and(received) {
             self.app.event(ClientEvent::Diagnostic {
                 level: DiagnosticLevel::Warn,
                 message: format!("pruning old delivery records failed: {e}"),
@@ -792,6 +856,7 @@ mod tests {
             metadata: Default::default(),
             binary_content: None,
             media: None,
+            rich: Default::default(),
         }
     }
 

@@ -39,5 +39,6 @@ pub fn control_request(
         metadata,
         binary_content: None,
         media: None,
+        rich: Default::default(),
     }
 }

@@ -144,6 +144,7 @@ mod tests {
                 metadata: Default::default(),
                 requires_ack: true,
                 reply_to_msg: None,
+                rich: None,
                 binary_content: None,
                 media_metadata: None,
                 forwarded_from: None,

@@ -1,5 +1,6 @@
-//! The SQLite store: the durable outbox, settled outcomes, processed inbound keys and the
-//! durability buffer of inbound messages awaiting the application's hook (`pending_inbound`).
+//! The SQLite store: the durable outbox, settled outcomes, processed inbound keys, the
+//! durability buffer of inbound messages awaiting the application's hook (`pending_inbound`)
+//! and the received messages kept for forwarding (`received_messages`).
 //!
 //! # Durability promise
 //! A file store runs in WAL mode with `synchronous=FULL`: every `commit` fsyncs the WAL before
@@ -31,6 +32,7 @@ mod lock;
 pub mod media;
 mod mls;
 mod outbox;
+mod received;
 mod schema;
 
 use std::os::raw::c_int;
@@ -50,6 +52,7 @@ use courier_crypto::{Change, RowKey};
 pub use groups::{GroupChange, GroupRow, GroupSendStatus};
 use identity::SealKeys;
 use lock::LockFile;
+pub use received::{Received, ReceivedMessage};
 pub use schema::SCHEMA_VERSION;
 use zeroize::Zeroizing;
 
@@ -74,6 +77,10 @@ pub struct RuntimeChanges<'a> {
     pub connections: &'a [ConnectionChange],
     pub groups: &'a [GroupChange],
     pub media: &'a [media::MediaChange],
+    /// The messages the step processed (delivered to the app, or committed by its hook).
+    pub received: &'a [Received<'a>],
+    /// When the step ran: the received messages' time.
+    pub now: Millis,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -393,6 +400,8 @@ impl Store {
             connections,
             groups,
             media,
+            received,
+            now,
         } = *runtime;
         if ops.is_empty()
             && reports.held.is_empty()
@@ -401,6 +410,7 @@ impl Store {
             && connections.is_empty()
             && groups.is_empty()
             && media.is_empty()
+            && received.is_empty()
         {
             return Ok(());
         }
@@ -413,7 +423,10 @@ impl Store {
         }
         connections::apply(&tx, connections)?;
         groups::apply(&tx, groups)?;
-        media::apply(&tx, media, crate::driver::now_ms())?;
+        media::apply(&tx, media, now)?;
+        for message in received {
+            received::keep(&tx, message, now)?;
+        }
         for op in ops {
             match op {
                 StoreOp::Put(record) => outbox::put(&tx, record)?,
@@ -442,6 +455,27 @@ impl Store {
         }
         tx.commit()?;
         Ok(())
+    }
+
+    /// The message received as `message_id` (the id `message_received` named it by), while it
+    /// is kept.
+    pub fn received(&self, message_id: &str) -> Result<Option<ReceivedMessage>, StoreError> {
+        received::find(&self.conn, message_id)
+    }
+
+    /// Bounds the received messages: the oldest beyond `max_messages`, then the oldest until
+    /// the rest fit `max_bytes`, are deleted. Returns how many.
+    pub fn prune_received(
+        &mut self,
+        max_messages: usize,
+        max_bytes: u64,
+    ) -> Result<usize, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = received::prune(&tx, max_messages, max_bytes)?;
+        tx.commit()?;
+        Ok(n)
     }
 
     /// The groups this device is in, each with the members the relay confirmed.
@@ -690,6 +724,7 @@ mod tests {
             metadata: Default::default(),
             requires_ack: true,
             reply_to_msg: None,
+            rich: None,
             binary_content: None,
             media_metadata: None,
             forwarded_from: None,

@@ -27,7 +27,8 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     v7_sealed_inbound,
     v8_connections,
     v9_groups,
-    v10_media,
+    v10_received,
+    v11_media,
 ];
 
 /// The schema version this build writes and understands.
@@ -287,8 +288,27 @@ fn v9_groups(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     )
 }
 
-/// Version 10: file transfer manifests, outgoing and incoming.
-fn v10_media(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+/// Version 10: received messages, kept for `forwardMessage` (`docs/delivery.md#received-messages`).
+/// A rowid table: rows hold whole messages, up to the content cap. Found by the message id the
+/// application saw; pruned oldest first, by count and by `bytes` (the JSON's length).
+fn v10_received(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "CREATE TABLE received_messages (
+             chat         TEXT    NOT NULL,
+             sender       TEXT    NOT NULL,
+             message_id   TEXT    NOT NULL,
+             received_at  INTEGER NOT NULL,
+             bytes        INTEGER NOT NULL CHECK (bytes >= 0),
+             message_json TEXT    NOT NULL,
+             UNIQUE (chat, sender, message_id)
+         );
+         CREATE INDEX received_messages_by_id ON received_messages (message_id, received_at);
+         CREATE INDEX received_messages_by_received_at ON received_messages (received_at);",
+    )
+}
+
+/// Version 11: file transfer manifests, outgoing and incoming.
+fn v11_media(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     tx.execute_batch(
         "CREATE TABLE media_out (
              file_id    TEXT    PRIMARY KEY NOT NULL,

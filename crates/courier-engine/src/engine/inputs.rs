@@ -130,6 +130,7 @@ impl Engine {
             metadata,
             binary_content,
             media,
+            rich,
         } = req;
         let wire_id = courier_proto::wire_id(&id);
         // Two app ids with one wire id would be one message on the wire: the second is a
@@ -151,7 +152,7 @@ impl Engine {
             self.make_room(Class::of(content_type), now);
         }
         self.lamport = self.lamport.saturating_add(1).min(MAX_LAMPORT);
-        let message = Message {
+        let mut message = Message {
             id,
             sender: self.local_identity.clone(),
             recipient,
@@ -166,12 +167,14 @@ impl Engine {
             metadata,
             requires_ack: true,
             reply_to_msg: None,
+            rich: None,
             binary_content: binary_content.map(Value::String),
             media_metadata: media,
             forwarded_from: None,
             reply_context: None,
             encrypted: None,
         };
+        rich.write_to(&mut message);
         self.track_chunk(&message);
         let waiting = Waiting {
             message,

@@ -2,6 +2,7 @@
 //! durability hook's commits, and the delivery ACKs and frame releases that follow processing.
 
 use courier_proto::message::META_GROUP_ID;
+use courier_proto::RichParts;
 
 use super::*;
 
@@ -283,7 +284,7 @@ impl Engine {
             // ACK wait for the commit (or, over the buffer bound, for a redelivery).
             let pending = PendingInbound {
                 key,
-                message,
+                message: self.without_malformed_parts(message),
                 carrier: origin.carrier.clone(),
                 stamped_sender: origin.stamped_sender.clone(),
                 received_at: now,
@@ -303,6 +304,7 @@ impl Engine {
                     at: now,
                 }));
                 if !chunk {
+                    let message = self.without_malformed_parts(message);
                     self.events.push_back(Event::MessageReceived {
                         message,
                         chat: key.chat,
@@ -325,6 +327,25 @@ impl Engine {
             self.ack_back(origin, message);
         }
         release
+    }
+
+    /// `message` with only the rich parts that keep their rules (`docs/protocol.md#rich-messages`):
+    /// a malformed reply link, `rich` or `forwarded_from` is dropped with a `Warn` diagnostic,
+    /// and the message is delivered without it.
+    fn without_malformed_parts(&mut self, mut message: Message) -> Message {
+        let (parts, problems) = RichParts::read(&message);
+        if problems.is_empty() {
+            return message;
+        }
+        for problem in problems {
+            let text = format!(
+                "message {} from {}: dropped its malformed part ({problem})",
+                message.id, message.sender
+            );
+            self.diagnostic(DiagnosticLevel::Warn, text);
+        }
+        parts.write_to(&mut message);
+        message
     }
 
     /// The end-to-end ACK of a committed (or restored and delivered) message: on the carrier it

@@ -593,6 +593,7 @@ fn inbound_sample() -> courier_proto::Message {
         metadata: Default::default(),
         requires_ack: true,
         reply_to_msg: None,
+        rich: None,
         binary_content: None,
         media_metadata: None,
         forwarded_from: None,

@@ -36,6 +36,7 @@ fn sealed(id: &str) -> Message {
         metadata,
         requires_ack: false,
         reply_to_msg: None,
+        rich: None,
         binary_content: None,
         media_metadata: None,
         forwarded_from: None,

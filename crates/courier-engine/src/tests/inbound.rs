@@ -22,6 +22,7 @@ fn from_bob(id: &str) -> Message {
         metadata: BTreeMap::new(),
         requires_ack: true,
         reply_to_msg: None,
+        rich: None,
         binary_content: None,
         media_metadata: None,
         forwarded_from: None,
@@ -38,6 +39,17 @@ fn over_relay(stamped: &str, seq: u64) -> InboundOrigin {
         seq: Some(seq),
         sealed_by: None,
     }
+}
+
+/// A device with its relay carrier up, and the durability hook when `hooked`.
+fn connected(hooked: bool) -> Sim {
+    let mut config = Config::new("chat");
+    if hooked {
+        config.durability_hook = Some(crate::config::HookConfig::default());
+    }
+    let mut sim = Sim::new(config);
+    sim.carrier_up();
+    sim
 }
 
 /// What one inbound call produced, reduced to its kinds, in the runtime's order.
@@ -281,12 +293,7 @@ fn a_relay_answer_in_the_message_plane_is_dropped_and_released() {
 #[test]
 fn every_priority_is_acknowledged_with_and_without_the_hook() {
     for hooked in [false, true] {
-        let mut config = Config::new("chat");
-        if hooked {
-            config.durability_hook = Some(crate::config::HookConfig::default());
-        }
-        let mut sim = Sim::new(config);
-        sim.carrier_up();
+        let mut sim = connected(hooked);
         for (n, priority) in [
             Priority::Critical,
             Priority::High,
@@ -315,5 +322,64 @@ fn every_priority_is_acknowledged_with_and_without_the_hook() {
                 "{priority:?} (hook: {hooked})"
             );
         }
+    }
+}
+
+/// A malformed reply link, `rich` or `forwarded_from` is dropped alone, with a `Warn`; the message
+/// is delivered (and, with the hook, buffered and handed over) without it, and acknowledged
+/// (`docs/protocol.md#rich-messages`).
+#[test]
+fn a_malformed_rich_part_is_dropped_and_the_message_delivered() {
+    let malformed = |id: &str| Message {
+        reply_to_msg: Some("a/b".into()),
+        rich: Some(serde_json::json!({"mentions": ["carol"], "extras": {"k": 1}})),
+        forwarded_from: Some(serde_json::json!({"message_id": "m0"})),
+        ..from_bob(id)
+    };
+    for hooked in [false, true] {
+        let mut sim = connected(hooked);
+        let mark = sim.mark();
+        sim.inbound(malformed("b1"), over_relay(BOB, 1));
+        let delivered = if hooked {
+            sim.poll_hook().expect("a batch");
+            let [handed] = &sim.hook_result(true)[..] else {
+                panic!("one message in the batch")
+            };
+            handed.message.clone()
+        } else {
+            sim.log[mark..]
+                .iter()
+                .find_map(|(_, out)| match out {
+                    Out::Event(Event::MessageReceived { message, .. }) => Some(message.clone()),
+                    _ => None,
+                })
+                .expect("delivered")
+        };
+        let warnings: Vec<&str> = sim.log[mark..]
+            .iter()
+            .filter_map(|(_, out)| match out {
+                Out::Event(Event::Diagnostic {
+                    level: crate::DiagnosticLevel::Warn,
+                    message,
+                }) => Some(message.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(warnings.len(), 2, "hook {hooked}: {warnings:?}");
+        assert!(warnings[0].contains("reply_to_msg"), "{warnings:?}");
+        assert!(warnings[1].contains("forwarded_from"), "{warnings:?}");
+        assert_eq!(delivered.reply_to_msg, None);
+        assert_eq!(delivered.forwarded_from, None);
+        assert_eq!(
+            delivered.rich,
+            Some(serde_json::json!({"mentions": ["carol"], "extras": {"k": 1}})),
+            "the well-formed part stays"
+        );
+        assert_eq!(delivered.content, "hi alice");
+        assert_eq!(
+            sent_ack(&sim, mark).and_then(Message::ack_for),
+            Some("b1"),
+            "hook {hooked}"
+        );
     }
 }

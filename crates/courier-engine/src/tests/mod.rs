@@ -1340,6 +1340,7 @@ pub(crate) fn request(
         metadata: BTreeMap::new(),
         binary_content: None,
         media: None,
+        rich: Default::default(),
     }
 }
 
@@ -1360,6 +1361,7 @@ pub(crate) fn message_from(sender: &str, id: &str) -> Message {
         metadata: BTreeMap::new(),
         requires_ack: true,
         reply_to_msg: None,
+        rich: None,
         binary_content: None,
         media_metadata: None,
         forwarded_from: None,

@@ -27,6 +27,7 @@ fn control(key: &IdentityKey, id: &str, signed_at: Option<Millis>) -> Message {
         metadata: BTreeMap::new(),
         requires_ack: true,
         reply_to_msg: None,
+        rich: None,
         binary_content: None,
         media_metadata: None,
         forwarded_from: None,

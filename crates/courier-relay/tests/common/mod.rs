@@ -290,6 +290,11 @@ impl Client {
         content: &str,
     ) -> RelayFrame {
         self.send_message(recipient, message_id, content).await;
+        self.answer().await
+    }
+
+    /// The answer to the `SendMessage` just sent, as [`Client::send_and_answer`] waits for it.
+    pub async fn answer(&mut self) -> RelayFrame {
         self.next_where(|f| {
             matches!(
                 f,
@@ -495,6 +500,7 @@ pub struct Received {
     pub content: String,
     pub message_id: String,
     pub timestamp: u64,
+    pub reply_to_msg: Option<String>,
 }
 
 impl From<RelayFrame> for Received {
@@ -507,7 +513,7 @@ impl From<RelayFrame> for Received {
                 content,
                 message_id,
                 timestamp,
-                ..
+                reply_to_msg,
             } => Self {
                 seq,
                 sender,
@@ -515,6 +521,7 @@ impl From<RelayFrame> for Received {
                 content,
                 message_id,
                 timestamp,
+                reply_to_msg,
             },
             other => panic!("expected MessageReceived, got {other:?}"),
         }

@@ -142,6 +142,7 @@ impl World {
             metadata,
             requires_ack: false,
             reply_to_msg: None,
+            rich: None,
             binary_content: None,
             media_metadata: None,
             forwarded_from: None,

@@ -171,6 +171,7 @@ impl World {
             metadata: BTreeMap::new(),
             binary_content: None,
             media: None,
+            rich: Default::default(),
         };
         self.counts.sends += 1;
         self.trace(|w| {
@@ -207,6 +208,7 @@ impl World {
                 metadata: BTreeMap::new(),
                 binary_content: None,
                 media: None,
+                rich: Default::default(),
             };
             self.counts.sends += 1;
             self.trace(|w| format!("{} probes {} with {id}", w.peers[p].name(), req.recipient));
@@ -242,6 +244,7 @@ impl World {
             metadata: BTreeMap::new(),
             binary_content: None,
             media: None,
+            rich: Default::default(),
         };
         self.trace(|_| format!("{name} app sends {id} again"));
         let now = self.now;

@@ -424,6 +424,7 @@ impl Media {
                     metadata: BTreeMap::new(),
                     binary_content: None,
                     media: Some(header),
+                    rich: Default::default(),
                 };
                 step.apply(engine, Input::Send(request), now);
             }
@@ -1162,7 +1163,12 @@ mod tests {
             .expect("the first chunk opens the assembly");
         media.sync().unwrap();
         media.committed();
-        let partial = media.incoming.values().next().unwrap().partial_path(dir.path());
+        let partial = media
+            .incoming
+            .values()
+            .next()
+            .unwrap()
+            .partial_path(dir.path());
         assert!(partial.exists());
 
         // A day short of stale: kept.
