@@ -202,13 +202,6 @@ export interface NativeInboundMessage {
   rich: Record<string, any>
 }
 
-/** `SendOptions.quote` in `js/index.d.ts`. */
-export interface NativeQuote {
-  text: string
-  sender?: string
-  messageId?: string
-}
-
 /** `sendMedia(recipient, source, options)`: exactly one of `path` and `bytes`. */
 export interface NativeMediaInput {
   recipient: string
@@ -220,6 +213,13 @@ export interface NativeMediaInput {
   caption?: string
   replyTo?: string
   metadata?: Record<string, string>
+}
+
+/** `SendOptions.quote` in `js/index.d.ts`. */
+export interface NativeQuote {
+  text: string
+  sender?: string
+  messageId?: string
 }
 
 /**

@@ -177,3 +177,33 @@ test('over an app carrier a file goes in the smaller chunks its frames allow', a
   assert.equal(indexes.size, Math.ceil(bytes.length / 4096), 'one chunk per 4 KiB')
   assert.ok(chunks.every((m) => Buffer.from(m.binary_content, 'base64').length <= 4096))
 })
+
+test('a received file is forwarded with where it came from', async (t) => {
+  const { dir, relay, alice, bob, bobAddress } = await pair(t)
+  const carol = await started(t, mediaConfig('carol', dir, relay.url))
+  const carolAddress = carol.protocol.localAddress()
+  const bytes = randomBytes(600_000)
+  const fileId = await alice.protocol.sendMedia(bobAddress, bytes, { fileName: 'map.png', caption: 'the way', contentType: 'image/png' })
+  await waitFor(bob.recorder, (e) => e.type === 'file_received' && e.fileId === fileId)
+
+  const forwarded = await bob.protocol.forwardMessage(fileId, carolAddress)
+  assert.notEqual(forwarded, fileId)
+  const got = await waitFor(carol.recorder, (e) => e.type === 'file_received' && e.fileId === forwarded, { timeoutMs: 30_000 })
+  assert.deepEqual(readFileSync(got.path), bytes)
+  assert.equal(got.sender, bobAddress)
+  assert.equal(got.fileName, 'map.png')
+  assert.equal(got.caption, 'the way')
+  assert.equal(got.contentType, 'image/png')
+  assert.deepEqual(
+    { messageId: got.forwardInfo.messageId, sender: got.forwardInfo.sender, forwardCount: got.forwardInfo.forwardCount },
+    { messageId: fileId, sender: alice.protocol.localAddress(), forwardCount: 1 },
+  )
+  await waitFor(bob.recorder, (e) => e.type === 'file_delivered' && e.fileId === forwarded)
+
+  // Forwarded again, it keeps its first origin and counts one more.
+  const again = await carol.protocol.forwardMessage(forwarded, alice.protocol.localAddress())
+  const back = await waitFor(alice.recorder, (e) => e.type === 'file_received' && e.fileId === again, { timeoutMs: 30_000 })
+  assert.equal(back.forwardInfo.sender, alice.protocol.localAddress())
+  assert.equal(back.forwardInfo.forwardCount, 2)
+  await assert.rejects(bob.protocol.forwardMessage('never-received', carolAddress), (e) => e.code === 'ERR_MESSAGE_NOT_FOUND')
+})

@@ -633,7 +633,8 @@ export interface FileReceivedEvent {
   metadata: Record<string, string>
   /** The message this file answers (as this device knows its id). */
   replyTo: string | null
-  forwardInfo: unknown | null
+  /** Where a forwarded file came from. */
+  forwardInfo: ForwardInfo | null
 }
 /** Every chunk of an outgoing file was acknowledged: the recipient holds it whole. Terminal. */
 export interface FileDeliveredEvent { type: 'file_delivered'; fileId: string; recipient: string; size: number }

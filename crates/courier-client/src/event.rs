@@ -143,16 +143,7 @@ pub fn rich_fields(message: &Message) -> Map<String, Value> {
         }
         v
     });
-    let forward_info = parts.forwarded_from.map(|origin| {
-        let mut v = json!({
-            "messageId": origin.message_id, "sender": origin.sender,
-            "timestamp": origin.timestamp, "forwardCount": origin.forward_count,
-        });
-        if let Some(chat) = origin.chat {
-            v["chat"] = Value::String(chat);
-        }
-        v
-    });
+    let forward_info = parts.forwarded_from.map(forward_info_json);
     Map::from_iter([
         ("replyTo".to_owned(), json!(parts.reply_to)),
         ("quote".to_owned(), json!(quote)),
@@ -488,4 +479,16 @@ fn engine_event_json(e: &Event) -> Value {
             "type": "diagnostic", "level": level_name(*level), "message": message, "target": "courier_engine",
         }),
     }
+}
+
+/// `forwardInfo` as the application sees it, on a message or a file.
+pub fn forward_info_json(origin: courier_proto::rich::ForwardInfo) -> Value {
+    let mut v = json!({
+        "messageId": origin.message_id, "sender": origin.sender,
+        "timestamp": origin.timestamp, "forwardCount": origin.forward_count,
+    });
+    if let Some(chat) = origin.chat {
+        v["chat"] = Value::String(chat);
+    }
+    v
 }

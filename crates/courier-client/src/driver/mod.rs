@@ -275,6 +275,8 @@ pub const MAX_RECEIVED_BYTES: u64 = 64 * 1024 * 1024;
 enum Forwarding {
     Direct(SendRequest),
     Group(GroupSendInput),
+    /// A file this device received (`docs/delivery.md#forwarding-a-file`).
+    File(Box<SendMedia>),
 }
 
 /// What a step owes its callers besides its outputs.
@@ -509,6 +511,9 @@ impl Driver {
                     let command = GroupCommand::Send(input);
                     self.apply(Command::Group { command, reply }, now, step, owed)
                 }
+                Ok(Forwarding::File(command)) => {
+                    self.apply(Command::Media { command, reply }, now, step, owed)
+                }
                 Err(e) => {
                     let _ = reply.send(Err(e));
                 }
@@ -595,10 +600,9 @@ impl Driver {
     /// The send that forwards the received message `forward.message_id`, checked as
     /// `sendMessage` or `sendGroupMessage` checks theirs.
     fn forward(&self, forward: ForwardInput) -> Result<Forwarding, ClientError> {
-        let received = self
-            .store
-            .received(&forward.message_id)?
-            .ok_or_else(|| ClientError::MessageNotFound(forward.message_id.clone()))?;
+        let Some(received) = self.store.received(&forward.message_id)? else {
+            return self.forward_file(forward);
+        };
         let origin = send::forward_origin(&received);
         let to_group = self.groups.is_member(&forward.to);
         let input = send::forward_input(&received, forward);
@@ -615,6 +619,26 @@ impl Driver {
         }
         send::check_direct_recipient(&request.recipient, self.e2e.is_some())?;
         Ok(Forwarding::Direct(request))
+    }
+
+    /// `forwardMessage` of an id no received message has: a received file's, or nothing known.
+    fn forward_file(&self, forward: ForwardInput) -> Result<Forwarding, ClientError> {
+        let ForwardInput {
+            message_id, to, id, ..
+        } = forward;
+        if self.groups.is_member(&to) {
+            if self.media.forward(&message_id, to.clone(), None).is_some() {
+                return Err(ClientError::InvalidArgument(format!(
+                    "{to} is a group: a file goes to a device"
+                )));
+            }
+            return Err(ClientError::MessageNotFound(message_id));
+        }
+        send::check_direct_recipient(&to, self.e2e.is_some())?;
+        match self.media.forward(&message_id, to, id) {
+            Some(command) => Ok(Forwarding::File(Box::new(command?))),
+            None => Err(ClientError::MessageNotFound(message_id)),
+        }
     }
 
     /// Whether storage knows group message `id` (sent before, delivered or not).

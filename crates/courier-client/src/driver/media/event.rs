@@ -34,7 +34,7 @@ pub struct Received {
     pub caption: Option<String>,
     pub metadata: BTreeMap<String, String>,
     pub reply_to: Option<String>,
-    pub forwarded_from: Option<Value>,
+    pub forwarded_from: Option<courier_proto::rich::ForwardInfo>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,7 +89,8 @@ impl MediaEvent {
                 "type": "file_received", "fileId": r.file_id, "sender": r.sender,
                 "path": r.path, "fileName": r.file_name, "contentType": r.mime_type,
                 "size": r.size, "sha256": r.sha256, "caption": r.caption,
-                "metadata": r.metadata, "replyTo": r.reply_to, "forwardInfo": r.forwarded_from,
+                "metadata": r.metadata, "replyTo": r.reply_to,
+                "forwardInfo": r.forwarded_from.clone().map(crate::event::forward_info_json),
             }),
             Self::Delivered {
                 file_id,

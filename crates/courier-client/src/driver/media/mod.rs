@@ -20,6 +20,7 @@ use std::sync::Arc;
 use courier_engine::step::Step;
 use courier_engine::{Engine, Input, Millis, OutboxRecord, SendRequest};
 use courier_proto::media::{header_of, MAX_CHUNKS};
+use courier_proto::rich::ForwardInfo;
 use courier_proto::{
     Address, Chunk, ChunkHeader, ContentType, FileAction, FileControl, FileDetails, IdentityKey,
     Message, Priority,
@@ -722,6 +723,63 @@ impl Media {
         !self.broken.is_empty()
     }
 
+    /// `forwardMessage` of a file this device received (`fileId` as `file_received` named it):
+    /// the same file, from where it was put, to `to`, with its details and where it came from.
+    /// `None` when no received file has that id.
+    pub fn forward(
+        &self,
+        file_id: &str,
+        to: String,
+        new_id: Option<String>,
+    ) -> Option<Result<SendMedia, ClientError>> {
+        let row = self
+            .received
+            .values()
+            .filter(|row| row.file_id == file_id && row.state == TransferState::Done)
+            .max_by_key(|row| row.started_at)?;
+        let path = PathBuf::from(row.path.as_deref()?);
+        let modified_ms = match fs::metadata(&path) {
+            Ok(meta) => meta
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_millis() as u64),
+            Err(e) => {
+                let e = format!("received file {file_id} at {}: {e}", path.display());
+                return Some(Err(ClientError::FileUnreadable(e)));
+            }
+        };
+        let mut details = row.details.clone().unwrap_or_default();
+        let earlier = details
+            .forwarded_from
+            .take()
+            .and_then(|v| serde_json::from_value::<ForwardInfo>(v).ok());
+        let origin = match earlier {
+            Some(origin) => ForwardInfo {
+                forward_count: origin.forward_count.saturating_add(1),
+                ..origin
+            },
+            None => ForwardInfo {
+                message_id: row.file_id.clone(),
+                sender: row.sender.clone(),
+                timestamp: row.started_at,
+                chat: Some(row.sender.clone()),
+                forward_count: 1,
+            },
+        };
+        details.forwarded_from =
+            Some(serde_json::to_value(origin).expect("forward info serializes"));
+        details.reply_to = None;
+        Some(Ok(SendMedia {
+            file_id: new_id,
+            recipient: to,
+            source: SendSource::Path { path, modified_ms },
+            size: row.size,
+            sha256: row.sha256.clone(),
+            details,
+        }))
+    }
+
     // ---- receiving --------------------------------------------------------------------------
 
     /// An inbound chunk from `sender`, opened: written and held (the engine acknowledges it once
@@ -1021,7 +1079,10 @@ impl Media {
             caption: details.caption,
             metadata: details.metadata,
             reply_to: details.reply_to,
-            forwarded_from: details.forwarded_from,
+            // A peer's malformed forward info is left out; the file is still the file.
+            forwarded_from: details
+                .forwarded_from
+                .and_then(|v| serde_json::from_value(v).ok()),
         };
         step.emit(
             engine,
