@@ -135,15 +135,7 @@ impl Media {
                 .push(assembly.partial_path(&self.config.directory));
             let reason = format!("no chunk arrived for {} days", stale_after / 86_400_000);
             assembly.row.state = TransferState::Failed(reason.clone());
-            step.emit(
-                engine,
-                ClientEvent::Media(Box::new(MediaEvent::Failed {
-                    file_id: key.1.clone(),
-                    direction: Direction::Incoming,
-                    peer: key.0.clone(),
-                    reason,
-                })),
-            );
+            step.emit(engine, incoming_failed(&key, reason));
             self.dirty_in.insert(key.clone());
             self.received.insert(key, assembly.row);
         }
@@ -205,15 +197,7 @@ impl Media {
                     step,
                     now,
                 );
-                step.emit(
-                    engine,
-                    ClientEvent::Media(Box::new(MediaEvent::Failed {
-                        file_id: key.1.clone(),
-                        direction: Direction::Incoming,
-                        peer: key.0.clone(),
-                        reason: reason.clone(),
-                    })),
-                );
+                step.emit(engine, incoming_failed(key, reason.clone()));
             }
             return Err(reason);
         }
@@ -273,12 +257,7 @@ impl Media {
                     target: "courier_client::media",
                 }
             } else {
-                ClientEvent::Media(Box::new(MediaEvent::Failed {
-                    file_id: key.1.clone(),
-                    direction: Direction::Incoming,
-                    peer: key.0.clone(),
-                    reason: reason.clone(),
-                }))
+                incoming_failed(key, reason.clone())
             };
             step.emit(engine, event);
             self.received.insert(key.clone(), assembly.row);
@@ -314,4 +293,14 @@ impl Media {
         self.received.insert(key.clone(), assembly.row);
         Ok(())
     }
+}
+
+/// `file_failed` of the incoming transfer `key` (sender, file id).
+fn incoming_failed(key: &(String, String), reason: String) -> ClientEvent {
+    ClientEvent::Media(Box::new(MediaEvent::Failed {
+        file_id: key.1.clone(),
+        direction: Direction::Incoming,
+        peer: key.0.clone(),
+        reason,
+    }))
 }
