@@ -278,7 +278,8 @@ impl Engine {
         let mut release = true;
         let mut ack = None;
         // The runtime already holds a chunk's bytes: the hook and the application never see it.
-        let chunk = message.content_type == ContentType::FileChunk;
+        // Only a chunk of a transfer (its header names one) is: anything else is a message.
+        let chunk = file_id(&message).is_some();
         if self.hook.is_some() && !chunk && !self.dedup.contains(&key, now) {
             // With the hook, a message not processed yet goes to the pipeline: its seq and its
             // ACK wait for the commit (or, over the buffer bound, for a redelivery).

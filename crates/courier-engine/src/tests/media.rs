@@ -146,6 +146,7 @@ fn an_inbound_chunk_is_acknowledged_at_once_even_with_the_hook() {
     sim.carrier_up();
     let mut message = message_from(BOB, "c1");
     message.content_type = ContentType::FileChunk;
+    message.media_metadata = chunk(ALICE, "f1", 0).media;
     let origin = InboundOrigin {
         carrier: Carrier::Relay,
         stamped_sender: BOB.to_owned(),

@@ -457,7 +457,7 @@ impl Sim {
         if let Some(copy) = message.metadata.get(META_GROUP_COPY) {
             self.copy_keys.insert(copy.clone(), inbound_key(&message));
         }
-        if message.content_type == ContentType::FileChunk {
+        if message.content_type == ContentType::FileChunk && message.media_metadata.is_some() {
             self.chunk_keys.insert(inbound_key(&message));
         }
         if let (None, Some(seq)) = (message.ack_for(), origin.seq) {
