@@ -97,9 +97,7 @@ impl ChunkHeader {
 
     /// Where chunk `index` starts in the file, and how long it is.
     pub fn span(&self, index: u32) -> (u64, u64) {
-        let start = u64::from(index) * u64::from(self.chunk_size);
-        let end = (start + u64::from(self.chunk_size)).min(self.size);
-        (start, end.saturating_sub(start))
+        span(self.size, self.chunk_size, index)
     }
 
     /// Checks what a peer sent: an identifier for `file_id`, a chunk size within bounds, a count
@@ -177,6 +175,14 @@ impl FileControl {
         let body = content.strip_prefix(FILE_CONTROL_PREFIX)?;
         Some(serde_json::from_str(body).map_err(|e| ChunkError::Header(e.to_string())))
     }
+}
+
+/// Where chunk `index` of a file of `size` bytes in chunks of `chunk_size` starts, and how long
+/// it is.
+pub fn span(size: u64, chunk_size: u32, index: u32) -> (u64, u64) {
+    let start = u64::from(index) * u64::from(chunk_size);
+    let end = (start + u64::from(chunk_size)).min(size);
+    (start, end.saturating_sub(start))
 }
 
 /// A chunk as the receiver reads it from a message.

@@ -108,19 +108,9 @@ impl Incoming {
 }
 
 fn held_bytes(row: &IncomingRow) -> u64 {
-    let header = |index| ChunkHeader {
-        file_id: String::new(),
-        generation: 0,
-        index,
-        count: row.count,
-        size: row.size,
-        chunk_size: row.chunk_size,
-        sha256: String::new(),
-        details: None,
-    };
     (0..row.count)
         .filter(|&i| row.holds(i))
-        .map(|i| header(i).span(i).1)
+        .map(|i| courier_proto::media::span(row.size, row.chunk_size, i).1)
         .sum()
 }
 

@@ -72,7 +72,7 @@ impl Outgoing {
     }
 
     pub fn len_of(&self, index: u32) -> u64 {
-        self.header(index).span(index).1
+        courier_proto::media::span(self.row.size, self.row.chunk_size, index).1
     }
 
     pub fn acked_chunks(&self) -> u32 {
@@ -107,7 +107,7 @@ impl Outgoing {
 
     /// Chunk `index`'s bytes, read from the source.
     pub fn read(&self, index: u32) -> io::Result<Vec<u8>> {
-        let (start, len) = self.header(index).span(index);
+        let (start, len) = courier_proto::media::span(self.row.size, self.row.chunk_size, index);
         match &self.source {
             Source::Bytes(bytes) => Ok(bytes[start as usize..(start + len) as usize].to_vec()),
             Source::Path(path) => {

@@ -82,12 +82,12 @@ impl Media {
         Ok(())
     }
 
-    /// Sends the sender of `header`'s transfer a file control.
+    /// Sends `sender` a file control about its transfer (file id, generation).
     #[allow(clippy::too_many_arguments)]
     fn tell(
         &self,
         sender: &str,
-        header: &ChunkHeader,
+        (file_id, generation): (&str, u32),
         action: FileAction,
         reason: &str,
         engine: &mut Engine,
@@ -99,8 +99,8 @@ impl Media {
             return;
         }
         let control = FileControl {
-            file_id: header.file_id.clone(),
-            generation: header.generation,
+            file_id: file_id.to_owned(),
+            generation,
             action,
             reason: reason.to_owned(),
         };
@@ -190,7 +190,7 @@ impl Media {
             if self.refused.insert(key.clone()) {
                 self.tell(
                     &key.0,
-                    header,
+                    (&header.file_id, header.generation),
                     FileAction::Refuse,
                     &reason,
                     engine,
@@ -227,24 +227,15 @@ impl Media {
             // The last chunk is not acknowledged; the sender hears why and starts over, or —
             // after too many tries — stops.
             let reason = "the file's SHA-256 does not match the sender's".to_owned();
-            let row = &assembly.row;
-            let header = ChunkHeader {
-                file_id: row.file_id.clone(),
-                generation: row.generation,
-                index: 0,
-                count: row.count,
-                size: row.size,
-                chunk_size: row.chunk_size,
-                sha256: row.sha256.clone(),
-                details: None,
-            };
-            let again = row.generation + 1 < MAX_GENERATION;
+            let generation = assembly.row.generation;
+            let again = generation + 1 < MAX_GENERATION;
             let action = if again {
                 FileAction::Restart
             } else {
                 FileAction::Refuse
             };
-            self.tell(&key.0, &header, action, &reason, engine, step, now);
+            let transfer = (key.1.as_str(), generation);
+            self.tell(&key.0, transfer, action, &reason, engine, step, now);
             assembly.row.state = TransferState::Failed(reason.clone());
             self.removals.push(partial);
             let event = if again {
