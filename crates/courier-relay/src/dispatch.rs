@@ -19,8 +19,14 @@ use crate::rate::TokenBucket;
 use crate::router::Peer;
 use crate::send::{account_of, resolve_recipient, send_message, Recipient};
 use crate::store::Release;
-use crate::writer::Outbound;
+use crate::writer::{Later, Outbound};
 use crate::Ctx;
+
+/// A frame's answer: known now, or decided once the frame's store request is durable.
+pub enum Answer {
+    Now(RelayFrame),
+    Later(Later),
+}
 
 /// What the reader does after a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,7 +111,19 @@ impl Session {
     }
 
     async fn answer(&self, frame: RelayFrame) -> Flow {
-        match self.out.send(Outbound::Frame(frame)).await {
+        self.queue(Outbound::Frame(frame)).await
+    }
+
+    /// Hands the writer an answer to write in this frame's place once it is decided.
+    async fn answer_later(&self, answer: Answer) -> Flow {
+        match answer {
+            Answer::Now(frame) => self.answer(frame).await,
+            Answer::Later(later) => self.queue(Outbound::Later(later)).await,
+        }
+    }
+
+    async fn queue(&self, outbound: Outbound) -> Flow {
+        match self.out.send(outbound).await {
             Ok(()) => Flow::Continue,
             Err(_) => Flow::WriterGone,
         }
@@ -230,7 +248,7 @@ impl Session {
                 reply_to_msg,
             } => {
                 let answer = send_message(self, recipient, content, message_id, reply_to_msg).await;
-                self.answer(answer).await
+                self.answer_later(answer).await
             }
             ClientFrame::Ack { seq } => self.ack(Release::One(seq)).await,
             ClientFrame::AckUpTo { seq } => self.ack(Release::UpTo(seq)).await,
@@ -367,17 +385,34 @@ impl Session {
             Release::UpTo(seq) if seq.min(written) >= 1 => Release::UpTo(seq.min(written)),
             _ => return Flow::Continue,
         };
-        let released = tokio::time::timeout(
-            self.ctx.timings.answer_deadline,
-            self.ctx.store.release(self.account(), release),
+        let deadline = tokio::time::Instant::now() + self.ctx.timings.answer_deadline;
+        let queued = tokio::time::timeout_at(
+            deadline,
+            self.ctx.store.queue_release(self.account(), release),
         )
         .await;
-        match released {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(account = self.account(), error = %e, "ack not recorded"),
-            Err(_) => tracing::warn!(account = self.account(), "ack timed out"),
-        }
-        Flow::Continue
+        let pending = match queued {
+            Ok(Ok(pending)) => pending,
+            Ok(Err(e)) => {
+                tracing::warn!(account = self.account(), error = %e, "ack not recorded");
+                return Flow::Continue;
+            }
+            Err(_) => {
+                tracing::warn!(account = self.account(), "ack timed out");
+                return Flow::Continue;
+            }
+        };
+        // Never answered; waited for in order only to report a failure.
+        let account = self.peer.account.clone();
+        self.answer_later(Answer::Later(Box::pin(async move {
+            match tokio::time::timeout_at(deadline, pending.answer()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(%account, error = %e, "ack not recorded"),
+                Err(_) => tracing::warn!(%account, "ack timed out"),
+            }
+            None
+        })))
+        .await
     }
 
     /// CheckPresence (`docs/protocol.md#presence`): `user_id` echoes the identifier as given; an

@@ -3,11 +3,15 @@
 
 use std::sync::Arc;
 
+use tokio::time::Instant;
+
 use courier_proto::ident::is_address_form;
 use courier_proto::UnreachableCause;
 use courier_proto::{Address, Disposition, RelayFrame};
 
-use crate::dispatch::{error_frame, identifier_size_ok, Session};
+use crate::config::MailboxLimits;
+use crate::dispatch::{error_frame, identifier_size_ok, Answer, Session};
+use crate::mailbox::Envelope;
 use crate::store::{AppendOutcome, Named, StoreError};
 use crate::Ctx;
 
@@ -115,104 +119,179 @@ fn internal(message_id: String) -> RelayFrame {
     error_frame("internal", "SendMessage", Some(message_id))
 }
 
+/// Decides a SendMessage. With a mailbox the frame is queued for the journal and answered once
+/// its group commit is durable, while the connection reads on; without one it is handed to the
+/// recipient's socket (or refused) before the next frame is read.
 pub async fn send_message(
     session: &Session,
     recipient: String,
     content: String,
     message_id: String,
     reply_to_msg: Option<String>,
-) -> RelayFrame {
-    let ids_ok = identifier_size_ok(&recipient)
-        && identifier_size_ok(&message_id)
+) -> Answer {
+    match session.ctx.mailbox {
+        Some(limits) => {
+            journal(
+                session,
+                recipient,
+                content,
+                message_id,
+                reply_to_msg,
+                limits,
+            )
+            .await
+        }
+        None => {
+            Answer::Now(unjournaled(session, recipient, content, message_id, reply_to_msg).await)
+        }
+    }
+}
+
+/// The checks every SendMessage passes first: the envelope, or the refusal.
+fn checked(
+    session: &Session,
+    recipient: &str,
+    content: String,
+    message_id: &str,
+    reply_to_msg: Option<String>,
+) -> Result<Envelope, Box<RelayFrame>> {
+    let ids_ok = identifier_size_ok(recipient)
+        && identifier_size_ok(message_id)
         && reply_to_msg.as_deref().is_none_or(identifier_size_ok);
     if !ids_ok {
-        let echo = identifier_size_ok(&message_id).then(|| message_id.clone());
-        return error_frame("invalid_frame", "SendMessage", echo);
+        let echo = identifier_size_ok(message_id).then(|| message_id.to_owned());
+        return Err(Box::new(error_frame("invalid_frame", "SendMessage", echo)));
     }
-    let envelope = session.envelope(message_id.clone(), content, reply_to_msg);
+    let envelope = session.envelope(message_id.to_owned(), content, reply_to_msg);
     if !envelope.fits_a_frame() {
-        return error_frame("invalid_frame", "SendMessage", Some(message_id));
+        return Err(Box::new(error_frame(
+            "invalid_frame",
+            "SendMessage",
+            Some(message_id.to_owned()),
+        )));
     }
-    let accepted_ms = envelope.accepted_ms;
-    let content_bytes = envelope.content.len();
-    let resolved = resolve_recipient(&recipient);
-    let Some(named) = resolved.named() else {
-        return recipient_unreachable(message_id, recipient, UnreachableCause::UnknownRecipient);
+    Ok(envelope)
+}
+
+/// No mailbox: the frame goes straight to the recipient's socket, or is refused.
+async fn unjournaled(
+    session: &Session,
+    recipient: String,
+    content: String,
+    message_id: String,
+    reply_to_msg: Option<String>,
+) -> RelayFrame {
+    let envelope = match checked(session, &recipient, content, &message_id, reply_to_msg) {
+        Ok(envelope) => envelope,
+        Err(refusal) => return *refusal,
     };
+    let accepted_ms = envelope.accepted_ms;
+    let resolved = resolve_recipient(&recipient);
+    if resolved.named().is_none() {
+        return recipient_unreachable(message_id, recipient, UnreachableCause::UnknownRecipient);
+    }
     let ctx = &session.ctx;
     let deadline = ctx.timings.answer_deadline;
-
-    let Some(limits) = ctx.mailbox else {
-        // No mailbox: hand the frame straight to the recipient's socket, or refuse.
-        let account = match account_of(ctx, resolved).await {
-            Ok(Some(account)) => account,
-            Ok(None) => {
-                return recipient_unreachable(
-                    message_id,
-                    recipient,
-                    UnreachableCause::UnknownRecipient,
-                )
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "address look-up failed");
-                return internal(message_id);
-            }
-        };
-        if let Some(peer) = ctx.router.get(&account) {
-            if peer
-                .queue
-                .send_unjournaled(Arc::new(envelope), deadline)
-                .await
-                .is_ok()
-            {
-                return sent(recipient, message_id, accepted_ms, Disposition::Live);
-            }
-            return recipient_unreachable(
-                message_id,
-                recipient,
-                UnreachableCause::OfflineNoMailbox,
-            );
+    let account = match account_of(ctx, resolved).await {
+        Ok(Some(account)) => account,
+        Ok(None) => {
+            return recipient_unreachable(message_id, recipient, UnreachableCause::UnknownRecipient)
         }
-        return match tokio::time::timeout(deadline, ctx.store.account_exists(&account)).await {
-            Ok(Ok(true)) => {
-                recipient_unreachable(message_id, recipient, UnreachableCause::OfflineNoMailbox)
-            }
-            Ok(Ok(false)) => {
-                recipient_unreachable(message_id, recipient, UnreachableCause::UnknownRecipient)
-            }
-            Ok(Err(e)) => {
-                tracing::error!(error = %e, "account lookup failed");
-                internal(message_id)
-            }
-            Err(_) => internal(message_id),
-        };
+        Err(e) => {
+            tracing::error!(error = %e, "address look-up failed");
+            return internal(message_id);
+        }
     };
-
-    // An address is resolved in the append's own transaction: the frame belongs to the
-    // account the address named at acceptance (`docs/protocol.md#identifiers`).
-    match tokio::time::timeout(deadline, ctx.store.append(named, envelope, limits)).await {
-        Ok(Ok(AppendOutcome::Accepted { disposition, .. })) => {
-            ctx.metrics.appended(content_bytes);
-            sent(recipient, message_id, accepted_ms, disposition)
+    if let Some(peer) = ctx.router.get(&account) {
+        if peer
+            .queue
+            .send_unjournaled(Arc::new(envelope), deadline)
+            .await
+            .is_ok()
+        {
+            return sent(recipient, message_id, accepted_ms, Disposition::Live);
         }
-        Ok(Ok(AppendOutcome::Duplicate { disposition })) => {
-            sent(recipient, message_id, accepted_ms, disposition)
+        return recipient_unreachable(message_id, recipient, UnreachableCause::OfflineNoMailbox);
+    }
+    match tokio::time::timeout(deadline, ctx.store.account_exists(&account)).await {
+        Ok(Ok(true)) => {
+            recipient_unreachable(message_id, recipient, UnreachableCause::OfflineNoMailbox)
         }
-        Ok(Ok(AppendOutcome::UnknownRecipient)) => {
+        Ok(Ok(false)) => {
             recipient_unreachable(message_id, recipient, UnreachableCause::UnknownRecipient)
         }
-        Ok(Ok(AppendOutcome::MailboxFull)) => {
-            recipient_unreachable(message_id, recipient, UnreachableCause::MailboxFull)
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "account lookup failed");
+            internal(message_id)
         }
+        Err(_) => internal(message_id),
+    }
+}
+
+/// Queues the frame for the journal, in this connection's order; the answer follows the commit.
+async fn journal(
+    session: &Session,
+    recipient: String,
+    content: String,
+    message_id: String,
+    reply_to_msg: Option<String>,
+    limits: MailboxLimits,
+) -> Answer {
+    let envelope = match checked(session, &recipient, content, &message_id, reply_to_msg) {
+        Ok(envelope) => envelope,
+        Err(refusal) => return Answer::Now(*refusal),
+    };
+    let Some(named) = resolve_recipient(&recipient).named() else {
+        return Answer::Now(recipient_unreachable(
+            message_id,
+            recipient,
+            UnreachableCause::UnknownRecipient,
+        ));
+    };
+    let accepted_ms = envelope.accepted_ms;
+    let content_bytes = envelope.content.len();
+    let ctx = Arc::clone(&session.ctx);
+    let deadline = Instant::now() + ctx.timings.answer_deadline;
+    // An address is resolved in the append's own transaction: the frame belongs to the
+    // account the address named at acceptance (`docs/protocol.md#identifiers`).
+    let queued = tokio::time::timeout_at(deadline, ctx.store.queue_append(named, envelope, limits));
+    let pending = match queued.await {
+        Ok(Ok(pending)) => pending,
         Ok(Err(e)) => {
             tracing::error!(error = %e, "journal append failed");
-            internal(message_id)
+            return Answer::Now(internal(message_id));
         }
         Err(_) => {
             tracing::error!("journal append timed out");
-            internal(message_id)
+            return Answer::Now(internal(message_id));
         }
-    }
+    };
+    Answer::Later(Box::pin(async move {
+        let answer = match tokio::time::timeout_at(deadline, pending.answer()).await {
+            Ok(Ok(AppendOutcome::Accepted { disposition, .. })) => {
+                ctx.metrics.appended(content_bytes);
+                sent(recipient, message_id, accepted_ms, disposition)
+            }
+            Ok(Ok(AppendOutcome::Duplicate { disposition })) => {
+                sent(recipient, message_id, accepted_ms, disposition)
+            }
+            Ok(Ok(AppendOutcome::UnknownRecipient)) => {
+                recipient_unreachable(message_id, recipient, UnreachableCause::UnknownRecipient)
+            }
+            Ok(Ok(AppendOutcome::MailboxFull)) => {
+                recipient_unreachable(message_id, recipient, UnreachableCause::MailboxFull)
+            }
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "journal append failed");
+                internal(message_id)
+            }
+            Err(_) => {
+                tracing::error!("journal append timed out");
+                internal(message_id)
+            }
+        };
+        Some(answer)
+    }))
 }
 
 #[cfg(test)]

@@ -3,14 +3,22 @@
 //! (`docs/protocol.md#journal-and-seq`, `docs/protocol.md#drain`,
 //! `docs/protocol.md#group-frames`). See `mailbox.rs` for the ordering invariants this loop
 //! keeps.
+//!
+//! Answers are pipelined (`docs/protocol.md#transport`): the reader queues a frame's store
+//! request and goes on reading, handing the writer the answer to come. The writer writes
+//! answers in the order of the frames they answer, each once its group commit is durable, and
+//! writes whatever is ready in one batch before it flushes the socket.
 
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use courier_proto::limits::close;
 use courier_proto::RelayFrame;
 use futures_util::stream::SplitSink;
-use futures_util::SinkExt;
+use futures_util::{FutureExt, SinkExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
@@ -25,10 +33,20 @@ use crate::router::Peer;
 use crate::store::{Release, StoreError};
 use crate::{now_ms, Ctx};
 
+/// Answers and commands the writer holds in order behind one that is not decided yet; the
+/// reader waits beyond this (and the channel's own room).
+const PIPELINE: usize = 256;
+/// Live frames written in one batch before the writer looks at its other sources again.
+const DELIVERY_BATCH: usize = 64;
+
+/// An answer decided once its store request is durable: the frame to write, if any.
+pub type Later = Pin<Box<dyn Future<Output = Option<RelayFrame>> + Send>>;
+
 /// What the reader (and a group report, `fanout.rs`) asks the writer to do, in order.
-#[derive(Debug)]
 pub enum Outbound {
     Frame(RelayFrame),
+    /// Written in its place in the order once decided; what was queued after it waits for it.
+    Later(Later),
     /// A group report; `written` hears once it is flushed to the socket, and is dropped unheard
     /// if it never is (the report is then held for the account).
     Report {
@@ -53,6 +71,8 @@ enum Stop {
 
 enum Step {
     Presence,
+    /// The first queued answer is decided: the frame to write, if any.
+    Decided(Option<RelayFrame>),
     Control(Option<Outbound>),
     Ping,
     StartDrain,
@@ -76,6 +96,12 @@ struct Writer<S> {
     flushed: watch::Sender<u64>,
     /// The drain is over (or there is none): held group reports may be written.
     drained: bool,
+    /// What the reader queued, in its order, from the first answer not yet decided on.
+    queued: VecDeque<Outbound>,
+    /// Frames fed to the socket since its last flush.
+    unflushed: bool,
+    /// Journal frames up to this seq are released (without the opt-in).
+    released: u64,
 }
 
 /// Writes until the connection ends; returns the sink once it wrote a Close frame, so the
@@ -106,6 +132,9 @@ where
         flow: Outflow::new(journaled),
         flushed,
         drained: !journaled,
+        queued: VecDeque::new(),
+        unflushed: false,
+        released: 0,
     };
     // Without a journal there is no drain to wait for.
     if writer.drained && writer.held_reports().await.is_err() {
@@ -130,12 +159,15 @@ where
         let reading_journal = writer.flow.reading_journal();
         let live = writer.flow.live();
         let drained = writer.drained;
+        let undecided = matches!(writer.queued.front(), Some(Outbound::Later(_)));
+        let room = writer.queued.len() < PIPELINE;
         let step = tokio::select! {
             biased;
             // Ahead of control: a watch's first statuses, queued while its frame was handled,
             // go out before the answer to any later frame (presence.rs).
             () = peer.watchlist.ready() => Step::Presence,
-            cmd = control.recv() => Step::Control(cmd),
+            frame = first_decided(&mut writer.queued), if undecided => Step::Decided(frame),
+            cmd = control.recv(), if room => Step::Control(cmd),
             _ = ping.tick() => Step::Ping,
             () = &mut grace, if awaiting_drain => Step::StartDrain,
             () = peer.reports.notified(), if drained => Step::HeldReports,
@@ -145,33 +177,42 @@ where
         };
         let result = match step {
             Step::Presence => writer.presence().await,
+            Step::Decided(frame) => {
+                writer.queued.pop_front();
+                writer.answer(frame, &mut control).await
+            }
             Step::Control(None) | Step::Deliver(None) => Err(Stop::Broken),
-            Step::Control(Some(Outbound::Frame(frame))) => writer.send_frame(&frame).await,
-            Step::Control(Some(Outbound::Report { report, written })) => {
-                let sent = writer.send_frame(&report).await;
-                if sent.is_ok() {
-                    let _ = written.send(());
-                }
-                sent
+            Step::Control(Some(cmd)) => {
+                writer.queued.push_back(cmd);
+                writer.take_queued(&mut control).await
             }
-            Step::Control(Some(Outbound::StartDrain)) | Step::StartDrain => {
-                writer.start_drain().await
-            }
-            Step::Control(Some(Outbound::Close(code))) => writer.close(code).await,
+            Step::StartDrain => writer.start_drain().await,
             Step::Ping => writer.send(Message::Ping(Bytes::new())).await,
             Step::ReadJournal => writer.read_journal().await,
             Step::Lagged => {
                 writer.catch_up_if_lagged();
                 Ok(())
             }
-            Step::Deliver(Some(envelope)) => writer.deliver(&envelope).await,
+            Step::Deliver(Some(envelope)) => writer.deliver(envelope, &mut deliveries).await,
             Step::HeldReports => writer.held_reports().await,
+        };
+        let result = match result {
+            Ok(()) => writer.flush().await,
+            stop => stop,
         };
         match result {
             Ok(()) => {}
             Err(Stop::Broken) => return None,
             Err(Stop::Closed) => return Some(writer.sink),
         }
+    }
+}
+
+/// Waits for the first queued answer to be decided (the caller checked that it is one).
+async fn first_decided(queued: &mut VecDeque<Outbound>) -> Option<RelayFrame> {
+    match queued.front_mut() {
+        Some(Outbound::Later(answer)) => answer.await,
+        _ => std::future::pending().await,
     }
 }
 
@@ -183,25 +224,87 @@ where
         self.sink.send(message).await.map_err(|_| Stop::Broken)
     }
 
-    async fn send_frame(&mut self, frame: &RelayFrame) -> Result<(), Stop> {
+    /// Queues one frame on the socket; the loop flushes once per step.
+    async fn feed_frame(&mut self, frame: &RelayFrame) -> Result<(), Stop> {
         self.ctx.metrics.sent(frame);
-        self.send(Message::text(frame.encode())).await
+        self.feed_text(frame.encode()).await
+    }
+
+    async fn feed_text(&mut self, text: String) -> Result<(), Stop> {
+        self.unflushed = true;
+        self.sink
+            .feed(Message::text(text))
+            .await
+            .map_err(|_| Stop::Broken)
+    }
+
+    async fn send_frame(&mut self, frame: &RelayFrame) -> Result<(), Stop> {
+        self.feed_frame(frame).await?;
+        self.flush().await
+    }
+
+    /// Flushes what was fed. What it covers then counts as written (`mailbox.rs`); without the
+    /// opt-in, journaled frames written are released.
+    async fn flush(&mut self) -> Result<(), Stop> {
+        if !self.unflushed {
+            return Ok(());
+        }
+        self.sink.flush().await.map_err(|_| Stop::Broken)?;
+        self.unflushed = false;
+        self.publish_flushed();
+        self.release_written().await;
+        Ok(())
     }
 
     /// Writes every queued PresenceStatus (`docs/protocol.md#presence`).
     async fn presence(&mut self) -> Result<(), Stop> {
-        let frames = self.peer.watchlist.take();
-        if frames.is_empty() {
-            return Ok(());
+        for frame in self.peer.watchlist.take() {
+            self.feed_frame(&frame).await?;
         }
-        for frame in frames {
-            self.ctx.metrics.sent(&frame);
-            self.sink
-                .feed(Message::text(frame.encode()))
-                .await
-                .map_err(|_| Stop::Broken)?;
+        Ok(())
+    }
+
+    /// Writes a decided answer, then whatever else is ready behind it.
+    async fn answer(
+        &mut self,
+        frame: Option<RelayFrame>,
+        control: &mut mpsc::Receiver<Outbound>,
+    ) -> Result<(), Stop> {
+        if let Some(frame) = frame {
+            self.feed_frame(&frame).await?;
         }
-        self.sink.flush().await.map_err(|_| Stop::Broken)
+        self.take_queued(control).await
+    }
+
+    /// Takes what else the reader queued, then carries out, in order, everything up to the
+    /// first answer not decided yet.
+    async fn take_queued(&mut self, control: &mut mpsc::Receiver<Outbound>) -> Result<(), Stop> {
+        while self.queued.len() < PIPELINE {
+            match control.try_recv() {
+                Ok(cmd) => self.queued.push_back(cmd),
+                Err(_) => break,
+            }
+        }
+        while let Some(cmd) = self.queued.pop_front() {
+            match cmd {
+                Outbound::Later(mut answer) => match (&mut answer).now_or_never() {
+                    Some(Some(frame)) => self.feed_frame(&frame).await?,
+                    Some(None) => {}
+                    None => {
+                        self.queued.push_front(Outbound::Later(answer));
+                        break;
+                    }
+                },
+                Outbound::Frame(frame) => self.feed_frame(&frame).await?,
+                Outbound::Report { report, written } => {
+                    self.send_frame(&report).await?;
+                    let _ = written.send(());
+                }
+                Outbound::StartDrain => self.start_drain().await?,
+                Outbound::Close(code) => return self.close(code).await,
+            }
+        }
+        Ok(())
     }
 
     /// Writes Close; the writer stops either way.
@@ -252,17 +355,14 @@ where
             match RelayFrame::decode(&text) {
                 Ok(report) => {
                     self.ctx.metrics.sent(&report);
-                    self.sink
-                        .feed(Message::text(text))
-                        .await
-                        .map_err(|_| Stop::Broken)?;
+                    self.feed_text(text).await?;
                 }
                 Err(e) => {
                     tracing::error!(account = %self.peer.account, error = %e, "a held group report does not decode")
                 }
             }
         }
-        self.sink.flush().await.map_err(|_| Stop::Broken)?;
+        self.flush().await?;
         if let Err(e) = self.ctx.store.drop_held_reports(ids).await {
             tracing::warn!(account = %self.peer.account, error = %e, "forgetting written group reports failed");
         }
@@ -337,26 +437,34 @@ where
             }
             self.feed(envelope).await?;
         }
-        self.sink.flush().await.map_err(|_| Stop::Broken)?;
-        self.publish_flushed();
         if let Phase::Draining { count, .. } = &mut self.flow.phase {
             if draining {
                 *count += written;
             }
         }
-        self.release_written().await;
         Ok(())
     }
 
-    async fn deliver(&mut self, envelope: &Envelope) -> Result<(), Stop> {
-        self.peer.queue.taken(envelope);
-        if !self.flow.accept_queued(envelope) {
-            return Ok(());
+    /// Writes `first` and the live frames queued behind it, a bounded batch.
+    async fn deliver(
+        &mut self,
+        first: Arc<Envelope>,
+        deliveries: &mut mpsc::Receiver<Arc<Envelope>>,
+    ) -> Result<(), Stop> {
+        let mut next = Some(first);
+        let mut taken = 0;
+        while let Some(envelope) = next {
+            self.peer.queue.taken(&envelope);
+            if self.flow.accept_queued(&envelope) {
+                self.feed(&envelope).await?;
+            }
+            taken += 1;
+            next = if taken < DELIVERY_BATCH {
+                deliveries.try_recv().ok()
+            } else {
+                None
+            };
         }
-        self.feed(envelope).await?;
-        self.sink.flush().await.map_err(|_| Stop::Broken)?;
-        self.publish_flushed();
-        self.release_written().await;
         Ok(())
     }
 
@@ -366,28 +474,25 @@ where
         if let Some(seq) = envelope.seq {
             self.peer.queue.mark_written(seq);
         }
-        let frame = envelope.to_frame(self.opted_in);
-        self.ctx.metrics.sent(&frame);
-        self.sink
-            .feed(Message::text(frame.encode()))
-            .await
-            .map_err(|_| Stop::Broken)
+        self.feed_frame(&envelope.to_frame(self.opted_in)).await
     }
 
     /// Without the opt-in a journaled frame is released as soon as it is written
-    /// (`docs/protocol.md#connections-without-the-opt-in`).
+    /// (`docs/protocol.md#connections-without-the-opt-in`). Queued, not waited for: the writer
+    /// never writes a frame twice (its watermark), and the store logs a failure.
     async fn release_written(&mut self) {
         if self.opted_in || !self.journaled {
             return;
         }
         let up_to = self.peer.queue.highest_written();
-        if up_to == 0 {
+        if up_to <= self.released {
             return;
         }
+        self.released = up_to;
         if let Err(e) = self
             .ctx
             .store
-            .release(&self.peer.account, Release::UpTo(up_to))
+            .queue_release(&self.peer.account, Release::UpTo(up_to))
             .await
         {
             tracing::warn!(account = %self.peer.account, error = %e, "releasing written frames failed");

@@ -139,6 +139,15 @@ fn from_sql(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
+/// A queued request's answer, which comes once the transaction that carried it is durable.
+pub struct Pending<T>(oneshot::Receiver<Result<T, StoreError>>);
+
+impl<T> Pending<T> {
+    pub async fn answer(self) -> Result<T, StoreError> {
+        self.0.await.map_err(|_| StoreError::Closed)?
+    }
+}
+
 /// Handle to the store thread. Cheap to clone.
 #[derive(Clone)]
 pub struct Store {
@@ -219,14 +228,20 @@ impl Store {
         !self.tx.is_closed()
     }
 
-    /// Sends the request `op` builds around its reply channel and waits for the answer.
-    async fn call<T>(&self, op: impl FnOnce(Reply<T>) -> Op) -> Result<T, StoreError> {
+    /// Queues the request `op` builds around its reply channel, waiting only for room: requests
+    /// are taken in the order they were queued.
+    async fn queue<T>(&self, op: impl FnOnce(Reply<T>) -> Op) -> Result<Pending<T>, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.tx
             .send(Msg::Op(op(reply)))
             .await
             .map_err(|_| StoreError::Closed)?;
-        answer.await.map_err(|_| StoreError::Closed)?
+        Ok(Pending(answer))
+    }
+
+    /// Queues the request `op` builds and waits for its answer.
+    async fn call<T>(&self, op: impl FnOnce(Reply<T>) -> Op) -> Result<T, StoreError> {
+        self.queue(op).await?.answer().await
     }
 
     /// Persists the account at its first successful authentication.
@@ -245,16 +260,17 @@ impl Store {
         self.call(|reply| Op::AccountExists { name, reply }).await
     }
 
-    /// Journals `envelope` for the account `recipient` names (an address is resolved in the
-    /// same transaction; its `seq` is assigned here) and, once durable, offers it to that
-    /// account's connection.
-    pub async fn append(
+    /// Queues the journaling of `envelope` for the account `recipient` names (an address is
+    /// resolved in the same transaction; its `seq` is assigned there) which, once durable,
+    /// offers it to that account's connection. Returns once queued: a connection queues its
+    /// frames in the order it read them and keeps reading while their group commits.
+    pub async fn queue_append(
         &self,
         recipient: Named,
         envelope: Envelope,
         limits: MailboxLimits,
-    ) -> Result<AppendOutcome, StoreError> {
-        self.call(|reply| Op::Append {
+    ) -> Result<Pending<AppendOutcome>, StoreError> {
+        self.queue(|reply| Op::Append {
             recipient,
             envelope: Box::new(envelope),
             limits,
@@ -288,9 +304,15 @@ impl Store {
         .await
     }
 
-    pub async fn release(&self, account: &str, release: Release) -> Result<(), StoreError> {
+    /// Queues the deletion of what an ack releases; returns once queued, like
+    /// [`Store::queue_append`].
+    pub async fn queue_release(
+        &self,
+        account: &str,
+        release: Release,
+    ) -> Result<Pending<()>, StoreError> {
         let account = account.to_owned();
-        self.call(|reply| Op::Release {
+        self.queue(|reply| Op::Release {
             account,
             release,
             reply,
