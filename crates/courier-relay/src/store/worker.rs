@@ -266,20 +266,28 @@ fn settle<T: 'static>(reply: Reply<T>, applied: Result<Applied<T>, StoreError>) 
     })
 }
 
-/// Runs `work` in a savepoint of `tx`: undone alone if it fails.
+/// Runs `work` in a savepoint of `tx`: undone alone if it fails. The savepoint statements are
+/// cached like any other: one runs per request, and parsing them each time cost more than most
+/// requests' own work.
 fn savepoint<T>(
     tx: Result<&mut Transaction<'_>, &StoreError>,
     work: impl FnOnce(&Connection) -> rusqlite::Result<Applied<T>>,
 ) -> Result<Applied<T>, StoreError> {
-    let mut sp = tx.map_err(StoreError::clone)?.savepoint()?;
-    match work(&sp) {
+    let conn: &Connection = tx.map_err(StoreError::clone)?;
+    conn.prepare_cached("SAVEPOINT request")?.execute([])?;
+    match work(conn) {
         Ok(applied) => {
-            sp.commit()?;
+            conn.prepare_cached("RELEASE request")?.execute([])?;
             Ok(applied)
         }
         Err(e) => {
             tracing::error!(error = %e, "journal request failed");
-            let _ = sp.rollback();
+            // Undone, then taken off the savepoint stack; if even that fails, the commit does.
+            for sql in ["ROLLBACK TO request", "RELEASE request"] {
+                if let Err(undo) = conn.prepare_cached(sql).and_then(|mut s| s.execute([])) {
+                    tracing::error!(error = %undo, "undoing a failed journal request failed");
+                }
+            }
             Err(e.into())
         }
     }
@@ -543,5 +551,48 @@ impl Worker {
         for settle in settles {
             settle(&committed, &self.router, &self.counters);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn insert(conn: &Connection, x: i64) -> rusqlite::Result<()> {
+        conn.prepare_cached("INSERT INTO t (x) VALUES (?1)")?
+            .execute([x])
+            .map(drop)
+    }
+
+    #[test]
+    fn a_failing_request_is_undone_alone_and_the_transaction_commits_the_rest() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE t (x INTEGER UNIQUE)")
+            .unwrap();
+        let mut tx = conn.transaction().map_err(StoreError::from);
+        let first = savepoint(tx.as_mut().map_err(|e| &*e), |c| {
+            insert(c, 1)?;
+            Ok(Applied::value(()))
+        });
+        // Its first insert succeeds, its second breaks the constraint: both are undone.
+        let failing = savepoint(tx.as_mut().map_err(|e| &*e), |c| {
+            insert(c, 2)?;
+            insert(c, 1)?;
+            Ok(Applied::value(()))
+        });
+        let last = savepoint(tx.as_mut().map_err(|e| &*e), |c| {
+            insert(c, 3)?;
+            Ok(Applied::value(()))
+        });
+        assert!(first.is_ok() && failing.is_err() && last.is_ok());
+        tx.unwrap().commit().unwrap();
+        let kept: Vec<i64> = conn
+            .prepare("SELECT x FROM t ORDER BY x")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(kept, [1, 3]);
     }
 }

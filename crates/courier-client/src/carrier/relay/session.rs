@@ -515,6 +515,11 @@ impl<'a> Session<'a> {
                 self.write(frame.encode()).await?;
             }
         }
+        // One flush for everything fed above: a burst of sends and ACKs costs one write.
+        self.ws
+            .flush()
+            .await
+            .map_err(|e| Loss::Dropped(format!("write failed: {e}")))?;
         self.answers.expire(self.driver, now);
         if now >= self.last_heard + DEAD_AFTER {
             let _ = self
@@ -533,9 +538,10 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
+    /// Queues a frame on the socket; `flush_and_check` flushes once it wrote what it could.
     async fn write(&mut self, frame: String) -> Result<(), Loss> {
         self.ws
-            .send(WsMessage::text(frame))
+            .feed(WsMessage::text(frame))
             .await
             .map_err(|e| Loss::Dropped(format!("write failed: {e}")))
     }
