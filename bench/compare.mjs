@@ -15,8 +15,8 @@
 // Loopback only, ephemeral ports, a temporary directory removed at the end; every child process
 // is killed at the end, also on failure. Never part of `npm test`: nothing here asserts a time.
 import { execFileSync, fork, spawn } from 'node:child_process'
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
-import { tmpdir } from 'node:os'
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
+import { cpus, loadavg, release, tmpdir, totalmem } from 'node:os'
 import { join } from 'node:path'
 import { createInterface } from 'node:readline'
 import { fileURLToPath } from 'node:url'
@@ -37,6 +37,9 @@ const USAGE = `Usage: node bench/compare.mjs [--quick] [--only=STAGES] [OPTIONS]
   --rate=N             latency: offered messages/s, one pair (default 1000)
   --idle=N             memory: idle connections (default 1000)
   --active=N           memory: sending connections, in pairs (default 100)
+  --profile=DIR        also record each measured interval with \`perf record -g\` into DIR
+                       (NAME.perf.data, and NAME.txt from \`perf report\`); perf slows the run,
+                       so its figures are not comparable to a run without it
 `
 
 const STAGES = ['accepts', 'one-pair', 'many-pairs', 'latency', 'memory']
@@ -62,6 +65,8 @@ const opts = {
   idle: option('idle', 1000, 200),
   active: 2 * Math.ceil(option('active', 100, 20) / 2),
 }
+const profileDir = argv.get('profile')
+if (argv.has('profile') && !profileDir) throw new Error(`--profile needs a directory\n\n${USAGE}`)
 const only = argv.has('only') ? argv.get('only').split(',') : STAGES
 for (const stage of only) if (!STAGES.includes(stage)) throw new Error(`unknown stage ${stage}\n\n${USAGE}`)
 
@@ -182,14 +187,42 @@ function cpuTicks(pid) {
   return Number(fields[11]) + Number(fields[12])
 }
 
+function startPerf(name, processes) {
+  mkdirSync(profileDir, { recursive: true })
+  const data = join(profileDir, `${name}.perf.data`)
+  const pids = processes.map((p) => p.pid).join(',')
+  const perf = new Child(spawn('perf', ['record', '-q', '-F', '499', '-g', '-o', data, '-p', pids], { stdio: ['ignore', 'ignore', 'inherit'] }), 'perf')
+  return {
+    async stop() {
+      perf.stopping = true
+      perf.process.kill('SIGINT')
+      await perf.exited
+      // By thread and library first (the release addon has no symbols), then by symbol.
+      const report = (sort, limit) =>
+        execFileSync('perf', ['report', '--stdio', '--no-children', '-g', 'none', '--sort', sort, '--percent-limit', limit, '-i', data], {
+          encoding: 'utf8',
+          maxBuffer: 1 << 28,
+          stdio: ['ignore', 'pipe', 'ignore'],
+        })
+      writeFileSync(join(profileDir, `${name}.txt`), report('comm,dso', '1') + report('comm,dso,sym', '0.5'))
+      log(`  profile: ${join(profileDir, `${name}.txt`)}`)
+    },
+  }
+}
+
 function rssBytes(pid) {
   return Number(/VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))[1]) * 1024
 }
 
-/** CPU µs per unit of work (`count`: accepts, or messages delivered) of each process over `run`. */
-async function measureCpu(processes, run) {
+/**
+ * CPU µs per unit of work (`count`: accepts, or messages delivered) of each process over `run`,
+ * and with --profile a perf record of these processes over the same stretch.
+ */
+async function measureCpu(name, processes, run) {
+  const perf = profileDir ? startPerf(name, Object.values(processes)) : undefined
   const before = Object.fromEntries(Object.entries(processes).map(([role, p]) => [role, cpuTicks(p.pid)]))
   const result = await run()
+  await perf?.stop()
   const cpu = Object.fromEntries(Object.entries(processes).map(([role, p]) => [role, ((cpuTicks(p.pid) - before[role]) * 1e6) / CLK_TCK / result.count]))
   return { ...result, cpu }
 }
@@ -199,7 +232,7 @@ async function accepts(kind) {
   try {
     await peer.watch(peer.ready)
     await peer.request({ cmd: 'accept', count: 1000, window: opts.acceptWindow })
-    const r = await measureCpu({ sender: peer }, () => peer.request({ cmd: 'accept', count: opts.accepts, window: opts.acceptWindow }))
+    const r = await measureCpu(`accepts-${kind}`, { sender: peer }, () => peer.request({ cmd: 'accept', count: opts.accepts, window: opts.acceptWindow }))
     log(`  ${kind} accepts: ${r.count} in ${r.seconds.toFixed(2)} s = ${Math.round(r.count / r.seconds)}/s, ${r.cpu.sender.toFixed(1)} µs CPU each`)
     return { perSecond: r.count / r.seconds, cpu: r.cpu.sender }
   } finally {
@@ -225,7 +258,7 @@ async function delivery(kind, name, pairs, drive) {
     await senders.watch(senders.ready, relay, recipients)
     // Untimed warm-up: connections, JIT, statement caches, the relay's accounts.
     await senders.request({ cmd: 'drive', window: drive.window ?? 10, perPair: Math.max(20, Math.ceil(400 / pairs)) }, relay, recipients)
-    const r = await measureCpu({ relay, sender: senders, recipient: recipients }, () => senders.request({ cmd: 'drive', ...drive }, relay, recipients))
+    const r = await measureCpu(`${name}-${kind}`, { relay, sender: senders, recipient: recipients }, () => senders.request({ cmd: 'drive', ...drive }, relay, recipients))
     const perSecond = r.count / r.seconds
     const cpu = Object.entries(r.cpu).map(([role, us]) => `${role} ${us.toFixed(1)}`).join(', ')
     const failed = r.failed > 0 ? ` (${r.failed} of ${r.sent} given up by a full outbox)` : ''
@@ -268,6 +301,7 @@ async function memory(kind) {
 }
 
 const results = {}
+const loadAtStart = loadavg()[0]
 let failure = null
 try {
   if (only.includes('accepts')) {
@@ -302,10 +336,23 @@ try {
   killChildren()
   rmSync(dir, { recursive: true, force: true })
 }
-process.stdout.write(`\n${table(results)}\n`)
+process.stdout.write(`\n${machine()}\n\n${table(results)}\n`)
 if (failure) {
   process.stderr.write(`\ncompare: ${failure.stack ?? failure}\n`)
   process.exitCode = 1
+}
+
+/** What the figures depend on: the machine, and how busy it was (a shared machine is noisy). */
+function machine() {
+  const addon = here(`../offline-courier.${process.platform}-${process.arch}-gnu.node`)
+  let build = 'addon not found next to package.json'
+  try {
+    build = `addon file dated ${statSync(addon).mtime.toISOString().slice(0, 16).replace('T', ' ')} UTC`
+  } catch {}
+  return [
+    `machine: ${cpus().length} cores (${cpus()[0]?.model.trim()}), ${Math.round(totalmem() / 2 ** 30)} GiB, Linux ${release()}, Node ${process.version}, ${build}`,
+    `load average (1 min): ${loadAtStart.toFixed(2)} at start, ${loadavg()[0].toFixed(2)} at end`,
+  ].join('\n')
 }
 
 function table(r) {

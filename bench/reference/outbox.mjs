@@ -24,12 +24,12 @@ export class TickStore {
     this.db.pragma('journal_mode = WAL')
     this.db.pragma('synchronous = FULL')
     this.db.exec(`
-      CREATE TABLE IF NOT EXISTS outbox (id TEXT PRIMARY KEY, recipient TEXT NOT NULL, content TEXT NOT NULL, queued_at INTEGER NOT NULL);
+      CREATE TABLE IF NOT EXISTS outbox (seq INTEGER PRIMARY KEY, id TEXT NOT NULL, recipient TEXT NOT NULL, content TEXT NOT NULL, queued_at INTEGER NOT NULL);
       CREATE TABLE IF NOT EXISTS inbox (sender TEXT NOT NULL, id TEXT NOT NULL, content TEXT NOT NULL, received_at INTEGER NOT NULL, PRIMARY KEY (sender, id));
     `)
     this.insertOutbox = this.db.prepare('INSERT INTO outbox (id, recipient, content, queued_at) VALUES (?, ?, ?, ?)')
-    this.deleteOutbox = this.db.prepare('DELETE FROM outbox WHERE id = ?')
-    this.selectOutbox = this.db.prepare('SELECT id, recipient, content, queued_at AS queuedAt FROM outbox ORDER BY rowid')
+    this.deleteOutbox = this.db.prepare('DELETE FROM outbox WHERE seq = ?')
+    this.selectOutbox = this.db.prepare('SELECT seq, id, recipient, content, queued_at AS queuedAt FROM outbox ORDER BY seq')
     this.insertInbox = this.db.prepare('INSERT OR IGNORE INTO inbox (sender, id, content, received_at) VALUES (?, ?, ?, ?)')
     this.queue = []
     this.commit = this.db.transaction((writes) => writes.map((w) => w.write()))
@@ -80,7 +80,11 @@ class MemoryOutbox {
   }
 }
 
-/** The outbox in a `TickStore`, with an in-memory index of what awaits its ACK. */
+/**
+ * The outbox in a `TickStore`, with an in-memory index of what awaits its ACK. Rows are keyed by
+ * an integer (appended in order) rather than by the random message id, which would scatter every
+ * tick's inserts across an index.
+ */
 class DurableOutbox {
   rows = new Map()
   constructor(store) {
@@ -89,11 +93,14 @@ class DurableOutbox {
   }
   add(row) {
     this.rows.set(row.id, row)
-    return this.store.write(() => this.store.insertOutbox.run(row.id, row.recipient, row.content, row.queuedAt))
+    return this.store.write(() => {
+      row.seq = this.store.insertOutbox.run(row.id, row.recipient, row.content, row.queuedAt).lastInsertRowid
+    })
   }
   remove(id) {
+    const { seq } = this.rows.get(id)
     this.rows.delete(id)
-    return this.store.write(() => this.store.deleteOutbox.run(id))
+    return this.store.write(() => this.store.deleteOutbox.run(seq))
   }
   all() {
     return [...this.rows.values()]
