@@ -16,10 +16,10 @@
 // is killed at the end, also on failure. Never part of `npm test`: nothing here asserts a time.
 import { execFileSync, fork, spawn } from 'node:child_process'
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
-import { cpus, loadavg, release, tmpdir, totalmem } from 'node:os'
+import { constants, cpus, loadavg, release, tmpdir, totalmem } from 'node:os'
 import { join } from 'node:path'
 import { createInterface } from 'node:readline'
-import { fileURLToPath } from 'node:url'
+import { fileURLToPath, pathToFileURL } from 'node:url'
 import { setTimeout as sleep } from 'node:timers/promises'
 
 import { issueToken } from '../js/index.js'
@@ -91,7 +91,7 @@ for (const signal of ['SIGINT', 'SIGTERM']) {
   process.once(signal, () => {
     killChildren()
     rmSync(dir, { recursive: true, force: true })
-    process.exit(130)
+    process.exit(128 + constants.signals[signal])
   })
 }
 
@@ -99,14 +99,14 @@ const log = (line) => process.stderr.write(`${line}\n`)
 
 /** A child process whose unexpected exit fails whatever the run awaits. */
 class Child {
-  constructor(process, name) {
-    this.process = process
+  constructor(child, name) {
+    this.process = child
     this.name = name
     this.stopping = false
-    children.add(process)
-    this.exited = new Promise((resolve) => process.once('exit', (code, signal) => resolve(code ?? signal)))
+    children.add(child)
+    this.exited = new Promise((resolve) => child.once('exit', (code, signal) => resolve(code ?? signal)))
     this.failed = this.exited.then((how) => {
-      children.delete(process)
+      children.delete(child)
       if (!this.stopping) throw new Error(`${name} exited (${how})`)
     })
     this.failed.catch(() => {})
@@ -167,11 +167,11 @@ class Peer extends Child {
 }
 
 async function startRelay(kind, name) {
-  const args =
+  const script =
     kind === 'ours'
       ? [here('../js/relay-cli.js'), '--listen', '127.0.0.1:0', '--jwt-secret-file', secretFile, '--db', join(dir, `${name}-relay.db`), ...LIFTED, '--log-level', 'warn']
       : [here('./reference/relay.mjs'), '--jwt-secret-file', secretFile]
-  // stdin stays open: the reference relay stops when it closes, so it cannot outlive this run.
+  const args = ['--import', pathToFileURL(here('./compare/exit-with-parent.mjs')).href, ...script]
   const relay = new Child(spawn(process.execPath, args, { stdio: ['pipe', 'pipe', 'inherit'] }), `${kind} relay`)
   const line = await relay.watch(new Promise((resolve) => createInterface({ input: relay.process.stdout }).once('line', resolve)))
   relay.url = line.slice(line.indexOf('ws://'))
@@ -357,8 +357,9 @@ function machine() {
 
 function table(r) {
   const int = (n) => Math.round(n).toLocaleString('en-US').replace(/,/g, ' ')
-  const ms = (n) => n.toFixed(n < 10 ? 2 : 1)
-  const us = (n) => n.toFixed(n < 100 ? 1 : 0)
+  const ms = (n) => (n < 10 ? n.toFixed(2) : n < 100 ? n.toFixed(1) : int(n))
+  const us = (n) => (n < 100 ? n.toFixed(1) : int(n))
+  const ratio = (n) => `${n < 10 ? n.toFixed(2) : n < 100 ? n.toFixed(1) : int(n)}×`
   const bytes = (n) => (Math.abs(n) >= 10_240 ? `${(n / 1024).toFixed(1)} KiB` : `${int(n)} B`)
   const rows = []
   // target: [text, passes(ours, ref)]
@@ -366,7 +367,7 @@ function table(r) {
     if (ours === undefined) return
     const needsRef = target?.[1].length > 1
     const mark = !target ? '' : `${target[0]}: ${needsRef && ref === undefined ? 'n/a' : target[1](ours, ref) ? 'pass' : 'FAIL'}`
-    rows.push([measure, `${format(ours)}${note}`, ref === undefined ? '—' : format(ref), ref ? `${(ours / ref).toFixed(2)}×` : '—', mark])
+    rows.push([measure, `${format(ours)}${note}`, ref === undefined ? '—' : format(ref), ref ? ratio(ours / ref) : '—', mark])
   }
   const REF = 'outbox + Node relay'
   const PLAIN = 'Node relay, plain clients'

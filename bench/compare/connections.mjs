@@ -7,6 +7,7 @@
 //       the other awaiting `MessageSent`, releasing what they receive, and the answer waits until
 //       every one of them has had a send answered.
 //   { cmd: 'close' }  closes every connection.
+//   { cmd: 'stop' }  exits.
 import WebSocket from 'ws'
 
 const { url } = JSON.parse(process.argv[2])
@@ -78,6 +79,8 @@ process.on('message', async ({ cmd, tokens, window }) => {
         }
         await Promise.all(sending)
       }
+    } else if (cmd === 'stop') {
+      process.exit(0)
     } else if (cmd === 'close') {
       await Promise.all(
         [...open].map(

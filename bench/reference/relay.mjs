@@ -8,7 +8,7 @@
 //   node bench/reference/relay.mjs --jwt-secret-file FILE
 //
 // Listens on 127.0.0.1 on an ephemeral port and prints its URL as the first line on stdout.
-// Stops on SIGINT / SIGTERM, and when its stdin closes (so a parent that dies takes it along).
+// Stops on SIGINT / SIGTERM.
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 
@@ -176,6 +176,5 @@ const stop = () => {
 }
 process.once('SIGINT', stop)
 process.once('SIGTERM', stop)
-process.stdin.on('end', stop).on('error', stop).resume()
 
 wss.on('listening', () => process.stdout.write(`ws://127.0.0.1:${wss.address().port}\n`))
