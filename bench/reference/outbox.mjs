@@ -8,7 +8,8 @@
 // - The recipient stores each message (tick-batched the same way) before it sends the end-to-end
 //   ACK back as a `SendMessage`, and releases the relay frame when the relay numbered it.
 // - The sender deletes the outbox row when the ACK arrives from the message's recipient; rows
-//   not ACKed are sent again on every new connection and after `ackTimeoutMs`.
+//   not ACKed are sent again on every new connection and after `ackTimeoutMs`. A lost connection
+//   is dialled again after a second.
 //
 // With `store: null` the same client keeps everything in memory: the "plain" client of the
 // non-durable comparison.
@@ -16,6 +17,8 @@ import { randomUUID } from 'node:crypto'
 
 import Database from 'better-sqlite3'
 import WebSocket from 'ws'
+
+const RECONNECT_MS = 1000
 
 /** One SQLite database whose writes are committed in one transaction per event-loop tick. */
 export class TickStore {
@@ -128,6 +131,7 @@ export class Client {
     this.ackTimeoutMs = ackTimeoutMs
     this.ws = null
     this.live = false
+    this.closed = false
     this.retry = setInterval(() => this.resendOverdue(), ackTimeoutMs)
     this.retry.unref()
   }
@@ -152,6 +156,7 @@ export class Client {
       })
       ws.on('close', () => {
         this.live = false
+        if (!this.closed) setTimeout(() => this.connect().catch(() => {}), RECONNECT_MS).unref()
       })
       ws.on('error', reject)
     })
@@ -208,6 +213,7 @@ export class Client {
   }
 
   close() {
+    this.closed = true
     clearInterval(this.retry)
     this.ws?.close()
   }
