@@ -15,7 +15,8 @@
 // Loopback only, ephemeral ports, a temporary directory removed at the end; every child process
 // is killed at the end, also on failure. Never part of `npm test`: nothing here asserts a time.
 import { execFileSync, fork, spawn } from 'node:child_process'
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
+import { createHash } from 'node:crypto'
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { constants, cpus, loadavg, release, tmpdir, totalmem } from 'node:os'
 import { join } from 'node:path'
 import { createInterface } from 'node:readline'
@@ -191,7 +192,7 @@ function startPerf(name, processes) {
   mkdirSync(profileDir, { recursive: true })
   const data = join(profileDir, `${name}.perf.data`)
   const pids = processes.map((p) => p.pid).join(',')
-  const perf = new Child(spawn('perf', ['record', '-q', '-F', '499', '-g', '-o', data, '-p', pids], { stdio: ['ignore', 'ignore', 'inherit'] }), 'perf')
+  const perf = new Child(spawn('perf', ['record', '-q', '--no-buildid-cache', '-F', '499', '-g', '-o', data, '-p', pids], { stdio: ['ignore', 'ignore', 'inherit'] }), 'perf')
   return {
     async stop() {
       perf.stopping = true
@@ -344,11 +345,9 @@ if (failure) {
 
 /** What the figures depend on: the machine, and how busy it was (a shared machine is noisy). */
 function machine() {
+  // Which build was measured: a copied addon keeps no date worth reading, its bytes name it.
   const addon = here(`../offline-courier.${process.platform}-${process.arch}-gnu.node`)
-  let build = 'addon not found next to package.json'
-  try {
-    build = `addon file dated ${statSync(addon).mtime.toISOString().slice(0, 16).replace('T', ' ')} UTC`
-  } catch {}
+  const build = existsSync(addon) ? `addon sha256 ${createHash('sha256').update(readFileSync(addon)).digest('hex').slice(0, 12)}` : 'addon not found next to package.json'
   return [
     `machine: ${cpus().length} cores (${cpus()[0]?.model.trim()}), ${Math.round(totalmem() / 2 ** 30)} GiB, Linux ${release()}, Node ${process.version}, ${build}`,
     `load average (1 min): ${loadAtStart.toFixed(2)} at start, ${loadavg()[0].toFixed(2)} at end`,
