@@ -11,8 +11,6 @@ import { mkdirSync } from 'node:fs'
 import { join } from 'node:path'
 import { performance } from 'node:perf_hooks'
 
-import { Client, TickStore } from '../reference/outbox.mjs'
-
 const { role, kind, url, dir, pairs, tokens } = JSON.parse(process.argv[2])
 const recipientOf = (i) => `r${i}`
 
@@ -31,7 +29,8 @@ mkdirSync(dir, { recursive: true })
  * end: its ACK arrived, or (ours only) the outbox, full, gave it up.
  */
 async function ourEndpoint(account, token, settled) {
-  // Loaded only here: the reference processes do not carry the addon.
+  // Each side loads only its own code: the reference processes do not carry the addon, nor ours
+  // better-sqlite3.
   const { Protocol } = await import('../../js/index.js')
   const p = new Protocol({
     appId: 'bench',
@@ -58,6 +57,7 @@ async function ourEndpoint(account, token, settled) {
 
 let sharedStore = null
 async function referenceEndpoint(account, token, settled) {
+  const { Client, TickStore } = await import('../reference/outbox.mjs')
   if (kind === 'ref' && sharedStore === null) sharedStore = new TickStore(join(dir, `${role}.db`))
   const client = new Client({ account, store: kind === 'ref' ? sharedStore : null, url, token, onDelivered: (id) => settled(id, true) })
   if (url) await client.connect()
