@@ -67,23 +67,22 @@ const isIdentifier = (value) => typeof value === 'string' && value.length > 0 &&
 const online = new Map()
 /** Accounts that have authenticated at least once: the known recipients. */
 const known = new Set()
+/** Connection → keepalive pings it has not answered. */
+const unanswered = new WeakMap()
 
 const wss = new WebSocketServer({ host: '127.0.0.1', port: 0, perMessageDeflate: false, maxPayload: MAX_FRAME })
 
 wss.on('connection', (ws) => {
   let account = null
-  let heardAt = Date.now()
+  unanswered.set(ws, 0)
   const authTimer = setTimeout(() => refuse('auth_timeout'), AUTH_TIMEOUT_MS)
   const send = (frame) => ws.send(JSON.stringify(frame))
   const refuse = (reason) => {
     send({ type: 'AuthError', reason })
     ws.close(4001)
   }
-  ws.on('pong', () => {
-    heardAt = Date.now()
-  })
+  ws.on('pong', () => unanswered.set(ws, 0))
   ws.on('message', (data, isBinary) => {
-    heardAt = Date.now()
     let frame = null
     if (!isBinary) {
       try {
@@ -158,14 +157,17 @@ wss.on('connection', (ws) => {
     if (account !== null && online.get(account) === ws) online.delete(account)
   })
   ws.on('error', () => {})
-  ws.heardAt = () => heardAt
 })
 
+// A peer answers pings; one that has answered none of the last three is dropped.
 const keepalive = setInterval(() => {
-  const now = Date.now()
   for (const ws of wss.clients) {
-    if (now - ws.heardAt() > SILENT_MS) ws.terminate()
-    else ws.ping()
+    const missed = unanswered.get(ws)
+    if (missed * PING_MS >= SILENT_MS) ws.terminate()
+    else {
+      unanswered.set(ws, missed + 1)
+      ws.ping()
+    }
   }
 }, PING_MS)
 
