@@ -170,10 +170,12 @@ class Peer extends Child {
   }
 }
 
-async function startRelay(kind, name) {
+/** A fresh relay of `kind` keeping its database, if any, in `runDir`. */
+async function startRelay(kind, runDir) {
+  mkdirSync(runDir, { recursive: true })
   const script =
     kind === 'ours'
-      ? [here('../js/relay-cli.js'), '--listen', '127.0.0.1:0', '--jwt-secret-file', secretFile, '--db', join(dir, `${name}-relay.db`), ...LIFTED, '--log-level', 'warn']
+      ? [here('../js/relay-cli.js'), '--listen', '127.0.0.1:0', '--jwt-secret-file', secretFile, '--db', join(runDir, 'relay.db'), ...LIFTED, '--log-level', 'warn']
       : [here('./reference/relay.mjs'), '--jwt-secret-file', secretFile]
   const args = ['--import', pathToFileURL(here('./compare/exit-with-parent.mjs')).href, ...script]
   const relay = new Child(spawn(process.execPath, args, { stdio: ['pipe', 'pipe', 'inherit'] }), `${kind} relay`)
@@ -249,7 +251,7 @@ async function delivery(kind, name, pairs, drive) {
   const runDir = join(dir, `${name}-${kind}`)
   const started = []
   try {
-    const relay = await startRelay(kind, `${name}-${kind}`)
+    const relay = await startRelay(kind, runDir)
     started.push(relay)
     const peer = (role, prefix) => {
       const p = new Peer(here('./compare/peer.mjs'), { role, kind, url: relay.url, dir: runDir, pairs, tokens: tokens(prefix, pairs) }, `${kind} ${role}`)
@@ -276,9 +278,10 @@ async function delivery(kind, name, pairs, drive) {
 
 /** Relay RSS before and after opening idle, then sending, connections. */
 async function memory(kind) {
+  const runDir = join(dir, `memory-${kind}`)
   const started = []
   try {
-    const relay = await startRelay(kind, `memory-${kind}`)
+    const relay = await startRelay(kind, runDir)
     started.push(relay)
     const load = new Peer(here('./compare/connections.mjs'), { url: relay.url }, `${kind} connections`)
     started.push(load)
@@ -301,6 +304,7 @@ async function memory(kind) {
     return r
   } finally {
     for (const child of started.reverse()) await child.stop()
+    rmSync(runDir, { recursive: true, force: true })
   }
 }
 
