@@ -1,4 +1,4 @@
-// Inbound durability benchmark (`npm run bench`): 1 000 messages through an
+// Inbound durability benchmark (`npm run bench:all`): 1 000 messages through an
 // `inboundDurabilityHook` that commits each batch to SQLite (better-sqlite3, one transaction per
 // batch), measured two ways in the same run:
 //  - drain: the recipient was offline; the relay replays the backlog, batched (≤ 400 a batch);

@@ -1,4 +1,4 @@
-// Node benchmarks (`npm run bench`), end to end through the built addon:
+// Node benchmarks (`npm run bench:all`), end to end through the built addon:
 //  1. sendMessage throughput: durable accepts per second with concurrent sends (group commit);
 //  2. delivery between two processes through a loopback relay: delivered messages per second and
 //     send→ACK latency percentiles measured by the sender, in the clear and sealed in MLS

@@ -1,4 +1,4 @@
-// Group benchmark (`node bench/groups.mjs [--members=100] [--rate=N]`, part of `npm run bench`): one group message to N members (default 100) through
+// Group benchmark (`node bench/groups.mjs [--members=100] [--rate=N]`, part of `npm run bench:all`): one group message to N members (default 100) through
 // a loopback relay, as one relay broadcast with its delivery report, and as per-member fan-out
 // (`group.relayBroadcastEnabled: false`). For each: the frames and bytes the relay read (from
 // its metrics, by frame type: the sender's frames and the members' acknowledgements), the

@@ -1,4 +1,4 @@
-// File transfer benchmark (`node bench/media.mjs [--size=64] [--runs=3]`, part of `npm run bench`):
+// File transfer benchmark (`node bench/media.mjs [--size=64] [--runs=3]`, part of `npm run bench:all`):
 // one file of `--size` MiB of random bytes sent with `sendMedia` between two sealed devices through
 // a loopback relay (SQLite on disk), timed from the call to the receiver's `file_received` and to
 // the sender's `file_delivered`; against the same file copied over a loopback TCP socket (read
