@@ -18,6 +18,7 @@ use courier_proto::{
     declare_address_after_auth, validate_identifier, ClientFrame, DecodeError, IdentityKey,
     Message, RelayFrame,
 };
+use futures_util::stream::SplitStream;
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::{sleep_until, timeout};
@@ -50,15 +51,20 @@ const AUTH_RETRY_MIN: Duration = Duration::from_secs(30);
 /// them up here.
 const MAX_OWED_FRAMES: usize = 256;
 
+/// How long a closing connection waits for its last frames, the Close among them, to go out.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
 type Ws = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
 
 mod connect;
 mod session;
 pub mod token;
+mod writer;
 
 use connect::{close_code_for, close_loss, close_message, connect, diagnostic, Authenticated};
 use session::Session;
 use token::TokenSource;
+use writer::FrameWriter;
 
 /// What the driver asks of the relay carrier.
 #[derive(Debug)]

@@ -4,7 +4,8 @@
 use super::*;
 
 pub(super) struct Session<'a> {
-    ws: Ws,
+    stream: SplitStream<Ws>,
+    writer: FrameWriter,
     driver: &'a DriverTx,
     presence: &'a mut PresenceWatch,
     bucket: crate::carrier::bucket::TokenBucket,
@@ -35,12 +36,14 @@ impl<'a> Session<'a> {
         presence: &'a mut PresenceWatch,
     ) -> Self {
         let now = Instant::now();
+        let (sink, stream) = ws.split();
         presence.connected(
             auth.capabilities.iter().any(|c| c == CAP_PRESENCE_WATCH),
             now,
         );
         let mut session = Self {
-            ws,
+            stream,
+            writer: FrameWriter::spawn(sink),
             driver,
             presence,
             bucket: crate::carrier::bucket::TokenBucket::from_advertised(auth.rate_limit, now),
@@ -120,7 +123,8 @@ impl<'a> Session<'a> {
             let reading = self.may_read();
             let step = tokio::select! {
                 cmd = rx.recv() => self.on_command(cmd),
-                msg = self.ws.next(), if reading => self.on_socket(msg),
+                msg = self.stream.next(), if reading => self.on_socket(msg),
+                loss = self.writer.failed() => Err(loss),
                 () = self.intake.caught_up(self.driver), if self.intake.waiting() => Ok(()),
                 _ = sleep_until(wake.into()) => Ok(()),
             };
@@ -128,7 +132,8 @@ impl<'a> Session<'a> {
                 break loss;
             }
         };
-        self.teardown(&loss).await;
+        self.teardown(&loss);
+        self.writer.finish(CLOSE_WAIT).await;
         loss
     }
 
@@ -484,20 +489,20 @@ impl<'a> Session<'a> {
         let now = Instant::now();
         // Unmetered (`docs/protocol.md#rate-limiting`), and first.
         if let Some(frame) = self.declaration.take() {
-            self.write(frame).await?;
+            self.write(frame)?;
         }
         while self.has_frames() {
             if !self.bucket.try_take(Instant::now()) {
                 break;
             }
             if let Some(frame) = self.releases.next_frame() {
-                self.write(frame.encode()).await?;
+                self.write(frame.encode())?;
             } else if let Some(frame) = self.acks.pop_front() {
-                self.write(frame).await?;
+                self.write(frame)?;
             } else if let Some(frame) = self.groups.pop_front() {
-                self.write(frame).await?;
+                self.write(frame)?;
             } else if let Some((id, send_seq, recipient, frame)) = self.sends.pop_front() {
-                self.write(frame).await?;
+                self.write(frame)?;
                 self.driver.input(Input::Written {
                     id: id.clone(),
                     send_seq,
@@ -512,48 +517,37 @@ impl<'a> Session<'a> {
                 if !self.bucket.try_take(Instant::now()) {
                     break;
                 }
-                self.write(frame.encode()).await?;
+                self.write(frame.encode())?;
             }
         }
-        // One flush for everything fed above: a burst of sends and ACKs costs one write.
-        self.ws
-            .flush()
-            .await
-            .map_err(|e| Loss::Dropped(format!("write failed: {e}")))?;
         self.answers.expire(self.driver, now);
         if now >= self.last_heard + DEAD_AFTER {
+            // Best effort, not waited for (`docs/protocol.md#transport`).
             let _ = self
-                .ws
-                .send(close_message(close::KEEPALIVE_TIMEOUT, "keepalive"))
-                .await;
+                .writer
+                .write(close_message(close::KEEPALIVE_TIMEOUT, "keepalive"));
             return Err(Loss::Dropped("keepalive timeout".into()));
         }
         if now >= self.last_ping + PING_EVERY {
             self.last_ping = now;
-            self.ws
-                .send(WsMessage::Ping(Default::default()))
-                .await
-                .map_err(|e| Loss::Dropped(format!("write failed: {e}")))?;
+            self.writer.write(WsMessage::Ping(Default::default()))?;
         }
         Ok(())
     }
 
-    /// Queues a frame on the socket; `flush_and_check` flushes once it wrote what it could.
-    async fn write(&mut self, frame: String) -> Result<(), Loss> {
-        self.ws
-            .feed(WsMessage::text(frame))
-            .await
-            .map_err(|e| Loss::Dropped(format!("write failed: {e}")))
+    /// Hands a frame to the writer (`writer.rs`), which writes what it is handed in order.
+    fn write(&mut self, frame: String) -> Result<(), Loss> {
+        self.writer.write(WsMessage::text(frame))
     }
 
     /// Every send not yet answered is a transmission failure; the engine re-queues it.
-    async fn teardown(&mut self, loss: &Loss) {
+    fn teardown(&mut self, loss: &Loss) {
         let close = match loss {
             Loss::Stopped | Loss::Offline | Loss::Reconnect => Some(close::NORMAL),
             _ => self.violation,
         };
         if let Some(code) = close {
-            let _ = self.ws.send(close_message(code, "")).await;
+            let _ = self.writer.write(close_message(code, ""));
         }
         self.presence.disconnected();
         self.directory_report(DirectoryReport::Disconnected);
