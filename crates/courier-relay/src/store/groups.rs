@@ -13,6 +13,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use super::accounts::is_known;
 use super::journal::{self, account_named, Inserted};
+use super::mailboxes::Mailboxes;
 use super::worker::{Applied, Delta};
 use super::{from_sql, to_sql};
 use crate::config::MailboxLimits;
@@ -227,7 +228,11 @@ pub(super) struct Broadcast {
 /// Checks the sender is a member and journals a copy for every other member (once per account,
 /// and not again for a member a repeat of this broadcast already reached); answers each
 /// member's placement once durable.
-pub(super) fn broadcast(conn: &Connection, broadcast: Broadcast) -> Decided<FannedOut> {
+pub(super) fn broadcast(
+    conn: &Connection,
+    mailboxes: &mut Mailboxes,
+    broadcast: Broadcast,
+) -> Decided<FannedOut> {
     let Broadcast {
         actor,
         mut message,
@@ -245,6 +250,7 @@ pub(super) fn broadcast(conn: &Connection, broadcast: Broadcast) -> Decided<Fann
     message.group = Some(tag);
     let mut fan = Fan {
         conn,
+        mailboxes,
         group_id: &group_id,
         message: &message,
         dedup_since_ms,
@@ -277,6 +283,7 @@ pub(super) fn broadcast(conn: &Connection, broadcast: Broadcast) -> Decided<Fann
 /// One broadcast's work in progress.
 struct Fan<'a> {
     conn: &'a Connection,
+    mailboxes: &'a mut Mailboxes,
     group_id: &'a str,
     message: &'a Envelope,
     dedup_since_ms: u64,
@@ -311,7 +318,13 @@ impl Fan<'_> {
             return Ok(Copy::Held { account, seq });
         }
         Ok(
-            match journal::insert(self.conn, account, self.message.clone(), limits)? {
+            match journal::insert(
+                self.conn,
+                self.mailboxes,
+                account,
+                self.message.clone(),
+                limits,
+            )? {
                 Inserted::Accepted { account, envelope } => {
                     let seq = envelope.seq.unwrap_or_default();
                     self.record(member, &account, seq)?;

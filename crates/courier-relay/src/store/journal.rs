@@ -3,8 +3,9 @@
 //! reads, releases by ack, and the purge of expired frames.
 //!
 //! Counters per account (`last_seq`, `msg_count`, `byte_count`) live in the `accounts` row and
-//! change in the same transaction as the journal, so `seq` is never reused (it does not depend
-//! on which rows still exist) and the mailbox limits are checked without scanning the journal.
+//! change in the same transaction as the journal (through `mailboxes.rs`), so `seq` is never
+//! reused (it does not depend on which rows still exist) and the mailbox limits are checked
+//! without scanning the journal.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
 
 use super::addresses::bound_account;
+use super::mailboxes::{Counters, Mailboxes};
 use super::worker::{Applied, Delta};
 use super::{from_sql, to_sql, AppendOutcome, Named, Release};
 use crate::config::MailboxLimits;
@@ -49,6 +51,7 @@ pub(super) fn account_named(
 /// once durable, offers it to that account's connection.
 pub(super) fn append(
     conn: &Connection,
+    mailboxes: &mut Mailboxes,
     recipient: Named,
     envelope: Envelope,
     limits: &MailboxLimits,
@@ -71,19 +74,21 @@ pub(super) fn append(
             disposition: disposition(router.is_connected(&recipient)),
         }));
     }
-    Ok(match insert(conn, recipient, envelope, limits)? {
-        Inserted::Accepted { account, envelope } => {
-            let seq = envelope.seq.unwrap_or_default();
-            let delta = Delta::appended(&envelope);
-            Applied::then(move |router| AppendOutcome::Accepted {
-                seq,
-                disposition: disposition(router.offer_journaled(&account, &envelope).is_some()),
-            })
-            .counting(delta)
-        }
-        Inserted::UnknownRecipient => Applied::value(AppendOutcome::UnknownRecipient),
-        Inserted::MailboxFull => Applied::value(AppendOutcome::MailboxFull),
-    })
+    Ok(
+        match insert(conn, mailboxes, recipient, envelope, limits)? {
+            Inserted::Accepted { account, envelope } => {
+                let seq = envelope.seq.unwrap_or_default();
+                let delta = Delta::appended(&envelope);
+                Applied::then(move |router| AppendOutcome::Accepted {
+                    seq,
+                    disposition: disposition(router.offer_journaled(&account, &envelope).is_some()),
+                })
+                .counting(delta)
+            }
+            Inserted::UnknownRecipient => Applied::value(AppendOutcome::UnknownRecipient),
+            Inserted::MailboxFull => Applied::value(AppendOutcome::MailboxFull),
+        },
+    )
 }
 
 /// What [`insert`] did with a frame.
@@ -101,17 +106,19 @@ pub(super) enum Inserted {
 /// account's next seq.
 pub(super) fn insert(
     conn: &Connection,
+    mailboxes: &mut Mailboxes,
     account: String,
     mut envelope: Envelope,
     limits: &MailboxLimits,
 ) -> rusqlite::Result<Inserted> {
-    let counters: Option<(i64, i64, i64)> = conn
-        .prepare_cached("SELECT last_seq, msg_count, byte_count FROM accounts WHERE name = ?1")?
-        .query_row([&account], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .optional()?;
-    let Some((last_seq, msg_count, byte_count)) = counters else {
+    let Some(counters) = mailboxes.get(conn, &account)? else {
         return Ok(Inserted::UnknownRecipient);
     };
+    let Counters {
+        last_seq,
+        msg_count,
+        byte_count,
+    } = counters;
     let bytes = to_sql(envelope.content.len() as u64);
     let over_count = from_sql(msg_count).saturating_add(1) > limits.max_messages;
     let over_bytes = from_sql(byte_count).saturating_add(from_sql(bytes)) > limits.max_bytes;
@@ -144,11 +151,14 @@ pub(super) fn insert(
         group_id,
         forward_info,
     ])?;
-    conn.prepare_cached(
-        "UPDATE accounts SET last_seq = ?2, msg_count = msg_count + 1, byte_count = byte_count + ?3
-         WHERE name = ?1",
-    )?
-    .execute(params![account, seq, bytes])?;
+    mailboxes.set(
+        &account,
+        Counters {
+            last_seq: seq,
+            msg_count: msg_count + 1,
+            byte_count: byte_count + bytes,
+        },
+    );
     envelope.seq = Some(from_sql(seq));
     Ok(Inserted::Accepted {
         account,
@@ -166,12 +176,13 @@ pub(super) fn holds(conn: &Connection, account: &str, seq: u64) -> rusqlite::Res
 }
 
 /// The account's highest journaled seq: the drain bound S.
-pub(super) fn highest_seq(conn: &Connection, account: &str) -> rusqlite::Result<Applied<u64>> {
-    let seq: Option<i64> = conn
-        .prepare_cached("SELECT last_seq FROM accounts WHERE name = ?1")?
-        .query_row([account], |r| r.get(0))
-        .optional()?;
-    Ok(Applied::value(seq.map_or(0, from_sql)))
+pub(super) fn highest_seq(
+    conn: &Connection,
+    mailboxes: &mut Mailboxes,
+    account: &str,
+) -> rusqlite::Result<Applied<u64>> {
+    let counters = mailboxes.get(conn, account)?;
+    Ok(Applied::value(counters.map_or(0, |c| from_sql(c.last_seq))))
 }
 
 /// Unexpired frames with `after < seq ≤ up_to`, in seq order, one bounded batch.
@@ -239,6 +250,7 @@ pub(super) fn fetch(
 /// Deletes what an ack releases.
 pub(super) fn release(
     conn: &Connection,
+    mailboxes: &mut Mailboxes,
     account: &str,
     release: Release,
 ) -> rusqlite::Result<Applied<()>> {
@@ -261,7 +273,7 @@ pub(super) fn release(
         bytes += row.get::<_, i64>(0)?;
     }
     drop(rows);
-    uncount(conn, account, count, bytes)?;
+    uncount(conn, mailboxes, account, count, bytes)?;
     Ok(Applied::value(()).counting(Delta {
         accounts: 0,
         frames: -count,
@@ -270,7 +282,11 @@ pub(super) fn release(
 }
 
 /// Deletes frames accepted before `older_than_ms`; answers how many.
-pub(super) fn purge(conn: &Connection, older_than_ms: u64) -> rusqlite::Result<Applied<u64>> {
+pub(super) fn purge(
+    conn: &Connection,
+    mailboxes: &mut Mailboxes,
+    older_than_ms: u64,
+) -> rusqlite::Result<Applied<u64>> {
     let mut per_account: HashMap<String, (i64, i64)> = HashMap::new();
     {
         let mut stmt = conn.prepare_cached(
@@ -285,7 +301,7 @@ pub(super) fn purge(conn: &Connection, older_than_ms: u64) -> rusqlite::Result<A
     }
     let (mut total, mut total_bytes) = (0i64, 0i64);
     for (account, (count, bytes)) in &per_account {
-        uncount(conn, account, *count, *bytes)?;
+        uncount(conn, mailboxes, account, *count, *bytes)?;
         total += count;
         total_bytes += bytes;
     }
@@ -297,14 +313,25 @@ pub(super) fn purge(conn: &Connection, older_than_ms: u64) -> rusqlite::Result<A
 }
 
 /// Takes deleted frames off the account's mailbox counters.
-fn uncount(conn: &Connection, account: &str, count: i64, bytes: i64) -> rusqlite::Result<()> {
+fn uncount(
+    conn: &Connection,
+    mailboxes: &mut Mailboxes,
+    account: &str,
+    count: i64,
+    bytes: i64,
+) -> rusqlite::Result<()> {
     if count == 0 {
         return Ok(());
     }
-    conn.prepare_cached(
-        "UPDATE accounts SET msg_count = MAX(msg_count - ?2, 0), byte_count = MAX(byte_count - ?3, 0)
-         WHERE name = ?1",
-    )?
-    .execute(params![account, count, bytes])?;
+    if let Some(c) = mailboxes.get(conn, account)? {
+        mailboxes.set(
+            account,
+            Counters {
+                last_seq: c.last_seq,
+                msg_count: (c.msg_count - count).max(0),
+                byte_count: (c.byte_count - bytes).max(0),
+            },
+        );
+    }
     Ok(())
 }

@@ -35,6 +35,7 @@ mod addresses;
 mod groups;
 mod journal;
 mod key_packages;
+mod mailboxes;
 mod schema;
 mod worker;
 
@@ -201,6 +202,7 @@ impl Store {
             commit_seconds,
             file_backed,
             writes_since_checkpoint: 0,
+            mailboxes: mailboxes::Mailboxes::default(),
         };
         std::thread::Builder::new()
             .name("courier-relay-store".into())

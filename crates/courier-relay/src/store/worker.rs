@@ -14,6 +14,7 @@ use rusqlite::{Connection, Transaction};
 use tokio::sync::{mpsc, oneshot};
 
 use super::groups::{self, Broadcast};
+use super::mailboxes::Mailboxes;
 use super::{accounts, addresses, journal, key_packages};
 use super::{
     AppendOutcome, Counters, KeyPackagesHeld, Named, Release, StoreError, TakenKeyPackage,
@@ -271,16 +272,22 @@ fn settle<T: 'static>(reply: Reply<T>, applied: Result<Applied<T>, StoreError>) 
 /// requests' own work.
 fn savepoint<T>(
     tx: Result<&mut Transaction<'_>, &StoreError>,
-    work: impl FnOnce(&Connection) -> rusqlite::Result<Applied<T>>,
+    mailboxes: &mut Mailboxes,
+    work: impl FnOnce(&Connection, &mut Mailboxes) -> rusqlite::Result<Applied<T>>,
 ) -> Result<Applied<T>, StoreError> {
     let conn: &Connection = tx.map_err(StoreError::clone)?;
     conn.prepare_cached("SAVEPOINT request")?.execute([])?;
-    match work(conn) {
+    let worked = work(conn, mailboxes).and_then(|applied| {
+        conn.prepare_cached("RELEASE request")?.execute([])?;
+        Ok(applied)
+    });
+    match worked {
         Ok(applied) => {
-            conn.prepare_cached("RELEASE request")?.execute([])?;
+            mailboxes.keep();
             Ok(applied)
         }
         Err(e) => {
+            mailboxes.undo();
             tracing::error!(error = %e, "journal request failed");
             // Undone, then taken off the savepoint stack; if even that fails, the commit does.
             for sql in ["ROLLBACK TO request", "RELEASE request"] {
@@ -295,16 +302,24 @@ fn savepoint<T>(
 
 /// Applies `op` (one function per operation, in the modules named for what they own) and
 /// returns how to answer it.
-fn apply(tx: Result<&mut Transaction<'_>, &StoreError>, op: Op) -> Settle {
+fn apply(
+    tx: Result<&mut Transaction<'_>, &StoreError>,
+    mailboxes: &mut Mailboxes,
+    op: Op,
+) -> Settle {
     match op {
         Op::EnsureAccount {
             name,
             now_ms,
             reply,
-        } => settle(reply, savepoint(tx, |c| accounts::ensure(c, &name, now_ms))),
-        Op::AccountExists { name, reply } => {
-            settle(reply, savepoint(tx, |c| accounts::exists(c, &name)))
-        }
+        } => settle(
+            reply,
+            savepoint(tx, mailboxes, |c, _| accounts::ensure(c, &name, now_ms)),
+        ),
+        Op::AccountExists { name, reply } => settle(
+            reply,
+            savepoint(tx, mailboxes, |c, _| accounts::exists(c, &name)),
+        ),
         Op::Append {
             recipient,
             envelope,
@@ -312,7 +327,9 @@ fn apply(tx: Result<&mut Transaction<'_>, &StoreError>, op: Op) -> Settle {
             reply,
         } => settle(
             reply,
-            savepoint(tx, |c| journal::append(c, recipient, *envelope, &limits)),
+            savepoint(tx, mailboxes, |c, m| {
+                journal::append(c, m, recipient, *envelope, &limits)
+            }),
         ),
         Op::BindAddress {
             address,
@@ -321,22 +338,28 @@ fn apply(tx: Result<&mut Transaction<'_>, &StoreError>, op: Op) -> Settle {
             reply,
         } => settle(
             reply,
-            savepoint(tx, |c| addresses::bind(c, address, account, now_ms)),
+            savepoint(tx, mailboxes, |c, _| {
+                addresses::bind(c, address, account, now_ms)
+            }),
         ),
-        Op::ResolveAddress { address, reply } => {
-            settle(reply, savepoint(tx, |c| addresses::resolve(c, &address)))
-        }
+        Op::ResolveAddress { address, reply } => settle(
+            reply,
+            savepoint(tx, mailboxes, |c, _| addresses::resolve(c, &address)),
+        ),
         Op::Watch {
             watchlist,
             targets,
             reply,
         } => settle(
             reply,
-            savepoint(tx, |c| addresses::watch(c, watchlist, targets)),
+            savepoint(tx, mailboxes, |c, _| {
+                addresses::watch(c, watchlist, targets)
+            }),
         ),
-        Op::HighestSeq { account, reply } => {
-            settle(reply, savepoint(tx, |c| journal::highest_seq(c, &account)))
-        }
+        Op::HighestSeq { account, reply } => settle(
+            reply,
+            savepoint(tx, mailboxes, |c, m| journal::highest_seq(c, m, &account)),
+        ),
         Op::Fetch {
             account,
             after,
@@ -345,7 +368,7 @@ fn apply(tx: Result<&mut Transaction<'_>, &StoreError>, op: Op) -> Settle {
             reply,
         } => settle(
             reply,
-            savepoint(tx, |c| {
+            savepoint(tx, mailboxes, |c, _| {
                 journal::fetch(c, &account, after, up_to, not_before_ms)
             }),
         ),
@@ -355,19 +378,27 @@ fn apply(tx: Result<&mut Transaction<'_>, &StoreError>, op: Op) -> Settle {
             reply,
         } => settle(
             reply,
-            savepoint(tx, |c| journal::release(c, &account, release)),
+            savepoint(tx, mailboxes, |c, m| {
+                journal::release(c, m, &account, release)
+            }),
         ),
         Op::Purge {
             older_than_ms,
             reply,
-        } => settle(reply, savepoint(tx, |c| journal::purge(c, older_than_ms))),
+        } => settle(
+            reply,
+            savepoint(tx, mailboxes, |c, m| journal::purge(c, m, older_than_ms)),
+        ),
         Op::RecordLastSeen { account, ms, reply } => settle(
             reply,
-            savepoint(tx, |c| accounts::record_last_seen(c, &account, ms)),
+            savepoint(tx, mailboxes, |c, _| {
+                accounts::record_last_seen(c, &account, ms)
+            }),
         ),
-        Op::LastSeen { accounts, reply } => {
-            settle(reply, savepoint(tx, |c| accounts::last_seen(c, accounts)))
-        }
+        Op::LastSeen { accounts, reply } => settle(
+            reply,
+            savepoint(tx, mailboxes, |c, _| accounts::last_seen(c, accounts)),
+        ),
         Op::PublishKeyPackages {
             address,
             packages,
@@ -376,13 +407,14 @@ fn apply(tx: Result<&mut Transaction<'_>, &StoreError>, op: Op) -> Settle {
             reply,
         } => settle(
             reply,
-            savepoint(tx, |c| {
+            savepoint(tx, mailboxes, |c, _| {
                 key_packages::publish(c, &address, packages, last_resort, now_ms)
             }),
         ),
-        Op::TakeKeyPackage { address, reply } => {
-            settle(reply, savepoint(tx, |c| key_packages::take(c, &address)))
-        }
+        Op::TakeKeyPackage { address, reply } => settle(
+            reply,
+            savepoint(tx, mailboxes, |c, _| key_packages::take(c, &address)),
+        ),
         Op::CreateGroup {
             group_id,
             name,
@@ -391,7 +423,9 @@ fn apply(tx: Result<&mut Transaction<'_>, &StoreError>, op: Op) -> Settle {
             reply,
         } => settle(
             reply,
-            savepoint(tx, |c| groups::create(c, &group_id, &name, &actor, now_ms)),
+            savepoint(tx, mailboxes, |c, _| {
+                groups::create(c, &group_id, &name, &actor, now_ms)
+            }),
         ),
         Op::AddGroupMember {
             group_id,
@@ -402,7 +436,7 @@ fn apply(tx: Result<&mut Transaction<'_>, &StoreError>, op: Op) -> Settle {
             reply,
         } => settle(
             reply,
-            savepoint(tx, |c| {
+            savepoint(tx, mailboxes, |c, _| {
                 groups::add_member(c, &group_id, &member, &actor, max_members, now_ms)
             }),
         ),
@@ -413,7 +447,9 @@ fn apply(tx: Result<&mut Transaction<'_>, &StoreError>, op: Op) -> Settle {
             reply,
         } => settle(
             reply,
-            savepoint(tx, |c| groups::remove_member(c, &group_id, &member, &actor)),
+            savepoint(tx, mailboxes, |c, _| {
+                groups::remove_member(c, &group_id, &member, &actor)
+            }),
         ),
         Op::LeaveGroup {
             group_id,
@@ -421,11 +457,12 @@ fn apply(tx: Result<&mut Transaction<'_>, &StoreError>, op: Op) -> Settle {
             reply,
         } => settle(
             reply,
-            savepoint(tx, |c| groups::leave(c, &group_id, &actor)),
+            savepoint(tx, mailboxes, |c, _| groups::leave(c, &group_id, &actor)),
         ),
-        Op::Broadcast { broadcast, reply } => {
-            settle(reply, savepoint(tx, |c| groups::broadcast(c, *broadcast)))
-        }
+        Op::Broadcast { broadcast, reply } => settle(
+            reply,
+            savepoint(tx, mailboxes, |c, m| groups::broadcast(c, m, *broadcast)),
+        ),
         Op::HoldReport {
             account,
             report,
@@ -434,7 +471,7 @@ fn apply(tx: Result<&mut Transaction<'_>, &StoreError>, op: Op) -> Settle {
             reply,
         } => settle(
             reply,
-            savepoint(tx, |c| {
+            savepoint(tx, mailboxes, |c, _| {
                 groups::hold_report(c, account, &report, now_ms, keep)
             }),
         ),
@@ -444,15 +481,21 @@ fn apply(tx: Result<&mut Transaction<'_>, &StoreError>, op: Op) -> Settle {
             reply,
         } => settle(
             reply,
-            savepoint(tx, |c| groups::held_reports(c, &account, not_before_ms)),
+            savepoint(tx, mailboxes, |c, _| {
+                groups::held_reports(c, &account, not_before_ms)
+            }),
         ),
-        Op::DropHeldReports { ids, reply } => {
-            settle(reply, savepoint(tx, |c| groups::drop_held_reports(c, &ids)))
-        }
+        Op::DropHeldReports { ids, reply } => settle(
+            reply,
+            savepoint(tx, mailboxes, |c, _| groups::drop_held_reports(c, &ids)),
+        ),
         Op::PurgeGroups {
             older_than_ms,
             reply,
-        } => settle(reply, savepoint(tx, |c| groups::purge(c, older_than_ms))),
+        } => settle(
+            reply,
+            savepoint(tx, mailboxes, |c, _| groups::purge(c, older_than_ms)),
+        ),
     }
 }
 
@@ -464,6 +507,7 @@ pub(super) struct Worker {
     pub commit_seconds: Histogram,
     pub file_backed: bool,
     pub writes_since_checkpoint: u32,
+    pub mailboxes: Mailboxes,
 }
 
 impl Worker {
@@ -533,19 +577,28 @@ impl Worker {
         if let Err(e) = &began {
             tracing::error!(error = %e, "cannot begin a journal transaction");
         }
+        let mailboxes = &mut self.mailboxes;
         let settles: Vec<Settle> = ops
             .drain(..)
-            .map(|op| apply(began.as_mut().map_err(|e| &*e), op))
+            .map(|op| apply(began.as_mut().map_err(|e| &*e), mailboxes, op))
             .collect();
-        let committed = began.and_then(|tx| tx.commit().map_err(StoreError::from));
+        let committed = began.and_then(|tx| {
+            mailboxes.write_back(&tx)?;
+            tx.commit().map_err(StoreError::from)
+        });
         match &committed {
-            Ok(()) if writes => {
-                self.writes_since_checkpoint += 1;
-                self.commit_seconds
-                    .observe(began_at.elapsed().as_secs_f64());
+            Ok(()) => {
+                self.mailboxes.committed();
+                if writes {
+                    self.writes_since_checkpoint += 1;
+                    self.commit_seconds
+                        .observe(began_at.elapsed().as_secs_f64());
+                }
             }
-            Ok(()) => {}
-            Err(e) => tracing::error!(error = %e, "journal commit failed"),
+            Err(e) => {
+                self.mailboxes.forget();
+                tracing::error!(error = %e, "journal commit failed");
+            }
         }
         // Durable from here on: answers and offers go out, in commit order.
         for settle in settles {
@@ -570,17 +623,18 @@ mod tests {
         conn.execute_batch("CREATE TABLE t (x INTEGER UNIQUE)")
             .unwrap();
         let mut tx = conn.transaction().map_err(StoreError::from);
-        let first = savepoint(tx.as_mut().map_err(|e| &*e), |c| {
+        let mut mailboxes = Mailboxes::default();
+        let first = savepoint(tx.as_mut().map_err(|e| &*e), &mut mailboxes, |c, _| {
             insert(c, 1)?;
             Ok(Applied::value(()))
         });
         // Its first insert succeeds, its second breaks the constraint: both are undone.
-        let failing = savepoint(tx.as_mut().map_err(|e| &*e), |c| {
+        let failing = savepoint(tx.as_mut().map_err(|e| &*e), &mut mailboxes, |c, _| {
             insert(c, 2)?;
             insert(c, 1)?;
             Ok(Applied::value(()))
         });
-        let last = savepoint(tx.as_mut().map_err(|e| &*e), |c| {
+        let last = savepoint(tx.as_mut().map_err(|e| &*e), &mut mailboxes, |c, _| {
             insert(c, 3)?;
             Ok(Applied::value(()))
         });
