@@ -56,10 +56,12 @@ export declare class NativeProtocol {
    */
   stop(): Promise<void>
   /**
-   * Queued synchronously (sends keep their call order); the Promise resolves once the message
-   * is durably in the outbox.
+   * The `sendMessage` calls of one turn of the JS event loop, queued synchronously in call
+   * order: one crossing for the burst. The Promise resolves, once every valid one is durably
+   * in the outbox, with one entry per input: its message id, or the error that refused it
+   * (nothing of it queued).
    */
-  sendMessage(input: NativeSendInput): Promise<string>
+  sendMessages(inputs: Array<NativeSendInput>): Promise<Array<string | Error>>
   /**
    * Forwards the message this device received as `messageId` to `to` (an address, or a
    * group this device is in); resolves with the new message's id once it is durably accepted

@@ -37,4 +37,4 @@ function callSync(fn) {
 
 const invalid = (message) => new ProtocolError('ERR_INVALID_ARGUMENT', message)
 
-module.exports = { ProtocolError, call, callSync, invalid }
+module.exports = { ProtocolError, call, callSync, invalid, toProtocolError }

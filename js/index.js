@@ -9,6 +9,7 @@ const native = require('./binding.js')
 const { ProtocolError, call, callSync, invalid } = require('./error.js')
 const { checkEventType } = require('./event-types.js')
 const { checkLogger, log } = require('./logger.js')
+const { Sends } = require('./sends.js')
 const { Waits, signalOption } = require('./waits.js')
 
 const isPlainObject = (v) => v !== null && typeof v === 'object' && !Array.isArray(v)
@@ -27,8 +28,7 @@ function contentOf(m) {
   return typeof m.binaryContent === 'string' ? new Uint8Array(Buffer.from(m.binaryContent, 'base64')) : m.content
 }
 
-function eventFromJson(json) {
-  const event = JSON.parse(json)
+function eventOf(event) {
   if (event.type === 'message_received' && typeof event.binaryContent === 'string') {
     event.content = contentOf(event)
     delete event.binaryContent
@@ -158,7 +158,14 @@ function checkStrings(args) {
 }
 
 class Protocol {
-  #native
+  #raw
+  #sends
+
+  // Every call to the native side hands the queued sends over first, so it comes after them.
+  get #native() {
+    this.#sends.flush()
+    return this.#raw
+  }
   #listeners = new Set()
   #streams = new Set()
   #transports = new Map()
@@ -198,7 +205,8 @@ class Protocol {
       // Only this side calls it; the native config would refuse it as an unknown key.
       delete forNative.logger
     }
-    this.#native = callSync(() => new native.NativeProtocol(toJson(forNative)))
+    this.#raw = callSync(() => new native.NativeProtocol(toJson(forNative)))
+    this.#sends = new Sends((inputs) => this.#raw.sendMessages(inputs))
     for (const warning of this.#native.warnings) {
       // Once per process: a warning repeated for every device says nothing new.
       if (warned.has(warning)) continue
@@ -235,8 +243,8 @@ class Protocol {
   async sendMessage(recipient, content, options = {}) {
     if (typeof recipient !== 'string') throw invalid('recipient must be a string')
     const input = sendInput(recipient, content, options)
-    // Queued synchronously, so concurrent sends keep their call order.
-    return call(callSync(() => this.#native.sendMessage(input)))
+    // Queued at once, so concurrent sends keep their call order.
+    return this.#sends.push(input)
   }
 
   /**
@@ -557,8 +565,12 @@ class Protocol {
     )
   }
 
+  // A step's events arrive as one JSON array, in order.
   #dispatch(json) {
-    const event = eventFromJson(json)
+    for (const event of JSON.parse(json)) this.#dispatchOne(eventOf(event))
+  }
+
+  #dispatchOne(event) {
     // With a logger, diagnostics go to it and not to the bounded iterators, which a debug log
     // level could otherwise overflow.
     if (event.type === 'diagnostic' && this.#logger !== undefined) log(this.#logger, event)

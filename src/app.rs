@@ -1,6 +1,6 @@
 //! The application's four callbacks, passed by the facade to `start()`, each a thread-safe
-//! function of its own: events cross as JSON text (one string per event, parsed by the facade's
-//! dispatcher), durability hook batches and app carrier frames as typed objects, token requests
+//! function of its own: events cross as JSON text (an array of a step's events, parsed by the
+//! facade's dispatcher), durability hook batches and app carrier frames as typed objects, token requests
 //! as their id.
 //!
 //! All four are held by the client's driver and released with it in `stop()`: while started
@@ -120,24 +120,35 @@ impl JsApp {
 }
 
 impl App for JsApp {
-    /// A terminal event is confirmed from the call's completion, once the facade's dispatcher
-    /// has run the listeners: until then it stays held in storage, so a kill before the
-    /// listeners ran means a replay, never a loss.
     fn event(&mut self, event: ClientEvent) {
+        self.events(vec![event]);
+    }
+
+    /// The events cross as one JSON array. Its terminal events are confirmed from the call's
+    /// completion, once the facade's dispatcher has run the listeners: until then they stay held
+    /// in storage, so a kill before the listeners ran means a replay, never a loss.
+    fn events(&mut self, events: Vec<ClientEvent>) {
         self.pass_gate();
-        let json = event.to_json().to_string();
-        let Some(message_id) = event.terminal_message_id() else {
+        let terminal: Vec<String> = events
+            .iter()
+            .filter_map(|event| event.terminal_message_id().map(str::to_owned))
+            .collect();
+        let json = serde_json::Value::Array(events.iter().map(ClientEvent::to_json).collect());
+        let json = json.to_string();
+        if terminal.is_empty() {
             self.on_event
                 .call(json, ThreadsafeFunctionCallMode::NonBlocking);
             return;
-        };
-        let (message_id, receipts) = (message_id.to_owned(), self.receipts.clone());
+        }
+        let receipts = self.receipts.clone();
         self.on_event.call_with_return_value(
             json,
             ThreadsafeFunctionCallMode::NonBlocking,
             move |ran, _| {
                 if ran.is_ok() {
-                    receipts.seen(message_id);
+                    for message_id in terminal {
+                        receipts.seen(message_id);
+                    }
                 }
                 Ok(())
             },

@@ -68,3 +68,16 @@ impl<T: ToNapiValue> ToNapiValue for Settled<T> {
         }
     }
 }
+
+/// One answer among many in a resolved array: the value, or the error as a JS `Error` value
+/// (with its code) in its place, so one refused item does not reject the others.
+pub struct Outcome<T>(pub Result<T>);
+
+impl<T: ToNapiValue> ToNapiValue for Outcome<T> {
+    unsafe fn to_napi_value(env: sys::napi_env, outcome: Self) -> napi::Result<sys::napi_value> {
+        match outcome.0 {
+            Ok(value) => unsafe { T::to_napi_value(env, value) },
+            Err(e) => unsafe { Error::to_napi_value(env, e) },
+        }
+    }
+}

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use courier_client::app::SendAttempt;
-use courier_client::client::Client;
+use courier_client::client::{Client, Durable};
 use courier_client::config::{parse_protocol_config, ProtocolConfig};
 use courier_client::driver::connections::ConnectionCommand;
 use courier_client::driver::Receipts;
@@ -19,7 +19,7 @@ use crate::app::{
     AppCarrierSendCallback, AuthTokenCallback, EventCallback, Gate, HookBatchCallback, JsApp,
     Opener,
 };
-use crate::error::{client_error, coded, Code, Result, Settled};
+use crate::error::{client_error, coded, Code, Outcome, Result, Settled};
 
 mod app;
 mod error;
@@ -218,19 +218,45 @@ impl NativeProtocol {
         self.stop_with().await.into()
     }
 
-    /// Queued synchronously (sends keep their call order); the Promise resolves once the message
-    /// is durably in the outbox.
-    #[napi(ts_return_type = "Promise<string>")]
-    pub fn send_message<'env>(
+    /// The `sendMessage` calls of one turn of the JS event loop, queued synchronously in call
+    /// order: one crossing for the burst. The Promise resolves, once every valid one is durably
+    /// in the outbox, with one entry per input: its message id, or the error that refused it
+    /// (nothing of it queued).
+    #[napi(ts_return_type = "Promise<Array<string | Error>>")]
+    pub fn send_messages<'env>(
         &self,
         env: &'env Env,
-        input: NativeSendInput,
-    ) -> Result<PromiseRaw<'env, Settled<String>>> {
+        inputs: Vec<NativeSendInput>,
+    ) -> Result<PromiseRaw<'env, Vec<Outcome<String>>>> {
         let client = self.started()?;
-        let send = input.into_send()?;
-        let durable = client.enqueue_send(send).map_err(client_error)?;
-        env.spawn_future(async move { Ok(Settled(durable.await.map_err(client_error))) })
-            .map_err(|e| coded(Code::INTERNAL, e.reason))
+        let mut sends = Vec::with_capacity(inputs.len());
+        let converted: Vec<Result<()>> = inputs
+            .into_iter()
+            .map(|input| input.into_send().map(|send| sends.push(send)))
+            .collect();
+        let mut queued = client.enqueue_sends(sends).into_iter();
+        let pending: Vec<Result<Durable>> = converted
+            .into_iter()
+            .map(|converted| {
+                converted?;
+                let durable = queued
+                    .next()
+                    .ok_or_else(|| coded(Code::INTERNAL, "send lost"))?;
+                durable.map_err(client_error)
+            })
+            .collect();
+        env.spawn_future(async move {
+            let mut outcomes = Vec::with_capacity(pending.len());
+            for send in pending {
+                let id = match send {
+                    Ok(durable) => durable.wait().await.map_err(client_error),
+                    Err(e) => Err(e),
+                };
+                outcomes.push(Outcome(id));
+            }
+            Ok(outcomes)
+        })
+        .map_err(|e| coded(Code::INTERNAL, e.reason))
     }
 
     /// Forwards the message this device received as `messageId` to `to` (an address, or a

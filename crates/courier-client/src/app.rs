@@ -14,6 +14,14 @@ pub trait App: Send + 'static {
     /// An event for the application's listeners.
     fn event(&mut self, event: ClientEvent);
 
+    /// A step's events, in order: an application that crosses a thread boundary per call takes
+    /// them in one crossing.
+    fn events(&mut self, events: Vec<ClientEvent>) {
+        for event in events {
+            self.event(event);
+        }
+    }
+
     /// A batch for the durability hook (configured with `inboundDurabilityHook`). Store its
     /// messages, then report with [`Client::hook_done`](crate::client::Client::hook_done); one
     /// batch is out at a time, and one not reported within the hook's timeout has failed.
@@ -59,13 +67,25 @@ pub(crate) struct LevelFiltered {
     pub threshold: LogLevel,
 }
 
-impl App for LevelFiltered {
-    fn event(&mut self, event: ClientEvent) {
-        if event
+impl LevelFiltered {
+    fn admits(&self, event: &ClientEvent) -> bool {
+        event
             .diagnostic_level()
             .is_none_or(|level| self.threshold.admits(level))
-        {
+    }
+}
+
+impl App for LevelFiltered {
+    fn event(&mut self, event: ClientEvent) {
+        if self.admits(&event) {
             self.app.event(event);
+        }
+    }
+
+    fn events(&mut self, mut events: Vec<ClientEvent>) {
+        events.retain(|event| self.admits(event));
+        if !events.is_empty() {
+            self.app.events(events);
         }
     }
 

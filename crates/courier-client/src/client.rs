@@ -22,7 +22,9 @@ use crate::driver::connections::{ConnectionCommand, Connections};
 use crate::driver::e2e::E2e;
 use crate::driver::groups::{GroupCommand, GroupInfo, GroupSendInput, Groups};
 use crate::driver::media::Media;
-use crate::driver::{self, Command, Driver, DriverTx, Published, Receipts, Wiring};
+use crate::driver::{
+    self, Accept, Command, Driver, DriverTx, IdOrigin, Published, Receipts, Wiring,
+};
 use crate::error::ClientError;
 use crate::event::ClientEvent;
 use crate::media_send::{self, MediaInput};
@@ -30,6 +32,15 @@ use crate::media_send::{self, MediaInput};
 pub use crate::send::SendInput;
 use crate::send::{check_direct_recipient, validate_send, ContentCap, ForwardInput};
 use crate::store::{GroupSendStatus, MessageStatus, PendingRequest, Store};
+
+/// A queued send's answer: the message id once it is durably in the outbox.
+pub struct Durable(oneshot::Receiver<Result<String, ClientError>>);
+
+impl Durable {
+    pub async fn wait(self) -> Result<String, ClientError> {
+        self.0.await.map_err(|_| ClientError::NotStarted)?
+    }
+}
 
 pub struct Client {
     /// This device's `off1` address, derived from its persisted identity key.
@@ -272,7 +283,6 @@ impl Client {
         })
     }
 
-    /// Resolves once the message is durably in the outbox.
     /// Validates and queues a send at once, so sends reach the outbox in call order; the
     /// returned future resolves once the message is durably in the outbox.
     pub fn enqueue_send(
@@ -282,11 +292,33 @@ impl Client {
         impl std::future::Future<Output = Result<String, ClientError>> + Send + 'static,
         ClientError,
     > {
-        let req = validate_send(input, ContentCap::Applies)?;
-        check_direct_recipient(&req.recipient, self.encryption)?;
-        let (reply, rx) = oneshot::channel();
-        self.driver.send(Command::Send { req, reply });
-        Ok(async move { rx.await.map_err(|_| ClientError::NotStarted)? })
+        let queued = self.enqueue_sends(vec![input]).pop();
+        let durable = queued.unwrap_or(Err(ClientError::NotStarted))?;
+        Ok(durable.wait())
+    }
+
+    /// [`Client::enqueue_send`] for a burst: the valid sends cross to the driver together, in
+    /// order, and an invalid one is refused alone (nothing of it queued).
+    pub fn enqueue_sends(&self, inputs: Vec<SendInput>) -> Vec<Result<Durable, ClientError>> {
+        let mut accepts = Vec::with_capacity(inputs.len());
+        let queued = inputs
+            .into_iter()
+            .map(|input| {
+                let id = match input.id {
+                    Some(_) => IdOrigin::App,
+                    None => IdOrigin::Minted,
+                };
+                let req = validate_send(input, ContentCap::Applies)?;
+                check_direct_recipient(&req.recipient, self.encryption)?;
+                let (reply, rx) = oneshot::channel();
+                accepts.push(Accept::new(req, id, reply));
+                Ok(Durable(rx))
+            })
+            .collect();
+        if !accepts.is_empty() {
+            self.driver.send(Command::Send(accepts));
+        }
+        queued
     }
 
     /// `sendMedia`: resolves with the file id once the transfer is durably accepted. The source

@@ -168,8 +168,9 @@ impl Host<ClientEvent> for StepHost<'_> {
     }
 
     fn dispatch(&mut self, events: Vec<ClientEvent>) -> ControlFlow<CommitFailed> {
-        for event in events {
-            let event = match event {
+        let events = events
+            .into_iter()
+            .map(|event| match event {
                 ClientEvent::Engine(event) => match &*event {
                     Event::MessageReceived { sender, .. } => ClientEvent::Received {
                         known_sender: self.connections.is_contact(sender),
@@ -178,8 +179,10 @@ impl Host<ClientEvent> for StepHost<'_> {
                     _ => ClientEvent::Engine(event),
                 },
                 other => other,
-            };
-            self.app.event(event);
+            })
+            .collect::<Vec<_>>();
+        if !events.is_empty() {
+            self.app.events(events);
         }
         ControlFlow::Continue(())
     }

@@ -43,12 +43,9 @@ const MAX_STEP: usize = 4096;
 pub enum Command {
     /// An engine input, applied in the order it arrives.
     Engine(Input),
-    /// `sendMessage`, answered once the step that took it is committed. The driver adds what
-    /// storage remembers of the id (`SendRequest::settled`), which the engine judges.
-    Send {
-        req: SendRequest,
-        reply: oneshot::Sender<Result<String, ClientError>>,
-    },
+    /// `sendMessage` calls, in call order, each answered once the step that took it is
+    /// committed. A batch crosses the channel once: a burst of sends costs one wake-up.
+    Send(Vec<Accept>),
     /// `forwardMessage`: the received message is looked up in storage, then sent like a
     /// `sendMessage` (or a `sendGroupMessage` when `to` is a group this device is in).
     Forward {
@@ -122,6 +119,32 @@ impl From<Input> for Command {
 /// The sending side of the driver's queue; cheap to clone, never blocks.
 #[derive(Clone)]
 pub struct DriverTx(mpsc::Sender<Command>);
+
+/// Who chose a send's id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdOrigin {
+    /// The application: storage may remember how an earlier message with it settled.
+    App,
+    /// The runtime, just now (a fresh v4 UUID).
+    Minted,
+}
+
+/// One validated send and where its answer goes.
+pub struct Accept {
+    req: SendRequest,
+    id: IdOrigin,
+    reply: oneshot::Sender<Result<String, ClientError>>,
+}
+
+impl Accept {
+    pub fn new(
+        req: SendRequest,
+        id: IdOrigin,
+        reply: oneshot::Sender<Result<String, ClientError>>,
+    ) -> Self {
+        Self { req, id, reply }
+    }
+}
 
 impl DriverTx {
     /// Sends a command; after the driver stopped there is nobody to tell, so it is dropped.
@@ -489,23 +512,15 @@ impl Driver {
             Command::ListGroups { reply } => {
                 let _ = reply.send(self.groups.list());
             }
-            Command::Send { mut req, reply } => match self.store.settled(&req.id) {
-                Ok(settled) => {
-                    req.settled = settled.map(|record| record.outcome);
-                    self.connections.sent_to(&req.recipient, now);
-                    // Answered after the commit, a duplicate included: it may name an entry
-                    // accepted earlier in this very step, durable only once the step commits.
-                    owed.accepted.push((req.id.clone(), reply));
-                    step.apply(&mut self.engine, Input::Send(req), now);
-                    self.after_input(step, now);
+            Command::Send(accepts) => {
+                for accept in accepts {
+                    self.accept(accept, now, step, owed);
                 }
-                Err(e) => {
-                    let _ = reply.send(Err(e.into()));
-                }
-            },
+            }
             Command::Forward { forward, reply } => match self.forward(forward) {
                 Ok(Forwarding::Direct(req)) => {
-                    self.apply(Command::Send { req, reply }, now, step, owed)
+                    let accept = Accept::new(req, IdOrigin::App, reply);
+                    self.accept(accept, now, step, owed)
                 }
                 Ok(Forwarding::Group(input)) => {
                     let command = GroupCommand::Send(input);
@@ -547,6 +562,33 @@ impl Driver {
             Command::TokenWanted { request } => self.app.auth_token_wanted(request),
             Command::Stop { reply } => owed.stop = Some(reply),
         }
+    }
+
+    /// The driver adds what storage remembers of an app-chosen id (`SendRequest::settled`),
+    /// which the engine judges; an id minted here is new to storage, so its look-up is skipped.
+    fn accept(
+        &mut self,
+        accept: Accept,
+        now: Millis,
+        step: &mut Step<ClientEvent>,
+        owed: &mut Owed,
+    ) {
+        let Accept { mut req, id, reply } = accept;
+        if id == IdOrigin::App {
+            match self.store.settled(&req.id) {
+                Ok(settled) => req.settled = settled.map(|record| record.outcome),
+                Err(e) => {
+                    let _ = reply.send(Err(e.into()));
+                    return;
+                }
+            }
+        }
+        self.connections.sent_to(&req.recipient, now);
+        // Answered after the commit, a duplicate included: it may name an entry accepted
+        // earlier in this very step, durable only once the step commits.
+        owed.accepted.push((req.id.clone(), reply));
+        step.apply(&mut self.engine, Input::Send(req), now);
+        self.after_input(step, now);
     }
 
     /// What the engine handed the runtime in an input: verified control frames (a Welcome
@@ -913,10 +955,11 @@ mod tests {
 
     fn send(tx: &DriverTx, content: String) -> Result<String, ClientError> {
         let (reply, rx) = oneshot::channel();
-        tx.send(Command::Send {
-            req: request(content),
+        tx.send(Command::Send(vec![Accept::new(
+            request(content),
+            IdOrigin::App,
             reply,
-        });
+        )]));
         rx.blocking_recv().expect("the driver answers every send")
     }
 
