@@ -1,8 +1,19 @@
-//! The per-connection token bucket (`docs/protocol.md#rate-limiting`).
+//! Token buckets, one per account (`docs/protocol.md#rate-limiting`).
+//!
+//! The bucket belongs to the account, not to its connection: a client that reconnects finds
+//! the bucket as its last connection left it, so reconnecting never buys a fresh burst. An
+//! account's bucket that has refilled completely is the same as one never used, so buckets are
+//! forgotten once full, which bounds the map by the accounts that sent recently.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::config::RateLimit;
+
+/// Accounts kept before the first look for full buckets to forget; afterwards the next look
+/// comes at twice what the previous one kept, so forgetting costs O(1) per take amortized.
+const FIRST_PRUNE: usize = 1024;
 
 pub struct TokenBucket {
     capacity: f64,
@@ -12,7 +23,7 @@ pub struct TokenBucket {
 }
 
 impl TokenBucket {
-    /// Full at creation, which is the moment of `Authenticated`.
+    /// Full at creation.
     pub fn new(limit: RateLimit, now: Instant) -> Self {
         Self {
             capacity: f64::from(limit.burst),
@@ -22,19 +33,83 @@ impl TokenBucket {
         }
     }
 
-    /// Takes one token, or says how long until one is available (at least 1 ms).
-    pub fn try_take(&mut self, now: Instant) -> Result<(), Duration> {
+    fn refill(&mut self, now: Instant) {
         let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
         self.last = now;
         self.tokens = (self.tokens + elapsed * self.per_sec).min(self.capacity);
+    }
+
+    /// Takes `cost` tokens (at least one) when at least one is available, or says how long
+    /// until one is (at least 1 ms). A cost beyond what is left puts the bucket in debt, which
+    /// later frames wait out: a frame worth more than the whole burst is still admitted once,
+    /// never refused forever, and is still paid for in full.
+    pub fn try_take(&mut self, cost: u32, now: Instant) -> Result<(), Duration> {
+        self.refill(now);
         if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
+            self.tokens -= f64::from(cost.max(1));
             return Ok(());
         }
         let wait_ms = ((1.0 - self.tokens) * 1000.0 / self.per_sec)
             .ceil()
             .max(1.0);
         Err(Duration::from_millis(wait_ms as u64))
+    }
+
+    /// Refilled completely by `now`: indistinguishable from a new bucket.
+    fn is_full(&mut self, now: Instant) -> bool {
+        self.refill(now);
+        self.tokens >= self.capacity
+    }
+}
+
+/// Every account's bucket.
+pub struct AccountBuckets {
+    limit: RateLimit,
+    state: Mutex<Buckets>,
+}
+
+struct Buckets {
+    by_account: HashMap<String, TokenBucket>,
+    prune_at: usize,
+}
+
+impl AccountBuckets {
+    pub fn new(limit: RateLimit) -> Self {
+        Self {
+            limit,
+            state: Mutex::new(Buckets {
+                by_account: HashMap::new(),
+                prune_at: FIRST_PRUNE,
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, Buckets> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Takes `cost` tokens from the account's bucket (see [`TokenBucket::try_take`]).
+    pub fn try_take(&self, account: &str, cost: u32, now: Instant) -> Result<(), Duration> {
+        let mut state = self.state();
+        if let Some(bucket) = state.by_account.get_mut(account) {
+            return bucket.try_take(cost, now);
+        }
+        if state.by_account.len() >= state.prune_at {
+            state.by_account.retain(|_, bucket| !bucket.is_full(now));
+            state.prune_at = (2 * state.by_account.len()).max(FIRST_PRUNE);
+        }
+        let mut bucket = TokenBucket::new(self.limit, now);
+        let taken = bucket.try_take(cost, now);
+        state.by_account.insert(account.to_owned(), bucket);
+        taken
+    }
+
+    /// Accounts whose bucket is remembered.
+    #[cfg(test)]
+    fn remembered(&self) -> usize {
+        self.state().by_account.len()
     }
 }
 
@@ -53,17 +128,17 @@ mod tests {
             t0,
         );
         for _ in 0..3 {
-            assert!(b.try_take(t0).is_ok());
+            assert!(b.try_take(1, t0).is_ok());
         }
-        assert_eq!(b.try_take(t0), Err(Duration::from_millis(100)));
-        assert!(b.try_take(t0 + Duration::from_millis(100)).is_ok());
-        assert!(b.try_take(t0 + Duration::from_millis(100)).is_err());
+        assert_eq!(b.try_take(1, t0), Err(Duration::from_millis(100)));
+        assert!(b.try_take(1, t0 + Duration::from_millis(100)).is_ok());
+        assert!(b.try_take(1, t0 + Duration::from_millis(100)).is_err());
         // Refill never exceeds the burst.
         let later = t0 + Duration::from_secs(60);
         for _ in 0..3 {
-            assert!(b.try_take(later).is_ok());
+            assert!(b.try_take(1, later).is_ok());
         }
-        assert!(b.try_take(later).is_err());
+        assert!(b.try_take(1, later).is_err());
     }
 
     #[test]
@@ -76,7 +151,43 @@ mod tests {
             },
             t0,
         );
-        assert!(b.try_take(t0).is_ok());
-        assert_eq!(b.try_take(t0), Err(Duration::from_millis(1)));
+        assert!(b.try_take(1, t0).is_ok());
+        assert_eq!(b.try_take(1, t0), Err(Duration::from_millis(1)));
+    }
+
+    #[test]
+    fn a_frame_worth_more_than_the_burst_is_admitted_once_and_paid_for_in_full() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::new(
+            RateLimit {
+                burst: 10,
+                per_sec: 10,
+            },
+            t0,
+        );
+        assert!(b.try_take(30, t0).is_ok());
+        // 20 tokens of debt, then one to take: 2.1 s.
+        assert_eq!(b.try_take(1, t0), Err(Duration::from_millis(2100)));
+        assert!(b.try_take(1, t0 + Duration::from_millis(2100)).is_ok());
+    }
+
+    #[test]
+    fn an_account_keeps_its_bucket_and_full_buckets_are_forgotten() {
+        let t0 = Instant::now();
+        let buckets = AccountBuckets::new(RateLimit {
+            burst: 2,
+            per_sec: 1,
+        });
+        assert!(buckets.try_take("alice", 2, t0).is_ok());
+        assert!(buckets.try_take("alice", 1, t0).is_err());
+        // alice and these fill the map up to the first look for full buckets.
+        for i in 1..FIRST_PRUNE {
+            assert!(buckets.try_take(&format!("a{i}"), 1, t0).is_ok());
+        }
+        // Two seconds on, every bucket is full again: the next new account prunes them all.
+        let later = t0 + Duration::from_secs(2);
+        assert!(buckets.try_take("bob", 1, later).is_ok());
+        assert_eq!(buckets.remembered(), 1);
+        assert!(buckets.try_take("alice", 2, later).is_ok());
     }
 }

@@ -325,12 +325,16 @@ impl Fan<'_> {
                 self.message.clone(),
                 limits,
             )? {
-                Inserted::Accepted { account, envelope } => {
+                Inserted::Accepted {
+                    account,
+                    envelope,
+                    bytes,
+                } => {
                     let seq = envelope.seq.unwrap_or_default();
                     self.record(member, &account, seq)?;
                     self.journaled.insert(account.clone(), seq);
                     self.copies += 1;
-                    self.delta += Delta::appended(&envelope);
+                    self.delta += Delta::appended(bytes);
                     Copy::New { account, envelope }
                 }
                 Inserted::UnknownRecipient => Copy::Missed(Miss::UnknownMember),
