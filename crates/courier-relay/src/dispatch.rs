@@ -15,6 +15,7 @@ use crate::fanout::ReportTo;
 use crate::group::{self, Actor, GroupMessage};
 use crate::mailbox::Envelope;
 use crate::presence::{Status, MAX_WATCHES, MAX_WATCH_LIST};
+use crate::rate::AccountBucket;
 use crate::router::Peer;
 use crate::send::{resolve_recipient, send_message};
 use crate::store::Release;
@@ -73,6 +74,8 @@ pub struct Session {
     declaration_handled: bool,
     /// A DeclareAddress frame was read, valid or not: the free one is spent.
     declaration_read: bool,
+    /// The account's token bucket (`docs/protocol.md#rate-limiting`).
+    bucket: Arc<AccountBucket>,
     malformed: u32,
     drain_requested: bool,
     out: mpsc::Sender<Outbound>,
@@ -91,6 +94,7 @@ impl Session {
             challenge,
             declaration_handled: false,
             declaration_read: false,
+            bucket: ctx.buckets.of(&peer.account, Instant::now()),
             ctx,
             peer,
             malformed: 0,
@@ -150,11 +154,7 @@ impl Session {
         message_id: Option<String>,
         seq: Option<u64>,
     ) -> Result<(), Flow> {
-        let taken = self
-            .ctx
-            .buckets
-            .try_take(&self.peer.account, cost, Instant::now());
-        match taken {
+        match self.bucket.try_take(cost, Instant::now()) {
             Ok(()) => Ok(()),
             Err(wait) => {
                 self.ctx.metrics.rate_limited(frame_type);

@@ -2,11 +2,12 @@
 //!
 //! The bucket belongs to the account, not to its connection: a client that reconnects finds
 //! the bucket as its last connection left it, so reconnecting never buys a fresh burst. An
-//! account's bucket that has refilled completely is the same as one never used, so buckets are
-//! forgotten once full, which bounds the map by the accounts that sent recently.
+//! account's bucket that has refilled completely is the same as one never used, so buckets no
+//! connection holds are forgotten once full, which bounds the map by the accounts connected or
+//! sending recently.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::config::RateLimit;
@@ -62,14 +63,32 @@ impl TokenBucket {
     }
 }
 
-/// Every account's bucket.
+/// One account's bucket, shared by its connections (two at once while one displaces the
+/// other).
+pub struct AccountBucket(Mutex<TokenBucket>);
+
+impl AccountBucket {
+    fn lock(&self) -> MutexGuard<'_, TokenBucket> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Takes `cost` tokens (see [`TokenBucket::try_take`]).
+    pub fn try_take(&self, cost: u32, now: Instant) -> Result<(), Duration> {
+        self.lock().try_take(cost, now)
+    }
+}
+
+/// Every account's bucket. A connection looks its account's up once, so frames take no lock
+/// shared with other accounts.
 pub struct AccountBuckets {
     limit: RateLimit,
     state: Mutex<Buckets>,
 }
 
 struct Buckets {
-    by_account: HashMap<String, TokenBucket>,
+    by_account: HashMap<String, Arc<AccountBucket>>,
     prune_at: usize,
 }
 
@@ -90,20 +109,24 @@ impl AccountBuckets {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Takes `cost` tokens from the account's bucket (see [`TokenBucket::try_take`]).
-    pub fn try_take(&self, account: &str, cost: u32, now: Instant) -> Result<(), Duration> {
+    /// The account's bucket: as its last connection left it, or full.
+    pub fn of(&self, account: &str, now: Instant) -> Arc<AccountBucket> {
         let mut state = self.state();
-        if let Some(bucket) = state.by_account.get_mut(account) {
-            return bucket.try_take(cost, now);
+        if let Some(bucket) = state.by_account.get(account) {
+            return Arc::clone(bucket);
         }
         if state.by_account.len() >= state.prune_at {
-            state.by_account.retain(|_, bucket| !bucket.is_full(now));
+            // Only buckets no connection holds: a held one may be taken from at any moment.
+            state
+                .by_account
+                .retain(|_, bucket| Arc::strong_count(bucket) > 1 || !bucket.lock().is_full(now));
             state.prune_at = (2 * state.by_account.len()).max(FIRST_PRUNE);
         }
-        let mut bucket = TokenBucket::new(self.limit, now);
-        let taken = bucket.try_take(cost, now);
-        state.by_account.insert(account.to_owned(), bucket);
-        taken
+        let bucket = Arc::new(AccountBucket(Mutex::new(TokenBucket::new(self.limit, now))));
+        state
+            .by_account
+            .insert(account.to_owned(), Arc::clone(&bucket));
+        bucket
     }
 
     /// Accounts whose bucket is remembered.
@@ -172,22 +195,27 @@ mod tests {
     }
 
     #[test]
-    fn an_account_keeps_its_bucket_and_full_buckets_are_forgotten() {
+    fn an_account_keeps_its_bucket_and_only_full_unheld_buckets_are_forgotten() {
         let t0 = Instant::now();
         let buckets = AccountBuckets::new(RateLimit {
             burst: 2,
             per_sec: 1,
         });
-        assert!(buckets.try_take("alice", 2, t0).is_ok());
-        assert!(buckets.try_take("alice", 1, t0).is_err());
-        // alice and these fill the map up to the first look for full buckets.
-        for i in 1..FIRST_PRUNE {
-            assert!(buckets.try_take(&format!("a{i}"), 1, t0).is_ok());
+        let alice = buckets.of("alice", t0);
+        assert!(alice.try_take(2, t0).is_ok());
+        drop(alice);
+        assert!(buckets.of("alice", t0).try_take(1, t0).is_err(), "kept");
+        let held = buckets.of("held", t0);
+        // These, alice and the held one fill the map up to the first look for full buckets.
+        for i in 2..FIRST_PRUNE {
+            assert!(buckets.of(&format!("a{i}"), t0).try_take(1, t0).is_ok());
         }
-        // Two seconds on, every bucket is full again: the next new account prunes them all.
+        // Two seconds on, every bucket is full again: the next new account drops all but the
+        // one a connection holds.
         let later = t0 + Duration::from_secs(2);
-        assert!(buckets.try_take("bob", 1, later).is_ok());
-        assert_eq!(buckets.remembered(), 1);
-        assert!(buckets.try_take("alice", 2, later).is_ok());
+        buckets.of("bob", later);
+        assert_eq!(buckets.remembered(), 2);
+        assert!(held.try_take(2, later).is_ok());
+        assert!(buckets.of("alice", later).try_take(2, later).is_ok());
     }
 }

@@ -8,8 +8,8 @@ use std::collections::HashMap;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::to_sql;
 use super::worker::Applied;
+use super::{to_sql, PURGE_BATCH};
 
 /// The account `address` is bound to.
 pub(super) fn bound_account(conn: &Connection, address: &str) -> rusqlite::Result<Option<String>> {
@@ -17,9 +17,6 @@ pub(super) fn bound_account(conn: &Connection, address: &str) -> rusqlite::Resul
         .query_row([address], |r| r.get(0))
         .optional()
 }
-
-/// Bindings one expiry request deletes at most (see `Store::purge_addresses`).
-pub(super) const PURGE_BATCH: i64 = 1000;
 
 /// Binds `address` to `account`, replacing any earlier binding (the latest successful
 /// declaration wins), and deletes the account's least recently declared bindings past

@@ -19,17 +19,13 @@ use serde_json::Value;
 use super::addresses::bound_account;
 use super::mailboxes::{Counters, Mailboxes};
 use super::worker::{Applied, Delta};
-use super::{from_sql, to_sql, AppendOutcome, Named, Release};
+use super::{from_sql, to_sql, AppendOutcome, Named, Release, PURGE_BATCH};
 use crate::config::MailboxLimits;
 use crate::mailbox::{Envelope, GroupTag};
 
 /// One journal read returns at most this many frames / content bytes (at least one frame).
 const FETCH_FRAMES: i64 = 64;
 const FETCH_BYTES: usize = 4 * 1024 * 1024;
-
-/// Frames one purge request deletes at most: a purge of a large backlog is many requests, so
-/// the store thread serves others between them.
-pub(super) const PURGE_BATCH: i64 = 1000;
 
 /// What a journal row costs besides its text fields: its integers, its row id and its index
 /// entries (`docs/protocol.md#mailbox-limits`).

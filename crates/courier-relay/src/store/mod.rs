@@ -43,6 +43,11 @@ use worker::{Delta, Msg, Op, Reply, Worker};
 /// Requests waiting for the store thread; senders wait for room beyond this.
 const QUEUE: usize = 4096;
 
+/// Rows one purge request deletes at most, of each kind: a purge of a large backlog (a relay
+/// that was down for a week) is many requests, and the store thread serves the requests queued
+/// meanwhile between them.
+const PURGE_BATCH: i64 = 1000;
+
 /// Bytes a WAL file is truncated back to after a checkpoint (`docs/operating-the-relay.md`).
 const WAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
 
@@ -350,20 +355,23 @@ impl Store {
         .await
     }
 
-    /// Deletes frames accepted before `older_than_ms`; returns how many. One request per
-    /// bounded batch (`journal::PURGE_BATCH`): a large backlog never holds the store thread
-    /// for long, the requests queued meanwhile are served between batches.
+    /// Deletes frames accepted before `older_than_ms`; returns how many.
     pub async fn purge(&self, older_than_ms: u64) -> Result<u64, StoreError> {
+        self.purge_in_batches(|reply| Op::Purge {
+            older_than_ms,
+            reply,
+        })
+        .await
+    }
+
+    /// Runs the purge request `op` builds until a batch comes back short of [`PURGE_BATCH`];
+    /// returns the rows deleted.
+    async fn purge_in_batches(&self, op: impl Fn(Reply<u64>) -> Op) -> Result<u64, StoreError> {
         let mut purged = 0;
         loop {
-            let batch = self
-                .call(|reply| Op::Purge {
-                    older_than_ms,
-                    reply,
-                })
-                .await?;
+            let batch = self.call(&op).await?;
             purged += batch;
-            if batch < journal::PURGE_BATCH as u64 {
+            if batch < PURGE_BATCH as u64 {
                 return Ok(purged);
             }
         }
@@ -398,22 +406,13 @@ impl Store {
         .await
     }
 
-    /// Deletes bindings last declared before `older_than_ms`, in bounded batches like
-    /// [`Store::purge`]; returns how many.
+    /// Deletes bindings last declared before `older_than_ms`; returns how many.
     pub async fn purge_addresses(&self, older_than_ms: u64) -> Result<u64, StoreError> {
-        let mut purged = 0;
-        loop {
-            let batch = self
-                .call(|reply| Op::PurgeAddresses {
-                    older_than_ms,
-                    reply,
-                })
-                .await?;
-            purged += batch;
-            if batch < addresses::PURGE_BATCH as u64 {
-                return Ok(purged);
-            }
-        }
+        self.purge_in_batches(|reply| Op::PurgeAddresses {
+            older_than_ms,
+            reply,
+        })
+        .await
     }
 
     /// The account `address` (canonical) is bound to, if any connection ever declared it.
@@ -590,7 +589,7 @@ impl Store {
 
     /// Forgets broadcast copy records and held reports from before `older_than_ms`.
     pub async fn purge_groups(&self, older_than_ms: u64) -> Result<u64, StoreError> {
-        self.call(|reply| Op::PurgeGroups {
+        self.purge_in_batches(|reply| Op::PurgeGroups {
             older_than_ms,
             reply,
         })
