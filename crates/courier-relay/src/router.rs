@@ -283,11 +283,33 @@ impl Router {
         presence
             .bindings
             .insert(address.to_owned(), account.to_owned());
+        let status = self.status_locked(&presence, account);
+        Self::move_address_watches(&mut presence, address, Some(account), status);
+    }
+
+    /// `address`'s binding to `account` was deleted (its commit is durable): the address names
+    /// nobody from now on, and its watches say so (`online:false` without `last_seen`) if they
+    /// said otherwise. Called by the store thread in commit order.
+    pub fn unbind(&self, address: &str, account: &str) {
+        let mut presence = lock(&self.presence);
+        if presence.bindings.get(address).map(String::as_str) != Some(account) {
+            return;
+        }
+        presence.bindings.remove(address);
+        Self::move_address_watches(&mut presence, address, None, Status::offline(None));
+    }
+
+    /// Moves every watch on `address` to `account`, whose presence is `status`.
+    fn move_address_watches(
+        presence: &mut Presence,
+        address: &str,
+        account: Option<&str>,
+        status: Status,
+    ) {
         let Some(watchers) = presence.address_watchers.get(address) else {
             return;
         };
         let watchers: Vec<Arc<Watchlist>> = watchers.values().cloned().collect();
-        let status = self.status_locked(&presence, account);
         for watchlist in watchers {
             let Some(rebound) = watchlist.rebind(address, account, status) else {
                 continue;
@@ -295,21 +317,13 @@ impl Router {
             if let Some(left) = rebound.left {
                 presence.drop_watcher(&left, watchlist.connection());
             }
-            presence
-                .watchers
-                .entry(account.to_owned())
-                .or_default()
-                .insert(watchlist.connection(), watchlist);
-        }
-    }
-
-    /// `address`'s binding to `account` was deleted (its commit is durable): the address names
-    /// nobody from now on. Watches already on it keep the account they resolved to until they
-    /// end (`docs/protocol.md#presence`). Called by the store thread in commit order.
-    pub fn unbind(&self, address: &str, account: &str) {
-        let mut presence = lock(&self.presence);
-        if presence.bindings.get(address).map(String::as_str) == Some(account) {
-            presence.bindings.remove(address);
+            if let Some(account) = account {
+                presence
+                    .watchers
+                    .entry(account.to_owned())
+                    .or_default()
+                    .insert(watchlist.connection(), watchlist);
+            }
         }
     }
 
@@ -511,7 +525,8 @@ mod tests {
     }
 
     #[test]
-    fn presence_is_answered_from_what_was_loaded_and_what_happened_since() {
+    fn presence_is_answered_from_what_was_loaded_and_what_happened_since_and_a_deleted_binding_names_nobody(
+    ) {
         const X: &str = "off1qysluvwl5922yctzd0u9gpr06gn3k7ldfvgtwgvn";
         let router = Router::default();
         router.load(
@@ -530,7 +545,18 @@ mod tests {
             Some("bob".into()),
             "not carol's"
         );
-        router.unbind(X, "bob");
+        // A watch on the address hears that it names nobody any more.
+        let alice = peer(2, "alice");
+        let carol = peer(3, "carol");
+        router.register(Arc::clone(&carol));
+        router.rebind(X, "carol");
+        router.watch(&alice.watchlist, vec![(X.into(), address(X))]);
+        assert_eq!(online_flags(&alice.watchlist), vec![true]);
+        router.unbind(X, "carol");
         assert_eq!(router.resolve(Named::Address(X.into())), None);
+        assert_eq!(online_flags(&alice.watchlist), vec![false]);
+        assert_eq!(router.watched_accounts(), 0);
+        router.unregister(&carol, 60);
+        assert!(alice.watchlist.take().is_empty(), "carol is no longer X");
     }
 }
