@@ -119,6 +119,8 @@ impl Mailboxes {
                     byte_count: r.get(1)?,
                 })
             })?;
+        // Read inside the running request: undone with it.
+        self.undo.push(Replaced::Share(key.clone(), None));
         self.shares.insert(key, share);
         Ok(share)
     }
@@ -152,6 +154,7 @@ impl Mailboxes {
             .sum::<i64>()
             - self.committed_bytes_of_dirty(conn)?;
         let total = stored + pending;
+        self.undo.push(Replaced::JournalBytes(None));
         self.journal_bytes = Some(total);
         Ok(total)
     }
@@ -312,5 +315,48 @@ mod tests {
             Some(before),
             "read again from the database"
         );
+    }
+
+    #[test]
+    fn shares_and_the_journal_total_follow_changes_and_are_undone_with_their_request() {
+        let conn = db();
+        conn.execute_batch(
+            "CREATE TABLE journal (account TEXT, sender_account TEXT, bytes INTEGER);
+             INSERT INTO journal VALUES ('bob', 'alice', 12), ('bob', 'carol', 8);",
+        )
+        .unwrap();
+        let mut m = Mailboxes::default();
+        let alice = Share {
+            msg_count: 1,
+            byte_count: 12,
+        };
+        assert_eq!(m.share(&conn, "bob", "alice").unwrap(), alice);
+        assert_eq!(m.journal_bytes(&conn).unwrap(), 20);
+        m.keep();
+
+        // A request adds a frame of alice's, then fails: as if it never ran.
+        m.get(&conn, "bob").unwrap();
+        m.add_to_share("bob", "alice", 1, 30);
+        m.set(
+            &conn,
+            "bob",
+            Counters {
+                last_seq: 8,
+                msg_count: 3,
+                byte_count: 50,
+            },
+        )
+        .unwrap();
+        assert_eq!(m.journal_bytes(&conn).unwrap(), 50);
+        m.undo();
+        assert_eq!(m.share(&conn, "bob", "alice").unwrap(), alice);
+        assert_eq!(m.journal_bytes(&conn).unwrap(), 20);
+
+        // A share first read by a failing request is read again afterwards.
+        m.share(&conn, "bob", "carol").unwrap();
+        m.undo();
+        assert!(!m
+            .shares
+            .contains_key(&("bob".to_owned(), "carol".to_owned())));
     }
 }
