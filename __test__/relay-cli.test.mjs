@@ -34,7 +34,7 @@ test('--help documents every flag', () => {
     .map((line) => line.trimStart())
     .filter((line) => line.startsWith('--'))
     .map((line) => line.split(/\s/)[0])
-  const flags = ['--config', '--listen', '--db', '--memory', '--jwt-secret-file', '--no-mailbox', '--no-key-directory', '--mailbox-max-messages', '--mailbox-max-bytes', '--mailbox-ttl-ms', '--rate-burst', '--rate-per-sec', '--max-connections', '--tls-cert', '--tls-key', '--metrics-listen', '--log-level', '--log-format']
+  const flags = ['--config', '--listen', '--db', '--memory', '--jwt-secret-file', '--no-mailbox', '--no-key-directory', '--mailbox-max-messages', '--mailbox-max-bytes', '--mailbox-ttl-ms', '--mailbox-sender-share-percent', '--journal-max-bytes', '--address-max-per-account', '--address-ttl-ms', '--rate-burst', '--rate-per-sec', '--max-connections', '--tls-cert', '--tls-key', '--metrics-listen', '--log-level', '--log-format']
   assert.deepEqual(documented.sort(), flags.sort())
   // Each with its environment variable, and the two that only print.
   for (const flag of flags) assert.match(help, new RegExp(`\\[env: COURIER_RELAY_${flag.slice(2).replaceAll('-', '_').toUpperCase()}\\]`))

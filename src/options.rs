@@ -96,6 +96,7 @@ fn mailbox(root: &Section<'_>) -> Result<Option<MailboxLimits>, ConfigError> {
         max_messages: limit("maxMessages", default.max_messages)?,
         max_bytes: limit("maxBytes", default.max_bytes)?,
         ttl_ms: limit("ttlMs", default.ttl_ms)?,
+        ..default
     }))
 }
 

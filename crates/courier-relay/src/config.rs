@@ -25,15 +25,33 @@ pub enum Storage {
     Memory,
 }
 
-/// Per-account mailbox limits (`docs/protocol.md#mailbox-limits`), advertised in
+/// Mailbox limits (`docs/protocol.md#mailbox-limits`); the per-account ones are advertised in
 /// `Authenticated.mailbox`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MailboxLimits {
     pub max_messages: u64,
-    /// Sum of `content` bytes over every unacked frame of the account.
+    /// Sum of the stored size of every unacked frame of the account: the whole journal row
+    /// (content, identifiers, reply and group fields, and a fixed per-row overhead).
     pub max_bytes: u64,
     /// Frames older than this (from acceptance) are deleted undelivered.
     pub ttl_ms: u64,
+    /// Percentage of `max_messages` and of `max_bytes` one sending account may hold in one
+    /// mailbox, so no single sender can fill it.
+    pub sender_share_percent: u8,
+    /// Stored size of the whole journal, every mailbox together; past it every frame is
+    /// refused as `mailbox_full` until frames are released or expire.
+    pub max_journal_bytes: u64,
+}
+
+impl MailboxLimits {
+    /// What one sending account may hold in one mailbox: frames and bytes, each at least one.
+    pub fn sender_share(&self) -> (u64, u64) {
+        let part = |of: u64| {
+            let share = u128::from(of) * u128::from(self.sender_share_percent) / 100;
+            u64::try_from(share).unwrap_or(u64::MAX).max(1)
+        };
+        (part(self.max_messages), part(self.max_bytes))
+    }
 }
 
 impl Default for MailboxLimits {
@@ -42,11 +60,33 @@ impl Default for MailboxLimits {
             max_messages: 10_000,
             max_bytes: 67_108_864,
             ttl_ms: 604_800_000,
+            sender_share_percent: 10,
+            max_journal_bytes: 8 * 1024 * 1024 * 1024,
         }
     }
 }
 
-/// The per-connection token bucket (`docs/protocol.md#rate-limiting`).
+/// How many address bindings an account keeps, and for how long
+/// (`docs/protocol.md#address-declaration`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AddressLimits {
+    /// Bindings one account holds; a declaration past it drops the account's least recently
+    /// declared binding.
+    pub max_per_account: u32,
+    /// A binding not declared again for this long is deleted.
+    pub ttl_ms: u64,
+}
+
+impl Default for AddressLimits {
+    fn default() -> Self {
+        Self {
+            max_per_account: 16,
+            ttl_ms: 90 * 24 * 60 * 60 * 1000,
+        }
+    }
+}
+
+/// The per-account token bucket (`docs/protocol.md#rate-limiting`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateLimit {
     pub burst: u32,
@@ -149,6 +189,7 @@ pub struct RelayConfig {
     /// are unreachable.
     pub mailbox: Option<MailboxLimits>,
     pub rate_limit: RateLimit,
+    pub addresses: AddressLimits,
     pub tls: Option<TlsConfig>,
     /// Offer the key-package directory (`key_directory_v1`); `false` with `--no-key-directory`:
     /// clients then set sessions up by the round trip through the peer.
@@ -176,6 +217,7 @@ impl RelayConfig {
             jwt_secret,
             mailbox: Some(MailboxLimits::default()),
             rate_limit: RateLimit::default(),
+            addresses: AddressLimits::default(),
             tls: None,
             key_directory: true,
             max_connections: DEFAULT_MAX_CONNECTIONS,
@@ -201,14 +243,25 @@ impl RelayConfig {
         if self.rate_limit.burst == 0 || self.rate_limit.per_sec == 0 {
             return fail("rate_limit.burst and rate_limit.per_sec must be at least 1");
         }
+        if self.addresses.max_per_account == 0 || self.addresses.ttl_ms == 0 {
+            return fail("address limits must be at least 1");
+        }
+        if self.addresses.ttl_ms > i64::MAX as u64 {
+            return fail("the address binding lifetime must fit in a signed 64-bit integer");
+        }
         if let Some(m) = &self.mailbox {
-            if m.max_messages == 0 || m.max_bytes == 0 || m.ttl_ms == 0 {
+            if m.max_messages == 0 || m.max_bytes == 0 || m.ttl_ms == 0 || m.max_journal_bytes == 0
+            {
                 return fail("mailbox limits must be at least 1");
+            }
+            if m.sender_share_percent == 0 || m.sender_share_percent > 100 {
+                return fail("the sender share must be between 1 and 100 percent");
             }
             // The journal stores counts and times as SQLite integers (i64).
             if m.max_messages > i64::MAX as u64
                 || m.max_bytes > i64::MAX as u64
                 || m.ttl_ms > i64::MAX as u64
+                || m.max_journal_bytes > i64::MAX as u64
             {
                 return fail("mailbox limits must fit in a signed 64-bit integer");
             }

@@ -28,7 +28,6 @@ use crate::auth::{encode_challenge, AuthFailure};
 use crate::dispatch::{Flow, Session};
 use crate::linger::{read_out_websocket, Input};
 use crate::mailbox::DeliveryQueue;
-use crate::rate::TokenBucket;
 use crate::router::{Peer, SupersedeAck};
 use crate::writer::{self, Outbound, Sink};
 use crate::{now_ms, stopping, Ctx};
@@ -219,13 +218,7 @@ where
         Arc::clone(&ctx),
         opted_in,
     ));
-    let session = Session::new(
-        Arc::clone(&ctx),
-        Arc::clone(&peer),
-        challenge,
-        TokenBucket::new(ctx.rate_limit, std::time::Instant::now()),
-        out.clone(),
-    );
+    let session = Session::new(Arc::clone(&ctx), Arc::clone(&peer), challenge, out.clone());
     let reader = Reader {
         ctx: Arc::clone(&ctx),
         peer,

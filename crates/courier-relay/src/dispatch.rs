@@ -1,7 +1,7 @@
 //! Frames after authentication: decode, meter (`docs/protocol.md#rate-limiting`), and one handler
 //! per frame type.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -15,9 +15,9 @@ use crate::fanout::ReportTo;
 use crate::group::{self, Actor, GroupMessage};
 use crate::mailbox::Envelope;
 use crate::presence::{Status, MAX_WATCHES, MAX_WATCH_LIST};
-use crate::rate::TokenBucket;
+use crate::rate::AccountBucket;
 use crate::router::Peer;
-use crate::send::{account_of, resolve_recipient, send_message, Recipient};
+use crate::send::{resolve_recipient, send_message};
 use crate::store::Release;
 use crate::writer::{Later, Outbound};
 use crate::Ctx;
@@ -72,7 +72,10 @@ pub struct Session {
     /// A DeclareAddress was handled: the challenge is spent (check 4 of
     /// `docs/protocol.md#relay-checks`).
     declaration_handled: bool,
-    bucket: TokenBucket,
+    /// A DeclareAddress frame was read, valid or not: the free one is spent.
+    declaration_read: bool,
+    /// The account's token bucket (`docs/protocol.md#rate-limiting`).
+    bucket: Arc<AccountBucket>,
     malformed: u32,
     drain_requested: bool,
     out: mpsc::Sender<Outbound>,
@@ -83,7 +86,6 @@ impl Session {
         ctx: Arc<Ctx>,
         peer: Arc<Peer>,
         challenge: [u8; CHALLENGE_LEN],
-        bucket: TokenBucket,
         out: mpsc::Sender<Outbound>,
     ) -> Self {
         Self {
@@ -91,9 +93,10 @@ impl Session {
             declared: None,
             challenge,
             declaration_handled: false,
+            declaration_read: false,
+            bucket: ctx.buckets.of(&peer.account, Instant::now()),
             ctx,
             peer,
-            bucket,
             malformed: 0,
             drain_requested: false,
             out,
@@ -142,14 +145,16 @@ impl Session {
         }
     }
 
-    /// Takes a token, or answers RateLimited and reports the frame dropped.
+    /// Takes `cost` tokens from the account's bucket, or answers RateLimited and reports the
+    /// frame dropped.
     async fn meter(
         &mut self,
         frame_type: &str,
+        cost: u32,
         message_id: Option<String>,
         seq: Option<u64>,
     ) -> Result<(), Flow> {
-        match self.bucket.try_take(Instant::now()) {
+        match self.bucket.try_take(cost, Instant::now()) {
             Ok(()) => Ok(()),
             Err(wait) => {
                 self.ctx.metrics.rate_limited(frame_type);
@@ -162,6 +167,13 @@ impl Session {
                 Err(self.answer(limited).await)
             }
         }
+    }
+
+    /// The connection's first DeclareAddress is free (`docs/protocol.md#rate-limiting`): a
+    /// client declares once per connection. Any later one, valid or not, is metered, or a
+    /// client could make the relay verify signatures without limit.
+    fn free_declaration(&mut self) -> bool {
+        !std::mem::replace(&mut self.declaration_read, true)
     }
 
     /// A binary message: no frame.
@@ -201,6 +213,8 @@ impl Session {
             if let flow @ (Flow::WriterGone | Flow::Close(_)) = self.request_drain().await {
                 return flow;
             }
+        }
+        if !(is_declaration && self.free_declaration()) {
             let (message_id, seq) = match &frame {
                 // Echoed only when it is a well-formed identifier, so an answer stays small.
                 ClientFrame::SendMessage { message_id, .. }
@@ -211,21 +225,29 @@ impl Session {
                 ClientFrame::Ack { seq } | ClientFrame::AckUpTo { seq } => (None, Some(*seq)),
                 _ => (None, None),
             };
-            if let Err(flow) = self.meter(frame.type_name(), message_id, seq).await {
+            // A presence look-up is paid per identifier: one frame may name thousands. An
+            // invalid list looks nothing up, and is paid for like any refused frame.
+            let cost = match &frame {
+                ClientFrame::WatchPresence { users } if watch_list_ok(users) => {
+                    u32::try_from(users.len()).unwrap_or(u32::MAX)
+                }
+                _ => 1,
+            };
+            if let Err(flow) = self.meter(frame.type_name(), cost, message_id, seq).await {
                 return flow;
             }
         }
         self.dispatch(frame).await
     }
 
-    /// Unknown or invalid frames: metered like any frame (DeclareAddress excepted), answered
-    /// with an Error, never fatal.
+    /// Unknown or invalid frames: metered like any frame (the connection's first DeclareAddress
+    /// excepted), answered with an Error, never fatal.
     async fn refuse(&mut self, frame_type: &str, code: &str) -> Flow {
         if let flow @ (Flow::WriterGone | Flow::Close(_)) = self.request_drain().await {
             return flow;
         }
-        if frame_type != "DeclareAddress" {
-            if let Err(flow) = self.meter(frame_type, None, None).await {
+        if !(frame_type == "DeclareAddress" && self.free_declaration()) {
+            if let Err(flow) = self.meter(frame_type, 1, None, None).await {
                 return flow;
             }
         }
@@ -350,9 +372,12 @@ impl Session {
         let rendered = bound.to_string();
         let stored = tokio::time::timeout(
             self.ctx.timings.answer_deadline,
-            self.ctx
-                .store
-                .bind_address(&rendered, &account, crate::now_ms()),
+            self.ctx.store.bind_address(
+                &rendered,
+                &account,
+                self.ctx.addresses.max_per_account,
+                crate::now_ms(),
+            ),
         )
         .await;
         match stored {
@@ -416,70 +441,36 @@ impl Session {
     }
 
     /// CheckPresence (`docs/protocol.md#presence`): `user_id` echoes the identifier as given; an
-    /// address reports the account it is bound to.
+    /// address reports the account it is bound to. Answered from memory (router.rs).
     async fn check_presence(&mut self, username: String) -> Flow {
         if !identifier_size_ok(&username) {
             return self
                 .answer(error_frame("invalid_frame", "CheckPresence", None))
                 .await;
         }
-        let status = match account_of(&self.ctx, resolve_recipient(&username)).await {
-            Ok(Some(account)) => {
-                let persisted = self.persisted_last_seen([account.as_str()]).await;
-                self.ctx.router.status(&account, &persisted)
-            }
-            Ok(None) => Status::offline(None),
-            Err(e) => {
-                tracing::warn!(error = %e, "presence look-up failed");
-                return self
-                    .answer(error_frame("internal", "CheckPresence", None))
-                    .await;
-            }
+        let router = &self.ctx.router;
+        let status = match resolve_recipient(&username)
+            .named()
+            .and_then(|named| router.resolve(named))
+        {
+            Some(account) => router.status(&account),
+            None => Status::offline(None),
         };
         self.answer(status.frame(username)).await
-    }
-
-    /// last_seen values only the database knows (accounts last seen before a restart), for
-    /// those of `accounts` that are offline with nothing in memory. A failed read leaves them
-    /// out: the status then lacks last_seen, which is better than no answer.
-    async fn persisted_last_seen<'a>(
-        &self,
-        accounts: impl IntoIterator<Item = &'a str>,
-    ) -> HashMap<String, u64> {
-        let unseen = self.ctx.router.unseen(accounts);
-        if unseen.is_empty() {
-            return HashMap::new();
-        }
-        let read = tokio::time::timeout(
-            self.ctx.timings.answer_deadline,
-            self.ctx.store.last_seen(unseen),
-        )
-        .await;
-        match read {
-            Ok(Ok(found)) => found,
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "reading last_seen failed");
-                HashMap::new()
-            }
-            Err(_) => {
-                tracing::warn!("reading last_seen timed out");
-                HashMap::new()
-            }
-        }
     }
 
     /// WatchPresence (`docs/protocol.md#presence`, `presence_watch_v1`): each newly watched
     /// identifier gets its status at once and on every change of its `online` value until unwatched
     /// or the connection ends. Already watched identifiers (and repeats within the list) are left
     /// alone. New identifiers past the cap are not added and the frame is answered
-    /// `limit_exceeded`.
+    /// `limit_exceeded`. Resolved and answered from memory (router.rs), in order with bindings.
     async fn watch_presence(&mut self, users: Vec<String>) -> Flow {
         if !watch_list_ok(&users) {
             return self
                 .answer(error_frame("invalid_frame", "WatchPresence", None))
                 .await;
         }
-        let watchlist = Arc::clone(&self.peer.watchlist);
+        let watchlist = &self.peer.watchlist;
         // Only this reader adds watches, so the room cannot shrink before `watch` below.
         let room = MAX_WATCHES.saturating_sub(watchlist.len());
         let mut listed = HashSet::new();
@@ -496,55 +487,14 @@ impl Session {
             listed.insert(identifier.clone());
             fresh.push(identifier);
         }
-        let classified: Vec<(String, Recipient<'_>)> = fresh
-            .iter()
-            .map(|identifier| (identifier.clone(), resolve_recipient(identifier)))
+        let targets = fresh
+            .into_iter()
+            .map(|identifier| {
+                let named = resolve_recipient(&identifier).named();
+                (identifier, named)
+            })
             .collect();
-        if classified
-            .iter()
-            .any(|(_, r)| matches!(r, Recipient::Address(_)))
-        {
-            // Addresses resolve through their bindings on the store thread, which registers
-            // the watches in commit order with declarations: a binding committed after the
-            // resolution moves these watches, one committed before is in it.
-            let targets = classified
-                .into_iter()
-                .map(|(identifier, recipient)| (identifier, recipient.named()))
-                .collect();
-            let watched = tokio::time::timeout(
-                self.ctx.timings.answer_deadline,
-                self.ctx.store.watch(Arc::clone(&watchlist), targets),
-            )
-            .await;
-            let failed = match watched {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(_) => Some("timed out".to_owned()),
-            };
-            if let Some(error) = failed {
-                tracing::warn!(%error, "watching addresses failed");
-                return self
-                    .answer(error_frame("internal", "WatchPresence", None))
-                    .await;
-            }
-        } else {
-            // Account names only: nothing to resolve, so no trip to the store unless a
-            // last_seen is only known there.
-            let targets: Vec<(String, Option<String>)> = classified
-                .into_iter()
-                .map(|(identifier, recipient)| {
-                    let account = match recipient {
-                        Recipient::Account(account) => Some(account.to_owned()),
-                        Recipient::Address(_) | Recipient::Unknown => None,
-                    };
-                    (identifier, account)
-                })
-                .collect();
-            let persisted = self
-                .persisted_last_seen(targets.iter().filter_map(|(_, a)| a.as_deref()))
-                .await;
-            self.ctx.router.watch(&watchlist, targets, &persisted);
-        }
+        self.ctx.router.watch(watchlist, targets);
         if over_cap {
             return self
                 .answer(error_frame("limit_exceeded", "WatchPresence", None))

@@ -54,8 +54,8 @@ mod writer;
 
 pub use auth::issue_token;
 pub use config::{
-    MailboxLimits, RateLimit, RelayConfig, Storage, Timings, TlsConfig, DEFAULT_MAX_GROUP_MEMBERS,
-    MAX_GROUP_MEMBERS_CEILING,
+    AddressLimits, MailboxLimits, RateLimit, RelayConfig, Storage, Timings, TlsConfig,
+    DEFAULT_MAX_GROUP_MEMBERS, MAX_GROUP_MEMBERS_CEILING,
 };
 pub use error::RelayError;
 pub use gateway::{start_gateway, GatewayConfig, GatewayDaemonTimings, GatewayHandle};
@@ -63,6 +63,7 @@ pub use gateway::{start_gateway, GatewayConfig, GatewayDaemonTimings, GatewayHan
 use accept::Serving;
 use auth::TokenVerifier;
 use metrics::Metrics;
+use rate::AccountBuckets;
 use router::Router;
 use store::Store;
 
@@ -79,6 +80,9 @@ pub(crate) struct Ctx {
     pub max_group_members: u32,
     pub key_directory: bool,
     pub rate_limit: RateLimit,
+    pub addresses: AddressLimits,
+    /// Every account's token bucket, shared by its connections over time.
+    pub buckets: AccountBuckets,
     pub timings: Timings,
     pub verifier: TokenVerifier,
     pub store: Store,
@@ -223,6 +227,8 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
         max_group_members: config.max_group_members,
         key_directory: config.key_directory,
         rate_limit: config.rate_limit,
+        addresses: config.addresses,
+        buckets: AccountBuckets::new(config.rate_limit),
         timings: config.timings,
         verifier,
         store,
@@ -279,8 +285,9 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
     Ok(handle)
 }
 
-/// Deletes what has outlived its time: expired journal frames (with a mailbox), and group copy
-/// records and held reports past their 24 h.
+/// Deletes what has outlived its time: expired journal frames (with a mailbox), group copy
+/// records and held reports past their 24 h, and address bindings not declared again within
+/// their lifetime.
 async fn purge_loop(ctx: Arc<Ctx>) {
     let mut shutdown = ctx.shutdown.clone();
     let mut tick = tokio::time::interval(ctx.timings.purge_interval);
@@ -293,6 +300,7 @@ async fn purge_loop(ctx: Arc<Ctx>) {
                     purge_journal(&ctx, limits).await;
                 }
                 purge_groups(&ctx).await;
+                purge_addresses(&ctx).await;
             }
         }
     }
@@ -309,6 +317,18 @@ async fn purge_journal(ctx: &Ctx, limits: MailboxLimits) {
         Err(e) => {
             ctx.metrics.purge_failed();
             tracing::warn!(error = %e, "purging expired frames failed");
+        }
+    }
+}
+
+async fn purge_addresses(ctx: &Ctx) {
+    let cutoff = now_ms().saturating_sub(ctx.addresses.ttl_ms);
+    match ctx.store.purge_addresses(cutoff).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(bindings = n, "expired address bindings"),
+        Err(e) => {
+            ctx.metrics.purge_failed();
+            tracing::warn!(error = %e, "expiring address bindings failed");
         }
     }
 }

@@ -13,7 +13,8 @@
 //! statuses reach the client before the answer to anything it sent after the WatchPresence.
 //!
 //! An identifier that is an `off1` address follows its binding: when a declaration binds it to
-//! another account, the router moves the watch to that account (`rebind`). Each entry remembers
+//! another account, the router moves the watch to that account (`rebind`), and when the binding
+//! is deleted the watch resolves to nobody. Each entry remembers
 //! the `online` value of the last status queued for it, so a move queues a status only if the
 //! new account's value differs from what the client was last told, and no identifier is ever
 //! sent the same `online` value twice in a row.
@@ -265,22 +266,23 @@ impl Watchlist {
         }
     }
 
-    /// `identifier` (an address) now resolves to `account`, whose presence is `status`: the
-    /// watch follows, and `status` is queued if its `online` value differs from the last one
-    /// queued for the identifier. `None` if the identifier is not watched or already resolves
-    /// to `account`. Called by the router under its presence lock.
+    /// `identifier` (an address) now resolves to `account` (`None`: to nobody, its binding was
+    /// deleted), whose presence is `status`: the watch follows, and `status` is queued if its
+    /// `online` value differs from the last one queued for the identifier. `None` if the
+    /// identifier is not watched or already resolves to `account`. Called by the router under
+    /// its presence lock.
     pub(crate) fn rebind(
         &self,
         identifier: &str,
-        account: &str,
+        account: Option<&str>,
         status: Status,
     ) -> Option<Rebound> {
         let mut state = self.state();
         let entry = state.entries.get_mut(identifier)?;
-        if entry.account.as_deref() == Some(account) {
+        if entry.account.as_deref() == account {
             return None;
         }
-        let previous = entry.account.replace(account.to_owned());
+        let previous = std::mem::replace(&mut entry.account, account.map(str::to_owned));
         let changed = entry.online != status.online;
         let mut left = None;
         if let Some(previous) = previous {
@@ -292,11 +294,13 @@ impl Watchlist {
                 }
             }
         }
-        state
-            .by_account
-            .entry(account.to_owned())
-            .or_default()
-            .push(identifier.to_owned());
+        if let Some(account) = account {
+            state
+                .by_account
+                .entry(account.to_owned())
+                .or_default()
+                .push(identifier.to_owned());
+        }
         if changed {
             state.enqueue(identifier, status);
         }

@@ -11,6 +11,11 @@
 //! Watched `off1` identifiers are also indexed by address, so a new binding
 //! (`docs/protocol.md#relay-checks`, applied by the store thread after its commit) moves their
 //! watches to the account it names.
+//!
+//! Presence is answered from memory alone: every address binding and every persisted last_seen
+//! is loaded when the store opens, and both change only here (a binding after its commit, a
+//! last_seen when a connection ends), so a look-up, however many identifiers it names, never
+//! waits for the store thread.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +26,7 @@ use tokio::sync::{oneshot, Notify};
 
 use crate::mailbox::{DeliveryQueue, Envelope};
 use crate::presence::{Status, Unwatched, Watchlist};
+use crate::store::Named;
 
 /// Handed to a displaced connection; it answers once it has stopped reading and written its
 /// SessionSuperseded and Close 4000.
@@ -68,9 +74,11 @@ impl Peer {
 
 #[derive(Default)]
 struct Presence {
-    /// When each offline account's last connection ended: every disconnect since the relay
-    /// started, plus values read back from the database (which keeps them across restarts).
+    /// When each offline account's last connection ended: the database's values at start,
+    /// then every disconnect.
     last_seen: HashMap<String, u64>,
+    /// Address → the account it is bound to, as committed.
+    bindings: HashMap<String, String>,
     /// Watched account → the watching connections, by connection id.
     watchers: HashMap<String, HashMap<u64, Arc<Watchlist>>>,
     /// Watched identifier of `off1` form → the watching connections, whatever the identifier
@@ -182,59 +190,49 @@ impl Router {
         Some(Arc::clone(peer))
     }
 
-    /// Of `accounts`, those offline whose last_seen is not in memory: only the database can
-    /// tell (an account last seen before the relay restarted, or never).
-    pub fn unseen<'a>(&self, accounts: impl IntoIterator<Item = &'a str>) -> Vec<String> {
-        let presence = lock(&self.presence);
-        let peers = lock(&self.peers);
-        accounts
-            .into_iter()
-            .filter(|a| !peers.contains_key(*a) && !presence.last_seen.contains_key(*a))
-            .map(str::to_owned)
-            .collect()
-    }
-
-    /// The account's presence now. `persisted` holds last_seen values read from the database
-    /// for accounts `unseen` named; a value disconnects since then have superseded is ignored.
-    pub fn status(&self, account: &str, persisted: &HashMap<String, u64>) -> Status {
+    /// Takes in what the database holds at start: every binding and every last_seen.
+    pub fn load(&self, bindings: HashMap<String, String>, last_seen: HashMap<String, u64>) {
         let mut presence = lock(&self.presence);
-        self.status_locked(&mut presence, account, persisted)
+        presence.bindings = bindings;
+        presence.last_seen = last_seen;
     }
 
-    fn status_locked(
-        &self,
-        presence: &mut Presence,
-        account: &str,
-        persisted: &HashMap<String, u64>,
-    ) -> Status {
+    /// The account `named` names now: an account name itself, an address through its binding.
+    pub fn resolve(&self, named: Named) -> Option<String> {
+        let presence = lock(&self.presence);
+        Self::resolve_locked(&presence, named)
+    }
+
+    fn resolve_locked(presence: &Presence, named: Named) -> Option<String> {
+        match named {
+            Named::Account(account) => Some(account),
+            Named::Address(address) => presence.bindings.get(&address).cloned(),
+        }
+    }
+
+    /// The account's presence now.
+    pub fn status(&self, account: &str) -> Status {
+        let presence = lock(&self.presence);
+        self.status_locked(&presence, account)
+    }
+
+    fn status_locked(&self, presence: &Presence, account: &str) -> Status {
         if self.is_connected(account) {
             return Status::ONLINE;
         }
-        if let Some(&ms) = presence.last_seen.get(account) {
-            return Status::offline(Some(ms));
-        }
-        let ms = persisted.get(account).copied();
-        if let Some(ms) = ms {
-            // Offline and nothing newer in memory: remember it, so the next look-up is free.
-            presence.last_seen.insert(account.to_owned(), ms);
-        }
-        Status::offline(ms)
+        Status::offline(presence.last_seen.get(account).copied())
     }
 
-    /// Watches each `(identifier, resolved account)` on the connection, queueing its first
-    /// status; identifiers it already watches are left alone. Atomic with respect to account
-    /// transitions: a change either precedes the first status (and is reflected in it) or
-    /// follows it as a push.
-    pub fn watch(
-        &self,
-        watchlist: &Arc<Watchlist>,
-        targets: Vec<(String, Option<String>)>,
-        persisted: &HashMap<String, u64>,
-    ) {
+    /// Watches each identifier on the connection (`None`: it names nothing), resolved here,
+    /// queueing its first status; identifiers it already watches are left alone. Atomic with
+    /// respect to account transitions and bindings: a change either precedes the first status
+    /// (and is reflected in it) or follows it as a push or a move.
+    pub fn watch(&self, watchlist: &Arc<Watchlist>, targets: Vec<(String, Option<Named>)>) {
         let mut presence = lock(&self.presence);
-        for (identifier, account) in targets {
+        for (identifier, named) in targets {
+            let account = named.and_then(|named| Self::resolve_locked(&presence, named));
             let status = match &account {
-                Some(account) => self.status_locked(&mut presence, account, persisted),
+                Some(account) => self.status_locked(&presence, account),
                 None => Status::offline(None),
             };
             let address_form = is_address_form(&identifier);
@@ -282,11 +280,36 @@ impl Router {
     /// value differs from what the watch last said. Called by the store thread in commit order.
     pub fn rebind(&self, address: &str, account: &str) {
         let mut presence = lock(&self.presence);
+        presence
+            .bindings
+            .insert(address.to_owned(), account.to_owned());
+        let status = self.status_locked(&presence, account);
+        Self::move_address_watches(&mut presence, address, Some(account), status);
+    }
+
+    /// `address`'s binding to `account` was deleted (its commit is durable): the address names
+    /// nobody from now on, and its watches say so (`online:false` without `last_seen`) if they
+    /// said otherwise. Called by the store thread in commit order.
+    pub fn unbind(&self, address: &str, account: &str) {
+        let mut presence = lock(&self.presence);
+        if presence.bindings.get(address).map(String::as_str) != Some(account) {
+            return;
+        }
+        presence.bindings.remove(address);
+        Self::move_address_watches(&mut presence, address, None, Status::offline(None));
+    }
+
+    /// Moves every watch on `address` to `account`, whose presence is `status`.
+    fn move_address_watches(
+        presence: &mut Presence,
+        address: &str,
+        account: Option<&str>,
+        status: Status,
+    ) {
         let Some(watchers) = presence.address_watchers.get(address) else {
             return;
         };
         let watchers: Vec<Arc<Watchlist>> = watchers.values().cloned().collect();
-        let status = self.status_locked(&mut presence, account, &HashMap::new());
         for watchlist in watchers {
             let Some(rebound) = watchlist.rebind(address, account, status) else {
                 continue;
@@ -294,11 +317,13 @@ impl Router {
             if let Some(left) = rebound.left {
                 presence.drop_watcher(&left, watchlist.connection());
             }
-            presence
-                .watchers
-                .entry(account.to_owned())
-                .or_default()
-                .insert(watchlist.connection(), watchlist);
+            if let Some(account) = account {
+                presence
+                    .watchers
+                    .entry(account.to_owned())
+                    .or_default()
+                    .insert(watchlist.connection(), watchlist);
+            }
         }
     }
 
@@ -328,6 +353,14 @@ impl Router {
 mod tests {
     use super::*;
 
+    fn account(name: &str) -> Option<Named> {
+        Some(Named::Account(name.into()))
+    }
+
+    fn address(address: &str) -> Option<Named> {
+        Some(Named::Address(address.into()))
+    }
+
     fn peer(id: u64, account: &str) -> Arc<Peer> {
         let (queue, _rx) = DeliveryQueue::new();
         Arc::new(Peer::new(id, account.into(), queue).0)
@@ -349,17 +382,8 @@ mod tests {
         let router = Router::default();
         let alice = peer(1, "alice");
         let carol = peer(2, "carol");
-        let none = HashMap::new();
-        router.watch(
-            &alice.watchlist,
-            vec![("bob".into(), Some("bob".into()))],
-            &none,
-        );
-        router.watch(
-            &carol.watchlist,
-            vec![("dave".into(), Some("dave".into()))],
-            &none,
-        );
+        router.watch(&alice.watchlist, vec![("bob".into(), account("bob"))]);
+        router.watch(&carol.watchlist, vec![("dave".into(), account("dave"))]);
         assert_eq!(online_flags(&alice.watchlist), vec![false]);
         assert_eq!(online_flags(&carol.watchlist), vec![false]);
         router.register(peer(3, "bob"));
@@ -371,11 +395,7 @@ mod tests {
     fn a_displacement_is_no_flap_and_the_last_disconnect_is() {
         let router = Router::default();
         let alice = peer(1, "alice");
-        router.watch(
-            &alice.watchlist,
-            vec![("bob".into(), Some("bob".into()))],
-            &HashMap::new(),
-        );
+        router.watch(&alice.watchlist, vec![("bob".into(), account("bob"))]);
         let old = peer(2, "bob");
         router.register(Arc::clone(&old));
         assert_eq!(online_flags(&alice.watchlist), vec![false, true]);
@@ -387,10 +407,7 @@ mod tests {
         );
         assert!(alice.watchlist.take().is_empty());
         assert!(router.unregister(&new, 20));
-        assert_eq!(
-            router.status("bob", &HashMap::new()),
-            Status::offline(Some(20))
-        );
+        assert_eq!(router.status("bob"), Status::offline(Some(20)));
         assert_eq!(online_flags(&alice.watchlist), vec![false]);
     }
 
@@ -400,22 +417,18 @@ mod tests {
         let alice = peer(1, "alice");
         router.register(Arc::clone(&alice));
         let targets = vec![
-            ("bob".into(), Some("bob".into())),
-            ("carol".into(), Some("carol".into())),
+            ("bob".into(), account("bob")),
+            ("carol".into(), account("carol")),
             ("off1x".into(), None),
         ];
-        router.watch(&alice.watchlist, targets, &HashMap::new());
+        router.watch(&alice.watchlist, targets);
         assert_eq!((router.watches(), router.watched_accounts()), (3, 2));
         router.unwatch(&alice.watchlist, &["bob".into(), "bob".into()]);
         assert_eq!((router.watches(), router.watched_accounts()), (2, 1));
         router.unregister(&alice, 5);
         assert_eq!((router.watches(), router.watched_accounts()), (0, 0));
         // A watch arriving after the end is not added.
-        router.watch(
-            &alice.watchlist,
-            vec![("bob".into(), Some("bob".into()))],
-            &HashMap::new(),
-        );
+        router.watch(&alice.watchlist, vec![("bob".into(), account("bob"))]);
         assert_eq!((router.watches(), router.watched_accounts()), (0, 0));
     }
 
@@ -423,11 +436,10 @@ mod tests {
     fn a_watched_address_follows_its_binding() {
         const X: &str = "off1qysluvwl5922yctzd0u9gpr06gn3k7ldfvgtwgvn";
         let router = Router::default();
-        let none = HashMap::new();
         let alice = peer(1, "alice");
         router.register(Arc::clone(&alice));
         // Watched before anyone declared it: offline, resolving to nothing.
-        router.watch(&alice.watchlist, vec![(X.into(), None)], &none);
+        router.watch(&alice.watchlist, vec![(X.into(), address(X))]);
         assert_eq!(online_flags(&alice.watchlist), vec![false]);
         assert_eq!(
             (router.watched_accounts(), router.watched_addresses()),
@@ -466,11 +478,7 @@ mod tests {
             (router.watched_accounts(), router.watched_addresses()),
             (0, 0)
         );
-        router.watch(
-            &alice.watchlist,
-            vec![(X.into(), Some("bob".into()))],
-            &none,
-        );
+        router.watch(&alice.watchlist, vec![(X.into(), address(X))]);
         assert_eq!(
             (router.watched_accounts(), router.watched_addresses()),
             (1, 1)
@@ -488,15 +496,11 @@ mod tests {
     fn a_watch_on_an_account_and_on_its_address_are_separate_entries() {
         const X: &str = "off1qysluvwl5922yctzd0u9gpr06gn3k7ldfvgtwgvn";
         let router = Router::default();
-        let none = HashMap::new();
+        router.rebind(X, "bob");
         let alice = peer(1, "alice");
         router.watch(
             &alice.watchlist,
-            vec![
-                ("bob".into(), Some("bob".into())),
-                (X.into(), Some("bob".into())),
-            ],
-            &none,
+            vec![("bob".into(), account("bob")), (X.into(), address(X))],
         );
         assert_eq!(online_flags(&alice.watchlist), vec![false, false]);
         // X moves to carol: alice still watches bob through his name.
@@ -521,17 +525,38 @@ mod tests {
     }
 
     #[test]
-    fn a_persisted_last_seen_never_hides_a_newer_disconnect() {
+    fn presence_is_answered_from_what_was_loaded_and_what_happened_since_and_a_deleted_binding_names_nobody(
+    ) {
+        const X: &str = "off1qysluvwl5922yctzd0u9gpr06gn3k7ldfvgtwgvn";
         let router = Router::default();
+        router.load(
+            [(X.to_owned(), "bob".to_owned())].into(),
+            [("bob".to_owned(), 7), ("carol".to_owned(), 9)].into(),
+        );
+        assert_eq!(router.resolve(Named::Address(X.into())), Some("bob".into()));
+        assert_eq!(router.status("carol"), Status::offline(Some(9)));
         let bob = peer(1, "bob");
         router.register(Arc::clone(&bob));
         router.unregister(&bob, 50);
-        let old: HashMap<String, u64> = [("bob".to_owned(), 7)].into();
-        assert!(router.unseen(["bob"]).is_empty());
-        assert_eq!(router.status("bob", &old), Status::offline(Some(50)));
-        assert_eq!(router.unseen(["carol"]), vec!["carol".to_owned()]);
-        let carol: HashMap<String, u64> = [("carol".to_owned(), 9)].into();
-        assert_eq!(router.status("carol", &carol), Status::offline(Some(9)));
-        assert!(router.unseen(["carol"]).is_empty(), "now cached");
+        assert_eq!(router.status("bob"), Status::offline(Some(50)));
+        router.unbind(X, "carol");
+        assert_eq!(
+            router.resolve(Named::Address(X.into())),
+            Some("bob".into()),
+            "not carol's"
+        );
+        // A watch on the address hears that it names nobody any more.
+        let alice = peer(2, "alice");
+        let carol = peer(3, "carol");
+        router.register(Arc::clone(&carol));
+        router.rebind(X, "carol");
+        router.watch(&alice.watchlist, vec![(X.into(), address(X))]);
+        assert_eq!(online_flags(&alice.watchlist), vec![true]);
+        router.unbind(X, "carol");
+        assert_eq!(router.resolve(Named::Address(X.into())), None);
+        assert_eq!(online_flags(&alice.watchlist), vec![false]);
+        assert_eq!(router.watched_accounts(), 0);
+        router.unregister(&carol, 60);
+        assert!(alice.watchlist.take().is_empty(), "carol is no longer X");
     }
 }

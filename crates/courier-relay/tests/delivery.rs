@@ -327,8 +327,12 @@ async fn a_full_mailbox_refuses_and_stores_nothing() {
     let relay = TestRelay::start_with(|c| {
         c.mailbox = Some(courier_relay::MailboxLimits {
             max_messages: 2,
-            max_bytes: 10,
+            // Two of alice's rows of 76 bytes besides their content, and 10 bytes of content.
+            max_bytes: 2 * 76 + 10,
             ttl_ms: 60_000,
+            // One sender may fill these mailboxes: the limits of the whole mailbox are tested.
+            sender_share_percent: 100,
+            ..Default::default()
         })
     })
     .await;
@@ -354,7 +358,7 @@ async fn a_full_mailbox_refuses_and_stores_nothing() {
         "bob",
         "mailbox_full",
     );
-    // Byte limit (content bytes).
+    // Byte limit: whole rows, of which 76 bytes here are not content.
     assert_sent(
         &alice.send_and_answer("carol", "m1", "123456").await,
         "m1",
@@ -682,7 +686,14 @@ async fn presence_reports_online_and_last_seen() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recipient_that_falls_behind_catches_up_from_the_journal_in_order() {
-    let relay = TestRelay::start().await;
+    // The ~16 MB stay unacked in bob's mailbox meanwhile: alice may use all of it.
+    let relay = TestRelay::start_with(|c| {
+        c.mailbox = Some(courier_relay::MailboxLimits {
+            sender_share_percent: 100,
+            ..Default::default()
+        });
+    })
+    .await;
     let mut bob = relay.online("bob").await;
     let mut alice = relay.online("alice").await;
     // Bob reads nothing while ~16 MB arrive: past the in-memory queue (8 MiB) plus what the
@@ -716,4 +727,136 @@ async fn a_recipient_that_falls_behind_catches_up_from_the_journal_in_order() {
     bob.ack_up_to(n as u64).await;
     bob.sync().await;
     assert_eq!(relay.stored_frames(), 0);
+}
+
+/// Mailbox limits for the fairness tests: `max_messages` 10, the rest as given.
+fn mailbox(
+    adjust: impl FnOnce(&mut courier_relay::MailboxLimits),
+) -> impl FnOnce(&mut courier_relay::RelayConfig) {
+    move |c| {
+        let mut limits = courier_relay::MailboxLimits {
+            max_messages: 10,
+            ..Default::default()
+        };
+        adjust(&mut limits);
+        c.mailbox = Some(limits);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sender_cannot_fill_a_recipients_mailbox() {
+    // 20 % of 10 frames: two per sender.
+    let relay = TestRelay::start_with(mailbox(|m| m.sender_share_percent = 20)).await;
+    relay.register("bob").await;
+    let mut alice = relay.online("alice").await;
+    for id in ["m1", "m2"] {
+        assert_sent(
+            &alice.send_and_answer("bob", id, "x").await,
+            id,
+            "bob",
+            "stored",
+        );
+    }
+    let answer = alice.send_and_answer("bob", "m3", "x").await;
+    assert_unreachable(&answer, "m3", "bob", "mailbox_full");
+    // Another sender still finds room, and alice's share is hers in each mailbox.
+    let mut carol = relay.online("carol").await;
+    assert_sent(
+        &carol.send_and_answer("bob", "c1", "x").await,
+        "c1",
+        "bob",
+        "stored",
+    );
+    relay.register("dave").await;
+    assert_sent(
+        &alice.send_and_answer("dave", "d1", "x").await,
+        "d1",
+        "dave",
+        "stored",
+    );
+    // Released frames give the share back.
+    let mut bob = relay.client().await;
+    bob.authenticate("bob", true).await;
+    let (frames, count) = bob.drain().await;
+    assert_eq!((seqs(&frames), count), (vec![1, 2, 3], 3));
+    bob.ack_up_to(3).await;
+    bob.sync().await;
+    bob.close().await;
+    relay
+        .wait_stats("bob's disconnect", |s| s.connections == 2)
+        .await;
+    assert_sent(
+        &alice.send_and_answer("bob", "m3", "x").await,
+        "m3",
+        "bob",
+        "stored",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_cannot_store_past_the_byte_limit_in_fields_other_than_content() {
+    // Room for 300 bytes, one sender alone may use all of it.
+    let relay = TestRelay::start_with(mailbox(|m| {
+        m.max_bytes = 300;
+        m.sender_share_percent = 100;
+    }))
+    .await;
+    relay.register("bob").await;
+    let mut alice = relay.online("alice").await;
+    // One byte of content, 256 of message_id and 256 of reply_to_msg: the row is what is
+    // stored, and it does not fit.
+    let id = "i".repeat(256);
+    alice
+        .send(&ClientFrame::SendMessage {
+            recipient: "bob".into(),
+            content: "x".into(),
+            message_id: id.clone(),
+            reply_to_msg: Some("r".repeat(256)),
+        })
+        .await;
+    assert_unreachable(&alice.answer().await, &id, "bob", "mailbox_full");
+    assert_eq!(relay.stored_frames(), 0);
+    // A small frame fits.
+    assert_sent(
+        &alice.send_and_answer("bob", "m1", "x").await,
+        "m1",
+        "bob",
+        "stored",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_mailboxes_together_cannot_grow_the_journal_past_its_byte_cap() {
+    // Each of alice's one-byte frames here is a 77-byte row: two fit in the journal, not three.
+    let relay = TestRelay::start_with(mailbox(|m| m.max_journal_bytes = 2 * 77 + 76)).await;
+    for account in ["bob", "carol", "dave"] {
+        relay.register(account).await;
+    }
+    let mut alice = relay.online("alice").await;
+    assert_sent(
+        &alice.send_and_answer("bob", "m1", "x").await,
+        "m1",
+        "bob",
+        "stored",
+    );
+    assert_sent(
+        &alice.send_and_answer("carol", "m1", "x").await,
+        "m1",
+        "carol",
+        "stored",
+    );
+    let answer = alice.send_and_answer("dave", "m1", "x").await;
+    assert_unreachable(&answer, "m1", "dave", "mailbox_full");
+    // Releasing anywhere makes room for everyone.
+    let mut bob = relay.client().await;
+    bob.authenticate("bob", true).await;
+    let (frames, _) = bob.drain().await;
+    bob.ack(frames[0].seq.unwrap()).await;
+    bob.sync().await;
+    assert_sent(
+        &alice.send_and_answer("dave", "m1", "x").await,
+        "m1",
+        "dave",
+        "stored",
+    );
 }

@@ -953,3 +953,85 @@ async fn ten_thousand_connections_that_never_authenticate_are_all_released() {
     );
     honest_exchange(&relay.url).await;
 }
+
+/// Sends `content` to `recipient` and answers the detail of an unreachable verdict, or
+/// `None` when the frame was accepted.
+async fn unreachable_detail(c: &mut Client, recipient: &str, id: &str) -> Option<String> {
+    match c.send_and_answer(recipient, id, "x").await {
+        RelayFrame::DeliveryError { reason, .. } => Some(reason),
+        RelayFrame::MessageSent { .. } => None,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_cannot_hold_unbounded_address_bindings() {
+    let relay = TestRelay::start_with(|c| c.addresses.max_per_account = 2).await;
+    let keys: Vec<_> = (1..=3u8)
+        .map(|n| courier_proto::IdentityKey::from_seed([n; 32]))
+        .collect();
+    for key in &keys {
+        relay.online_declared("mallory", key).await.close().await;
+        relay
+            .wait_stats("mallory's disconnect", |s| s.connections == 0)
+            .await;
+    }
+    let mut bob = relay.online("bob").await;
+    let oldest = keys[0].address().to_string();
+    assert_eq!(
+        unreachable_detail(&mut bob, &oldest, "m1").await.as_deref(),
+        Some("recipient_unreachable: unknown_recipient"),
+        "the least recently declared binding was dropped"
+    );
+    for (i, key) in keys[1..].iter().enumerate() {
+        let address = key.address().to_string();
+        assert_eq!(
+            unreachable_detail(&mut bob, &address, &format!("k{i}")).await,
+            None
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_binding_not_declared_again_expires() {
+    let relay = TestRelay::start_with(|c| {
+        c.addresses.ttl_ms = 300;
+        c.timings.purge_interval = Duration::from_millis(50);
+    })
+    .await;
+    let key = courier_proto::IdentityKey::from_seed([9; 32]);
+    let address = key.address().to_string();
+    relay.online_declared("mallory", &key).await.close().await;
+    let mut bob = relay.online("bob").await;
+    let mut attempt = 0;
+    let expired = within(async {
+        loop {
+            attempt += 1;
+            if unreachable_detail(&mut bob, &address, &format!("m{attempt}"))
+                .await
+                .is_some()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(expired.is_some(), "the binding never expired");
+    // Presence forgets it as well.
+    bob.send(&ClientFrame::CheckPresence {
+        username: address.clone(),
+    })
+    .await;
+    let status = bob
+        .next_where(|f| matches!(f, RelayFrame::PresenceStatus { .. }))
+        .await;
+    assert_eq!(
+        status,
+        RelayFrame::PresenceStatus {
+            user_id: address,
+            online: false,
+            last_seen: None
+        }
+    );
+}

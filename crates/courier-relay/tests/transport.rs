@@ -200,20 +200,20 @@ async fn past_the_burst_frames_are_rate_limited_and_dropped() {
         unreachable!()
     };
     assert_eq!(rate_limit.map(|r| (r.burst, r.per_sec)), Some((3, 1)));
-    // DeclareAddress costs nothing, whether refused or a second one.
-    for reason in ["malformed", "already_declared"] {
-        c.send_json(json!({"type": "DeclareAddress", "address": "off1x", "public_key": "k", "signature": "s"}))
-            .await;
-        let answer = c
-            .next_where(|f| matches!(f, RelayFrame::AddressError { .. }))
-            .await;
-        assert_eq!(
-            answer,
-            RelayFrame::AddressError {
-                reason: reason.into()
-            }
-        );
-    }
+    // The connection's first DeclareAddress costs nothing, even refused.
+    c.send_json(
+        json!({"type": "DeclareAddress", "address": "off1x", "public_key": "k", "signature": "s"}),
+    )
+    .await;
+    let answer = c
+        .next_where(|f| matches!(f, RelayFrame::AddressError { .. }))
+        .await;
+    assert_eq!(
+        answer,
+        RelayFrame::AddressError {
+            reason: "malformed".into()
+        }
+    );
     for seq in 1..=3 {
         c.send(&ClientFrame::Ack { seq }).await;
     }
@@ -264,6 +264,108 @@ async fn past_the_burst_frames_are_rate_limited_and_dropped() {
     let (frames, count) = bob.drain().await;
     assert_eq!(count, 1);
     assert_eq!(frames[0].message_id, "m2");
+}
+
+/// Rate limit whose bucket refills so slowly that no test outlasts one token.
+fn slow_bucket(c: &mut courier_relay::RelayConfig) {
+    c.rate_limit = courier_relay::RateLimit {
+        burst: 3,
+        per_sec: 1,
+    };
+}
+
+/// The RateLimited answer to the frame just sent, whatever came before it.
+async fn rate_limited(c: &mut Client) -> (String, u64) {
+    match c
+        .next_where(|f| matches!(f, RelayFrame::RateLimited { .. }))
+        .await
+    {
+        RelayFrame::RateLimited {
+            frame_type,
+            retry_after_ms,
+            ..
+        } => (frame_type, retry_after_ms),
+        _ => unreachable!(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnecting_does_not_refill_the_rate_bucket() {
+    let relay = TestRelay::start_with(slow_bucket).await;
+    let mut c = relay.online("alice").await;
+    // One frame worth far more than the burst puts alice's bucket tens of seconds in debt.
+    let users: Vec<String> = (0..60).map(|i| format!("u{i}")).collect();
+    c.send(&ClientFrame::WatchPresence { users }).await;
+    c.close().await;
+    relay
+        .wait_stats("alice's disconnect", |s| s.connections == 0)
+        .await;
+
+    // A new connection of the same account finds the bucket as the last one left it.
+    let mut c = relay.online("alice").await;
+    c.send(&ClientFrame::Ack { seq: 1 }).await;
+    let (frame_type, retry_after_ms) = rate_limited(&mut c).await;
+    assert_eq!(frame_type, "Ack");
+    assert!(retry_after_ms > 10_000, "{retry_after_ms}");
+    // Another account's bucket is its own.
+    let mut bob = relay.online("bob").await;
+    bob.sync().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_watch_presence_frame_cannot_look_up_thousands_of_identifiers_for_one_token() {
+    let relay = TestRelay::start_with(slow_bucket).await;
+    let mut c = relay.online("alice").await;
+    let users: Vec<String> = (0..10).map(|i| format!("u{i}")).collect();
+    c.send(&ClientFrame::WatchPresence {
+        users: users.clone(),
+    })
+    .await;
+    // Admitted (a token was there) and served in full...
+    for _ in &users {
+        c.next_where(|f| matches!(f, RelayFrame::PresenceStatus { .. }))
+            .await;
+    }
+    // ...but paid for per identifier: nothing is left for the next frame.
+    c.send(&ClientFrame::CheckPresence {
+        username: "bob".into(),
+    })
+    .await;
+    assert_eq!(rate_limited(&mut c).await.0, "CheckPresence");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_declarations_cannot_make_the_relay_verify_signatures_for_free() {
+    let relay = TestRelay::start_with(slow_bucket).await;
+    let mut c = relay.online("alice").await;
+    let declaration =
+        json!({"type": "DeclareAddress", "address": "off1x", "public_key": "k", "signature": "s"});
+    c.send_json(declaration.clone()).await;
+    assert_eq!(
+        c.next_where(|f| matches!(f, RelayFrame::AddressError { .. }))
+            .await,
+        RelayFrame::AddressError {
+            reason: "malformed".into()
+        }
+    );
+    // Every later one takes a token, answered or refused as invalid alike.
+    c.send_json(declaration).await;
+    assert_eq!(
+        c.next_where(|f| matches!(f, RelayFrame::AddressError { .. }))
+            .await,
+        RelayFrame::AddressError {
+            reason: "already_declared".into()
+        }
+    );
+    c.send_json(json!({"type": "DeclareAddress"})).await;
+    c.next_where(|f| matches!(f, RelayFrame::Error { .. }))
+        .await;
+    c.send(&ClientFrame::Ack { seq: 1 }).await;
+    c.send_json(
+        json!({"type": "DeclareAddress", "address": "off1y", "public_key": "k", "signature": "s"}),
+    )
+    .await;
+    assert_eq!(rate_limited(&mut c).await.0, "DeclareAddress");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -46,19 +46,35 @@ pub(super) struct RelaySettings {
     #[arg(long, env = "COURIER_RELAY_MAILBOX_MAX_MESSAGES", value_name = "N", value_parser = positive::<NonZeroU64>, help_heading = "Mailbox")]
     mailbox_max_messages: Option<NonZeroU64>,
 
-    /// Content bytes kept per account [default: 67108864]
+    /// Stored bytes (whole journal rows) kept per account [default: 67108864]
     #[arg(long, env = "COURIER_RELAY_MAILBOX_MAX_BYTES", value_name = "N", value_parser = positive::<NonZeroU64>, help_heading = "Mailbox")]
     mailbox_max_bytes: Option<NonZeroU64>,
+
+    /// Percent of a mailbox's frames and bytes one sender may hold, 1-100 [default: 10]
+    #[arg(long, env = "COURIER_RELAY_MAILBOX_SENDER_SHARE_PERCENT", value_name = "PERCENT", value_parser = clap::value_parser!(u8).range(1..=100), help_heading = "Mailbox")]
+    mailbox_sender_share_percent: Option<u8>,
+
+    /// Stored bytes of the whole journal, every mailbox together [default: 8589934592]
+    #[arg(long, env = "COURIER_RELAY_JOURNAL_MAX_BYTES", value_name = "N", value_parser = positive::<NonZeroU64>, help_heading = "Mailbox")]
+    journal_max_bytes: Option<NonZeroU64>,
 
     /// Age at which undelivered frames are deleted [default: 604800000]
     #[arg(long, env = "COURIER_RELAY_MAILBOX_TTL_MS", value_name = "N", value_parser = positive::<NonZeroU64>, help_heading = "Mailbox")]
     mailbox_ttl_ms: Option<NonZeroU64>,
 
+    /// Address bindings one account keeps; a new one drops the least recently declared [default: 16]
+    #[arg(long, env = "COURIER_RELAY_ADDRESS_MAX_PER_ACCOUNT", value_name = "N", value_parser = positive::<NonZeroU32>, help_heading = "Limits")]
+    address_max_per_account: Option<NonZeroU32>,
+
+    /// Age at which a binding not declared again is deleted [default: 7776000000 (90 days)]
+    #[arg(long, env = "COURIER_RELAY_ADDRESS_TTL_MS", value_name = "N", value_parser = positive::<NonZeroU64>, help_heading = "Limits")]
+    address_ttl_ms: Option<NonZeroU64>,
+
     /// No key-package directory: sessions are set up through the peer
     #[arg(long, env = "COURIER_RELAY_NO_KEY_DIRECTORY", value_parser = BoolishValueParser::new())]
     no_key_directory: bool,
 
-    /// Token bucket capacity per connection [default: 2000]
+    /// Token bucket capacity per account [default: 2000]
     #[arg(long, env = "COURIER_RELAY_RATE_BURST", value_name = "N", value_parser = positive::<NonZeroU32>, help_heading = "Limits")]
     rate_burst: Option<NonZeroU32>,
 
@@ -125,6 +141,14 @@ impl RelaySettings {
             mailbox_max_messages: self.mailbox_max_messages.or(file.mailbox_max_messages),
             mailbox_max_bytes: self.mailbox_max_bytes.or(file.mailbox_max_bytes),
             mailbox_ttl_ms: self.mailbox_ttl_ms.or(file.mailbox_ttl_ms),
+            mailbox_sender_share_percent: self
+                .mailbox_sender_share_percent
+                .or(file.mailbox_sender_share_percent),
+            journal_max_bytes: self.journal_max_bytes.or(file.journal_max_bytes),
+            address_max_per_account: self
+                .address_max_per_account
+                .or(file.address_max_per_account),
+            address_ttl_ms: self.address_ttl_ms.or(file.address_ttl_ms),
             no_key_directory: switch(
                 "no_key_directory",
                 self.no_key_directory,
@@ -166,8 +190,17 @@ impl RelaySettings {
                 ("--mailbox-max-messages", self.mailbox_max_messages),
                 ("--mailbox-max-bytes", self.mailbox_max_bytes),
                 ("--mailbox-ttl-ms", self.mailbox_ttl_ms),
+                ("--journal-max-bytes", self.journal_max_bytes),
             ];
-            if let Some((flag, _)) = mailbox_flags.iter().find(|(_, v)| v.is_some()) {
+            let share_flag = self
+                .mailbox_sender_share_percent
+                .map(|_| "--mailbox-sender-share-percent");
+            let flag = mailbox_flags
+                .iter()
+                .find(|(_, v)| v.is_some())
+                .map(|(flag, _)| *flag)
+                .or(share_flag);
+            if let Some(flag) = flag {
                 return Err(UsageError::new(format!(
                     "--no-mailbox cannot be combined with {flag}"
                 )));
@@ -183,7 +216,19 @@ impl RelaySettings {
                     .mailbox_max_bytes
                     .map_or(defaults.max_bytes, NonZeroU64::get),
                 ttl_ms: self.mailbox_ttl_ms.map_or(defaults.ttl_ms, NonZeroU64::get),
+                sender_share_percent: self
+                    .mailbox_sender_share_percent
+                    .unwrap_or(defaults.sender_share_percent),
+                max_journal_bytes: self
+                    .journal_max_bytes
+                    .map_or(defaults.max_journal_bytes, NonZeroU64::get),
             });
+        }
+        if let Some(max) = self.address_max_per_account {
+            config.addresses.max_per_account = max.get();
+        }
+        if let Some(ttl) = self.address_ttl_ms {
+            config.addresses.ttl_ms = ttl.get();
         }
         if let Some(burst) = self.rate_burst {
             config.rate_limit.burst = burst.get();

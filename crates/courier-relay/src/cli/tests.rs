@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use super::*;
 use crate::logging::{LogFormat, LogLevel};
-use crate::{MailboxLimits, RateLimit, Storage, TlsConfig};
+use crate::{AddressLimits, MailboxLimits, RateLimit, Storage, TlsConfig};
 
 fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
@@ -88,6 +88,12 @@ fn every_flag_is_applied_and_documented() {
         "--mailbox-max-bytes=1000",
         "--mailbox-ttl-ms",
         "60000",
+        "--mailbox-sender-share-percent",
+        "25",
+        "--journal-max-bytes=9000",
+        "--address-max-per-account",
+        "3",
+        "--address-ttl-ms=86400000",
         "--rate-burst",
         "30",
         "--rate-per-sec",
@@ -114,8 +120,17 @@ fn every_flag_is_applied_and_documented() {
         Some(MailboxLimits {
             max_messages: 5,
             max_bytes: 1000,
-            ttl_ms: 60000
+            ttl_ms: 60000,
+            sender_share_percent: 25,
+            max_journal_bytes: 9000,
         })
+    );
+    assert_eq!(
+        config.addresses,
+        AddressLimits {
+            max_per_account: 3,
+            ttl_ms: 86_400_000
+        }
     );
     assert_eq!(
         config.rate_limit,

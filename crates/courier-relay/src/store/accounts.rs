@@ -45,26 +45,10 @@ pub(super) fn record_last_seen(
     Ok(Applied::value(()))
 }
 
-/// The persisted last_seen of each of `accounts` that has one.
-pub(super) fn last_seen(
-    conn: &Connection,
-    accounts: Vec<String>,
-) -> rusqlite::Result<Applied<HashMap<String, u64>>> {
-    let mut found = HashMap::new();
-    for account in accounts {
-        if let Some(ms) = last_seen_of(conn, &account)? {
-            found.insert(account, ms);
-        }
-    }
-    Ok(Applied::value(found))
-}
-
-pub(super) fn last_seen_of(conn: &Connection, account: &str) -> rusqlite::Result<Option<u64>> {
-    let ms: Option<i64> = conn
-        .prepare_cached(
-            "SELECT last_seen_ms FROM accounts WHERE name = ?1 AND last_seen_ms IS NOT NULL",
-        )?
-        .query_row([account], |r| r.get(0))
-        .optional()?;
-    Ok(ms.map(from_sql))
+/// Every persisted last_seen, read once at open.
+pub(super) fn load_last_seen(conn: &Connection) -> rusqlite::Result<HashMap<String, u64>> {
+    let mut stmt =
+        conn.prepare("SELECT name, last_seen_ms FROM accounts WHERE last_seen_ms IS NOT NULL")?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, from_sql(r.get(1)?))))?;
+    rows.collect()
 }

@@ -1,18 +1,15 @@
 //! Address bindings: an `off1` address → the account that last declared it, and what depends on
-//! them. Everything that does is decided on the store thread, in commit order: a frame named by
-//! address is resolved inside its append's transaction (journal.rs), and both a new binding's
-//! effect on presence watches and the registration of watches on addresses happen after their
-//! commits. A watch therefore either sees a binding in its resolution or is moved by it.
+//! them. A frame named by address is resolved inside its append's transaction (journal.rs); the
+//! router keeps a copy of every binding for presence (router.rs), loaded at open and changed
+//! after each commit, in commit order: a watch either sees a binding in its resolution or is
+//! moved by it.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::accounts::last_seen_of;
 use super::worker::Applied;
-use super::{to_sql, Named};
-use crate::presence::Watchlist;
+use super::{to_sql, PURGE_BATCH};
 
 /// The account `address` is bound to.
 pub(super) fn bound_account(conn: &Connection, address: &str) -> rusqlite::Result<Option<String>> {
@@ -22,11 +19,14 @@ pub(super) fn bound_account(conn: &Connection, address: &str) -> rusqlite::Resul
 }
 
 /// Binds `address` to `account`, replacing any earlier binding (the latest successful
-/// declaration wins); once durable, watches on the address follow it.
+/// declaration wins), and deletes the account's least recently declared bindings past
+/// `max_per_account`; once durable, watches on the address follow it and the deleted addresses
+/// name nobody.
 pub(super) fn bind(
     conn: &Connection,
     address: String,
     account: String,
+    max_per_account: u32,
     now_ms: u64,
 ) -> rusqlite::Result<Applied<()>> {
     let previous = bound_account(conn, &address)?;
@@ -36,11 +36,49 @@ pub(super) fn bind(
                                              bound_ms = excluded.bound_ms",
     )?
     .execute(params![address, account, to_sql(now_ms)])?;
-    if previous.as_deref() == Some(account.as_str()) {
+    // The one just declared is the newest, so it is never among those dropped.
+    let dropped: Vec<String> = conn
+        .prepare_cached(
+            "DELETE FROM addresses WHERE address IN
+                 (SELECT address FROM addresses WHERE account = ?1
+                  ORDER BY bound_ms DESC, address = ?2 DESC, address LIMIT -1 OFFSET ?3)
+             RETURNING address",
+        )?
+        .query_map(params![account, address, max_per_account], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let moved = previous.as_deref() != Some(account.as_str());
+    if !moved && dropped.is_empty() {
         return Ok(Applied::value(()));
     }
     Ok(Applied::then(move |router| {
-        router.rebind(&address, &account);
+        for gone in &dropped {
+            router.unbind(gone, &account);
+        }
+        if moved {
+            router.rebind(&address, &account);
+        }
+    }))
+}
+
+/// Deletes at most [`PURGE_BATCH`] bindings last declared before `older_than_ms`; answers how
+/// many. Once durable, those addresses name nobody.
+pub(super) fn purge(conn: &Connection, older_than_ms: u64) -> rusqlite::Result<Applied<u64>> {
+    let expired: Vec<(String, String)> = conn
+        .prepare_cached(
+            "DELETE FROM addresses WHERE address IN
+                 (SELECT address FROM addresses WHERE bound_ms < ?1 LIMIT ?2)
+             RETURNING address, account",
+        )?
+        .query_map(params![to_sql(older_than_ms), PURGE_BATCH], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let count = expired.len() as u64;
+    Ok(Applied::then(move |router| {
+        for (address, account) in &expired {
+            router.unbind(address, account);
+        }
+        count
     }))
 }
 
@@ -51,31 +89,9 @@ pub(super) fn resolve(
     Ok(Applied::value(bound_account(conn, address)?))
 }
 
-/// Resolves each watched identifier (`None`: names nothing) and reads the last_seen only the
-/// database knows; once durable, registers the watches with their first statuses.
-pub(super) fn watch(
-    conn: &Connection,
-    watchlist: Arc<Watchlist>,
-    targets: Vec<(String, Option<Named>)>,
-) -> rusqlite::Result<Applied<()>> {
-    let mut resolved = Vec::with_capacity(targets.len());
-    let mut persisted = HashMap::new();
-    for (identifier, named) in targets {
-        let account = match named {
-            Some(Named::Account(account)) => Some(account),
-            Some(Named::Address(address)) => bound_account(conn, &address)?,
-            None => None,
-        };
-        if let Some(account) = &account {
-            if !persisted.contains_key(account) {
-                if let Some(ms) = last_seen_of(conn, account)? {
-                    persisted.insert(account.clone(), ms);
-                }
-            }
-        }
-        resolved.push((identifier, account));
-    }
-    Ok(Applied::then(move |router| {
-        router.watch(&watchlist, resolved, &persisted);
-    }))
+/// Every binding, read once at open.
+pub(super) fn load(conn: &Connection) -> rusqlite::Result<HashMap<String, String>> {
+    let mut stmt = conn.prepare("SELECT address, account FROM addresses")?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    rows.collect()
 }

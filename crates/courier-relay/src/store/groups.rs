@@ -15,7 +15,7 @@ use super::accounts::is_known;
 use super::journal::{self, account_named, Inserted};
 use super::mailboxes::Mailboxes;
 use super::worker::{Applied, Delta};
-use super::{from_sql, to_sql};
+use super::{from_sql, to_sql, PURGE_BATCH};
 use crate::config::MailboxLimits;
 use crate::fanout::{FannedOut, Miss, Outcome, Placement};
 use crate::group::{Actor, GroupRefusal};
@@ -325,12 +325,16 @@ impl Fan<'_> {
                 self.message.clone(),
                 limits,
             )? {
-                Inserted::Accepted { account, envelope } => {
+                Inserted::Accepted {
+                    account,
+                    envelope,
+                    bytes,
+                } => {
                     let seq = envelope.seq.unwrap_or_default();
                     self.record(member, &account, seq)?;
                     self.journaled.insert(account.clone(), seq);
                     self.copies += 1;
-                    self.delta += Delta::appended(&envelope);
+                    self.delta += Delta::appended(bytes);
                     Copy::New { account, envelope }
                 }
                 Inserted::UnknownRecipient => Copy::Missed(Miss::UnknownMember),
@@ -438,13 +442,21 @@ pub(super) fn drop_held_reports(conn: &Connection, ids: &[i64]) -> rusqlite::Res
 }
 
 /// Forgets copy records and held reports from before `older_than_ms`; answers how many rows.
+/// At most `PURGE_BATCH` rows in all, copy records first.
 pub(super) fn purge(conn: &Connection, older_than_ms: u64) -> rusqlite::Result<Applied<u64>> {
     let cutoff = to_sql(older_than_ms);
     let copies = conn
-        .prepare_cached("DELETE FROM group_copies WHERE accepted_ms < ?1")?
-        .execute([cutoff])?;
+        .prepare_cached(
+            "DELETE FROM group_copies WHERE (sender, group_id, message_id, member) IN
+                 (SELECT sender, group_id, message_id, member FROM group_copies
+                  WHERE accepted_ms < ?1 LIMIT ?2)",
+        )?
+        .execute(params![cutoff, PURGE_BATCH])?;
     let reports = conn
-        .prepare_cached("DELETE FROM held_reports WHERE held_ms < ?1")?
-        .execute([cutoff])?;
+        .prepare_cached(
+            "DELETE FROM held_reports WHERE id IN
+                 (SELECT id FROM held_reports WHERE held_ms < ?1 LIMIT ?2)",
+        )?
+        .execute(params![cutoff, PURGE_BATCH - copies as i64])?;
     Ok(Applied::value((copies + reports) as u64))
 }

@@ -5,7 +5,8 @@
 //! Counters per account (`last_seq`, `msg_count`, `byte_count`) live in the `accounts` row and
 //! change in the same transaction as the journal (through `mailboxes.rs`), so `seq` is never
 //! reused (it does not depend on which rows still exist) and the mailbox limits are checked
-//! without scanning the journal.
+//! without scanning the journal. A frame's `bytes` is the size of its whole row ([`row_bytes`]),
+//! so a sender cannot store more than the limits say by moving its payload out of `content`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,13 +19,36 @@ use serde_json::Value;
 use super::addresses::bound_account;
 use super::mailboxes::{Counters, Mailboxes};
 use super::worker::{Applied, Delta};
-use super::{from_sql, to_sql, AppendOutcome, Named, Release};
+use super::{from_sql, to_sql, AppendOutcome, Named, Release, PURGE_BATCH};
 use crate::config::MailboxLimits;
 use crate::mailbox::{Envelope, GroupTag};
 
 /// One journal read returns at most this many frames / content bytes (at least one frame).
 const FETCH_FRAMES: i64 = 64;
 const FETCH_BYTES: usize = 4 * 1024 * 1024;
+
+/// What a journal row costs besides its text fields: its integers, its row id and its index
+/// entries (`docs/protocol.md#mailbox-limits`).
+pub(super) const ROW_OVERHEAD: u64 = 64;
+
+/// The size a frame is counted at against the mailbox limits: every text field of its row,
+/// plus [`ROW_OVERHEAD`]. Schema version 6 computes the same in SQL for rows written before.
+pub(super) fn row_bytes(envelope: &Envelope, forward_info: Option<&str>) -> u64 {
+    let group_id = envelope.group.as_ref().map_or(0, |g| g.group_id.len());
+    [
+        envelope.content.len(),
+        envelope.sender.len(),
+        envelope.sender_account.len(),
+        envelope.message_id.len(),
+        envelope.reply_to_msg.as_ref().map_or(0, String::len),
+        group_id,
+        forward_info.map_or(0, str::len),
+    ]
+    .iter()
+    .map(|&n| n as u64)
+    .sum::<u64>()
+        + ROW_OVERHEAD
+}
 
 fn disposition(live: bool) -> Disposition {
     if live {
@@ -76,9 +100,13 @@ pub(super) fn append(
     }
     Ok(
         match insert(conn, mailboxes, recipient, envelope, limits)? {
-            Inserted::Accepted { account, envelope } => {
+            Inserted::Accepted {
+                account,
+                envelope,
+                bytes,
+            } => {
                 let seq = envelope.seq.unwrap_or_default();
-                let delta = Delta::appended(&envelope);
+                let delta = Delta::appended(bytes);
                 Applied::then(move |router| AppendOutcome::Accepted {
                     seq,
                     disposition: disposition(router.offer_journaled(&account, &envelope).is_some()),
@@ -97,13 +125,17 @@ pub(super) enum Inserted {
     Accepted {
         account: String,
         envelope: Arc<Envelope>,
+        /// Its row's size.
+        bytes: i64,
     },
     UnknownRecipient,
+    /// The account's mailbox, the sender's share of it, or the whole journal has no room.
     MailboxFull,
 }
 
-/// Journals `envelope` for `account`, if the account exists and its mailbox has room, with the
-/// account's next seq.
+/// Journals `envelope` for `account`, if the account exists and there is room for it — in the
+/// mailbox, in the sender's share of the mailbox and in the journal — with the account's next
+/// seq.
 pub(super) fn insert(
     conn: &Connection,
     mailboxes: &mut Mailboxes,
@@ -119,13 +151,6 @@ pub(super) fn insert(
         msg_count,
         byte_count,
     } = counters;
-    let bytes = to_sql(envelope.content.len() as u64);
-    let over_count = from_sql(msg_count).saturating_add(1) > limits.max_messages;
-    let over_bytes = from_sql(byte_count).saturating_add(from_sql(bytes)) > limits.max_bytes;
-    if over_count || over_bytes {
-        return Ok(Inserted::MailboxFull);
-    }
-    let seq = last_seq + 1;
     let (group_id, forward_info) = match &envelope.group {
         Some(group) => (
             Some(group.group_id.as_str()),
@@ -133,6 +158,26 @@ pub(super) fn insert(
         ),
         None => (None, None),
     };
+    let bytes = to_sql(row_bytes(&envelope, forward_info.as_deref()));
+    let over = |held: i64, adding: i64, limit: u64| {
+        from_sql(held).saturating_add(from_sql(adding)) > limit
+    };
+    if over(msg_count, 1, limits.max_messages) || over(byte_count, bytes, limits.max_bytes) {
+        return Ok(Inserted::MailboxFull);
+    }
+    let share = mailboxes.share(conn, &account, &envelope.sender_account)?;
+    let (share_messages, share_bytes) = limits.sender_share();
+    if over(share.msg_count, 1, share_messages) || over(share.byte_count, bytes, share_bytes) {
+        return Ok(Inserted::MailboxFull);
+    }
+    if over(
+        mailboxes.journal_bytes(conn)?,
+        bytes,
+        limits.max_journal_bytes,
+    ) {
+        return Ok(Inserted::MailboxFull);
+    }
+    let seq = last_seq + 1;
     conn.prepare_cached(
         "INSERT INTO journal (account, seq, sender, sender_account, message_id, content, bytes,
                               reply_to_msg, accepted_ms, group_id, forward_info)
@@ -152,17 +197,20 @@ pub(super) fn insert(
         forward_info,
     ])?;
     mailboxes.set(
+        conn,
         &account,
         Counters {
             last_seq: seq,
             msg_count: msg_count + 1,
             byte_count: byte_count + bytes,
         },
-    );
+    )?;
+    mailboxes.add_to_share(&account, &envelope.sender_account, 1, bytes);
     envelope.seq = Some(from_sql(seq));
     Ok(Inserted::Accepted {
         account,
         envelope: Arc::new(envelope),
+        bytes,
     })
 }
 
@@ -256,82 +304,125 @@ pub(super) fn release(
 ) -> rusqlite::Result<Applied<()>> {
     let (sql, seq) = match release {
         Release::One(seq) => (
-            "DELETE FROM journal WHERE account = ?1 AND seq = ?2 RETURNING bytes",
+            "DELETE FROM journal WHERE account = ?1 AND seq = ?2
+             RETURNING account, sender_account, bytes",
             seq,
         ),
         Release::UpTo(seq) => (
-            "DELETE FROM journal WHERE account = ?1 AND seq <= ?2 RETURNING bytes",
+            "DELETE FROM journal WHERE account = ?1 AND seq <= ?2
+             RETURNING account, sender_account, bytes",
             seq,
         ),
     };
     let mut stmt = conn.prepare_cached(sql)?;
-    let mut count = 0i64;
-    let mut bytes = 0i64;
-    let mut rows = stmt.query(params![account, to_sql(seq)])?;
-    while let Some(row) = rows.next()? {
-        count += 1;
-        bytes += row.get::<_, i64>(0)?;
-    }
-    drop(rows);
-    uncount(conn, mailboxes, account, count, bytes)?;
-    Ok(Applied::value(()).counting(Delta {
-        accounts: 0,
-        frames: -count,
-        bytes: -bytes,
-    }))
+    let rows = stmt.query(params![account, to_sql(seq)])?;
+    let delta = uncount(conn, mailboxes, rows)?;
+    Ok(Applied::value(()).counting(delta))
 }
 
-/// Deletes frames accepted before `older_than_ms`; answers how many.
+/// Deletes at most [`PURGE_BATCH`] frames accepted before `older_than_ms`; answers how many.
 pub(super) fn purge(
     conn: &Connection,
     mailboxes: &mut Mailboxes,
     older_than_ms: u64,
 ) -> rusqlite::Result<Applied<u64>> {
-    let mut per_account: HashMap<String, (i64, i64)> = HashMap::new();
-    {
-        let mut stmt = conn.prepare_cached(
-            "DELETE FROM journal WHERE accepted_ms < ?1 RETURNING account, bytes",
-        )?;
-        let mut rows = stmt.query([to_sql(older_than_ms)])?;
-        while let Some(row) = rows.next()? {
-            let entry = per_account.entry(row.get(0)?).or_default();
-            entry.0 += 1;
-            entry.1 += row.get::<_, i64>(1)?;
-        }
-    }
-    let (mut total, mut total_bytes) = (0i64, 0i64);
-    for (account, (count, bytes)) in &per_account {
-        uncount(conn, mailboxes, account, *count, *bytes)?;
-        total += count;
-        total_bytes += bytes;
-    }
-    Ok(Applied::value(from_sql(total)).counting(Delta {
-        accounts: 0,
-        frames: -total,
-        bytes: -total_bytes,
-    }))
+    let mut stmt = conn.prepare_cached(
+        "DELETE FROM journal WHERE id IN
+             (SELECT id FROM journal WHERE accepted_ms < ?1 LIMIT ?2)
+         RETURNING account, sender_account, bytes",
+    )?;
+    let rows = stmt.query(params![to_sql(older_than_ms), PURGE_BATCH])?;
+    let delta = uncount(conn, mailboxes, rows)?;
+    Ok(Applied::value(from_sql(-delta.frames)).counting(delta))
 }
 
-/// Takes deleted frames off the account's mailbox counters.
+/// Takes deleted frames — `(account, sender_account, bytes)` rows — off the mailbox counters
+/// and the senders' shares; answers the change to the journal's totals.
 fn uncount(
     conn: &Connection,
     mailboxes: &mut Mailboxes,
-    account: &str,
-    count: i64,
-    bytes: i64,
-) -> rusqlite::Result<()> {
-    if count == 0 {
-        return Ok(());
+    mut rows: rusqlite::Rows<'_>,
+) -> rusqlite::Result<Delta> {
+    let mut per_account: HashMap<String, (i64, i64)> = HashMap::new();
+    let mut per_share: HashMap<(String, String), (i64, i64)> = HashMap::new();
+    while let Some(row) = rows.next()? {
+        let (account, sender, bytes): (String, String, i64) =
+            (row.get(0)?, row.get(1)?, row.get(2)?);
+        let entry = per_account.entry(account.clone()).or_default();
+        entry.0 += 1;
+        entry.1 += bytes;
+        let entry = per_share.entry((account, sender)).or_default();
+        entry.0 += 1;
+        entry.1 += bytes;
     }
-    if let Some(c) = mailboxes.get(conn, account)? {
-        mailboxes.set(
-            account,
-            Counters {
-                last_seq: c.last_seq,
-                msg_count: (c.msg_count - count).max(0),
-                byte_count: (c.byte_count - bytes).max(0),
-            },
-        );
+    drop(rows);
+    let mut delta = Delta::default();
+    for (account, (count, bytes)) in per_account {
+        if let Some(c) = mailboxes.get(conn, &account)? {
+            mailboxes.set(
+                conn,
+                &account,
+                Counters {
+                    last_seq: c.last_seq,
+                    msg_count: (c.msg_count - count).max(0),
+                    byte_count: (c.byte_count - bytes).max(0),
+                },
+            )?;
+        }
+        delta.frames -= count;
+        delta.bytes -= bytes;
     }
-    Ok(())
+    for ((account, sender), (count, bytes)) in per_share {
+        mailboxes.add_to_share(&account, &sender, -count, -bytes);
+    }
+    Ok(delta)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A relay down for a week comes back to a journal full of expired frames: purging them
+    /// must not be one request that holds the store thread (and every sender) until done.
+    #[test]
+    fn one_purge_request_deletes_a_bounded_batch_so_a_backlog_cannot_stall_the_store() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        super::super::schema::migrate(&mut conn).unwrap();
+        conn.execute(
+            "INSERT INTO accounts (name, created_ms) VALUES ('bob', 0)",
+            [],
+        )
+        .unwrap();
+        let mut mailboxes = Mailboxes::default();
+        let limits = MailboxLimits {
+            sender_share_percent: 100,
+            ..MailboxLimits::default()
+        };
+        let backlog = PURGE_BATCH + 5;
+        for i in 0..backlog {
+            let envelope = Envelope {
+                seq: None,
+                sender: "alice".into(),
+                sender_account: "alice".into(),
+                message_id: format!("m{i}"),
+                content: "x".to_owned().into(),
+                reply_to_msg: None,
+                accepted_ms: 1,
+                group: None,
+            };
+            let inserted = insert(&conn, &mut mailboxes, "bob".into(), envelope, &limits).unwrap();
+            assert!(matches!(inserted, Inserted::Accepted { .. }));
+        }
+        mailboxes.keep();
+        let batches: Vec<u64> = (0..3)
+            .map(|_| {
+                let applied = purge(&conn, &mut mailboxes, 2).unwrap();
+                applied.answered(&crate::router::Router::default())
+            })
+            .collect();
+        assert_eq!(batches, [PURGE_BATCH as u64, 5, 0]);
+        let c = mailboxes.get(&conn, "bob").unwrap().unwrap();
+        assert_eq!((c.msg_count, c.byte_count), (0, 0));
+        assert_eq!(mailboxes.journal_bytes(&conn).unwrap(), 0);
+    }
 }

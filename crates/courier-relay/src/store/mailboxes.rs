@@ -4,6 +4,11 @@
 //! delivered message costs two appends and two releases; each used to read and rewrite the
 //! account's row, now a group commit rewrites it once. A request that fails is undone here as its
 //! savepoint undoes it in the database; a transaction that fails forgets everything cached.
+//!
+//! Beside them, for the mailbox limits of `docs/protocol.md#mailbox-limits`: each sender's share
+//! of a mailbox (frames and bytes one sending account holds in it), read from the journal once
+//! and then kept like the counters but never written (the journal is their truth), and the bytes
+//! of the whole journal, the sum of every account's `byte_count`.
 
 use std::collections::{HashMap, HashSet};
 
@@ -19,14 +24,34 @@ pub(super) struct Counters {
     pub byte_count: i64,
 }
 
+/// What one sending account holds in one mailbox.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Share {
+    pub msg_count: i64,
+    pub byte_count: i64,
+}
+
+/// (recipient account, sending account).
+type ShareKey = (String, String);
+
+/// What a change replaced, for [`Mailboxes::undo`].
+enum Replaced {
+    /// The account, its previous counters (if cached) and whether they were dirty already.
+    Counters(String, Option<Counters>, bool),
+    Share(ShareKey, Option<Share>),
+    JournalBytes(Option<i64>),
+}
+
 #[derive(Default)]
 pub(super) struct Mailboxes {
     known: HashMap<String, Counters>,
     /// Changed in this transaction: written back before it commits.
     dirty: HashSet<String>,
-    /// What the running request replaced, oldest first: the account, its previous counters (if
-    /// cached) and whether they were dirty already.
-    undo: Vec<(String, Option<Counters>, bool)>,
+    shares: HashMap<ShareKey, Share>,
+    /// Bytes of the whole journal; `None` until read.
+    journal_bytes: Option<i64>,
+    /// What the running request replaced, oldest first.
+    undo: Vec<Replaced>,
 }
 
 impl Mailboxes {
@@ -52,11 +77,98 @@ impl Mailboxes {
         Ok(read)
     }
 
-    /// Replaces the counters of an account [`Mailboxes::get`] found.
-    pub fn set(&mut self, account: &str, counters: Counters) {
+    /// Replaces the counters of an account [`Mailboxes::get`] found; the journal's bytes
+    /// follow.
+    pub fn set(
+        &mut self,
+        conn: &Connection,
+        account: &str,
+        counters: Counters,
+    ) -> rusqlite::Result<()> {
+        let total = self.journal_bytes(conn)?;
         let previous = self.known.insert(account.to_owned(), counters);
         let was_dirty = !self.dirty.insert(account.to_owned());
-        self.undo.push((account.to_owned(), previous, was_dirty));
+        self.undo
+            .push(Replaced::Counters(account.to_owned(), previous, was_dirty));
+        let before = previous.map_or(0, |c| c.byte_count);
+        self.undo.push(Replaced::JournalBytes(self.journal_bytes));
+        self.journal_bytes = Some(total - before + counters.byte_count);
+        Ok(())
+    }
+
+    /// What `sender` holds in `account`'s mailbox.
+    pub fn share(
+        &mut self,
+        conn: &Connection,
+        account: &str,
+        sender: &str,
+    ) -> rusqlite::Result<Share> {
+        let key = (account.to_owned(), sender.to_owned());
+        if let Some(share) = self.shares.get(&key) {
+            return Ok(*share);
+        }
+        // The journal as this transaction sees it: every change to it so far is in it.
+        let share = conn
+            .prepare_cached(
+                "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM journal
+                 WHERE account = ?1 AND sender_account = ?2",
+            )?
+            .query_row([account, sender], |r| {
+                Ok(Share {
+                    msg_count: r.get(0)?,
+                    byte_count: r.get(1)?,
+                })
+            })?;
+        // Read inside the running request: undone with it.
+        self.undo.push(Replaced::Share(key.clone(), None));
+        self.shares.insert(key, share);
+        Ok(share)
+    }
+
+    /// Adds `msg_count` frames of `byte_count` bytes (negative: removes them) to what `sender`
+    /// holds in `account`'s mailbox, if that is cached; otherwise the journal tells when asked.
+    pub fn add_to_share(&mut self, account: &str, sender: &str, msg_count: i64, byte_count: i64) {
+        let key = (account.to_owned(), sender.to_owned());
+        let Some(share) = self.shares.get_mut(&key) else {
+            return;
+        };
+        let previous = *share;
+        share.msg_count = (share.msg_count + msg_count).max(0);
+        share.byte_count = (share.byte_count + byte_count).max(0);
+        self.undo.push(Replaced::Share(key, Some(previous)));
+    }
+
+    /// Bytes of the whole journal.
+    pub fn journal_bytes(&mut self, conn: &Connection) -> rusqlite::Result<i64> {
+        if let Some(total) = self.journal_bytes {
+            return Ok(total);
+        }
+        let stored: i64 = conn
+            .prepare_cached("SELECT COALESCE(SUM(byte_count), 0) FROM accounts")?
+            .query_row([], |r| r.get(0))?;
+        // The rows hold what was committed; this transaction's changes are in memory.
+        let pending: i64 = self
+            .dirty
+            .iter()
+            .map(|account| self.known[account].byte_count)
+            .sum::<i64>()
+            - self.committed_bytes_of_dirty(conn)?;
+        let total = stored + pending;
+        self.undo.push(Replaced::JournalBytes(None));
+        self.journal_bytes = Some(total);
+        Ok(total)
+    }
+
+    fn committed_bytes_of_dirty(&self, conn: &Connection) -> rusqlite::Result<i64> {
+        let mut read = conn.prepare_cached("SELECT byte_count FROM accounts WHERE name = ?1")?;
+        let mut sum = 0;
+        for account in &self.dirty {
+            sum += read
+                .query_row([account], |r| r.get::<_, i64>(0))
+                .optional()?
+                .unwrap_or(0);
+        }
+        Ok(sum)
     }
 
     /// The running request succeeded: its changes stay.
@@ -66,14 +178,25 @@ impl Mailboxes {
 
     /// The running request failed and its savepoint was rolled back: so are its changes here.
     pub fn undo(&mut self) {
-        while let Some((account, previous, was_dirty)) = self.undo.pop() {
-            if !was_dirty {
-                self.dirty.remove(&account);
+        while let Some(replaced) = self.undo.pop() {
+            match replaced {
+                Replaced::Counters(account, previous, was_dirty) => {
+                    if !was_dirty {
+                        self.dirty.remove(&account);
+                    }
+                    match previous {
+                        Some(counters) => self.known.insert(account, counters),
+                        None => self.known.remove(&account),
+                    };
+                }
+                Replaced::Share(key, previous) => {
+                    match previous {
+                        Some(share) => self.shares.insert(key, share),
+                        None => self.shares.remove(&key),
+                    };
+                }
+                Replaced::JournalBytes(previous) => self.journal_bytes = previous,
             }
-            match previous {
-                Some(counters) => self.known.insert(account, counters),
-                None => self.known.remove(&account),
-            };
         }
     }
 
@@ -95,12 +218,17 @@ impl Mailboxes {
         if self.known.len() > KEEP_CACHED {
             self.known.clear();
         }
+        if self.shares.len() > KEEP_CACHED {
+            self.shares.clear();
+        }
     }
 
     /// The transaction did not commit: nothing cached can be trusted.
     pub fn forget(&mut self) {
         self.known.clear();
         self.dirty.clear();
+        self.shares.clear();
+        self.journal_bytes = None;
         self.undo.clear();
     }
 }
@@ -147,7 +275,7 @@ mod tests {
         let mut m = Mailboxes::default();
         assert_eq!(m.get(&conn, "nobody").unwrap(), None);
         let before = m.get(&conn, "bob").unwrap().unwrap();
-        m.set("bob", BUMPED);
+        m.set(&conn, "bob", BUMPED).unwrap();
         m.keep();
         assert_eq!(
             stored(&conn),
@@ -165,19 +293,21 @@ mod tests {
         let conn = db();
         let mut m = Mailboxes::default();
         let before = m.get(&conn, "bob").unwrap().unwrap();
-        m.set("bob", BUMPED);
+        m.set(&conn, "bob", BUMPED).unwrap();
         m.set(
+            &conn,
             "bob",
             Counters {
                 last_seq: 9,
                 ..BUMPED
             },
-        );
+        )
+        .unwrap();
         m.undo();
         assert_eq!(m.get(&conn, "bob").unwrap(), Some(before));
         assert!(m.dirty.is_empty(), "an undone change is not written back");
 
-        m.set("bob", BUMPED);
+        m.set(&conn, "bob", BUMPED).unwrap();
         m.keep();
         m.forget();
         assert_eq!(
@@ -185,5 +315,48 @@ mod tests {
             Some(before),
             "read again from the database"
         );
+    }
+
+    #[test]
+    fn shares_and_the_journal_total_follow_changes_and_are_undone_with_their_request() {
+        let conn = db();
+        conn.execute_batch(
+            "CREATE TABLE journal (account TEXT, sender_account TEXT, bytes INTEGER);
+             INSERT INTO journal VALUES ('bob', 'alice', 12), ('bob', 'carol', 8);",
+        )
+        .unwrap();
+        let mut m = Mailboxes::default();
+        let alice = Share {
+            msg_count: 1,
+            byte_count: 12,
+        };
+        assert_eq!(m.share(&conn, "bob", "alice").unwrap(), alice);
+        assert_eq!(m.journal_bytes(&conn).unwrap(), 20);
+        m.keep();
+
+        // A request adds a frame of alice's, then fails: as if it never ran.
+        m.get(&conn, "bob").unwrap();
+        m.add_to_share("bob", "alice", 1, 30);
+        m.set(
+            &conn,
+            "bob",
+            Counters {
+                last_seq: 8,
+                msg_count: 3,
+                byte_count: 50,
+            },
+        )
+        .unwrap();
+        assert_eq!(m.journal_bytes(&conn).unwrap(), 50);
+        m.undo();
+        assert_eq!(m.share(&conn, "bob", "alice").unwrap(), alice);
+        assert_eq!(m.journal_bytes(&conn).unwrap(), 20);
+
+        // A share first read by a failing request is read again afterwards.
+        m.share(&conn, "bob", "carol").unwrap();
+        m.undo();
+        assert!(!m
+            .shares
+            .contains_key(&("bob".to_owned(), "carol".to_owned())));
     }
 }

@@ -13,7 +13,6 @@
 //! `addresses.rs`, `key_packages.rs`, `groups.rs`; `schema.rs` brings any older database up to
 //! date at open.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -26,7 +25,6 @@ use crate::config::{MailboxLimits, Storage};
 use crate::fanout::FannedOut;
 use crate::group::{Actor, GroupRefusal};
 use crate::mailbox::{Envelope, GroupTag};
-use crate::presence::Watchlist;
 use crate::router::Router;
 use crate::RelayError;
 
@@ -44,6 +42,34 @@ use worker::{Delta, Msg, Op, Reply, Worker};
 
 /// Requests waiting for the store thread; senders wait for room beyond this.
 const QUEUE: usize = 4096;
+
+/// Rows one purge request deletes at most, of each kind: a purge of a large backlog (a relay
+/// that was down for a week) is many requests, and the store thread serves the requests queued
+/// meanwhile between them.
+const PURGE_BATCH: i64 = 1000;
+
+/// Bytes a WAL file is truncated back to after a checkpoint (`docs/operating-the-relay.md`).
+const WAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
+
+/// Opens the database file at `path`, created if missing. The path is a file name and only
+/// that: a `file:` path with `?mode=memory` or `?vfs=` must not turn the journal into something
+/// that does not survive a restart. Opening without `SQLITE_OPEN_URI` is not enough, as the
+/// bundled SQLite is built to read URIs regardless; a relative path is therefore opened as
+/// `./path`, which never starts with `file:`.
+fn open_file(path: &std::path::Path) -> rusqlite::Result<Connection> {
+    use rusqlite::OpenFlags;
+    let path = if path.is_relative() {
+        std::path::Path::new(".").join(path)
+    } else {
+        path.to_owned()
+    };
+    Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+}
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
@@ -110,7 +136,7 @@ pub enum Named {
 struct Counters {
     accounts: AtomicU64,
     frames: AtomicU64,
-    /// Content bytes of the journal's frames.
+    /// Bytes of the journal's frames (whole rows).
     bytes: AtomicU64,
 }
 
@@ -165,7 +191,7 @@ impl Store {
         commit_seconds: Histogram,
     ) -> Result<Self, RelayError> {
         let (mut conn, file_backed) = match storage {
-            Storage::Path(path) => (Connection::open(path)?, true),
+            Storage::Path(path) => (open_file(path)?, true),
             Storage::Memory => (Connection::open_in_memory()?, false),
         };
         if file_backed {
@@ -175,8 +201,13 @@ impl Store {
                     "the database could not be switched to WAL mode (it is {mode})"
                 )));
             }
-            // MessageSent promises the frame survives a crash, not only a process kill.
-            conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA wal_autocheckpoint=0;")?;
+            // MessageSent promises the frame survives a crash, not only a process kill; on
+            // macOS only F_FULLFSYNC reaches the disk rather than its cache. A checkpointed WAL
+            // is truncated back to WAL_SIZE_LIMIT, so one burst does not keep its size forever.
+            conn.execute_batch(&format!(
+                "PRAGMA synchronous=FULL; PRAGMA fullfsync=ON; PRAGMA wal_autocheckpoint=0;
+                 PRAGMA journal_size_limit={WAL_SIZE_LIMIT};"
+            ))?;
         }
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         schema::migrate(&mut conn)?;
@@ -188,6 +219,8 @@ impl Store {
             [],
             |r| r.get(0),
         )?;
+        // Presence is answered from memory (router.rs): it starts from what is persisted.
+        router.load(addresses::load(&conn)?, accounts::load_last_seen(&conn)?);
         let counters = Arc::new(Counters {
             accounts: AtomicU64::new(from_sql(accounts)),
             frames: AtomicU64::new(from_sql(frames)),
@@ -219,7 +252,7 @@ impl Store {
         self.counters.frames.load(Ordering::Relaxed)
     }
 
-    /// Content bytes of the journal's frames.
+    /// Bytes of the journal's frames, counted as the mailbox limits count them (whole rows).
     pub fn stored_bytes(&self) -> u64 {
         self.counters.bytes.load(Ordering::Relaxed)
     }
@@ -324,11 +357,24 @@ impl Store {
 
     /// Deletes frames accepted before `older_than_ms`; returns how many.
     pub async fn purge(&self, older_than_ms: u64) -> Result<u64, StoreError> {
-        self.call(|reply| Op::Purge {
+        self.purge_in_batches(|reply| Op::Purge {
             older_than_ms,
             reply,
         })
         .await
+    }
+
+    /// Runs the purge request `op` builds until a batch comes back short of [`PURGE_BATCH`];
+    /// returns the rows deleted.
+    async fn purge_in_batches(&self, op: impl Fn(Reply<u64>) -> Op) -> Result<u64, StoreError> {
+        let mut purged = 0;
+        loop {
+            let batch = self.call(&op).await?;
+            purged += batch;
+            if batch < PURGE_BATCH as u64 {
+                return Ok(purged);
+            }
+        }
     }
 
     /// Records that the account's last connection ended at `ms`. Never moves last_seen back,
@@ -339,27 +385,31 @@ impl Store {
             .await
     }
 
-    /// The persisted last_seen of each account that has one.
-    pub async fn last_seen(
-        &self,
-        accounts: Vec<String>,
-    ) -> Result<HashMap<String, u64>, StoreError> {
-        self.call(|reply| Op::LastSeen { accounts, reply }).await
-    }
-
     /// Binds `address` (canonical) to `account`, replacing any earlier binding (the latest
-    /// successful declaration wins). Once durable, watches on the address follow it.
+    /// successful declaration wins), and drops the account's least recently declared bindings
+    /// past `max_per_account`. Once durable, watches on the address follow it.
     pub async fn bind_address(
         &self,
         address: &str,
         account: &str,
+        max_per_account: u32,
         now_ms: u64,
     ) -> Result<(), StoreError> {
         let (address, account) = (address.to_owned(), account.to_owned());
         self.call(|reply| Op::BindAddress {
             address,
             account,
+            max_per_account,
             now_ms,
+            reply,
+        })
+        .await
+    }
+
+    /// Deletes bindings last declared before `older_than_ms`; returns how many.
+    pub async fn purge_addresses(&self, older_than_ms: u64) -> Result<u64, StoreError> {
+        self.purge_in_batches(|reply| Op::PurgeAddresses {
+            older_than_ms,
             reply,
         })
         .await
@@ -370,21 +420,6 @@ impl Store {
         let address = address.to_owned();
         self.call(|reply| Op::ResolveAddress { address, reply })
             .await
-    }
-
-    /// Resolves each watched identifier (`None`: names nothing) and, in commit order with
-    /// respect to bindings, registers the watches on `watchlist` with their first statuses.
-    pub async fn watch(
-        &self,
-        watchlist: Arc<Watchlist>,
-        targets: Vec<(String, Option<Named>)>,
-    ) -> Result<(), StoreError> {
-        self.call(|reply| Op::Watch {
-            watchlist,
-            targets,
-            reply,
-        })
-        .await
     }
 
     /// Stores key packages for `address`: `packages` appended (the oldest dropped beyond the
@@ -554,7 +589,7 @@ impl Store {
 
     /// Forgets broadcast copy records and held reports from before `older_than_ms`.
     pub async fn purge_groups(&self, older_than_ms: u64) -> Result<u64, StoreError> {
-        self.call(|reply| Op::PurgeGroups {
+        self.purge_in_batches(|reply| Op::PurgeGroups {
             older_than_ms,
             reply,
         })
@@ -566,6 +601,24 @@ impl Store {
         let (done, finished) = oneshot::channel();
         if self.tx.send(Msg::Shutdown(done)).await.is_ok() {
             let _ = finished.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A path that SQLite would read as a URI names a file: it cannot ask for a database in
+    /// memory, which would lose every stored frame at the next restart.
+    #[test]
+    fn a_uri_shaped_database_path_never_opens_a_database_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let uri = format!("file:{}?mode=memory", dir.path().join("relay.db").display());
+        // As a plain file name it is relative, under a directory `file:` that does not exist.
+        if let Ok(conn) = open_file(std::path::Path::new(&uri)) {
+            let name = conn.path().unwrap_or_default().to_owned();
+            assert!(!name.is_empty(), "opened a database in memory");
         }
     }
 }

@@ -21,6 +21,7 @@ const MIGRATIONS: &[Migration] = &[
     v3_addresses,
     v4_key_packages,
     v5_groups,
+    v6_limits,
 ];
 
 /// Version 1: accounts with their journal counters, and the journal.
@@ -161,6 +162,29 @@ fn v5_groups(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     )
 }
 
+/// Version 6: the limits of `docs/protocol.md#mailbox-limits` and of address bindings.
+///
+/// A frame's `bytes` becomes the size of its whole row, as `journal::row_bytes` computes it
+/// (every text field plus 64 bytes), and each account's `byte_count` their sum. Each sender's
+/// share of a mailbox is read by (account, sender_account), and an account's bindings by account,
+/// oldest first.
+fn v6_limits(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "UPDATE journal SET bytes =
+             length(CAST(content AS BLOB)) + length(CAST(sender AS BLOB))
+             + length(CAST(sender_account AS BLOB)) + length(CAST(message_id AS BLOB))
+             + COALESCE(length(CAST(reply_to_msg AS BLOB)), 0)
+             + COALESCE(length(CAST(group_id AS BLOB)), 0)
+             + COALESCE(length(CAST(forward_info AS BLOB)), 0)
+             + 64;
+         UPDATE accounts SET byte_count =
+             COALESCE((SELECT SUM(bytes) FROM journal WHERE journal.account = accounts.name), 0);
+         CREATE INDEX journal_sender ON journal (account, sender_account);
+         CREATE INDEX addresses_account ON addresses (account, bound_ms);
+         CREATE INDEX addresses_bound ON addresses (bound_ms);",
+    )
+}
+
 /// `PRAGMA user_version`. The first read of a file, so a non-database fails here.
 fn read_version(conn: &Connection) -> rusqlite::Result<u32> {
     let v: i64 = conn.pragma_query_value(None, "user_version", |row| row.get(0))?;
@@ -270,6 +294,44 @@ mod tests {
         };
         insert(2, Some("g")).expect("a group copy beside the direct frame");
         insert(3, None).expect_err("a second direct frame is a duplicate");
+    }
+
+    /// Version 6 counts the rows written before it as a new frame is counted: whole rows.
+    #[test]
+    fn version_6_counts_earlier_frames_as_whole_rows() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate_with(&mut conn, &MIGRATIONS[..5]).unwrap();
+        conn.execute_batch(
+            "INSERT INTO accounts (name, created_ms, last_seq, msg_count, byte_count)
+                 VALUES ('bob', 1, 1, 1, 2);
+             INSERT INTO journal (account, seq, sender, sender_account, message_id, content,
+                                  bytes, reply_to_msg, accepted_ms, group_id, forward_info)
+                 VALUES ('bob', 1, 'alice', 'alice', 'm1', 'hé', 3, 'm0', 5, 'g', '{}');",
+        )
+        .unwrap();
+        migrate(&mut conn).unwrap();
+        let envelope = crate::mailbox::Envelope {
+            seq: None,
+            sender: "alice".into(),
+            sender_account: "alice".into(),
+            message_id: "m1".into(),
+            content: "hé".to_owned().into(),
+            reply_to_msg: Some("m0".into()),
+            accepted_ms: 5,
+            group: Some(crate::mailbox::GroupTag {
+                group_id: "g".into(),
+                forward_info: None,
+            }),
+        };
+        let expected = super::super::journal::row_bytes(&envelope, Some("{}")) as i64;
+        let (bytes, byte_count): (i64, i64) = conn
+            .query_row(
+                "SELECT bytes, byte_count FROM journal, accounts WHERE name = account",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!((bytes, byte_count), (expected, expected));
     }
 
     /// Each step is its own transaction: a version reached is kept even if a later step fails,

@@ -3,7 +3,6 @@
 //! its own savepoint so one failing request does not undo the others, and answers none of them
 //! before the transaction is durable.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -23,7 +22,6 @@ use crate::config::MailboxLimits;
 use crate::fanout::FannedOut;
 use crate::group::{Actor, GroupRefusal};
 use crate::mailbox::Envelope;
-use crate::presence::Watchlist;
 use crate::router::Router;
 
 /// Requests per transaction.
@@ -57,17 +55,17 @@ pub(super) enum Op {
     BindAddress {
         address: String,
         account: String,
+        max_per_account: u32,
         now_ms: u64,
         reply: Reply<()>,
+    },
+    PurgeAddresses {
+        older_than_ms: u64,
+        reply: Reply<u64>,
     },
     ResolveAddress {
         address: String,
         reply: Reply<Option<String>>,
-    },
-    Watch {
-        watchlist: Arc<Watchlist>,
-        targets: Vec<(String, Option<Named>)>,
-        reply: Reply<()>,
     },
     HighestSeq {
         account: String,
@@ -93,10 +91,6 @@ pub(super) enum Op {
         account: String,
         ms: u64,
         reply: Reply<()>,
-    },
-    LastSeen {
-        accounts: Vec<String>,
-        reply: Reply<HashMap<String, u64>>,
     },
     PublishKeyPackages {
         address: String,
@@ -170,6 +164,7 @@ impl Op {
             Op::EnsureAccount { .. }
                 | Op::Append { .. }
                 | Op::BindAddress { .. }
+                | Op::PurgeAddresses { .. }
                 | Op::Release { .. }
                 | Op::Purge { .. }
                 | Op::RecordLastSeen { .. }
@@ -193,7 +188,7 @@ pub(super) enum Msg {
     Shutdown(oneshot::Sender<()>),
 }
 
-/// Accounts, journal frames and their content bytes one request added (negative: removed),
+/// Accounts, journal frames and their bytes (row sizes) one request added (negative: removed),
 /// for the counters.
 #[derive(Debug, Default, Clone, Copy)]
 pub(super) struct Delta {
@@ -203,12 +198,12 @@ pub(super) struct Delta {
 }
 
 impl Delta {
-    /// One frame journaled.
-    pub fn appended(envelope: &Envelope) -> Self {
+    /// One frame of `bytes` (its row's size) journaled.
+    pub fn appended(bytes: i64) -> Self {
         Self {
             accounts: 0,
             frames: 1,
-            bytes: i64::try_from(envelope.content.len()).unwrap_or(i64::MAX),
+            bytes,
         }
     }
 }
@@ -245,6 +240,12 @@ impl<T: 'static> Applied<T> {
 
     pub fn counting(self, delta: Delta) -> Self {
         Self { delta, ..self }
+    }
+
+    /// The answer, as if the commit were durable.
+    #[cfg(test)]
+    pub fn answered(self, router: &Router) -> T {
+        (self.answer)(router)
     }
 
     fn finish(self, router: &Router, counters: &Counters) -> T {
@@ -334,27 +335,25 @@ fn apply(
         Op::BindAddress {
             address,
             account,
+            max_per_account,
             now_ms,
             reply,
         } => settle(
             reply,
             savepoint(tx, mailboxes, |c, _| {
-                addresses::bind(c, address, account, now_ms)
+                addresses::bind(c, address, account, max_per_account, now_ms)
             }),
+        ),
+        Op::PurgeAddresses {
+            older_than_ms,
+            reply,
+        } => settle(
+            reply,
+            savepoint(tx, mailboxes, |c, _| addresses::purge(c, older_than_ms)),
         ),
         Op::ResolveAddress { address, reply } => settle(
             reply,
             savepoint(tx, mailboxes, |c, _| addresses::resolve(c, &address)),
-        ),
-        Op::Watch {
-            watchlist,
-            targets,
-            reply,
-        } => settle(
-            reply,
-            savepoint(tx, mailboxes, |c, _| {
-                addresses::watch(c, watchlist, targets)
-            }),
         ),
         Op::HighestSeq { account, reply } => settle(
             reply,
@@ -394,10 +393,6 @@ fn apply(
             savepoint(tx, mailboxes, |c, _| {
                 accounts::record_last_seen(c, &account, ms)
             }),
-        ),
-        Op::LastSeen { accounts, reply } => settle(
-            reply,
-            savepoint(tx, mailboxes, |c, _| accounts::last_seen(c, accounts)),
         ),
         Op::PublishKeyPackages {
             address,

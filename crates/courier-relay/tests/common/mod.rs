@@ -781,12 +781,14 @@ pub struct RelayProcess {
 }
 
 impl RelayProcess {
+    /// One sender may fill a mailbox: the crash tests journal whole bursts from one account.
     pub fn spawn(db: &Path, secret_file: &Path) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_courier-relay"))
             .args(["--listen", "127.0.0.1:0", "--db"])
             .arg(db)
             .arg("--jwt-secret-file")
             .arg(secret_file)
+            .args(["--mailbox-sender-share-percent", "100"])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

@@ -104,7 +104,7 @@ pub async fn run(scenario: Scenario) {
                 0 => defaults.max_bytes,
                 n => u64::from(n),
             },
-            ttl_ms: defaults.ttl_ms,
+            ..defaults
         }
     });
     if scenario.tight_rate {
