@@ -119,7 +119,10 @@ impl GatewaySettings {
             (Some(path), false) => {
                 let token = read_file("--require-token-file", &path)?;
                 GatewayAccess::Token(GatewayToken::new(&token).map_err(|e| {
-                    UsageError::new(format!("--require-token-file {}: {e}", path.display()))
+                    UsageError::new(format!(
+                        "--require-token-file {}: the token {e}",
+                        path.display()
+                    ))
                 })?)
             }
             (None, true) => GatewayAccess::Public,

@@ -355,7 +355,7 @@ fn gateway_limits_and_access() {
         ),
         (
             &["gateway", "--require-token-file", path(&short)],
-            "at least 16 bytes",
+            "the token must hold at least 16 bytes",
         ),
         (
             &[

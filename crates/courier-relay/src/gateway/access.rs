@@ -26,9 +26,7 @@ impl GatewayToken {
     pub fn new(token: &str) -> Result<Self, String> {
         let token = token.trim();
         if token.len() < MIN_TOKEN_LEN {
-            return Err(format!(
-                "the gateway token must be at least {MIN_TOKEN_LEN} bytes"
-            ));
+            return Err(format!("must hold at least {MIN_TOKEN_LEN} bytes"));
         }
         Ok(Self(token.to_owned()))
     }
