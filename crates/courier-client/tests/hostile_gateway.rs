@@ -589,3 +589,24 @@ async fn a_token_refused_before_the_challenge_is_reported_and_closed() {
     assert_eq!(warned, vec![(own, "GATEWAY_ADDRESS_DECLARATION_REFUSED")]);
     assert!(!events.iter().any(attached));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_send_fails_at_once_instead_of_waiting_out_the_answer_deadline() {
+    let gateway = FakeGateway::bind().await;
+    let (client, events) = support::start(&config(&gateway.address));
+    let own = client.local_address().to_owned();
+    let mut peer = gateway.accept().await;
+    peer.attach(&own).await;
+    support::wait_for(&events, "attached", attached).await;
+    let id = client.send(to_bob("too fast")).await.unwrap();
+    let send = peer.recv().await;
+    assert_eq!(send["message_id"], json!(id));
+    peer.send(json!({"type": "RateLimited", "retry_after_ms": 10, "frame_type": "SendMessage", "message_id": id}))
+        .await;
+    // Deferred within the test's deadline, well before the 15 s answer deadline would fail it.
+    support::wait_for(&events, "the send deferred", |e| {
+        matches!(e.engine(), Some(Event::MessageDeferred { message_id, .. }) if *message_id == id)
+    })
+    .await;
+    stop(client, events).await;
+}

@@ -818,3 +818,27 @@ async fn a_browser_request_carrying_an_identify_is_closed_before_identify() {
     );
     gateway.stop().await;
 }
+
+#[tokio::test]
+async fn attach_churn_leaves_no_challenge_behind_and_a_replayed_proof_still_fails() {
+    let gateway = gateway().await;
+    // A proof made on a connection that bound and went away.
+    let mut first = Device::connect(&gateway).await;
+    let old = first.identify(K1_ADDRESS).await;
+    assert_eq!(first.declare(&k1(), &old).await["type"], "AddressDeclared");
+    drop(first);
+    // Churn: attaches that come and go hold nothing once closed.
+    for _ in 0..50 {
+        drop(Device::attach(&gateway, &k2()).await);
+    }
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while gateway.bound_addresses() != 0 {
+        assert!(tokio::time::Instant::now() < deadline, "unbind on close");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Replayed on a later connection, the old proof meets a fresh challenge.
+    let mut replay = Device::connect(&gateway).await;
+    assert_ne!(replay.identify(K1_ADDRESS).await, old);
+    refused(&mut replay, declaration(&k1(), &old), "bad_signature").await;
+    gateway.stop().await;
+}
