@@ -966,6 +966,8 @@ export interface GatewayOptions {
   maxConnectionsPerSource?: number
   /** Bytes queued for one attached device, at least 1048576; a send past it is answered unreachable. Default 8388608. */
   maxQueueBytes?: number
+  /** Bytes queued for every attached device together, at least 1048576; a send past it is answered unreachable. Default 536870912. */
+  maxTotalQueueBytes?: number
   /** An attached device that sends no line for this long is closed. Default 90000. */
   idleTimeoutMs?: number
   /** `SendMessage` token bucket per attached device; the excess is answered `RateLimited`. Default 200 burst, 100 / s. */

@@ -109,12 +109,13 @@ const GATEWAY_KEYS: &[&str] = &[
     "maxConnections",
     "maxConnectionsPerSource",
     "maxQueueBytes",
+    "maxTotalQueueBytes",
     "idleTimeoutMs",
     "rateLimit",
 ];
 
 /// `options`: the `GatewayOptions` object as JSON text. Limits the gateway cannot run with
-/// (a queue under one line, a listen address beyond loopback without a token) are refused by
+/// (a queue or the queues' budget under one line, a listen address beyond loopback without a token) are refused by
 /// `Gateway.start` itself.
 pub fn gateway_config(options: &str) -> Result<GatewayConfig, ConfigError> {
     let options = parse(options)?;
@@ -143,6 +144,9 @@ pub fn gateway_config(options: &str) -> Result<GatewayConfig, ConfigError> {
     }
     if let Some(max) = root.positive_int("maxQueueBytes", u64::from(u32::MAX))? {
         config.max_queue_bytes = max as usize;
+    }
+    if let Some(max) = root.positive_int("maxTotalQueueBytes", u64::from(u32::MAX))? {
+        config.max_total_queue_bytes = max as usize;
     }
     if let Some(ms) = root.positive_int("idleTimeoutMs", u64::from(u32::MAX))? {
         config.idle_timeout = Duration::from_millis(ms);

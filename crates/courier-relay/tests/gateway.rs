@@ -842,3 +842,43 @@ async fn attach_churn_leaves_no_challenge_behind_and_a_replayed_proof_still_fail
     refused(&mut replay, declaration(&k1(), &old), "bad_signature").await;
     gateway.stop().await;
 }
+
+#[tokio::test]
+async fn recipients_that_never_read_cannot_together_pass_the_gateway_wide_byte_budget() {
+    const MIB: usize = 1024 * 1024;
+    let gateway = gateway_with(|c| {
+        c.max_total_queue_bytes = MIB;
+        c.timings.write_timeout = Duration::from_secs(60);
+    })
+    .await;
+    let mut sender = Device::attach(&gateway, &k1()).await;
+    let stuck = Device::attach(&gateway, &k2()).await;
+    let third = IdentityKey::from_seed([3; 32]);
+    let mut other = Device::attach(&gateway, &third).await;
+    let content = "x".repeat(MIB / 4);
+    // Fill the budget through the one recipient that reads nothing.
+    let mut filled = false;
+    for i in 0..200 {
+        sender
+            .send_message(&two_address(), &content, &format!("m{i}"))
+            .await;
+        if sender.recv().await["type"] == "DeliveryError" {
+            filled = true;
+            break;
+        }
+    }
+    assert!(filled, "the budget runs out");
+    // Another recipient, with nothing queued of its own, gets no room past the budget either.
+    let a3 = third.address().to_string();
+    sender.send_message(&a3, &content, "m-other").await;
+    assert_eq!(
+        sender.recv().await["reason"],
+        "recipient_unreachable: offline_no_mailbox"
+    );
+    // Small lines still fit in what the budget has left.
+    sender.send_message(&a3, "small", "m-small").await;
+    assert_eq!(sender.recv().await["type"], "MessageSent");
+    assert_eq!(other.recv().await["message_id"], "m-small");
+    drop(stuck);
+    gateway.stop().await;
+}

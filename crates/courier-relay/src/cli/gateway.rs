@@ -51,6 +51,11 @@ pub(super) struct GatewaySettings {
     #[arg(long, env = "COURIER_RELAY_GATEWAY_MAX_QUEUE_BYTES", value_name = "N", value_parser = positive::<NonZeroU64>, help_heading = "Limits")]
     max_queue_bytes: Option<NonZeroU64>,
 
+    /// Bytes queued for every attached device together; a send beyond it is answered
+    /// unreachable, at least 1048576 [default: 536870912]
+    #[arg(long, env = "COURIER_RELAY_GATEWAY_MAX_TOTAL_QUEUE_BYTES", value_name = "N", value_parser = positive::<NonZeroU64>, help_heading = "Limits")]
+    max_total_queue_bytes: Option<NonZeroU64>,
+
     /// Seconds an attached device may send no line before it is closed [default: 90]
     #[arg(long, env = "COURIER_RELAY_GATEWAY_IDLE_TIMEOUT_SECS", value_name = "N", value_parser = positive::<NonZeroU64>, help_heading = "Limits")]
     idle_timeout_secs: Option<NonZeroU64>,
@@ -99,6 +104,7 @@ impl GatewaySettings {
                 .max_connections_per_source
                 .or(file.max_connections_per_source),
             max_queue_bytes: self.max_queue_bytes.or(file.max_queue_bytes),
+            max_total_queue_bytes: self.max_total_queue_bytes.or(file.max_total_queue_bytes),
             idle_timeout_secs: self.idle_timeout_secs.or(file.idle_timeout_secs),
             rate_burst: self.rate_burst.or(file.rate_burst),
             rate_per_sec: self.rate_per_sec.or(file.rate_per_sec),
@@ -136,6 +142,9 @@ impl GatewaySettings {
         }
         if let Some(max) = self.max_queue_bytes {
             config.max_queue_bytes = usize::try_from(max.get()).unwrap_or(usize::MAX);
+        }
+        if let Some(max) = self.max_total_queue_bytes {
+            config.max_total_queue_bytes = usize::try_from(max.get()).unwrap_or(usize::MAX);
         }
         if let Some(secs) = self.idle_timeout_secs {
             config.idle_timeout = Duration::from_secs(secs.get());

@@ -308,12 +308,14 @@ fn gateway_limits_and_access() {
         "gateway",
         "--max-connections-per-source=5",
         "--max-queue-bytes=2097152",
+        "--max-total-queue-bytes=4194304",
         "--idle-timeout-secs=30",
         "--rate-burst=7",
         "--rate-per-sec=3",
     ]);
     assert_eq!(limits.config.max_connections_per_source, 5);
     assert_eq!(limits.config.max_queue_bytes, 2_097_152);
+    assert_eq!(limits.config.max_total_queue_bytes, 4_194_304);
     assert_eq!(
         limits.config.idle_timeout,
         std::time::Duration::from_secs(30)
@@ -368,7 +370,7 @@ fn gateway_limits_and_access() {
         ),
         (
             &["gateway", "--max-queue-bytes=1000"],
-            "max_queue_bytes must be at least",
+            "max_queue_bytes and max_total_queue_bytes must be at least",
         ),
         (&["gateway", "--idle-timeout-secs=0"], "positive integer"),
     ] {

@@ -24,7 +24,7 @@ use courier_proto::Address;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use self::outbox::OutboxTx;
+use self::outbox::{Bytes, OutboxTx};
 use self::sources::Sources;
 use crate::accept::{accept_loop, listen, Serving};
 use crate::metrics::AcceptCounters;
@@ -71,6 +71,9 @@ impl Default for GatewayDaemonTimings {
 /// Bytes queued for one bound connection at most unless configured otherwise.
 pub const DEFAULT_MAX_QUEUE_BYTES: usize = 8 * 1024 * 1024;
 
+/// Bytes queued for every bound connection together at most unless configured otherwise.
+pub const DEFAULT_MAX_TOTAL_QUEUE_BYTES: usize = 512 * 1024 * 1024;
+
 /// How long a bound connection may go without sending a line unless configured otherwise.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -93,6 +96,9 @@ pub struct GatewayConfig {
     /// Bytes of lines queued for one bound connection; a send that would pass it is answered
     /// unreachable. At least one line's worth (1 MiB).
     pub max_queue_bytes: usize,
+    /// Bytes of lines queued for every bound connection together: what the queues can hold
+    /// however many recipients read slowly at once. At least one line's worth (1 MiB).
+    pub max_total_queue_bytes: usize,
     /// A bound connection that sends no line for this long is closed.
     pub idle_timeout: Duration,
     /// `SendMessage` lines one bound connection may send; the excess is answered `RateLimited`.
@@ -110,6 +116,7 @@ impl GatewayConfig {
             max_connections: crate::accept::DEFAULT_MAX_CONNECTIONS,
             max_connections_per_source: DEFAULT_MAX_CONNECTIONS_PER_SOURCE,
             max_queue_bytes: DEFAULT_MAX_QUEUE_BYTES,
+            max_total_queue_bytes: DEFAULT_MAX_TOTAL_QUEUE_BYTES,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             send_rate: DEFAULT_SEND_RATE,
             access: GatewayAccess::default(),
@@ -122,9 +129,9 @@ impl GatewayConfig {
         if self.max_connections == 0 || self.max_connections_per_source == 0 {
             return Err("max_connections and max_connections_per_source must be at least 1".into());
         }
-        if self.max_queue_bytes < MAX_LINE_BYTES {
+        if self.max_queue_bytes.min(self.max_total_queue_bytes) < MAX_LINE_BYTES {
             return Err(format!(
-                "max_queue_bytes must be at least {MAX_LINE_BYTES} (one line)"
+                "max_queue_bytes and max_total_queue_bytes must be at least {MAX_LINE_BYTES} (one line)"
             ));
         }
         if self.idle_timeout.is_zero() {
@@ -159,6 +166,8 @@ pub(crate) enum Undelivered {
 pub(crate) struct Shared {
     pub timings: GatewayDaemonTimings,
     pub max_queue_bytes: usize,
+    /// Every bound connection's queued bytes together.
+    pub queue_budget: Arc<Bytes>,
     pub idle_timeout: Duration,
     pub send_rate: RateLimit,
     pub access: GatewayAccess,
@@ -264,6 +273,7 @@ pub async fn start_gateway(config: GatewayConfig) -> Result<GatewayHandle, Relay
     let shared = Arc::new(Shared {
         timings: config.timings,
         max_queue_bytes: config.max_queue_bytes,
+        queue_budget: Arc::new(Bytes::new(config.max_total_queue_bytes)),
         idle_timeout: config.idle_timeout,
         send_rate: config.send_rate,
         access: config.access.clone(),
