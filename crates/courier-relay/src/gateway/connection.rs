@@ -52,10 +52,7 @@ struct Conn {
 pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, remote: SocketAddr, _slot: SourceSlot) {
     let id = shared.next_connection_id();
     let (mut read, write) = tcp.into_split();
-    let (queue, mut inbox) = outbox(
-        shared.max_queue_bytes,
-        std::sync::Arc::clone(&shared.queue_budget),
-    );
+    let (queue, mut inbox) = outbox(shared.max_queue_bytes, Arc::clone(&shared.queue_budget));
     let mut shutdown = shared.shutdown.clone();
     let mut conn = Conn {
         deadline: Instant::now() + shared.timings.identify_deadline,

@@ -11,7 +11,7 @@
 //!
 //! Anyone who can reach the port may try to attach, so every resource a connection holds is
 //! bounded (`docs/operating-the-relay.md#the-gateway`): connections per source, queued bytes per
-//! recipient, sends per second, and time without a line once bound.
+//! recipient and in all, sends per second, and time without a line once bound.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
