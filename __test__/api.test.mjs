@@ -258,6 +258,11 @@ test('Relay.start and Gateway.start options are validated natively, naming the p
     [{ Listen: '127.0.0.1:0' }, /^Listen is not a known option \(did you mean listen\?\)$/],
     [{ listen: 4242 }, /^listen must be a string$/],
     [{ listen: 'localhost' }, /^listen must be an address like 127\.0\.0\.1:0/],
+    [{ requireToken: 'short' }, /^requireToken must hold at least 16 bytes$/],
+    [{ requireToken: 'a-token-long-enough', allowPublicWithoutToken: true }, /^allowPublicWithoutToken cannot be combined with requireToken$/],
+    [{ maxQueueBytes: 0 }, /^maxQueueBytes must be a positive integer$/],
+    [{ idleTimeoutMs: 1.5 }, /^idleTimeoutMs must be a positive integer$/],
+    [{ rateLimit: { burst: 0 } }, /^rateLimit\.burst must be a positive integer$/],
   ]) {
     await rejectsCode(Gateway.start(options), 'ERR_CONFIG', pattern)
   }
@@ -279,6 +284,19 @@ test('Relay.start and Gateway.start options are validated natively, naming the p
   // Valid options, but the address is taken: the server cannot start.
   await rejectsCode(Relay.start({ ...base, listen: `127.0.0.1:${relay.port}` }), 'ERR_RELAY')
   await rejectsCode(Gateway.start({ listen: gateway.address }), 'ERR_RELAY')
+  // Beyond loopback only with a token or the explicit opt-out; a queue under one line is refused.
+  await rejectsCode(Gateway.start({ listen: '0.0.0.0:0' }), 'ERR_RELAY')
+  await rejectsCode(Gateway.start({ maxQueueBytes: 1024 }), 'ERR_RELAY')
+  const guarded = await Gateway.start({
+    requireToken: 'a-token-long-enough',
+    maxConnections: 10,
+    maxConnectionsPerSource: 2,
+    maxQueueBytes: 2 ** 21,
+    idleTimeoutMs: 5000,
+    rateLimit: { burst: 5, perSec: 1 },
+  })
+  t.after(() => guarded.stop())
+  assert.match(guarded.address, /^127\.0\.0\.1:\d+$/)
 })
 
 test('plaintext mode is warned about once per process, however many devices use it', () => {

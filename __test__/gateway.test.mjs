@@ -56,6 +56,28 @@ test('two devices attached to one gateway deliver both ways', async (t) => {
   )
 })
 
+test('a gateway that requires a token attaches the devices that carry it, and refuses the others', async (t) => {
+  const dir = tempDir(t)
+  const token = 'a-shared-gateway-token'
+  const gateway = await Gateway.start({ requireToken: token })
+  t.after(() => gateway.stop())
+  const withToken = (name) => {
+    const config = gatewayConfig(name, dir, gateway.address)
+    config.transports.gateway.token = token
+    return config
+  }
+  const alice = await started(t, withToken('alice'), { connect: false })
+  const bob = await started(t, withToken('bob'), { connect: false })
+  await waitFor(alice.recorder, attached, { what: 'alice attached' })
+  await waitFor(bob.recorder, attached, { what: 'bob attached' })
+  await exchange(alice, bob, 'with the token')
+
+  const eve = await started(t, gatewayConfig('eve', dir, gateway.address), { connect: false })
+  const refused = await waitFor(eve.recorder, (e) => e.type === 'security_warning', { what: 'the refusal' })
+  assert.equal(refused.reasonCode, 'GATEWAY_ADDRESS_DECLARATION_REFUSED')
+  assert.equal(gateway.boundAddresses(), 2)
+})
+
 test('a gateway that goes away: sends wait, and the carrier attaches again when it is back', async (t) => {
   const dir = tempDir(t)
   const first = await Gateway.start()

@@ -218,6 +218,13 @@ export interface ProtocolConfig {
     gateway?: {
       /** `host:port` of the daemon. Default `'localhost:4242'`. A host other than loopback is accepted with a warning. */
       address?: string
+      /**
+       * The attach token of a gateway started with `--require-token-file` (or `requireToken`),
+       * sent in every `Identify`. A gateway that refuses it raises `security_warning`
+       * `GATEWAY_ADDRESS_DECLARATION_REFUSED`. The link is plaintext: the token is readable by
+       * anyone on the path to a non-loopback gateway.
+       */
+      token?: string
     }
   }
   reliability?: {
@@ -944,8 +951,27 @@ export const Relay: {
 
 /** The options of `Gateway.start`. */
 export interface GatewayOptions {
-  /** Address to listen on. Default `'127.0.0.1:0'` (an ephemeral port). */
+  /**
+   * Address to listen on. Default `'127.0.0.1:0'` (an ephemeral port). Beyond loopback only with
+   * `requireToken` or `allowPublicWithoutToken`; otherwise `start` rejects.
+   */
   listen?: string
+  /** The token every device must present in `Identify` (`transports.gateway.token`), at least 16 bytes. Default none. */
+  requireToken?: string
+  /** Listen beyond loopback without a token: anyone who can reach the port may attach. Default `false`. */
+  allowPublicWithoutToken?: boolean
+  /** Connections served at once; more are closed at accept. Default 16384. */
+  maxConnections?: number
+  /** Connections from one IPv4 address or IPv6 /64 served at once; more are closed at accept. Default 64. */
+  maxConnectionsPerSource?: number
+  /** Bytes queued for one attached device, at least 1048576; a send past it is answered unreachable. Default 8388608. */
+  maxQueueBytes?: number
+  /** Bytes queued for every attached device together, at least 1048576; a send past it is answered unreachable. Default 536870912. */
+  maxTotalQueueBytes?: number
+  /** An attached device that sends no line for this long is closed. Default 90000. */
+  idleTimeoutMs?: number
+  /** `SendMessage` token bucket per attached device; the excess is answered `RateLimited`. Default 200 burst, 100 / s. */
+  rateLimit?: { burst?: number; perSec?: number }
 }
 
 /** A running gateway daemon (`Gateway.start`). */

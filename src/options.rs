@@ -5,6 +5,9 @@
 use std::net::SocketAddr;
 
 use courier_client::config::{storage_section, ConfigError, Section, StorageConfig};
+use std::time::Duration;
+
+use courier_relay::gateway::{GatewayAccess, GatewayToken};
 use courier_relay::{GatewayConfig, MailboxLimits, RateLimit, RelayConfig, Storage, TlsConfig};
 use serde_json::Value;
 
@@ -100,11 +103,67 @@ fn mailbox(root: &Section<'_>) -> Result<Option<MailboxLimits>, ConfigError> {
     }))
 }
 
-/// `options`: the `GatewayOptions` object as JSON text.
+const GATEWAY_KEYS: &[&str] = &[
+    "listen",
+    "requireToken",
+    "allowPublicWithoutToken",
+    "maxConnections",
+    "maxConnectionsPerSource",
+    "maxQueueBytes",
+    "maxTotalQueueBytes",
+    "idleTimeoutMs",
+    "rateLimit",
+];
+
+/// `options`: the `GatewayOptions` object as JSON text. Limits the gateway cannot run with
+/// (a queue or the queues' budget under one line, a listen address beyond loopback without a token) are refused by
+/// `Gateway.start` itself.
 pub fn gateway_config(options: &str) -> Result<GatewayConfig, ConfigError> {
     let options = parse(options)?;
-    let root = Section::root(&options, "options", &["listen"])?;
-    Ok(GatewayConfig::new(listen(&root)?))
+    let root = Section::root(&options, "options", GATEWAY_KEYS)?;
+    let mut config = GatewayConfig::new(listen(&root)?);
+    let public = root.bool("allowPublicWithoutToken")?.unwrap_or(false);
+    config.access = match (root.string("requireToken")?, public) {
+        (Some(_), true) => {
+            return Err(root.error(
+                "allowPublicWithoutToken",
+                "cannot be combined with requireToken",
+            ))
+        }
+        (Some(token), false) => GatewayAccess::Token(
+            GatewayToken::new(token).map_err(|e| root.error("requireToken", e))?,
+        ),
+        (None, true) => GatewayAccess::Public,
+        (None, false) => GatewayAccess::Loopback,
+    };
+    let count = |key| root.positive_int(key, u64::from(u32::MAX));
+    if let Some(max) = count("maxConnections")? {
+        config.max_connections = max as usize;
+    }
+    if let Some(max) = count("maxConnectionsPerSource")? {
+        config.max_connections_per_source = max as usize;
+    }
+    if let Some(max) = root.positive_int("maxQueueBytes", u64::from(u32::MAX))? {
+        config.max_queue_bytes = max as usize;
+    }
+    if let Some(max) = root.positive_int("maxTotalQueueBytes", u64::from(u32::MAX))? {
+        config.max_total_queue_bytes = max as usize;
+    }
+    if let Some(ms) = root.positive_int("idleTimeoutMs", u64::from(u32::MAX))? {
+        config.idle_timeout = Duration::from_millis(ms);
+    }
+    if let Some(rate) = root.section("rateLimit", &["burst", "perSec"])? {
+        let per_connection = |key| {
+            rate.positive_int(key, u64::from(u32::MAX))
+                .map(|v| v.map(|v| v as u32))
+        };
+        let default = config.send_rate;
+        config.send_rate = RateLimit {
+            burst: per_connection("burst")?.unwrap_or(default.burst),
+            per_sec: per_connection("perSec")?.unwrap_or(default.per_sec),
+        };
+    }
+    Ok(config)
 }
 
 /// Options objects cross as JSON text, like `Protocol`'s config.

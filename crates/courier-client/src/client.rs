@@ -222,6 +222,7 @@ impl Client {
             let settings = GatewaySettings {
                 address: gateway.address.clone(),
                 identity: identity.clone(),
+                token: gateway.token.clone(),
                 timings: gateway.timings,
             };
             let task = runtime.spawn(gateway::run(settings, rx, driver_tx.clone()));

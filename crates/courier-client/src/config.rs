@@ -135,9 +135,33 @@ impl std::fmt::Debug for InternetConfig {
 pub struct GatewayConfig {
     /// `host:port` of the gateway daemon.
     pub address: String,
+    /// `transports.gateway.token`: the attach token a gateway started with
+    /// `--require-token-file` asks for.
+    pub token: Option<GatewayToken>,
     /// The clocks of `docs/protocol.md#gateway-client` in production; tests shorten them.
     #[doc(hidden)]
     pub timings: GatewayClientTimings,
+}
+
+/// A gateway's attach token: a shared secret, so never in logs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct GatewayToken(String);
+
+impl GatewayToken {
+    pub fn new(token: impl Into<String>) -> Self {
+        Self(token.into())
+    }
+
+    /// The token as `Identify.token` carries it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for GatewayToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GatewayToken(<redacted>)")
+    }
 }
 
 /// Where a gateway daemon listens when `transports.gateway` names no address
@@ -458,7 +482,7 @@ fn parse_gateway(
     transports: &Section<'_>,
     warnings: &mut Vec<String>,
 ) -> Result<Option<GatewayConfig>, ConfigError> {
-    let Some(gateway) = transports.section("gateway", &["address"])? else {
+    let Some(gateway) = transports.section("gateway", &["address", "token"])? else {
         return Ok(None);
     };
     let address = gateway
@@ -472,8 +496,16 @@ fn parse_gateway(
                 .to_owned(),
         );
     }
+    let token = match gateway.get("token") {
+        None => None,
+        Some(serde_json::Value::String(token)) if !token.trim().is_empty() => {
+            Some(GatewayToken::new(token.trim()))
+        }
+        Some(_) => return Err(gateway.error("token", "must be a non-empty string")),
+    };
     Ok(Some(GatewayConfig {
         address: address.to_owned(),
+        token,
         timings: GatewayClientTimings::default(),
     }))
 }
@@ -662,7 +694,24 @@ mod tests {
         let gateway = config.gateway.unwrap();
         assert_eq!(gateway.address, DEFAULT_GATEWAY_ADDRESS);
         assert_eq!(gateway.timings, GatewayClientTimings::default());
+        assert_eq!(gateway.token, None);
         assert!(config.warnings.is_empty());
+
+        let guarded = parse(serde_json::json!({ "token": " s3cret-token\n" })).unwrap();
+        let token = guarded.gateway.unwrap().token.unwrap();
+        assert_eq!(token.expose(), "s3cret-token");
+        assert_eq!(format!("{token:?}"), "GatewayToken(<redacted>)");
+        for bad in [
+            serde_json::json!(""),
+            serde_json::json!("  "),
+            serde_json::json!(7),
+        ] {
+            let err = parse(serde_json::json!({ "token": bad })).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                "transports.gateway.token must be a non-empty string"
+            );
+        }
         assert!(config.internet.is_none());
 
         let remote = parse(serde_json::json!({ "address": "gw.example.org:4242" })).unwrap();

@@ -9,15 +9,24 @@ use courier_client::client::{Client, SendInput};
 use courier_client::config::parse_protocol_config;
 use courier_client::event::ClientEvent;
 use courier_engine::Event;
+use courier_relay::gateway::{GatewayAccess, GatewayToken};
 use courier_relay::{start_gateway, GatewayConfig};
 use serde_json::json;
 
 async fn attached_client(address: &str, name: &str) -> (Client, mpsc::Receiver<ClientEvent>) {
+    attached_client_with(json!({ "address": address }), name).await
+}
+
+/// A client configured with `gateway` as `transports.gateway`, once it is attached.
+async fn attached_client_with(
+    gateway: serde_json::Value,
+    name: &str,
+) -> (Client, mpsc::Receiver<ClientEvent>) {
     let config = parse_protocol_config(&json!({
         "appId": "gateway-e2e",
         "encryption": { "enabled": false },
         "storage": { "memory": true },
-        "transports": { "gateway": { "address": address } },
+        "transports": { "gateway": gateway },
     }))
     .unwrap();
     let (client, events) = support::start(&config);
@@ -97,4 +106,37 @@ async fn two_clients_on_one_gateway_deliver_both_ways() {
             .collect();
         assert!(warned.is_empty(), "{warned:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_carrying_the_gateway_token_attach_and_deliver() {
+    const TOKEN: &str = "a-shared-gateway-token";
+    let mut config = GatewayConfig::new("127.0.0.1:0".parse().unwrap());
+    config.access = GatewayAccess::Token(GatewayToken::new(TOKEN).unwrap());
+    let gateway = start_gateway(config).await.unwrap();
+    let address = gateway.local_addr().to_string();
+    let transport = json!({ "address": address, "token": TOKEN });
+    let (alice, alice_events) = attached_client_with(transport.clone(), "alice").await;
+    let (bob, bob_events) = attached_client_with(transport, "bob").await;
+    exchange((&alice, &alice_events), (&bob, &bob_events), "with a token").await;
+
+    // Without it, the gateway refuses the attach and the client says so.
+    let config = parse_protocol_config(&json!({
+        "appId": "gateway-e2e",
+        "encryption": { "enabled": false },
+        "storage": { "memory": true },
+        "transports": { "gateway": { "address": address } },
+    }))
+    .unwrap();
+    let (eve, eve_events) = support::start(&config);
+    support::wait_for(&eve_events, "the refusal", |e| {
+        support::warning(e)
+            .is_some_and(|(_, code, _)| code == "GATEWAY_ADDRESS_DECLARATION_REFUSED")
+    })
+    .await;
+    assert_eq!(eve.stats().carriers_up, 0);
+    eve.stop().await;
+    alice.stop().await;
+    bob.stop().await;
+    gateway.stop().await;
 }

@@ -48,6 +48,7 @@ fn config(address: &str) -> ProtocolConfig {
             min: Duration::from_millis(20),
             max: Duration::from_millis(100),
         },
+        ..GatewayClientTimings::default()
     };
     config
 }
@@ -544,4 +545,68 @@ async fn a_flood_of_messages_is_read_no_faster_than_the_app_takes_it() {
     );
     client.stop().await;
     drain.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_gateway_link_is_kept_alive_with_pings() {
+    let gateway = FakeGateway::bind().await;
+    let mut config = config(&gateway.address);
+    config.gateway.as_mut().unwrap().timings.keepalive = Duration::from_millis(100);
+    let (client, events) = support::start(&config);
+    let own = client.local_address().to_owned();
+    let mut peer = gateway.accept().await;
+    peer.attach(&own).await;
+    // Nothing to send: the link still writes a line every keepalive interval, so a gateway's
+    // idle timeout never closes it.
+    for _ in 0..3 {
+        assert_eq!(peer.recv().await, json!({"type": "Ping"}));
+    }
+    stop(client, events).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_refused_before_the_challenge_is_reported_and_closed() {
+    let gateway = FakeGateway::bind().await;
+    let mut config = config(&gateway.address);
+    config.gateway.as_mut().unwrap().token =
+        Some(courier_client::config::GatewayToken::new("the-token"));
+    let (client, events) = support::start(&config);
+    let own = client.local_address().to_owned();
+    let mut peer = gateway.accept().await;
+    assert_eq!(
+        peer.recv().await,
+        json!({"type": "Identify", "device_id": own, "protocol_version": 1, "token": "the-token"})
+    );
+    peer.send(json!({"type": "AddressError", "reason": "bad_token"}))
+        .await;
+    peer.expect_closed().await;
+    let _next = gateway.accept().await;
+    let events = stop(client, events).await;
+    let warned: Vec<(String, &str)> = warnings(&events)
+        .into_iter()
+        .map(|(peer, code, _)| (peer, code))
+        .collect();
+    assert_eq!(warned, vec![(own, "GATEWAY_ADDRESS_DECLARATION_REFUSED")]);
+    assert!(!events.iter().any(attached));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_send_fails_at_once_instead_of_waiting_out_the_answer_deadline() {
+    let gateway = FakeGateway::bind().await;
+    let (client, events) = support::start(&config(&gateway.address));
+    let own = client.local_address().to_owned();
+    let mut peer = gateway.accept().await;
+    peer.attach(&own).await;
+    support::wait_for(&events, "attached", attached).await;
+    let id = client.send(to_bob("too fast")).await.unwrap();
+    let send = peer.recv().await;
+    assert_eq!(send["message_id"], json!(id));
+    peer.send(json!({"type": "RateLimited", "retry_after_ms": 10, "frame_type": "SendMessage", "message_id": id}))
+        .await;
+    // Deferred within the test's deadline, well before the 15 s answer deadline would fail it.
+    support::wait_for(&events, "the send deferred", |e| {
+        matches!(e.engine(), Some(Event::MessageDeferred { message_id, .. }) if *message_id == id)
+    })
+    .await;
+    stop(client, events).await;
 }

@@ -9,7 +9,8 @@ use std::time::Duration;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use courier_proto::{gateway_declaration, IdentityKey};
-use courier_relay::{start_gateway, GatewayConfig, GatewayDaemonTimings, GatewayHandle};
+use courier_relay::gateway::{GatewayAccess, GatewayToken};
+use courier_relay::{start_gateway, GatewayConfig, GatewayHandle, RateLimit, RelayError};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -33,10 +34,10 @@ fn k2() -> IdentityKey {
     IdentityKey::from_seed([42; 32])
 }
 
-async fn gateway_with(adjust: impl FnOnce(&mut GatewayDaemonTimings)) -> GatewayHandle {
+async fn gateway_with(adjust: impl FnOnce(&mut GatewayConfig)) -> GatewayHandle {
     let mut config = GatewayConfig::new("127.0.0.1:0".parse().unwrap());
-    adjust(&mut config.timings);
     config.timings.close_linger = Duration::from_millis(200);
+    adjust(&mut config);
     start_gateway(config).await.expect("gateway starts")
 }
 
@@ -260,25 +261,8 @@ async fn refused_declarations_get_address_error_then_close() {
 }
 
 #[tokio::test]
-async fn an_accepted_challenge_is_never_accepted_again() {
-    // The test hook hands every connection the same challenge, which a real gateway never does.
-    let fixed = [9u8; 32];
-    let gateway = gateway_with(|t| t.fixed_challenge = Some(fixed)).await;
-    let mut first = Device::connect(&gateway).await;
-    assert_eq!(first.identify(K1_ADDRESS).await, fixed);
-    let proof = declaration(&k1(), &fixed);
-    first.send(proof.clone()).await;
-    assert_eq!(first.recv().await["type"], "AddressDeclared");
-
-    let mut replay = Device::connect(&gateway).await;
-    assert_eq!(replay.identify(K1_ADDRESS).await, fixed);
-    refused(&mut replay, proof, "challenge_reused").await;
-    gateway.stop().await;
-}
-
-#[tokio::test]
 async fn a_silent_device_is_closed_after_the_declare_deadline() {
-    let gateway = gateway_with(|t| t.declare_deadline = Duration::from_millis(300)).await;
+    let gateway = gateway_with(|c| c.timings.declare_deadline = Duration::from_millis(300)).await;
     let mut device = Device::connect(&gateway).await;
     let _ = device.identify(K1_ADDRESS).await;
     // Unknown types do not count as the declaration: the deadline still closes it.
@@ -287,7 +271,7 @@ async fn a_silent_device_is_closed_after_the_declare_deadline() {
     gateway.stop().await;
 
     // Nor is a connection that never identifies kept forever.
-    let gateway = gateway_with(|t| t.identify_deadline = Duration::from_millis(300)).await;
+    let gateway = gateway_with(|c| c.timings.identify_deadline = Duration::from_millis(300)).await;
     let mut device = Device::connect(&gateway).await;
     device.expect_closed().await;
     gateway.stop().await;
@@ -608,4 +592,293 @@ async fn mistyped_fields_never_break_the_gateway() {
 
 fn two_address() -> String {
     k2().address().to_string()
+}
+
+/// The next line, or `None` when the gateway closed first; either within the deadline.
+async fn line_or_close(device: &mut Device) -> Option<Value> {
+    let mut line = String::new();
+    match tokio::time::timeout(DEADLINE, device.reader.read_line(&mut line))
+        .await
+        .expect("a line or a close within the deadline")
+    {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(serde_json::from_str(&line).expect("one JSON object per line")),
+    }
+}
+
+#[tokio::test]
+async fn a_recipient_that_never_reads_cannot_grow_the_gateway_queue_past_its_byte_bound() {
+    const MIB: usize = 1024 * 1024;
+    let gateway = gateway_with(|c| {
+        c.max_queue_bytes = MIB;
+        // The recipient's socket stays stuck longer than the test takes.
+        c.timings.write_timeout = Duration::from_secs(60);
+    })
+    .await;
+    let (k1, k2) = (k1(), k2());
+    let mut sender = Device::attach(&gateway, &k1).await;
+    // Attached, then reads nothing: the kernel's buffers fill, then the gateway's queue.
+    let mut stuck = Device::attach(&gateway, &k2).await;
+    let a2 = k2.address().to_string();
+    let content = "x".repeat(MIB / 4);
+    // 200 lines of 256 KiB: far past any socket buffer, and within the 1024-line bound.
+    let mut live = 0;
+    let mut refused = None;
+    for i in 0..200 {
+        sender.send_message(&a2, &content, &format!("m{i}")).await;
+        let answer = sender.recv().await;
+        if answer["type"] == "MessageSent" {
+            live += 1;
+            continue;
+        }
+        assert_eq!(
+            answer,
+            json!({
+                "type": "DeliveryError",
+                "message_id": format!("m{i}"),
+                "recipient": a2,
+                "reason": "recipient_unreachable: offline_no_mailbox",
+            })
+        );
+        refused = Some(i);
+        break;
+    }
+    let refused = refused.expect("a send past the byte bound is answered unreachable");
+    assert_eq!(live, refused);
+    // Nothing past the bound was kept: the recipient gets exactly the sends answered live.
+    for i in 0..live {
+        let received = stuck.recv().await;
+        assert_eq!(received["message_id"], format!("m{i}"));
+    }
+    sender.send_message(&a2, "after", "m-after").await;
+    assert_eq!(sender.recv().await["type"], "MessageSent");
+    assert_eq!(stuck.recv().await["message_id"], "m-after");
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn an_attached_device_that_sends_nothing_is_closed_after_the_idle_timeout() {
+    let idle = Duration::from_millis(600);
+    let gateway = gateway_with(|c| c.idle_timeout = idle).await;
+    let mut silent = Device::attach(&gateway, &k1()).await;
+    silent.expect_closed().await;
+
+    // A device that keeps its link up with Ping lines outlives several idle timeouts.
+    let mut pinging = Device::attach(&gateway, &k2()).await;
+    for _ in 0..12 {
+        tokio::time::sleep(idle / 6).await;
+        pinging.send(json!({"type": "Ping"})).await;
+    }
+    pinging.send_message(K1_ADDRESS, "x", "m-alive").await;
+    assert_eq!(pinging.recv().await["type"], "DeliveryError");
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn one_source_cannot_hold_more_connections_than_its_cap() {
+    let gateway = gateway_with(|c| c.max_connections_per_source = 2).await;
+    let first = Device::attach(&gateway, &k1()).await;
+    let mut second = Device::connect(&gateway).await;
+    let _ = second.identify(&two_address()).await;
+
+    let identify = json!({"type": "Identify", "device_id": K1_ADDRESS, "protocol_version": 1});
+    let mut third = Device::connect(&gateway).await;
+    third.send(identify.clone()).await;
+    third.expect_closed().await;
+
+    // Once one of them is gone, the source may connect again.
+    drop(first);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let mut again = Device::connect(&gateway).await;
+        again.send(identify.clone()).await;
+        if let Some(line) = line_or_close(&mut again).await {
+            let _ = challenge_of(&line);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a freed slot is given back"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_device_flooding_sends_is_rate_limited() {
+    let gateway = gateway_with(|c| {
+        c.send_rate = RateLimit {
+            burst: 3,
+            per_sec: 1,
+        }
+    })
+    .await;
+    let mut one = Device::attach(&gateway, &k1()).await;
+    let mut two = Device::attach(&gateway, &k2()).await;
+    for i in 0..5 {
+        one.send_message(&two_address(), "x", &format!("m{i}"))
+            .await;
+    }
+    for i in 0..3 {
+        let answer = one.recv().await;
+        assert_eq!(answer["type"], "MessageSent", "{answer}");
+        assert_eq!(answer["message_id"], format!("m{i}"));
+        assert_eq!(two.recv().await["message_id"], format!("m{i}"));
+    }
+    for i in 3..5 {
+        let answer = one.recv().await;
+        assert_eq!(answer["type"], "RateLimited", "{answer}");
+        assert_eq!(answer["frame_type"], "SendMessage");
+        assert_eq!(answer["message_id"], format!("m{i}"));
+        assert!(answer["retry_after_ms"].as_u64().unwrap() >= 1);
+    }
+    // The refused sends never reached the recipient.
+    two.send_message(K1_ADDRESS, "back", "m-back").await;
+    assert_eq!(two.recv().await["type"], "MessageSent");
+    gateway.stop().await;
+}
+
+const TOKEN: &str = "a-gateway-token-of-some-length";
+
+#[tokio::test]
+async fn a_device_without_the_gateway_token_cannot_attach() {
+    let gateway = gateway_with(|c| {
+        c.access = GatewayAccess::Token(GatewayToken::new(TOKEN).unwrap());
+    })
+    .await;
+    let identify = |token: Option<&str>| {
+        let mut frame = json!({"type": "Identify", "device_id": K1_ADDRESS, "protocol_version": 1});
+        if let Some(token) = token {
+            frame["token"] = json!(token);
+        }
+        frame
+    };
+    for (token, reason) in [
+        (None, "token_required"),
+        (Some("a-gateway-token-of-some-lengtH"), "bad_token"),
+        (Some(""), "bad_token"),
+    ] {
+        let mut device = Device::connect(&gateway).await;
+        refused(&mut device, identify(token), reason).await;
+    }
+    let mut device = Device::connect(&gateway).await;
+    device.send(identify(Some(TOKEN))).await;
+    let challenge = challenge_of(&device.recv().await);
+    assert_eq!(
+        device.declare(&k1(), &challenge).await,
+        json!({"type": "AddressDeclared", "address": K1_ADDRESS})
+    );
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_gateway_without_a_token_refuses_to_listen_beyond_loopback() {
+    for listen in ["0.0.0.0:0", "[::]:0"] {
+        let config = GatewayConfig::new(listen.parse().unwrap());
+        match start_gateway(config).await {
+            Err(RelayError::Config(message)) => {
+                assert!(message.contains("--require-token-file"), "{message}")
+            }
+            Err(other) => panic!("{listen}: {other}"),
+            Ok(handle) => {
+                handle.stop().await;
+                panic!("{listen}: an open gateway listened beyond loopback");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_browser_request_carrying_an_identify_is_closed_before_identify() {
+    let gateway = gateway().await;
+    let identify =
+        json!({"type": "Identify", "device_id": K1_ADDRESS, "protocol_version": 1}).to_string();
+    for request_line in [
+        "POST /attach HTTP/1.1",
+        "GET /?x HTTP/1.1",
+        "PUT / HTTP/1.1",
+    ] {
+        let mut device = Device::connect(&gateway).await;
+        let request = format!(
+            "{request_line}\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n\
+             Content-Length: {}\r\n\r\n{identify}\n",
+            identify.len() + 1
+        );
+        device.send_raw(request.as_bytes()).await;
+        device.expect_closed().await;
+    }
+    // A device that sent its Identify first is past the check.
+    let mut device = Device::connect(&gateway).await;
+    let challenge = device.identify(K1_ADDRESS).await;
+    device.send_raw(b"GET / HTTP/1.1\r\n").await;
+    assert_eq!(
+        device.declare(&k1(), &challenge).await["type"],
+        "AddressDeclared"
+    );
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn attach_churn_leaves_no_challenge_behind_and_a_replayed_proof_still_fails() {
+    let gateway = gateway().await;
+    // A proof made on a connection that bound and went away.
+    let mut first = Device::connect(&gateway).await;
+    let old = first.identify(K1_ADDRESS).await;
+    assert_eq!(first.declare(&k1(), &old).await["type"], "AddressDeclared");
+    drop(first);
+    // Churn: attaches that come and go hold nothing once closed.
+    for _ in 0..50 {
+        drop(Device::attach(&gateway, &k2()).await);
+    }
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while gateway.bound_addresses() != 0 {
+        assert!(tokio::time::Instant::now() < deadline, "unbind on close");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Replayed on a later connection, the old proof meets a fresh challenge.
+    let mut replay = Device::connect(&gateway).await;
+    assert_ne!(replay.identify(K1_ADDRESS).await, old);
+    refused(&mut replay, declaration(&k1(), &old), "bad_signature").await;
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn recipients_that_never_read_cannot_together_pass_the_gateway_wide_byte_budget() {
+    const MIB: usize = 1024 * 1024;
+    let gateway = gateway_with(|c| {
+        c.max_total_queue_bytes = MIB;
+        c.timings.write_timeout = Duration::from_secs(60);
+    })
+    .await;
+    let mut sender = Device::attach(&gateway, &k1()).await;
+    let stuck = Device::attach(&gateway, &k2()).await;
+    let third = IdentityKey::from_seed([3; 32]);
+    let mut other = Device::attach(&gateway, &third).await;
+    let content = "x".repeat(MIB / 4);
+    // Fill the budget through the one recipient that reads nothing.
+    let mut filled = false;
+    for i in 0..200 {
+        sender
+            .send_message(&two_address(), &content, &format!("m{i}"))
+            .await;
+        if sender.recv().await["type"] == "DeliveryError" {
+            filled = true;
+            break;
+        }
+    }
+    assert!(filled, "the budget runs out");
+    // Another recipient, with nothing queued of its own, gets no room past the budget either.
+    let a3 = third.address().to_string();
+    sender.send_message(&a3, &content, "m-other").await;
+    assert_eq!(
+        sender.recv().await["reason"],
+        "recipient_unreachable: offline_no_mailbox"
+    );
+    // Small lines still fit in what the budget has left.
+    sender.send_message(&a3, "small", "m-small").await;
+    assert_eq!(sender.recv().await["type"], "MessageSent");
+    assert_eq!(other.recv().await["message_id"], "m-small");
+    drop(stuck);
+    gateway.stop().await;
 }

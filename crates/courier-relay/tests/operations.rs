@@ -479,6 +479,30 @@ fn the_gateway_reads_its_environment_and_config_file() {
     );
 }
 
+#[test]
+fn the_gateway_binary_refuses_to_listen_beyond_loopback_without_a_token() {
+    let mut open = courier_relay();
+    open.args(["gateway", "--listen", "0.0.0.0:0"]);
+    let message = usage_error(open);
+    assert!(
+        message.contains("refusing to listen on 0.0.0.0:0 without an attach token"),
+        "{message}"
+    );
+    // The token from the environment is enough (loopback here: tests listen nowhere else).
+    let files = Files::new();
+    let token = files.write("gateway-token", "a-gateway-token-from-a-file\n");
+    let mut command = courier_relay();
+    command
+        .args(["gateway", "--listen", "127.0.0.1:0"])
+        .env("COURIER_RELAY_GATEWAY_REQUIRE_TOKEN_FILE", &token);
+    let gateway = Running::start(command);
+    assert!(gateway
+        .stdout_line()
+        .starts_with("courier-relay gateway listening on 127.0.0.1:"));
+    let (status, _) = gateway.terminate();
+    assert!(status.success());
+}
+
 /// `deploy/courier-relay.service`, with `ExecStart=` pointing at the binary these tests built:
 /// `systemd-analyze verify` checks that the command exists.
 fn unit_with_built_binary(dir: &Path) -> PathBuf {

@@ -8,8 +8,11 @@
 //! session is never a recipient at the gateway. A refusal, or a binding to another address, is a
 //! security warning and closes the connection; so does a challenge that is not 32 bytes, or a
 //! challenge or answer that takes over 10 s. Once bound, sends and inbound messages take the
-//! relay carrier's paths ([`Answers`], [`inbound_input`]). A gateway has no mailbox, journal,
-//! presence or rate limit: what the relay carrier does for those has no counterpart here.
+//! relay carrier's paths ([`Answers`], [`inbound_input`]). A gateway has no mailbox, journal or
+//! presence: what the relay carrier does for those has no counterpart here. A gateway that
+//! requires a token gets it in `Identify`; one that refuses it answers `AddressError` instead of
+//! a `Challenge`. A bound link with nothing to say sends a `Ping` line every keepalive interval,
+//! since the gateway closes a bound connection that stays silent.
 
 use std::time::Duration;
 
@@ -33,6 +36,7 @@ use crate::carrier::backoff::Backoff;
 use crate::carrier::inbound::{inbound_input, Stamp};
 use crate::carrier::intake::Intake;
 use crate::carrier::{report, Submit};
+use crate::config::GatewayToken;
 use crate::driver::{Command, DriverTx};
 use crate::event::ClientEvent;
 
@@ -62,6 +66,9 @@ pub struct GatewayClientTimings {
     pub attach_deadline: Duration,
     /// Reconnect pacing (1 s doubling to 30 s, `docs/protocol.md#gateway-client`).
     pub backoff: Backoff,
+    /// Longest a bound link goes without writing a line before it sends a `Ping` (30 s, well
+    /// within the gateway's 90 s idle timeout, `docs/protocol.md#gateway-framing`).
+    pub keepalive: Duration,
 }
 
 impl Default for GatewayClientTimings {
@@ -69,6 +76,7 @@ impl Default for GatewayClientTimings {
         Self {
             attach_deadline: Duration::from_secs(10),
             backoff: Backoff::default(),
+            keepalive: Duration::from_secs(30),
         }
     }
 }
@@ -79,6 +87,8 @@ pub struct GatewaySettings {
     pub address: String,
     /// Proves this device's address on every attach.
     pub identity: IdentityKey,
+    /// The gateway's attach token, sent in `Identify` when set.
+    pub token: Option<GatewayToken>,
     pub timings: GatewayClientTimings,
 }
 
@@ -115,7 +125,9 @@ pub async fn run(
             Ok(None) => return,
             Ok(Some(link)) => {
                 reported = None;
-                let loss = Session::new(link, &driver).run(&mut rx).await;
+                let loss = Session::new(link, &driver, settings.timings.keepalive)
+                    .run(&mut rx)
+                    .await;
                 if matches!(loss, Loss::Dropped(_)) {
                     attempt = 0;
                 }
@@ -222,7 +234,7 @@ async fn connect(
         let _ = tcp.set_nodelay(true);
         status(driver, true, false);
         let mut link = Link::new(tcp);
-        match attach(&mut link, &settings.identity, deadline).await {
+        match attach(&mut link, settings, deadline).await {
             Ok(()) => Ok(link),
             Err(loss) => {
                 link.close().await;
@@ -243,18 +255,33 @@ async fn connect(
 }
 
 /// `Identify` → `Challenge` → `DeclareAddress` → `AddressDeclared` naming our own address.
-async fn attach(link: &mut Link, identity: &IdentityKey, deadline: Duration) -> Result<(), Loss> {
+async fn attach(
+    link: &mut Link,
+    settings: &GatewaySettings,
+    deadline: Duration,
+) -> Result<(), Loss> {
+    let identity = &settings.identity;
     let own = identity.address().to_string();
-    let identify = json!({"type": "Identify", "device_id": own, "protocol_version": 1});
+    let mut identify = json!({"type": "Identify", "device_id": own, "protocol_version": 1});
+    if let Some(token) = &settings.token {
+        identify["token"] = json!(token.expose());
+    }
     link.write_line(&identify.to_string()).await?;
+    let refused = Loss::Refused(Refusal {
+        peer_id: own.clone(),
+        code: GATEWAY_ADDRESS_DECLARATION_REFUSED,
+    });
     let challenge = timeout(deadline, async {
         loop {
             let line = link.next_line().await?;
             let Ok(frame) = serde_json::from_slice::<Value>(&line) else {
                 continue;
             };
-            if frame.get("type").and_then(Value::as_str) != Some("Challenge") {
-                continue;
+            match frame.get("type").and_then(Value::as_str) {
+                Some("Challenge") => {}
+                // A gateway refuses a missing or wrong token before any challenge.
+                Some("AddressError") => return Err(refused),
+                _ => continue,
             }
             // Whatever protocol version the gateway answers, the device proceeds.
             return frame
@@ -314,12 +341,18 @@ async fn attach(link: &mut Link, identity: &IdentityKey, deadline: Duration) -> 
     }
 }
 
+/// The keepalive line (`docs/protocol.md#gateway-framing`): the gateway reads it as a sign of
+/// life and answers nothing.
+const PING: &str = r#"{"type":"Ping"}"#;
+
 /// The connection: lines in, lines out.
 struct Link {
     read: OwnedReadHalf,
     write: OwnedWriteHalf,
     lines: LineBuffer,
     chunk: Vec<u8>,
+    /// When the last line was written: the keepalive counts from it.
+    last_write: Instant,
 }
 
 impl Link {
@@ -330,6 +363,7 @@ impl Link {
             write,
             lines: LineBuffer::default(),
             chunk: vec![0; READ_CHUNK],
+            last_write: Instant::now(),
         }
     }
 
@@ -358,7 +392,10 @@ impl Link {
         bytes.extend_from_slice(line.as_bytes());
         bytes.push(b'\n');
         match timeout(WRITE_TIMEOUT, self.write.write_all(&bytes)).await {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(())) => {
+                self.last_write = Instant::now();
+                Ok(())
+            }
             Ok(Err(e)) => Err(Loss::Dropped(format!("write failed: {e}"))),
             Err(_) => Err(Loss::Dropped("the gateway does not read".into())),
         }
@@ -376,15 +413,17 @@ struct Session<'a> {
     answers: Answers,
     /// What has been read and handed over, so a flood is read no faster than the driver takes it.
     intake: Intake,
+    keepalive: Duration,
 }
 
 impl<'a> Session<'a> {
-    fn new(link: Link, driver: &'a DriverTx) -> Self {
+    fn new(link: Link, driver: &'a DriverTx, keepalive: Duration) -> Self {
         Self {
             link,
             driver,
             answers: Answers::new("gateway"),
             intake: Intake::default(),
+            keepalive,
         }
     }
 
@@ -399,6 +438,7 @@ impl<'a> Session<'a> {
         status(self.driver, true, true);
         let loss = loop {
             let overdue = self.answers.next_deadline();
+            let ping_at = self.link.last_write + self.keepalive;
             let step = tokio::select! {
                 cmd = rx.recv() => self.on_command(cmd).await,
                 line = self.link.next_line(), if self.intake.open() => match line {
@@ -413,6 +453,7 @@ impl<'a> Session<'a> {
                     self.answers.expire(self.driver, std::time::Instant::now());
                     Ok(())
                 }
+                () = sleep_until(ping_at) => self.link.write_line(PING).await,
             };
             if let Err(loss) = step {
                 break loss;
@@ -473,6 +514,14 @@ impl<'a> Session<'a> {
                 ..
             } => {
                 let reason = "gateway refused the message".to_owned();
+                self.answers.fail(self.driver, &id, reason);
+            }
+            // Over the gateway's send rate: a failed send, retried like any other.
+            RelayFrame::RateLimited {
+                message_id: Some(id),
+                ..
+            } => {
+                let reason = "rate limited by the gateway".to_owned();
                 self.answers.fail(self.driver, &id, reason);
             }
             // The gateway vouches for the sender's address only; it has no journal to release.

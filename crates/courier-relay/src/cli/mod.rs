@@ -144,12 +144,18 @@ pub fn parse_relay(args: &[String]) -> Result<Parsed<RelayConfig>, UsageError> {
 
 /// Parses the arguments that follow `courier-relay gateway`.
 pub fn parse_gateway(args: &[String]) -> Result<Parsed<GatewayConfig>, UsageError> {
-    let cli = match read::<GatewayCli>(gateway_command(), args)? {
+    let (cli, matches) = match read::<GatewayCli>(gateway_command(), args)? {
         Read::Print(text) => return Ok(Parsed::Print(text)),
-        Read::Options(cli, _) => cli,
+        Read::Options(cli, matches) => (cli, matches),
     };
     let file: GatewaySettings = file::load(cli.config.as_deref())?;
-    let (config, logging) = cli.settings.over(file).into_config();
+    let given = |id: &str| {
+        matches!(
+            matches.value_source(id),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        )
+    };
+    let (config, logging) = cli.settings.over(file, given).into_config()?;
     Ok(Parsed::Run(Launch { config, logging }))
 }
 

@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 
 use super::*;
+use crate::gateway::{GatewayAccess, GatewayToken};
 use crate::logging::{LogFormat, LogLevel};
 use crate::{AddressLimits, MailboxLimits, RateLimit, Storage, TlsConfig};
 
@@ -314,6 +315,86 @@ fn gateway_subcommand() {
         err.to_string().contains("unexpected argument 'gateway'"),
         "{err}"
     );
+}
+
+#[test]
+fn gateway_limits_and_access() {
+    let limits = gateway(&[
+        "gateway",
+        "--max-connections-per-source=5",
+        "--max-queue-bytes=2097152",
+        "--max-total-queue-bytes=4194304",
+        "--idle-timeout-secs=30",
+        "--rate-burst=7",
+        "--rate-per-sec=3",
+    ]);
+    assert_eq!(limits.config.max_connections_per_source, 5);
+    assert_eq!(limits.config.max_queue_bytes, 2_097_152);
+    assert_eq!(limits.config.max_total_queue_bytes, 4_194_304);
+    assert_eq!(
+        limits.config.idle_timeout,
+        std::time::Duration::from_secs(30)
+    );
+    assert_eq!(
+        limits.config.send_rate,
+        RateLimit {
+            burst: 7,
+            per_sec: 3
+        }
+    );
+
+    let token = file_with("0123456789abcdef0123\n");
+    let guarded = gateway(&[
+        "gateway",
+        "--listen=0.0.0.0:4242",
+        "--require-token-file",
+        path(&token),
+    ]);
+    assert_eq!(
+        guarded.config.access,
+        GatewayAccess::Token(GatewayToken::new("0123456789abcdef0123").unwrap())
+    );
+    let open = gateway(&[
+        "gateway",
+        "--listen=0.0.0.0:4242",
+        "--allow-public-without-token",
+    ]);
+    assert_eq!(open.config.access, GatewayAccess::Public);
+    let file = file_with("listen = \"0.0.0.0:4242\"\nallow-public-without-token = true\n");
+    let from_file = gateway(&["gateway", "--config", path(&file)]);
+    assert_eq!(from_file.config.access, GatewayAccess::Public);
+
+    let short = file_with("too-short\n");
+    for (list, expected) in [
+        (
+            &["gateway", "--listen=0.0.0.0:4242"][..],
+            "refusing to listen on 0.0.0.0:4242 without an attach token",
+        ),
+        (
+            &["gateway", "--require-token-file", path(&short)],
+            "the token must hold at least 16 bytes",
+        ),
+        (
+            &[
+                "gateway",
+                "--require-token-file",
+                path(&token),
+                "--allow-public-without-token",
+            ],
+            "exclude each other",
+        ),
+        (
+            &["gateway", "--max-queue-bytes=1000"],
+            "max_queue_bytes and max_total_queue_bytes must be at least",
+        ),
+        (&["gateway", "--idle-timeout-secs=0"], "positive integer"),
+    ] {
+        let err = parse_command(&args(list)).expect_err(expected).to_string();
+        assert!(
+            err.contains(expected),
+            "{list:?}: {err:?} lacks {expected:?}"
+        );
+    }
 }
 
 #[test]

@@ -1,4 +1,8 @@
 //! One gateway connection: the attach, then message exchange while bound.
+//!
+//! Before binding each attach step has its deadline; once bound, the connection is closed when
+//! it sends no line for the idle timeout (devices keep an idle link up with `Ping` lines,
+//! `docs/protocol.md#gateway-framing`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -9,12 +13,14 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::attach::{check_declaration, identify_device_id, Attach};
-use super::{Outbound, Shared, Undelivered, OUTBOX};
+use super::attach::{check_declaration, identify_device_id, looks_like_http, Attach};
+use super::outbox::{outbox, Outbound, OutboxTx};
+use super::sources::SourceSlot;
+use super::{Shared, Undelivered};
 use crate::linger::close_after_reading_out;
+use crate::rate::TokenBucket;
 use crate::send::recipient_unreachable;
 use crate::{now_ms, stopping};
 
@@ -33,19 +39,24 @@ struct Conn {
     id: u64,
     remote: SocketAddr,
     write: OwnedWriteHalf,
-    queue: mpsc::Sender<Outbound>,
+    queue: OutboxTx,
     state: Attach,
-    /// When the connection is closed unless the attach moves on.
-    deadline: Option<Instant>,
+    /// When the connection is closed: unless the attach moves on, or once bound, unless a line
+    /// comes in.
+    deadline: Instant,
+    /// Paces `SendMessage` (`docs/operating-the-relay.md#the-gateway`).
+    sends: TokenBucket,
 }
 
-pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, remote: SocketAddr) {
+/// Serves one connection; `_slot` holds its place under its source's cap until it ends.
+pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, remote: SocketAddr, _slot: SourceSlot) {
     let id = shared.next_connection_id();
     let (mut read, write) = tcp.into_split();
-    let (queue, mut inbox) = mpsc::channel(OUTBOX);
+    let (queue, mut inbox) = outbox(shared.max_queue_bytes, Arc::clone(&shared.queue_budget));
     let mut shutdown = shared.shutdown.clone();
     let mut conn = Conn {
-        deadline: Some(Instant::now() + shared.timings.identify_deadline),
+        deadline: Instant::now() + shared.timings.identify_deadline,
+        sends: TokenBucket::new(shared.send_rate, std::time::Instant::now()),
         shared,
         id,
         remote,
@@ -57,22 +68,21 @@ pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, remote: SocketAddr) {
     let mut lines = LineBuffer::default();
     let mut chunk = vec![0u8; READ_CHUNK];
     let linger = loop {
-        let deadline = conn.deadline;
-        let expired = async move {
-            match deadline {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             () = stopping(&mut shutdown) => break true,
-            () = expired => {
-                tracing::info!(connection = id, %remote, state = ?conn.state, "attach deadline passed; closing");
+            () = tokio::time::sleep_until(conn.deadline) => {
+                if let Attach::Bound(address) = &conn.state {
+                    tracing::info!(connection = id, %remote, %address, "no line within the idle timeout; closing");
+                } else {
+                    tracing::info!(connection = id, %remote, state = ?conn.state, "attach deadline passed; closing");
+                }
                 break true;
             }
             Some(out) = inbox.recv() => match out {
                 Outbound::Line(line) => {
-                    if !conn.write_line(&line).await {
+                    let written = conn.write_line(&line).await;
+                    inbox.done(&line);
+                    if !written {
                         break false;
                     }
                 }
@@ -124,6 +134,9 @@ impl Conn {
         loop {
             match lines.pop() {
                 Ok(Some(line)) => {
+                    if matches!(self.state, Attach::Bound(_)) {
+                        self.deadline = Instant::now() + self.shared.idle_timeout;
+                    }
                     if let Step::Close = self.handle(&line).await {
                         return Step::Close;
                     }
@@ -138,6 +151,10 @@ impl Conn {
     }
 
     async fn handle(&mut self, bytes: &[u8]) -> Step {
+        if self.state == Attach::AwaitIdentify && looks_like_http(bytes) {
+            tracing::info!(connection = self.id, remote = %self.remote, "an HTTP request, not a device; closing");
+            return Step::Close;
+        }
         // A line that is no JSON object with a string `type` is not a frame: ignored, like an
         // unknown type (never a reason to close).
         let Ok(frame) = serde_json::from_slice::<Value>(bytes) else {
@@ -179,7 +196,11 @@ impl Conn {
             );
             return Step::Continue;
         };
-        let Some(challenge) = self.shared.timings.challenge() else {
+        if let Err(reason) = self.shared.access.admit(frame) {
+            tracing::info!(connection = self.id, remote = %self.remote, reason, "attach token refused");
+            return self.refuse(reason).await;
+        }
+        let Some(challenge) = crate::auth::new_challenge() else {
             tracing::error!("the system random source failed; closing the connection");
             return Step::Close;
         };
@@ -196,7 +217,7 @@ impl Conn {
             device_id,
             challenge,
         };
-        self.deadline = Some(Instant::now() + self.shared.timings.declare_deadline);
+        self.deadline = Instant::now() + self.shared.timings.declare_deadline;
         Step::Continue
     }
 
@@ -208,11 +229,11 @@ impl Conn {
         else {
             return Step::Continue;
         };
-        match check_declaration(&self.shared.spent, device_id, challenge, frame) {
+        match check_declaration(device_id, challenge, frame) {
             Ok(address) => {
                 self.shared.bind(address, self.id, self.queue.clone());
                 self.state = Attach::Bound(address);
-                self.deadline = None;
+                self.deadline = Instant::now() + self.shared.idle_timeout;
                 tracing::info!(connection = self.id, remote = %self.remote, %address, "device bound");
                 let answer = RelayFrame::AddressDeclared {
                     address: address.to_string(),
@@ -241,6 +262,16 @@ impl Conn {
 
     async fn send_message(&mut self, sender: Address, frame: &Value) -> Step {
         let field = |name: &str| frame.get(name).and_then(Value::as_str).map(str::to_owned);
+        // Every SendMessage line costs a token, well-formed or not.
+        if let Err(wait) = self.sends.try_take(std::time::Instant::now()) {
+            let answer = RelayFrame::RateLimited {
+                retry_after_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                frame_type: "SendMessage".to_owned(),
+                message_id: field("message_id"),
+                seq: None,
+            };
+            return self.answer(&answer).await;
+        }
         let reply_to_msg = match frame.get("reply_to_msg") {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.clone())),

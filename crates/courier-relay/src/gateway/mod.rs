@@ -4,9 +4,14 @@
 //! unreachable).
 //!
 //! Per connection one task reads lines in order and writes its own answers; frames for it from
-//! other connections arrive through a bounded queue registered under its address once bound.
-//! Only a bound connection is ever a recipient. A later binding of the same address takes the
-//! route over and the earlier connection is told `SessionSuperseded` and closed.
+//! other connections arrive through a queue bounded in lines and bytes (`outbox.rs`), registered
+//! under its address once bound. Only a bound connection is ever a recipient. A later binding of
+//! the same address takes the route over and the earlier connection is told `SessionSuperseded`
+//! and closed.
+//!
+//! Anyone who can reach the port may try to attach, so every resource a connection holds is
+//! bounded (`docs/operating-the-relay.md#the-gateway`): connections per source, queued bytes per
+//! recipient and in all, sends per second, and time without a line once bound.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -14,17 +19,25 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use courier_proto::proof::CHALLENGE_LEN;
+use courier_proto::lines::MAX_LINE_BYTES;
 use courier_proto::Address;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use self::outbox::{Bytes, OutboxTx};
+use self::sources::Sources;
 use crate::accept::{accept_loop, listen, Serving};
 use crate::metrics::AcceptCounters;
-use crate::RelayError;
+use crate::{RateLimit, RelayError};
 
+mod access;
 pub mod attach;
 mod connection;
+mod outbox;
+mod sources;
+
+pub use self::access::{GatewayAccess, GatewayToken, MIN_TOKEN_LEN};
+pub use self::sources::DEFAULT_MAX_CONNECTIONS_PER_SOURCE;
 
 /// Default listen address (`localhost:4242`, `docs/protocol.md#gateway-framing`).
 pub const DEFAULT_LISTEN: SocketAddr =
@@ -42,21 +55,6 @@ pub struct GatewayDaemonTimings {
     /// How long a closing connection keeps reading (and discarding) so the peer gets a clean
     /// end of stream rather than a reset.
     pub close_linger: Duration,
-    /// Test hook (feature `test-hooks`): every connection gets these bytes as its challenge
-    /// instead of 32 fresh CSPRNG bytes, so a test can replay a proof across connections.
-    #[cfg(feature = "test-hooks")]
-    pub fixed_challenge: Option<[u8; CHALLENGE_LEN]>,
-}
-
-impl GatewayDaemonTimings {
-    /// A connection's challenge; `None` when the system random generator fails.
-    pub(crate) fn challenge(&self) -> Option<[u8; CHALLENGE_LEN]> {
-        #[cfg(feature = "test-hooks")]
-        if self.fixed_challenge.is_some() {
-            return self.fixed_challenge;
-        }
-        crate::auth::new_challenge()
-    }
 }
 
 impl Default for GatewayDaemonTimings {
@@ -66,11 +64,25 @@ impl Default for GatewayDaemonTimings {
             declare_deadline: Duration::from_secs(10),
             write_timeout: Duration::from_secs(10),
             close_linger: Duration::from_secs(1),
-            #[cfg(feature = "test-hooks")]
-            fixed_challenge: None,
         }
     }
 }
+
+/// Bytes queued for one bound connection at most unless configured otherwise.
+pub const DEFAULT_MAX_QUEUE_BYTES: usize = 8 * 1024 * 1024;
+
+/// Bytes queued for every bound connection together at most unless configured otherwise.
+pub const DEFAULT_MAX_TOTAL_QUEUE_BYTES: usize = 512 * 1024 * 1024;
+
+/// How long a bound connection may go without sending a line unless configured otherwise.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// `SendMessage` lines per bound connection unless configured otherwise: a burst, then a
+/// steady rate.
+pub const DEFAULT_SEND_RATE: RateLimit = RateLimit {
+    burst: 200,
+    per_sec: 100,
+};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GatewayConfig {
@@ -78,6 +90,21 @@ pub struct GatewayConfig {
     pub listen: SocketAddr,
     /// Connections served at once; beyond it new ones are closed at accept.
     pub max_connections: usize,
+    /// Connections from one source (an IPv4 address, an IPv6 /64) served at once; beyond it
+    /// new ones from that source are closed at accept.
+    pub max_connections_per_source: usize,
+    /// Bytes of lines queued for one bound connection; a send that would pass it is answered
+    /// unreachable. At least one line's worth (1 MiB).
+    pub max_queue_bytes: usize,
+    /// Bytes of lines queued for every bound connection together: what the queues can hold
+    /// however many recipients read slowly at once. At least one line's worth (1 MiB).
+    pub max_total_queue_bytes: usize,
+    /// A bound connection that sends no line for this long is closed.
+    pub idle_timeout: Duration,
+    /// `SendMessage` lines one bound connection may send; the excess is answered `RateLimited`.
+    pub send_rate: RateLimit,
+    /// Who may attach, which decides where the gateway may listen.
+    pub access: GatewayAccess,
     #[doc(hidden)]
     pub timings: GatewayDaemonTimings,
 }
@@ -87,8 +114,33 @@ impl GatewayConfig {
         Self {
             listen,
             max_connections: crate::accept::DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_source: DEFAULT_MAX_CONNECTIONS_PER_SOURCE,
+            max_queue_bytes: DEFAULT_MAX_QUEUE_BYTES,
+            max_total_queue_bytes: DEFAULT_MAX_TOTAL_QUEUE_BYTES,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            send_rate: DEFAULT_SEND_RATE,
+            access: GatewayAccess::default(),
             timings: GatewayDaemonTimings::default(),
         }
+    }
+
+    /// Refuses settings the gateway cannot run with.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        if self.max_connections == 0 || self.max_connections_per_source == 0 {
+            return Err("max_connections and max_connections_per_source must be at least 1".into());
+        }
+        if self.max_queue_bytes.min(self.max_total_queue_bytes) < MAX_LINE_BYTES {
+            return Err(format!(
+                "max_queue_bytes and max_total_queue_bytes must be at least {MAX_LINE_BYTES} (one line)"
+            ));
+        }
+        if self.idle_timeout.is_zero() {
+            return Err("idle_timeout must be positive".into());
+        }
+        if self.send_rate.burst == 0 || self.send_rate.per_sec == 0 {
+            return Err("send_rate burst and per_sec must be at least 1".into());
+        }
+        self.access.check_listen(self.listen)
     }
 }
 
@@ -98,21 +150,9 @@ impl Default for GatewayConfig {
     }
 }
 
-/// What a bound connection's queue carries.
-#[derive(Debug)]
-pub(crate) enum Outbound {
-    /// One encoded line (without its `\n`).
-    Line(String),
-    /// Another connection bound the same address: say so and close.
-    Superseded,
-}
-
-/// Frames queued for one connection at most; a recipient that far behind is unreachable.
-pub(crate) const OUTBOX: usize = 1024;
-
 struct Route {
     connection: u64,
-    queue: mpsc::Sender<Outbound>,
+    queue: OutboxTx,
 }
 
 /// Why a frame was not handed to a recipient.
@@ -125,7 +165,12 @@ pub(crate) enum Undelivered {
 /// What every gateway connection shares.
 pub(crate) struct Shared {
     pub timings: GatewayDaemonTimings,
-    pub spent: attach::SpentChallenges,
+    pub max_queue_bytes: usize,
+    /// Every bound connection's queued bytes together.
+    pub queue_budget: Arc<Bytes>,
+    pub idle_timeout: Duration,
+    pub send_rate: RateLimit,
+    pub access: GatewayAccess,
     routes: Mutex<HashMap<Address, Route>>,
     pub shutdown: watch::Receiver<bool>,
     next_connection: AtomicU64,
@@ -142,10 +187,10 @@ impl Shared {
 
     /// Makes `connection` the recipient for `address`; an earlier connection bound to it is
     /// told it was superseded.
-    pub fn bind(&self, address: Address, connection: u64, queue: mpsc::Sender<Outbound>) {
+    pub fn bind(&self, address: Address, connection: u64, queue: OutboxTx) {
         let previous = self.routes().insert(address, Route { connection, queue });
         if let Some(previous) = previous.filter(|p| p.connection != connection) {
-            let _ = previous.queue.try_send(Outbound::Superseded);
+            previous.queue.supersede();
         }
     }
 
@@ -167,10 +212,7 @@ impl Shared {
             .get(address)
             .filter(|r| r.connection != from)
             .ok_or(Undelivered::Offline)?;
-        route
-            .queue
-            .try_send(Outbound::Line(line))
-            .map_err(|_| Undelivered::Offline)
+        route.queue.try_line(line).map_err(|_| Undelivered::Offline)
     }
 
     /// Addresses bound right now.
@@ -224,21 +266,22 @@ pub async fn start_gateway(config: GatewayConfig) -> Result<GatewayHandle, Relay
         addr: config.listen,
         source,
     };
-    if config.max_connections == 0 {
-        return Err(RelayError::Config(
-            "max_connections must be at least 1".into(),
-        ));
-    }
+    config.check().map_err(RelayError::Config)?;
     let listener = listen(config.listen).map_err(bind_error)?;
     let local_addr = listener.local_addr().map_err(bind_error)?;
     let (shutdown, shutdown_rx) = watch::channel(false);
     let shared = Arc::new(Shared {
         timings: config.timings,
-        spent: attach::SpentChallenges::default(),
+        max_queue_bytes: config.max_queue_bytes,
+        queue_budget: Arc::new(Bytes::new(config.max_total_queue_bytes)),
+        idle_timeout: config.idle_timeout,
+        send_rate: config.send_rate,
+        access: config.access.clone(),
         routes: Mutex::default(),
         shutdown: shutdown_rx,
         next_connection: AtomicU64::new(1),
     });
+    let sources = Arc::new(Sources::new(config.max_connections_per_source));
     let serving = {
         let shared = Arc::clone(&shared);
         let serving = Serving {
@@ -251,11 +294,34 @@ pub async fn start_gateway(config: GatewayConfig) -> Result<GatewayHandle, Relay
             listener,
             shared.shutdown.clone(),
             serving,
-            move |tcp, remote| connection::serve(Arc::clone(&shared), tcp, remote),
+            move |tcp, remote| {
+                let shared = Arc::clone(&shared);
+                // Taken here, as the connection is accepted, so a flood from one source is
+                // turned away before any of it is read.
+                let slot = sources.admit(remote.ip());
+                async move {
+                    match slot {
+                        Some(slot) => connection::serve(shared, tcp, remote, slot).await,
+                        None => {
+                            tracing::debug!(%remote, "per-source connection limit reached; closing");
+                            drop(tcp);
+                        }
+                    }
+                }
+            },
         )
     };
     let task = tokio::spawn(serving);
-    tracing::info!(%local_addr, max_connections = config.max_connections, "gateway listening");
+    tracing::info!(
+        %local_addr,
+        max_connections = config.max_connections,
+        max_connections_per_source = config.max_connections_per_source,
+        token_required = matches!(config.access, GatewayAccess::Token(_)),
+        "gateway listening"
+    );
+    if config.access == GatewayAccess::Public && !local_addr.ip().is_loopback() {
+        tracing::warn!(%local_addr, "gateway open to anyone who can reach it: no attach token is required");
+    }
     Ok(GatewayHandle {
         local_addr,
         shared,
