@@ -5,7 +5,7 @@ import { writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import { test } from 'node:test'
 
-import { Protocol, ProtocolError } from '../js/index.js'
+import { Protocol, ProtocolError, issueToken } from '../js/index.js'
 import { PLAINTEXT, peerConfig, startRelay, tempDir } from './helpers.mjs'
 
 const require = createRequire(import.meta.url)
@@ -84,7 +84,7 @@ test('native errors carry their code as data, and the message is only the messag
 test('stats cross from the native side as plain objects of numbers', async (t) => {
   const dir = tempDir(t)
   const secretFile = `${dir}/secret`
-  writeFileSync(secretFile, 'stats-secret')
+  writeFileSync(secretFile, 'stats-secret-0123456789abcdef-0123')
   const relay = await native.NativeRelay.startFromArgs(['--listen', '127.0.0.1:0', '--memory', '--jwt-secret-file', secretFile])
   t.after(() => relay.stop())
   assert.deepEqual(relay.stats(), { connections: 0, accounts: 0, storedFrames: 0, watches: 0 })
@@ -229,7 +229,7 @@ test('storage.identitySealKey seals the identity: the same key opens it, a missi
 
 test('Relay.start and Gateway.start options are validated natively, naming the path', async (t) => {
   const { Relay, Gateway } = await import('../js/index.js')
-  const base = { storage: { memory: true }, jwtSecret: 'options-secret' }
+  const base = { storage: { memory: true }, jwtSecret: 'options-secret-0123456789abcdef-01' }
   for (const [options, pattern] of [
     [null, /^options must be an object$/],
     [{ ...base, mailbx: {} }, /^mailbx is not a known option$/],
@@ -237,7 +237,8 @@ test('Relay.start and Gateway.start options are validated natively, naming the p
     [{ jwtSecret: 's' }, /^storage is required/],
     [{ ...base, storage: {} }, /^storage must set exactly one of path or memory$/],
     [{ ...base, storage: { path: 'a.db', memory: true } }, /^storage must set exactly one of path or memory, not both$/],
-    [{ ...base, jwtSecret: '' }, /^jwtSecret must be a non-empty string$/],
+    [{ ...base, jwtSecret: '' }, /^jwtSecret must be a string of at least 32 bytes$/],
+    [{ ...base, jwtSecret: 'secret' }, /^jwtSecret must be a string of at least 32 bytes$/],
     [{ ...base, listen: 'nowhere' }, /^listen must be an address like 127\.0\.0\.1:0/],
     [{ ...base, listen: 8080 }, /^listen must be a string$/],
     [{ ...base, mailbox: true }, /^mailbox must be false or an object$/],
@@ -271,7 +272,7 @@ test('Relay.start and Gateway.start options are validated natively, naming the p
   const relay = await Relay.start({
     listen: '127.0.0.1:0',
     storage: { memory: true },
-    jwtSecret: Buffer.from('options-secret'),
+    jwtSecret: Buffer.from('options-secret-0123456789abcdef-01'),
     mailbox: { maxMessages: 10, maxBytes: 1024, ttlMs: 60_000 },
     rateLimit: { burst: 10, perSec: 5 },
     tls: null,
@@ -297,6 +298,16 @@ test('Relay.start and Gateway.start options are validated natively, naming the p
   })
   t.after(() => guarded.stop())
   assert.match(guarded.address, /^127\.0\.0\.1:\d+$/)
+})
+
+test('issueToken refuses a secret short enough to guess, and sets iat', () => {
+  for (const secret of ['', 'secret', 'x'.repeat(31), Buffer.from('x'.repeat(31))]) {
+    assert.throws(() => issueToken(secret, 'alice'), { code: 'ERR_INVALID_ARGUMENT', message: /at least 32 bytes/ })
+  }
+  const token = issueToken('x'.repeat(32), 'alice', { expiresInSec: 60 })
+  const claims = JSON.parse(Buffer.from(token.split('.')[1], 'base64url').toString('utf8'))
+  assert.equal(claims.sub, 'alice')
+  assert.equal(claims.exp - claims.iat, 60)
 })
 
 test('plaintext mode is warned about once per process, however many devices use it', () => {

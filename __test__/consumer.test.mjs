@@ -93,7 +93,7 @@ test('the packed packages install and work with no Rust toolchain, no network an
 
   // A send→deliver round trip, sealed, against the relay the package ships.
   const secretFile = join(project, 'secret')
-  writeFileSync(secretFile, 'consumer-secret-0123456789')
+  writeFileSync(secretFile, 'consumer-secret-0123456789abcdef-01')
   const url = await startRelay(t, project, env, secretFile)
   const delivered = JSON.parse(run(process.execPath, ['round-trip.cjs', url, secretFile], { cwd: project, env }))
   assert.deepEqual(delivered, { content: 'hello from a registry install', encrypted: true })

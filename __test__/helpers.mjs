@@ -10,7 +10,7 @@ import { fileURLToPath } from 'node:url'
 
 import { Protocol, Relay, issueToken } from '../js/index.js'
 
-export const SECRET = 'test-secret-0123456789'
+export const SECRET = 'test-secret-0123456789abcdef-0123'
 const PEER = fileURLToPath(new URL('./fixtures/peer.mjs', import.meta.url))
 
 export function tempDir(t) {

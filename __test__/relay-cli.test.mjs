@@ -34,7 +34,7 @@ test('--help documents every flag', () => {
     .map((line) => line.trimStart())
     .filter((line) => line.startsWith('--'))
     .map((line) => line.split(/\s/)[0])
-  const flags = ['--config', '--listen', '--db', '--memory', '--jwt-secret-file', '--no-mailbox', '--no-key-directory', '--mailbox-max-messages', '--mailbox-max-bytes', '--mailbox-ttl-ms', '--mailbox-sender-share-percent', '--journal-max-bytes', '--address-max-per-account', '--address-ttl-ms', '--rate-burst', '--rate-per-sec', '--max-connections', '--tls-cert', '--tls-key', '--metrics-listen', '--log-level', '--log-format']
+  const flags = ['--config', '--listen', '--db', '--memory', '--jwt-secret-file', '--jwt-secret-encoding', '--max-token-lifetime-sec', '--token-audience', '--token-issuer', '--revoked-tokens', '--auth-attempts-per-source', '--auth-attempts-per-account', '--displacements-per-account', '--max-unauthenticated-per-source', '--limit-loopback', '--no-mailbox', '--no-key-directory', '--mailbox-max-messages', '--mailbox-max-bytes', '--mailbox-ttl-ms', '--mailbox-sender-share-percent', '--journal-max-bytes', '--address-max-per-account', '--address-ttl-ms', '--rate-burst', '--rate-per-sec', '--max-connections', '--tls-cert', '--tls-key', '--metrics-listen', '--log-level', '--log-format']
   assert.deepEqual(documented.sort(), flags.sort())
   // Each with its environment variable, and the two that only print.
   for (const flag of flags) assert.match(help, new RegExp(`\\[env: COURIER_RELAY_${flag.slice(2).replaceAll('-', '_').toUpperCase()}\\]`))
@@ -53,7 +53,7 @@ test('bad arguments exit with status 2 and say why', () => {
 test('the relay command serves clients and stops on SIGTERM', async (t) => {
   const dir = tempDir(t)
   const secretFile = join(dir, 'secret.txt')
-  writeFileSync(secretFile, 'cli-secret\n')
+  writeFileSync(secretFile, 'cli-secret-0123456789abcdef-012345\n')
   const child = spawn(process.execPath, [BIN, '--listen', '127.0.0.1:0', '--db', join(dir, 'relay.db'), '--jwt-secret-file', secretFile], {
     stdio: ['ignore', 'pipe', 'inherit'],
   })
@@ -67,7 +67,7 @@ test('the relay command serves clients and stops on SIGTERM', async (t) => {
     const p = new Protocol({
       appId: 'cli',
       storage: { path: join(dir, `${name}.db`) },
-      transports: { internet: { url, authToken: issueToken('cli-secret', name) } },
+      transports: { internet: { url, authToken: issueToken('cli-secret-0123456789abcdef-012345', name) } },
       encryption: PLAINTEXT,
     })
     const recorder = record(p)
@@ -90,7 +90,7 @@ test('the relay command serves clients and stops on SIGTERM', async (t) => {
 test('the relay command reads its environment, logs JSON to stderr and serves probes', async (t) => {
   const dir = tempDir(t)
   const secretFile = join(dir, 'secret.txt')
-  writeFileSync(secretFile, 'cli-secret\n')
+  writeFileSync(secretFile, 'cli-secret-0123456789abcdef-012345\n')
   const child = spawn(process.execPath, [BIN, '--memory', '--log-format', 'json'], {
     stdio: ['ignore', 'pipe', 'pipe'],
     env: environment({
@@ -127,7 +127,7 @@ test('a program that only loads the package gets no logs from a relay it starts'
   // Only the command installs a log subscriber, whatever RUST_LOG says.
   const dir = tempDir(t)
   const secretFile = join(dir, 'secret.txt')
-  writeFileSync(secretFile, 'cli-secret\n')
+  writeFileSync(secretFile, 'cli-secret-0123456789abcdef-012345\n')
   const args = ['--listen', '127.0.0.1:0', '--memory', '--jwt-secret-file', secretFile, '--log-level', 'debug']
   const script = `require(${JSON.stringify(NATIVE)}).NativeRelay.startFromArgs(${JSON.stringify(args)}).then((relay) => relay.stop())`
   const run = spawnSync(process.execPath, ['-e', script], { encoding: 'utf8', env: environment({ RUST_LOG: 'trace' }), timeout: 30_000 })

@@ -75,7 +75,7 @@ const only = argv.has('only') ? argv.get('only').split(',') : STAGES
 for (const stage of only) if (!STAGES.includes(stage)) throw new Error(`unknown stage ${stage}\n\n${USAGE}`)
 
 const here = (path) => fileURLToPath(new URL(path, import.meta.url))
-const SECRET = 'bench-secret'
+const SECRET = 'bench-secret-0123456789abcdef-0123'
 const CLK_TCK = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }))
 const LIFTED = ['--rate-burst', '1000000', '--rate-per-sec', '1000000']
 // Not a performance bound: only how long a stage may stall (a lost message, a dead peer) before

@@ -11,7 +11,7 @@ import Database from 'better-sqlite3'
 
 import { Protocol, Relay, issueToken } from '../js/index.js'
 
-const SECRET = 'bench-secret'
+const SECRET = 'bench-secret-0123456789abcdef-0123'
 const PER_SENDER = 500 // one outbox holds 500 messages
 const dir = mkdtempSync(join(tmpdir(), 'offline-courier-durability-'))
 

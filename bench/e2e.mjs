@@ -14,7 +14,7 @@ import { fileURLToPath } from 'node:url'
 
 import { Protocol, Relay, issueToken } from '../js/index.js'
 
-const SECRET = 'bench-secret'
+const SECRET = 'bench-secret-0123456789abcdef-0123'
 const dir = mkdtempSync(join(tmpdir(), 'offline-courier-bench-'))
 const args = new Map(process.argv.slice(2).map((a) => a.replace(/^--/, '').split('=')))
 const ACCEPTS = Number(args.get('accepts') ?? 20_000)

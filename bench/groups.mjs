@@ -10,7 +10,7 @@ import { join } from 'node:path'
 
 import { Protocol, Relay, issueToken } from '../js/index.js'
 
-const SECRET = 'bench-secret'
+const SECRET = 'bench-secret-0123456789abcdef-0123'
 const args = new Map(process.argv.slice(2).map((a) => a.replace(/^--/, '').split('=')))
 const MEMBERS = Number(args.get('members') ?? 100)
 const ROUNDS = Number(args.get('rounds') ?? 3)

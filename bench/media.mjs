@@ -16,7 +16,7 @@ import { join } from 'node:path'
 
 import { Protocol, Relay, issueToken } from '../js/index.js'
 
-const SECRET = 'bench-secret'
+const SECRET = 'bench-secret-0123456789abcdef-0123'
 const MiB = 1024 * 1024
 const args = new Map(process.argv.slice(2).map((a) => a.replace(/^--/, '').split('=')))
 const SIZE_MIB = Number(args.get('size') ?? 64)

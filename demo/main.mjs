@@ -19,7 +19,7 @@ import { fileURLToPath } from 'node:url'
 import { Protocol, Relay, issueToken } from '../js/index.js'
 import { createScreen, mib } from './screen.mjs'
 
-const SECRET = 'demo-secret-please-change'
+const SECRET = 'demo-secret-please-change-0123456789'
 const dir = mkdtempSync(join(tmpdir(), 'offline-courier-demo-'))
 const t0 = Date.now()
 const DEADLINE_MS = 30_000

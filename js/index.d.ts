@@ -508,6 +508,8 @@ export type SecurityWarningReasonCode =
   | 'TRANSPORT_IDENTITY_MISMATCH'
   | 'RELAY_ADDRESS_BINDING_MISMATCH'
   | 'RELAY_ADDRESS_DECLARATION_REFUSED'
+  /** Another connection logged in with this device's account token and the relay displaced this one. */
+  | 'RELAY_SESSION_SUPERSEDED'
   | 'GATEWAY_ADDRESS_BINDING_MISMATCH'
   | 'GATEWAY_ADDRESS_DECLARATION_REFUSED'
   /** A buffered message the durability hook never committed within 7 days was removed. */
@@ -900,7 +902,7 @@ export interface RelayOptions {
   listen?: string
   /** The relay's mailbox and journal: an SQLite file, or memory. */
   storage: StorageLocation
-  /** HS256 secret for client tokens. */
+  /** HS256 secret for client tokens: at least 32 bytes (a Buffer counts as its UTF-8 text). */
   jwtSecret: string | Buffer
   /** `false` disables store-and-forward (offline recipients are reported unreachable). */
   mailbox?: false | { maxMessages?: number; maxBytes?: number; ttlMs?: number }
@@ -997,5 +999,9 @@ export const Gateway: {
   start(options?: GatewayOptions): Promise<GatewayHandle>
 }
 
-/** An HS256 JWT naming `account` (`sub`), valid for `expiresInSec` (default one day). */
+/**
+ * An HS256 JWT naming `account` (`sub`), issued now (`iat`) and valid for `expiresInSec` (default
+ * one day, the longest lifetime a relay accepts unless started with a larger
+ * `--max-token-lifetime-sec`). `secret` must be at least 32 bytes.
+ */
 export function issueToken(secret: string | Buffer, account: string, options?: { expiresInSec?: number }): string

@@ -693,10 +693,15 @@ const Gateway = {
   },
 }
 
+/** The shortest token secret the relay accepts (`docs/protocol.md#token`). */
+const MIN_SECRET_BYTES = 32
+
 /** An HS256 JWT naming `account`, signed with the relay's secret. */
 function issueToken(secret, account, { expiresInSec } = {}) {
   const key = Buffer.isBuffer(secret) ? secret.toString('utf8') : secret
-  if (typeof key !== 'string' || key.length === 0) throw invalid('secret must be a non-empty string')
+  if (typeof key !== 'string' || Buffer.byteLength(key, 'utf8') < MIN_SECRET_BYTES) {
+    throw invalid(`secret must be a string of at least ${MIN_SECRET_BYTES} bytes`)
+  }
   if (typeof account !== 'string') throw invalid('account must be a string')
   if (expiresInSec !== undefined && (!Number.isInteger(expiresInSec) || expiresInSec < 1)) {
     throw invalid('expiresInSec must be a positive integer')

@@ -90,7 +90,7 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 const random = mulberry32(seed)
 const t0 = Date.now()
 const dir = mkdtempSync(join(tmpdir(), 'courier-crash-'))
-const secret = 'crash-run-secret-0123456789'
+const secret = 'crash-run-secret-0123456789abcdef'
 writeFileSync(join(dir, 'secret.txt'), secret)
 const violations = []
 

@@ -37,8 +37,16 @@ pub fn relay_config(options: &str) -> Result<RelayConfig, ConfigError> {
     };
     // The facade passes a Buffer secret as its UTF-8 text.
     let secret = match root.string("jwtSecret")? {
-        Some(secret) if !secret.is_empty() => secret,
-        _ => return Err(root.error("jwtSecret", "must be a non-empty string")),
+        Some(secret) if secret.len() >= courier_relay::MIN_SECRET_BYTES => secret,
+        _ => {
+            return Err(root.error(
+                "jwtSecret",
+                format!(
+                    "must be a string of at least {} bytes",
+                    courier_relay::MIN_SECRET_BYTES
+                ),
+            ))
+        }
     };
     let mut config = RelayConfig::new(listen, storage, secret.as_bytes().to_vec());
     config.mailbox = mailbox(&root)?;

@@ -5,7 +5,7 @@ import courier, { Protocol, ProtocolError, Relay, Gateway, issueToken } from 'of
 
 const cjs = createRequire(import.meta.url)('offline-courier')
 const same = [Protocol, ProtocolError, Relay, Gateway, issueToken].every((value, i) => value === Object.values(cjs)[i])
-const relay = await Relay.start({ listen: '127.0.0.1:0', storage: { memory: true }, jwtSecret: 'esm-secret' })
+const relay = await Relay.start({ listen: '127.0.0.1:0', storage: { memory: true }, jwtSecret: 'esm-secret-0123456789abcdef-012345' })
 await relay.stop()
 let code
 try {

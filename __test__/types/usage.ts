@@ -30,11 +30,11 @@ import {
 } from '../../js/index.js'
 
 async function main(): Promise<void> {
-  const relay = await Relay.start({ listen: '127.0.0.1:0', storage: { memory: true }, jwtSecret: 's3cret' })
+  const relay = await Relay.start({ listen: '127.0.0.1:0', storage: { memory: true }, jwtSecret: 's3cret-0123456789abcdef-0123456789' })
   const protocol = new Protocol({
     appId: 'chat',
     storage: { path: 'alice.db' },
-    transports: { internet: { url: relay.url, authToken: issueToken('s3cret', 'alice') } },
+    transports: { internet: { url: relay.url, authToken: issueToken('s3cret-0123456789abcdef-0123456789', 'alice') } },
     reliability: { ack: { defaultTimeoutMs: 5000 }, retry: { maxRetries: 5 } },
   })
   const off = protocol.onEvent((ev: ProtocolEvent) => {
@@ -176,12 +176,12 @@ interface PinoLogFn {
 declare const pino: { level: string; debug: PinoLogFn; info: PinoLogFn; warn: PinoLogFn; error: PinoLogFn; fatal: PinoLogFn }
 
 export async function polish(bobAddress: string): Promise<void> {
-  await using relay = await Relay.start({ storage: { memory: true }, jwtSecret: 's3cret' })
+  await using relay = await Relay.start({ storage: { memory: true }, jwtSecret: 's3cret-0123456789abcdef-0123456789' })
   await using gateway = await Gateway.start()
   await using protocol = new Protocol({
     appId: 'chat',
     storage: { path: 'dave.db' },
-    transports: { internet: { url: relay.url, authToken: issueToken('s3cret', 'dave') }, gateway: { address: gateway.address } },
+    transports: { internet: { url: relay.url, authToken: issueToken('s3cret-0123456789abcdef-0123456789', 'dave') }, gateway: { address: gateway.address } },
     logger: pino,
   })
   const off = protocol.on('message_delivered', (ev) => {
@@ -244,7 +244,7 @@ export const storages = [
   // @ts-expect-error: exactly one of path and memory
   new Protocol({ appId: 'chat', storage: {} }),
   // @ts-expect-error: exactly one of path and memory
-  Relay.start({ storage: { path: 'relay.db', memory: true }, jwtSecret: 's3cret' }),
+  Relay.start({ storage: { path: 'relay.db', memory: true }, jwtSecret: 's3cret-0123456789abcdef-0123456789' }),
 ]
 
 /** A group chat as an app writes one: every group call and event typed. */

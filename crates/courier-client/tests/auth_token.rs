@@ -17,7 +17,7 @@ use courier_relay::{RelayConfig, Storage};
 use serde_json::json;
 use support::{connected, engine, wait_for};
 
-const SECRET: &[u8] = b"auth-token-secret";
+const SECRET: &[u8] = b"auth-token-secret, padded to 32 bytes or more";
 
 /// A token for `account` that expired a minute ago.
 fn expired(account: &str) -> String {

@@ -18,7 +18,7 @@ use courier_relay::{RelayConfig, Storage};
 use serde_json::json;
 use support::{address, connected, engine, wait_for};
 
-const SECRET: &[u8] = b"connections-secret";
+const SECRET: &[u8] = b"connections-secret, padded to 32 bytes or more";
 
 struct Device {
     client: Client,

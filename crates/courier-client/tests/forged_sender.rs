@@ -17,7 +17,7 @@ use serde_json::json;
 use support::{address, connected, engine, wait_for, warning};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 
-const SECRET: &[u8] = b"forged-sender-secret";
+const SECRET: &[u8] = b"forged-sender-secret, padded to 32 bytes or more";
 /// Bob's next message, under an id anyone can guess.
 const BOBS_ID: &str = "chat-42";
 

@@ -102,7 +102,7 @@ fn start_client(dir: &std::path::Path, url: &str) -> (Client, mpsc::Receiver<Cli
         "appId": "hostile",
         "encryption": { "enabled": false },
         "storage": { "path": dir.join("alice.db") },
-        "transports": { "internet": { "url": url, "authToken": courier_relay::issue_token(b"s", "alice", 60).unwrap() } },
+        "transports": { "internet": { "url": url, "authToken": courier_relay::issue_token(b"a hostile relay never checks this secret", "alice", 60).unwrap() } },
     }))
     .unwrap();
     support::start(&config)
@@ -234,7 +234,7 @@ async fn no_declaration_is_made_when_the_relay_cannot_take_one_and_a_diagnostic_
             "appId": "hostile",
             "encryption": { "enabled": false },
             "storage": { "path": dir.path().join("alice.db") },
-            "transports": { "internet": { "url": url, "authToken": courier_relay::issue_token(b"s", "alice", 60).unwrap() } },
+            "transports": { "internet": { "url": url, "authToken": courier_relay::issue_token(b"a hostile relay never checks this secret", "alice", 60).unwrap() } },
             "logLevel": "info",
         }))
         .unwrap();

@@ -48,7 +48,7 @@ async fn a_relay_that_reads_only_once_its_own_burst_is_read_gets_both_ways_throu
         "appId": "backpressure",
         "encryption": { "enabled": false },
         "storage": { "path": dir.path().join("alice.db") },
-        "transports": { "internet": { "url": url, "authToken": courier_relay::issue_token(b"s", "alice", 60).unwrap() } },
+        "transports": { "internet": { "url": url, "authToken": courier_relay::issue_token(b"a hostile relay never checks this secret", "alice", 60).unwrap() } },
     }))
     .unwrap();
     let (client, _events) = support::start(&config);

@@ -13,7 +13,7 @@ use courier_relay::{RelayConfig, Storage, TlsConfig};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use serde_json::json;
 
-const SECRET: &[u8] = b"tls-test-secret";
+const SECRET: &[u8] = b"tls-test-secret, padded to 32 bytes or more";
 
 struct TestCa {
     ca_pem: String,

@@ -18,7 +18,7 @@ use courier_relay::{RelayConfig, Storage};
 use serde_json::json;
 use support::{address, connected, engine, wait_for};
 
-const SECRET: &[u8] = b"sealed-conversation-secret";
+const SECRET: &[u8] = b"sealed-conversation-secret, padded to 32 bytes or more";
 const EACH_WAY: usize = 500;
 const STRETCHES: usize = 4;
 

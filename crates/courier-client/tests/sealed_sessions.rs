@@ -18,7 +18,7 @@ use courier_relay::{RelayConfig, Storage};
 use serde_json::json;
 use support::{address, connected, engine, wait_for};
 
-const SECRET: &[u8] = b"sealed-sessions-secret";
+const SECRET: &[u8] = b"sealed-sessions-secret, padded to 32 bytes or more";
 
 fn config(name: &str, dir: &std::path::Path, url: &str) -> serde_json::Value {
     support::relay_app(

@@ -23,7 +23,7 @@ use courier_relay::{RelayConfig, Storage};
 use serde_json::json;
 use support::{connected, wait_for};
 
-const SECRET: &[u8] = b"storage-fault-secret";
+const SECRET: &[u8] = b"storage-fault-secret, padded to 32 bytes or more";
 /// Set in the child: the directory its small file system is mounted on.
 const FAULT_DIR: &str = "COURIER_FAULT_DIR";
 const SMALL_FS_KIB: u32 = 2048;

@@ -11,7 +11,7 @@ use courier_proto::{ContentType, Message, Priority};
 use rusqlite::Connection;
 
 const SEED: [u8; 32] = [3u8; 32];
-const SECRET: &[u8] = b"ratchet secret 0123456789abcdef";
+const SECRET: &[u8] = b"ratchet secret 0123456789abcdef, padded to 32 bytes or more";
 
 fn open(db: &Path) -> Store {
     let mut store = Store::open(db).unwrap();

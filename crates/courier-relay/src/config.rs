@@ -12,6 +12,10 @@ use crate::auth::new_challenge;
 pub use crate::fanout::MAX_GROUP_MEMBERS_CEILING;
 use crate::RelayError;
 
+/// The shortest HS256 secret the relay and `issue_token` accept: the hash's output size, below
+/// which the key is the weak point of the MAC (`docs/protocol.md#token`).
+pub const MIN_SECRET_BYTES: usize = 32;
+
 /// Members a group may have unless configured otherwise (`docs/protocol.md#group-registration`).
 pub const DEFAULT_MAX_GROUP_MEMBERS: u32 = 1024;
 const _: () = assert!(DEFAULT_MAX_GROUP_MEMBERS <= MAX_GROUP_MEMBERS_CEILING);
@@ -102,6 +106,67 @@ impl Default for RateLimit {
     }
 }
 
+/// At most `burst` events at once, then `per_minute` more each minute
+/// (`docs/protocol.md#authentication-limits`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttemptLimit {
+    pub burst: u32,
+    pub per_minute: u32,
+}
+
+/// How the relay admits connections and tokens (`docs/protocol.md#token`,
+/// `docs/protocol.md#authentication-limits`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthPolicy {
+    /// The longest `exp − iat` a token may have.
+    pub max_token_lifetime: Duration,
+    /// When set, a token must carry this `aud` (a string, or an array holding it).
+    pub audience: Option<String>,
+    /// When set, a token must carry this `iss`.
+    pub issuer: Option<String>,
+    /// Deny list of `account not-before` lines, re-read when it changes
+    /// (`docs/operating-the-relay.md#revoking-tokens`).
+    pub revoked_tokens: Option<PathBuf>,
+    /// `Authenticate` frames per source address (an IPv4 address, or an IPv6 /64).
+    pub attempts_per_source: AttemptLimit,
+    /// Authentications with a valid token, per account.
+    pub attempts_per_account: AttemptLimit,
+    /// Logins that displace the account's live connection, per account.
+    pub supersedes_per_account: AttemptLimit,
+    /// Connections per source address that are open but not yet authenticated; more are closed
+    /// at accept.
+    pub max_unauthenticated_per_source: u32,
+    /// Whether loopback sources share the per-source limits. Off by default: behind a reverse
+    /// proxy on the same host every client comes from loopback, and one limit would hold them
+    /// all.
+    pub limit_loopback: bool,
+}
+
+impl Default for AuthPolicy {
+    fn default() -> Self {
+        Self {
+            max_token_lifetime: Duration::from_secs(86_400),
+            audience: None,
+            issuer: None,
+            revoked_tokens: None,
+            attempts_per_source: AttemptLimit {
+                burst: 60,
+                per_minute: 60,
+            },
+            attempts_per_account: AttemptLimit {
+                burst: 20,
+                per_minute: 20,
+            },
+            supersedes_per_account: AttemptLimit {
+                burst: 5,
+                per_minute: 5,
+            },
+            max_unauthenticated_per_source: 64,
+            limit_loopback: false,
+        }
+    }
+}
+
 /// PEM texts (not paths) of the certificate chain and private key served on `wss://`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct TlsConfig {
@@ -123,8 +188,10 @@ impl std::fmt::Debug for TlsConfig {
 /// shorten them so they never sleep for the real 2–30 s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timings {
-    /// Upgrade (TLS + WebSocket handshake) to `Authenticate`.
+    /// TCP accept to `Authenticated`: TLS and WebSocket handshakes and `Authenticate` together.
     pub auth_timeout: Duration,
+    /// How often the revocation file is checked for changes.
+    pub revocation_poll: Duration,
     pub ping_interval: Duration,
     /// Silence (no Pong, no other message) after which a connection is dropped.
     pub dead_after: Duration,
@@ -164,6 +231,7 @@ impl Default for Timings {
     fn default() -> Self {
         Self {
             auth_timeout: Duration::from_secs(10),
+            revocation_poll: Duration::from_secs(1),
             ping_interval: Duration::from_secs(10),
             dead_after: Duration::from_secs(30),
             drain_grace: Duration::from_secs(2),
@@ -178,13 +246,14 @@ impl Default for Timings {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RelayConfig {
     /// `127.0.0.1:0` binds an ephemeral port; `RelayHandle::port` tells which.
     pub listen: SocketAddr,
     pub storage: Storage,
-    /// HS256 key shared with whoever issues tokens.
+    /// HS256 key shared with whoever issues tokens, at least [`MIN_SECRET_BYTES`] long.
     pub jwt_secret: Vec<u8>,
+    pub auth: AuthPolicy,
     /// `None` runs without a mailbox (`--no-mailbox`): nothing journaled, offline recipients
     /// are unreachable.
     pub mailbox: Option<MailboxLimits>,
@@ -208,6 +277,46 @@ pub struct RelayConfig {
     pub timings: Timings,
 }
 
+impl std::fmt::Debug for RelayConfig {
+    // The secret must never end up in a log line. Destructured, so a new field cannot be
+    // forgotten here.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self {
+            listen,
+            storage,
+            jwt_secret,
+            auth,
+            mailbox,
+            addresses,
+            rate_limit,
+            tls,
+            key_directory,
+            max_connections,
+            max_group_members,
+            metrics_listen,
+            timings,
+        } = self;
+        f.debug_struct("RelayConfig")
+            .field("listen", listen)
+            .field("storage", storage)
+            .field(
+                "jwt_secret",
+                &format_args!("<redacted, {} bytes>", jwt_secret.len()),
+            )
+            .field("auth", auth)
+            .field("mailbox", mailbox)
+            .field("addresses", addresses)
+            .field("rate_limit", rate_limit)
+            .field("tls", tls)
+            .field("key_directory", key_directory)
+            .field("max_connections", max_connections)
+            .field("max_group_members", max_group_members)
+            .field("metrics_listen", metrics_listen)
+            .field("timings", timings)
+            .finish()
+    }
+}
+
 impl RelayConfig {
     /// Mailbox on with default limits, default rate limit, plain `ws://`.
     pub fn new(listen: SocketAddr, storage: Storage, jwt_secret: Vec<u8>) -> Self {
@@ -215,6 +324,7 @@ impl RelayConfig {
             listen,
             storage,
             jwt_secret,
+            auth: AuthPolicy::default(),
             mailbox: Some(MailboxLimits::default()),
             rate_limit: RateLimit::default(),
             addresses: AddressLimits::default(),
@@ -229,8 +339,24 @@ impl RelayConfig {
 
     pub(crate) fn validate(&self) -> Result<(), RelayError> {
         let fail = |msg: &str| Err(RelayError::Config(msg.to_owned()));
-        if self.jwt_secret.is_empty() {
-            return fail("jwt_secret must not be empty");
+        if self.jwt_secret.len() < MIN_SECRET_BYTES {
+            return Err(RelayError::Config(format!(
+                "jwt_secret must be at least {MIN_SECRET_BYTES} bytes"
+            )));
+        }
+        if self.auth.max_token_lifetime.as_secs() == 0 {
+            return fail("max_token_lifetime must be at least 1 s");
+        }
+        let limits = [
+            self.auth.attempts_per_source,
+            self.auth.attempts_per_account,
+            self.auth.supersedes_per_account,
+        ];
+        if limits.iter().any(|l| l.burst == 0 || l.per_minute == 0) {
+            return fail("authentication limits must be at least 1");
+        }
+        if self.auth.max_unauthenticated_per_source == 0 {
+            return fail("max_unauthenticated_per_source must be at least 1");
         }
         if self.max_connections == 0 {
             return fail("max_connections must be at least 1");

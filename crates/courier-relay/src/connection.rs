@@ -1,8 +1,9 @@
-//! One client connection: upgrade, authentication (`docs/protocol.md#authentication`), then the
-//! reader loop that handles frames strictly in arrival order, keepalive
-//! (`docs/protocol.md#transport`), displacement (`docs/protocol.md#session-displacement`) and
-//! shutdown.
+//! One client connection: upgrade, authentication (`docs/protocol.md#authentication`, under the
+//! limits of `docs/protocol.md#authentication-limits`), then the reader loop that handles frames
+//! strictly in arrival order, keepalive (`docs/protocol.md#transport`), displacement
+//! (`docs/protocol.md#session-displacement`), revocation and shutdown.
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +14,7 @@ use courier_proto::limits::{
 };
 use courier_proto::{ClientFrame, DecodeError, MailboxInfo, RateLimitInfo, RelayFrame};
 use futures_util::{SinkExt, StreamExt};
+use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
@@ -24,10 +26,12 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
-use crate::auth::{encode_challenge, AuthFailure};
+use crate::attempts::Pending;
+use crate::auth::{encode_challenge, AuthFailure, Verified};
 use crate::dispatch::{Flow, Session};
 use crate::linger::{read_out_websocket, Input};
 use crate::mailbox::DeliveryQueue;
+use crate::read_budget::{Budgeted, OverBudget};
 use crate::router::{Peer, SupersedeAck};
 use crate::writer::{self, Outbound, Sink};
 use crate::{now_ms, stopping, Ctx};
@@ -35,25 +39,45 @@ use crate::{now_ms, stopping, Ctx};
 /// Answers the reader may queue ahead of the writer before it waits.
 const OUTBOUND_QUEUE: usize = 64;
 
+/// The bytes of the largest `Authenticate` read (`docs/protocol.md#authentication-limits`): a
+/// token and 64 capabilities of 128 bytes fit with room to spare.
+const MAX_AUTHENTICATE_BYTES: usize = 16 * 1024;
+
+/// A connection not yet authenticated: the one deadline it has from accept to `Authenticated`,
+/// and its place under its source's cap.
+struct Unauthenticated {
+    deadline: Instant,
+    /// Released on `Authenticated` or when the connection ends.
+    _pending: Option<Pending>,
+    remote: SocketAddr,
+}
+
 pub async fn serve(ctx: Arc<Ctx>, tcp: TcpStream, tls: Option<TlsAcceptor>, remote: SocketAddr) {
-    let handshake_deadline = Instant::now() + ctx.timings.auth_timeout;
+    let pending = match ctx.auth_limits.admit(remote.ip()) {
+        Ok(pending) => pending,
+        Err(()) => {
+            tracing::debug!(%remote, "too many unauthenticated connections from this source; closed at accept");
+            ctx.metrics.closed(CloseReason::TooManyUnauthenticated);
+            return;
+        }
+    };
+    let pre = Unauthenticated {
+        deadline: Instant::now() + ctx.timings.auth_timeout,
+        _pending: pending,
+        remote,
+    };
     match tls {
         // Boxed: a TLS session's state is most of this task's size (about 15 KiB), which a
         // plain connection must not carry, and a TLS one only once it got this far.
-        Some(acceptor) => Box::pin(serve_tls(ctx, tcp, acceptor, handshake_deadline, remote)).await,
-        None => run(ctx, tcp, handshake_deadline, remote).await,
+        Some(acceptor) => Box::pin(serve_tls(ctx, tcp, acceptor, pre)).await,
+        None => run(ctx, tcp, pre).await,
     }
 }
 
-async fn serve_tls(
-    ctx: Arc<Ctx>,
-    tcp: TcpStream,
-    acceptor: TlsAcceptor,
-    handshake_deadline: Instant,
-    remote: SocketAddr,
-) {
-    match tokio::time::timeout_at(handshake_deadline, acceptor.accept(tcp)).await {
-        Ok(Ok(stream)) => run(ctx, stream, handshake_deadline, remote).await,
+async fn serve_tls(ctx: Arc<Ctx>, tcp: TcpStream, acceptor: TlsAcceptor, pre: Unauthenticated) {
+    let remote = pre.remote;
+    match tokio::time::timeout_at(pre.deadline, acceptor.accept(tcp)).await {
+        Ok(Ok(stream)) => run(ctx, stream, pre).await,
         Ok(Err(e)) => {
             tracing::debug!(%remote, error = %e, "TLS handshake failed");
             ctx.metrics.closed(CloseReason::HandshakeFailed);
@@ -82,6 +106,7 @@ fn ws_config() -> WebSocketConfig {
 fn close_code_for(error: &WsError) -> Option<u16> {
     match error {
         WsError::Capacity(_) => Some(close::TOO_BIG),
+        WsError::Io(e) if OverBudget::is(e) => Some(close::TOO_BIG),
         WsError::Utf8(_) => Some(close::INVALID_UTF8),
         _ => None,
     }
@@ -95,17 +120,18 @@ fn close_message(code: u16) -> Message {
 }
 
 struct Authed {
-    account: String,
+    token: Verified,
     opted_in: bool,
 }
 
-async fn run<S>(ctx: Arc<Ctx>, stream: S, handshake_deadline: Instant, remote: SocketAddr)
+async fn run<S>(ctx: Arc<Ctx>, stream: S, pre: Unauthenticated)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let remote = pre.remote;
     let accepted = tokio::time::timeout_at(
-        handshake_deadline,
-        tokio_tungstenite::accept_async_with_config(stream, Some(ws_config())),
+        pre.deadline,
+        tokio_tungstenite::accept_async_with_config(Budgeted::new(stream), Some(ws_config())),
     )
     .await;
     let mut ws = match accepted {
@@ -121,8 +147,12 @@ where
             return;
         }
     };
-    let authed = match authenticate(&ctx, &mut ws, remote).await {
-        Ok(authed) => authed,
+    let authed = match authenticate(&ctx, &mut ws, pre.deadline, remote).await {
+        Ok(authed) => {
+            ws.get_mut().lift();
+            drop(pre);
+            authed
+        }
         Err(reason) => {
             tracing::debug!(%remote, reason = reason.as_str(), "connection closed before authentication");
             ctx.metrics.closed(reason);
@@ -139,7 +169,8 @@ async fn session<S>(ctx: Arc<Ctx>, mut ws: WebSocketStream<S>, authed: Authed, r
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let Authed { account, opted_in } = authed;
+    let Authed { token, opted_in } = authed;
+    let account = token.account.clone();
     // Drawn before anything changes state, so a failing generator displaces nobody.
     let ready = match ctx.timings.challenge() {
         None => {
@@ -221,6 +252,7 @@ where
     let session = Session::new(Arc::clone(&ctx), Arc::clone(&peer), challenge, out.clone());
     let reader = Reader {
         ctx: Arc::clone(&ctx),
+        token,
         peer,
         stream,
         out,
@@ -263,18 +295,92 @@ enum AuthEvent {
     Shutdown,
 }
 
-/// Waits for the first frame; it must be a valid Authenticate (`docs/protocol.md#handshake`).
-/// Everything else ends the connection with the matching AuthError and close 4001, and has no
-/// effect. Without an account, says why the connection ended.
+/// A first frame's `type`, read without building the rest of it.
+#[derive(Deserialize)]
+struct FrameType<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+}
+
+/// `Authenticate`, decoded straight into its fields.
+#[derive(Deserialize)]
+struct AuthenticateFrame {
+    token: String,
+    #[serde(default)]
+    client_capabilities: Option<Vec<String>>,
+}
+
+/// A first text frame, decoded and counted: the `Authenticate` it is, or the failure it calls
+/// for.
+fn first_frame(ctx: &Ctx, text: &str) -> Result<AuthenticateFrame, AuthFailure> {
+    let decoded = match serde_json::from_str::<FrameType>(text) {
+        Err(_) => Err(DecodeError::Malformed),
+        Ok(FrameType { kind }) if kind != "Authenticate" => Err(DecodeError::Invalid {
+            frame_type: kind.chars().take(128).collect(),
+            detail: String::new(),
+        }),
+        Ok(_) => match serde_json::from_str::<AuthenticateFrame>(text) {
+            Ok(frame) => Ok(frame),
+            Err(_) => Err(DecodeError::Invalid {
+                frame_type: "Authenticate".to_owned(),
+                detail: String::new(),
+            }),
+        },
+    };
+    // Counted as the frame types the session counts.
+    let counted = decoded
+        .as_ref()
+        .map(|_| ClientFrame::Authenticate {
+            token: String::new(),
+            client_capabilities: None,
+        })
+        .map_err(Clone::clone);
+    ctx.metrics.received(&counted, text.len());
+    match decoded {
+        Ok(frame) => Ok(frame),
+        Err(DecodeError::Invalid { frame_type, .. }) if frame_type == "Authenticate" => {
+            Err(AuthFailure::InvalidToken)
+        }
+        Err(_) => Err(AuthFailure::NotAuthenticated),
+    }
+}
+
+/// A decoded `Authenticate` from `remote`: its token checked, then the limits and the deny list
+/// applied.
+fn admit(ctx: &Ctx, frame: AuthenticateFrame, remote: SocketAddr) -> Result<Authed, AuthFailure> {
+    let now = std::time::Instant::now();
+    ctx.auth_limits.attempt(remote.ip(), now)?;
+    let token = ctx.verifier.verify(&frame.token)?;
+    if ctx
+        .revocations
+        .borrow()
+        .revokes(&token.account, token.issued_at)
+    {
+        return Err(AuthFailure::TokenRevoked);
+    }
+    let displacing = ctx.router.is_connected(&token.account);
+    ctx.auth_limits.login(&token.account, displacing, now)?;
+    let opted_in = frame
+        .client_capabilities
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c == CAP_MAILBOX);
+    Ok(Authed { token, opted_in })
+}
+
+/// Waits for the first frame, until `deadline`; it must be a valid Authenticate
+/// (`docs/protocol.md#handshake`). Everything else ends the connection with the matching
+/// AuthError and close 4001, and has no effect. Without an account, says why the connection
+/// ended.
 async fn authenticate<S>(
     ctx: &Ctx,
-    ws: &mut WebSocketStream<S>,
+    ws: &mut WebSocketStream<Budgeted<S>>,
+    deadline: Instant,
     remote: SocketAddr,
 ) -> Result<Authed, CloseReason>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let deadline = Instant::now() + ctx.timings.auth_timeout;
     let linger = ctx.timings.close_linger;
     let mut shutdown = ctx.shutdown.clone();
     loop {
@@ -292,6 +398,9 @@ where
             AuthEvent::Message(Some(Err(e))) => {
                 return Err(match close_code_for(&e) {
                     Some(code) => {
+                        // What is left is read out as raw bytes into a small buffer, never
+                        // parsed or kept: the budget no longer has anything to bound.
+                        ws.get_mut().lift();
                         close_and_read_out(ws, code, Input::Failed, linger).await;
                         CloseReason::with(code)
                     }
@@ -299,27 +408,16 @@ where
                 });
             }
             AuthEvent::Message(Some(Ok(message))) => match message {
-                Message::Text(text) => match counted(ctx, ClientFrame::decode(&text), text.len()) {
-                    Ok(ClientFrame::Authenticate {
-                        token,
-                        client_capabilities,
-                    }) => match ctx.verifier.verify(&token) {
-                        Ok(account) => {
-                            let opted_in = client_capabilities
-                                .unwrap_or_default()
-                                .iter()
-                                .any(|c| c == CAP_MAILBOX);
-                            return Ok(Authed { account, opted_in });
-                        }
+                Message::Text(text) if text.len() > MAX_AUTHENTICATE_BYTES => {
+                    close_and_read_out(ws, close::TOO_BIG, Input::Parsing, linger).await;
+                    return Err(CloseReason::FrameTooBig);
+                }
+                Message::Text(text) => {
+                    match first_frame(ctx, &text).and_then(|frame| admit(ctx, frame, remote)) {
+                        Ok(authed) => return Ok(authed),
                         Err(failure) => failure,
-                    },
-                    Err(DecodeError::Invalid { frame_type, .. })
-                        if frame_type == "Authenticate" =>
-                    {
-                        AuthFailure::InvalidToken
                     }
-                    _ => AuthFailure::NotAuthenticated,
-                },
+                }
                 Message::Binary(_) => {
                     ctx.metrics.received_binary();
                     AuthFailure::NotAuthenticated
@@ -345,16 +443,6 @@ where
     }
 }
 
-/// A decoded first frame, counted.
-fn counted(
-    ctx: &Ctx,
-    decoded: Result<ClientFrame, DecodeError>,
-    bytes: usize,
-) -> Result<ClientFrame, DecodeError> {
-    ctx.metrics.received(&decoded, bytes);
-    decoded
-}
-
 /// Why a connection ended, as logs and `connections_closed_total` name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CloseReason {
@@ -366,6 +454,10 @@ pub(crate) enum CloseReason {
     /// The same account connected again.
     Superseded,
     AuthFailed,
+    /// The source had too many connections not yet authenticated: closed at accept.
+    TooManyUnauthenticated,
+    /// The operator revoked the token the connection authenticated with.
+    Revoked,
     Shutdown,
     /// The TLS handshake or the WebSocket upgrade failed.
     HandshakeFailed,
@@ -403,6 +495,8 @@ impl CloseReason {
             Self::KeepaliveTimeout => "keepalive_timeout",
             Self::Superseded => "superseded",
             Self::AuthFailed => "auth_failed",
+            Self::TooManyUnauthenticated => "too_many_unauthenticated",
+            Self::Revoked => "token_revoked",
             Self::Shutdown => "shutdown",
             Self::HandshakeFailed => "handshake_failed",
             Self::HandshakeTimeout => "handshake_timeout",
@@ -442,9 +536,23 @@ where
     .await;
 }
 
+/// Resolves once the deny list revokes `token`; pending for good if it never does, or if the
+/// relay stops updating it.
+async fn revoked(revocations: &mut crate::revocation::Revocations, token: &Verified) {
+    if revocations
+        .wait_for(|list| list.revokes(&token.account, token.issued_at))
+        .await
+        .is_err()
+    {
+        std::future::pending::<()>().await;
+    }
+}
+
 enum End<S> {
     /// Close with this code, then read the socket out.
     Close(u16, Input),
+    /// The deny list now revokes the connection's token: `AuthError{token_revoked}`, then 4001.
+    Revoked,
     Superseded(Option<SupersedeAck>),
     /// No Pong or other message for `dead_after`: best-effort 4008, no waiting
     /// (`docs/protocol.md#transport`).
@@ -463,6 +571,7 @@ impl<S> End<S> {
     fn reason(&self) -> CloseReason {
         match self {
             End::Close(code, _) => CloseReason::with(*code),
+            End::Revoked => CloseReason::Revoked,
             End::Superseded(_) => CloseReason::Superseded,
             End::Dead => CloseReason::KeepaliveTimeout,
             End::PeerClosed => CloseReason::PeerClosed,
@@ -496,6 +605,8 @@ impl<S> Drop for WriterTask<S> {
 
 struct Reader<S> {
     ctx: Arc<Ctx>,
+    /// What the connection authenticated with, re-checked whenever the deny list changes.
+    token: Verified,
     peer: Arc<Peer>,
     stream: futures_util::stream::SplitStream<WebSocketStream<S>>,
     out: mpsc::Sender<Outbound>,
@@ -515,12 +626,15 @@ where
     ) -> (CloseReason, Option<u64>) {
         let timings = self.ctx.timings;
         let mut shutdown = self.ctx.shutdown.clone();
+        let mut revocations = self.ctx.revocations.clone();
+        let token = self.token.clone();
         let mut last_heard = Instant::now();
         let end = loop {
             let event = tokio::select! {
                 biased;
                 () = stopping(&mut shutdown) => Err(End::Close(close::GOING_AWAY, Input::Parsing)),
                 ack = &mut superseded => Err(End::Superseded(ack.ok())),
+                () = revoked(&mut revocations, &token) => Err(End::Revoked),
                 sink = &mut self.writer.0 => Err(End::WriterStopped(sink.ok().flatten())),
                 () = tokio::time::sleep_until(last_heard + timings.dead_after) => Err(End::Dead),
                 message = self.stream.next() => Ok(message),
@@ -551,6 +665,7 @@ where
                 handled = handling => handled,
                 () = stopping(&mut shutdown) => break End::Close(close::GOING_AWAY, Input::Parsing),
                 ack = &mut superseded => break End::Superseded(ack.ok()),
+                () = revoked(&mut revocations, &token) => break End::Revoked,
                 () = tokio::time::sleep_until(last_heard + timings.dead_after) => break End::Dead,
             };
             let Some(flow) = handled else {
@@ -581,6 +696,17 @@ where
                     Ok(Ok(())) => self.writer.stopped(linger).await.map(|sink| (sink, input)),
                     Ok(Err(_)) | Err(_) => None,
                 }
+            }
+            End::Revoked => {
+                let refusal = RelayFrame::AuthError {
+                    reason: AuthFailure::TokenRevoked.reason().to_owned(),
+                };
+                let _ = self.out.send(Outbound::Frame(refusal)).await;
+                let _ = self.out.send(Outbound::Close(close::AUTH_FAILED)).await;
+                self.writer
+                    .stopped(linger)
+                    .await
+                    .map(|sink| (sink, Input::Parsing))
             }
             End::Superseded(ack) => {
                 let superseded = RelayFrame::SessionSuperseded {

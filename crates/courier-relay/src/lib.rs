@@ -29,6 +29,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 mod accept;
+mod attempts;
 mod auth;
 pub mod cli;
 mod config;
@@ -46,6 +47,8 @@ mod metrics;
 mod monitor;
 mod presence;
 mod rate;
+mod read_budget;
+mod revocation;
 mod router;
 mod send;
 mod store;
@@ -54,16 +57,18 @@ mod writer;
 
 pub use auth::issue_token;
 pub use config::{
-    AddressLimits, MailboxLimits, RateLimit, RelayConfig, Storage, Timings, TlsConfig,
-    DEFAULT_MAX_GROUP_MEMBERS, MAX_GROUP_MEMBERS_CEILING,
+    AddressLimits, AttemptLimit, AuthPolicy, MailboxLimits, RateLimit, RelayConfig, Storage,
+    Timings, TlsConfig, DEFAULT_MAX_GROUP_MEMBERS, MAX_GROUP_MEMBERS_CEILING, MIN_SECRET_BYTES,
 };
 pub use error::RelayError;
 pub use gateway::{start_gateway, GatewayConfig, GatewayDaemonTimings, GatewayHandle};
 
 use accept::Serving;
+use attempts::AuthLimits;
 use auth::TokenVerifier;
 use metrics::Metrics;
 use rate::AccountBuckets;
+use revocation::{DenyFile, DenyList, Revocations};
 use router::Router;
 use store::Store;
 
@@ -85,6 +90,8 @@ pub(crate) struct Ctx {
     pub buckets: AccountBuckets,
     pub timings: Timings,
     pub verifier: TokenVerifier,
+    pub auth_limits: AuthLimits,
+    pub revocations: Revocations,
     pub store: Store,
     pub router: Arc<Router>,
     pub metrics: Metrics,
@@ -194,7 +201,18 @@ impl Drop for RelayHandle {
 /// Binds, opens the database and starts serving on the current tokio runtime.
 pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
     config.validate()?;
-    let verifier = TokenVerifier::new(&config.jwt_secret)?;
+    let verifier = TokenVerifier::new(&config.jwt_secret, &config.auth)?;
+    let deny_file = config
+        .auth
+        .revoked_tokens
+        .as_deref()
+        .map(DenyFile::open)
+        .transpose()?;
+    let (deny_file, deny_list) = match deny_file {
+        Some((file, list)) => (Some(file), list),
+        None => (None, DenyList::default()),
+    };
+    let (revoked, revocations) = watch::channel(Arc::new(deny_list));
     let tls = config.tls.as_ref().map(tls::acceptor).transpose()?;
     let metrics = Metrics::new();
     let router = Arc::new(Router::default());
@@ -231,6 +249,8 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
         buckets: AccountBuckets::new(config.rate_limit),
         timings: config.timings,
         verifier,
+        auth_limits: AuthLimits::new(&config.auth),
+        revocations,
         store,
         router,
         metrics,
@@ -252,10 +272,17 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
             move |tcp, remote| connection::serve(Arc::clone(&ctx), tcp, tls.clone(), remote),
         )
     };
-    let tasks = vec![
+    let mut tasks = vec![
         tokio::spawn(serving),
         tokio::spawn(purge_loop(Arc::clone(&ctx))),
     ];
+    if let Some(file) = deny_file {
+        tasks.push(tokio::spawn(revocation::watch_file(
+            Arc::clone(&ctx),
+            file,
+            revoked,
+        )));
+    }
     let monitor = monitor_listener.map(|(listener, addr)| {
         let (stop, stop_rx) = watch::channel(false);
         let task = tokio::spawn(monitor::serve(listener, Arc::clone(&ctx), stop_rx));
@@ -282,7 +309,16 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
         max_connections = config.max_connections,
         "relay listening"
     );
+    if in_the_clear_beyond_loopback(local_addr, handle.tls) {
+        // Tokens would cross the network in the clear (`docs/operating-the-relay.md#listening-beyond-loopback`).
+        tracing::warn!(url = %handle.url(), "listening beyond loopback without TLS: tokens and frames travel in the clear; serve wss:// (--tls-cert, --tls-key) or put a TLS proxy in front");
+    }
     Ok(handle)
+}
+
+/// Whether a listener at `addr` would carry tokens in the clear to other hosts.
+fn in_the_clear_beyond_loopback(addr: SocketAddr, tls: bool) -> bool {
+    !tls && !addr.ip().to_canonical().is_loopback()
 }
 
 /// Deletes what has outlived its time: expired journal frames (with a mailbox), group copy
@@ -342,5 +378,26 @@ async fn purge_groups(ctx: &Ctx) {
             ctx.metrics.purge_failed();
             tracing::warn!(error = %e, "purging group records failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_listeners_beyond_loopback_are_warned_about() {
+        let at = |addr: &str| addr.parse::<SocketAddr>().unwrap();
+        assert!(in_the_clear_beyond_loopback(at("0.0.0.0:8080"), false));
+        assert!(in_the_clear_beyond_loopback(at("192.0.2.1:8080"), false));
+        assert!(in_the_clear_beyond_loopback(at("[::]:8080"), false));
+        assert!(!in_the_clear_beyond_loopback(at("0.0.0.0:8080"), true));
+        assert!(!in_the_clear_beyond_loopback(at("127.0.0.1:8080"), false));
+        assert!(!in_the_clear_beyond_loopback(at("127.0.0.2:8080"), false));
+        assert!(!in_the_clear_beyond_loopback(at("[::1]:8080"), false));
+        assert!(!in_the_clear_beyond_loopback(
+            at("[::ffff:127.0.0.1]:8080"),
+            false
+        ));
     }
 }

@@ -617,14 +617,13 @@ async fn only_the_canonical_spelling_of_a_declared_address_routes() {
 
 /// An HS256 token for any `sub`, bypassing `issue_token`'s account-name checks.
 fn token_unchecked(sub: &str) -> String {
-    let exp = std::time::SystemTime::now()
+    let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .as_secs()
-        + 600;
+        .as_secs();
     jsonwebtoken::encode(
         &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
-        &json!({"sub": sub, "exp": exp}),
+        &json!({"sub": sub, "iat": now, "exp": now + 600}),
         &jsonwebtoken::EncodingKey::from_secret(SECRET).unwrap(),
     )
     .unwrap()

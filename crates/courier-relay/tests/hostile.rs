@@ -115,9 +115,10 @@ async fn deeply_nested_and_huge_json_is_answered_and_changes_nothing() {
     let relay = TestRelay::start().await;
     queue_witness(&relay).await;
 
-    // As the first frame, 10 000 levels deep: refused like any non-Authenticate frame.
+    // As the first frame, 5 000 levels deep (within the size allowed before authentication):
+    // refused like any non-Authenticate frame.
     assert_eq!(
-        relay.refused(&nested_arrays(10_000)).await,
+        relay.refused(&nested_arrays(5_000)).await,
         ("not_authenticated".into(), Ending::Close(4001))
     );
 
@@ -1034,4 +1035,99 @@ async fn an_address_binding_not_declared_again_expires() {
             last_seen: None
         }
     );
+}
+
+/// A peer that has not authenticated cannot make the relay buffer or parse a large frame: its
+/// first frame is capped far below the 1 MiB allowed afterwards, whatever its type.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anonymous_peer_cannot_make_the_relay_buffer_a_large_frame() {
+    let relay = TestRelay::start().await;
+    queue_witness(&relay).await;
+    let padded_token = json!({"type": "Authenticate", "token": "x".repeat(20 * 1024)}).to_string();
+    let big_send = json!({
+        "type": "SendMessage", "recipient": "wendy", "content": "x".repeat(200 * 1024),
+        "message_id": "big",
+    })
+    .to_string();
+    for (what, first) in [
+        ("a padded Authenticate", padded_token),
+        ("a large SendMessage", big_send),
+    ] {
+        let mut c = relay.client().await;
+        c.send_text(first).await;
+        let (frames, ending) = c.frames_until_end().await;
+        assert_eq!((frames, ending), (vec![], Ending::Close(1009)), "{what}");
+    }
+    // In fragments, each small, that add up to more.
+    let mut raw = RawClient::connect(relay.handle().local_addr()).await;
+    let piece = vec![b'x'; 8 * 1024];
+    raw.send_fragment(false, 0x1, &piece).await;
+    for _ in 0..8 {
+        if raw.write_fragment(false, 0x0, &piece).await.is_err() {
+            break;
+        }
+    }
+    assert_eq!(raw.close_code().await, Some(1009));
+    honest_exchange(&relay.url).await;
+    assert_witness_delivered(&relay).await;
+}
+
+/// A slow peer gets one deadline from accept to authenticated, not one for the handshake and a
+/// fresh one after it: upgrading just before the first runs out buys no time to authenticate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_upgrade_does_not_buy_a_second_authentication_deadline() {
+    const AUTH_TIMEOUT: Duration = Duration::from_millis(2000);
+    let relay = TestRelay::start_with(|c| c.timings.auth_timeout = AUTH_TIMEOUT).await;
+    let tcp = tokio::net::TcpStream::connect(relay.handle().local_addr())
+        .await
+        .unwrap();
+    // The attacker's own pacing: most of the deadline before the upgrade, then the rest of it
+    // and more before Authenticate, which a second deadline counted from the upgrade would allow.
+    tokio::time::sleep(AUTH_TIMEOUT * 6 / 10).await;
+    let (ws, _) = tokio_tungstenite::client_async(
+        relay.url.clone(),
+        tokio_tungstenite::MaybeTlsStream::Plain(tcp),
+    )
+    .await
+    .expect("upgraded within the deadline");
+    let mut c = Client::from_ws(ws);
+    tokio::time::sleep(AUTH_TIMEOUT * 6 / 10).await;
+    let _ =
+        c.ws.send(Message::text(
+            json!({"type": "Authenticate", "token": token("mallory")}).to_string(),
+        ))
+        .await;
+    let (frames, ending) = c.frames_until_end().await;
+    assert_eq!(
+        frames,
+        vec![RelayFrame::AuthError {
+            reason: "auth_timeout".into()
+        }]
+    );
+    assert_eq!(ending, Ending::Close(4001));
+}
+
+/// One address cannot hold more than its cap of connections that never authenticate; each
+/// that authenticates or ends makes room for another, and other clients are unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_source_cannot_hold_more_than_its_cap_of_unauthenticated_connections() {
+    let relay = TestRelay::start_with(|c| {
+        c.auth.limit_loopback = true;
+        c.auth.max_unauthenticated_per_source = 3;
+    })
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(relay.client().await);
+    }
+    let refused = within(tokio_tungstenite::connect_async(relay.url.as_str()))
+        .await
+        .expect("answered in time");
+    assert!(refused.is_err(), "a fourth is closed at accept");
+    // One of the three authenticates: its place is free again.
+    let mut first = held.remove(0);
+    first.authenticate("alice", true).await;
+    let mut fourth = relay.client().await;
+    fourth.authenticate("bob", true).await;
+    assert_eq!(fourth.drain_complete().await, 0);
 }

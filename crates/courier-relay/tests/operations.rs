@@ -405,7 +405,7 @@ async fn json_logs_are_one_object_per_line() {
         - 60;
     let expired = jsonwebtoken::encode(
         &jsonwebtoken::Header::default(),
-        &serde_json::json!({"sub": "alice", "exp": a_minute_ago}),
+        &serde_json::json!({"sub": "alice", "iat": a_minute_ago - 60, "exp": a_minute_ago}),
         &jsonwebtoken::EncodingKey::from_secret(SECRET).unwrap(),
     )
     .unwrap();

@@ -84,7 +84,15 @@ async fn unknown_and_invalid_frames_are_answered_and_the_connection_stays() {
 async fn a_message_over_1_mib_closes_with_1009() {
     // The relay reads out until the client closes; a linger this long cannot cut that short
     // however slowly the client writes, and costs nothing when it does not.
-    let relay = TestRelay::start_with(|c| c.timings.close_linger = Duration::from_secs(60)).await;
+    // 200 logins of one account: over its default login limit, which is not under test here.
+    let relay = TestRelay::start_with(|c| {
+        c.timings.close_linger = Duration::from_secs(60);
+        c.auth.attempts_per_account = courier_relay::AttemptLimit {
+            burst: 1000,
+            per_minute: 1000,
+        };
+    })
+    .await;
     let big = format!(
         r#"{{"type":"SendMessage","recipient":"alice","message_id":"m","content":"{}"}}"#,
         "x".repeat(1_048_576)

@@ -5,12 +5,27 @@
 use std::net::SocketAddr;
 use std::num::{NonZeroU32, NonZeroU64};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
+use base64::Engine;
 use clap::builder::BoolishValueParser;
 
 use super::{positive, read_file, socket_addr, UsageError};
 use crate::logging::{LogFormat, LogLevel, Logging};
-use crate::{MailboxLimits, RelayConfig, Storage, TlsConfig};
+use crate::{AttemptLimit, MailboxLimits, RelayConfig, Storage, TlsConfig, MIN_SECRET_BYTES};
+
+/// How the secret file spells the secret.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum SecretEncoding {
+    // Plain comments: doc comments would list the values apart in `--help`, which `-h` must
+    // match. Raw: the file's bytes are the secret; base64 is the standard alphabet, padded or
+    // not.
+    #[default]
+    Raw,
+    Hex,
+    Base64,
+}
 
 /// Flags and environment variables come to clap; the config file to serde, which refuses any
 /// key not named here. Unset is `None` (or `false`) on both, so the layers can be merged.
@@ -34,9 +49,68 @@ pub(super) struct RelaySettings {
     #[arg(long, env = "COURIER_RELAY_MEMORY", value_parser = BoolishValueParser::new(), help_heading = "Storage")]
     memory: bool,
 
-    /// File holding the HS256 token secret (trailing newline ignored)
+    /// File holding the HS256 token secret, at least 32 bytes (trailing newline ignored)
     #[arg(long, env = "COURIER_RELAY_JWT_SECRET_FILE", value_name = "FILE")]
     jwt_secret_file: Option<PathBuf>,
+
+    /// How the secret file spells the secret [default: raw]
+    #[arg(
+        long,
+        env = "COURIER_RELAY_JWT_SECRET_ENCODING",
+        value_name = "ENCODING"
+    )]
+    jwt_secret_encoding: Option<SecretEncoding>,
+
+    /// Longest token lifetime (exp − iat) accepted, in seconds [default: 86400]
+    #[arg(long, env = "COURIER_RELAY_MAX_TOKEN_LIFETIME_SEC", value_name = "N", value_parser = positive::<NonZeroU64>, help_heading = "Authentication")]
+    max_token_lifetime_sec: Option<NonZeroU64>,
+
+    /// Require tokens to carry this `aud` [default: aud not checked]
+    #[arg(
+        long,
+        env = "COURIER_RELAY_TOKEN_AUDIENCE",
+        value_name = "AUD",
+        help_heading = "Authentication"
+    )]
+    token_audience: Option<String>,
+
+    /// Require tokens to carry this `iss` [default: iss not checked]
+    #[arg(
+        long,
+        env = "COURIER_RELAY_TOKEN_ISSUER",
+        value_name = "ISS",
+        help_heading = "Authentication"
+    )]
+    token_issuer: Option<String>,
+
+    /// Deny list of `account not-before` lines, re-read when it changes [default: none]
+    #[arg(
+        long,
+        env = "COURIER_RELAY_REVOKED_TOKENS",
+        value_name = "FILE",
+        help_heading = "Authentication"
+    )]
+    revoked_tokens: Option<PathBuf>,
+
+    /// Authenticate frames per source address: N at once, N more a minute [default: 60]
+    #[arg(long, env = "COURIER_RELAY_AUTH_ATTEMPTS_PER_SOURCE", value_name = "N", value_parser = positive::<NonZeroU32>, help_heading = "Authentication")]
+    auth_attempts_per_source: Option<NonZeroU32>,
+
+    /// Authentications per account: N at once, N more a minute [default: 20]
+    #[arg(long, env = "COURIER_RELAY_AUTH_ATTEMPTS_PER_ACCOUNT", value_name = "N", value_parser = positive::<NonZeroU32>, help_heading = "Authentication")]
+    auth_attempts_per_account: Option<NonZeroU32>,
+
+    /// Logins displacing a live connection, per account: N at once, N more a minute [default: 5]
+    #[arg(long, env = "COURIER_RELAY_DISPLACEMENTS_PER_ACCOUNT", value_name = "N", value_parser = positive::<NonZeroU32>, help_heading = "Authentication")]
+    displacements_per_account: Option<NonZeroU32>,
+
+    /// Connections per source address not yet authenticated [default: 64]
+    #[arg(long, env = "COURIER_RELAY_MAX_UNAUTHENTICATED_PER_SOURCE", value_name = "N", value_parser = positive::<NonZeroU32>, help_heading = "Authentication")]
+    max_unauthenticated_per_source: Option<NonZeroU32>,
+
+    /// Apply the per-source limits to loopback clients too (off: a local proxy's clients all share loopback)
+    #[arg(long, env = "COURIER_RELAY_LIMIT_LOOPBACK", value_parser = BoolishValueParser::new(), help_heading = "Authentication")]
+    limit_loopback: bool,
 
     /// No store-and-forward: offline recipients are unreachable
     #[arg(long, env = "COURIER_RELAY_NO_MAILBOX", value_parser = BoolishValueParser::new(), help_heading = "Mailbox")]
@@ -137,6 +211,24 @@ impl RelaySettings {
             db: self.db.or(file.db),
             memory: switch("memory", self.memory, file.memory),
             jwt_secret_file: self.jwt_secret_file.or(file.jwt_secret_file),
+            jwt_secret_encoding: self.jwt_secret_encoding.or(file.jwt_secret_encoding),
+            max_token_lifetime_sec: self.max_token_lifetime_sec.or(file.max_token_lifetime_sec),
+            token_audience: self.token_audience.or(file.token_audience),
+            token_issuer: self.token_issuer.or(file.token_issuer),
+            revoked_tokens: self.revoked_tokens.or(file.revoked_tokens),
+            auth_attempts_per_source: self
+                .auth_attempts_per_source
+                .or(file.auth_attempts_per_source),
+            auth_attempts_per_account: self
+                .auth_attempts_per_account
+                .or(file.auth_attempts_per_account),
+            displacements_per_account: self
+                .displacements_per_account
+                .or(file.displacements_per_account),
+            max_unauthenticated_per_source: self
+                .max_unauthenticated_per_source
+                .or(file.max_unauthenticated_per_source),
+            limit_loopback: switch("limit_loopback", self.limit_loopback, file.limit_loopback),
             no_mailbox: switch("no_mailbox", self.no_mailbox, file.no_mailbox),
             mailbox_max_messages: self.mailbox_max_messages.or(file.mailbox_max_messages),
             mailbox_max_bytes: self.mailbox_max_bytes.or(file.mailbox_max_bytes),
@@ -181,9 +273,33 @@ impl RelaySettings {
         let secret_file = self
             .jwt_secret_file
             .ok_or_else(|| UsageError::new("--jwt-secret-file FILE is required"))?;
-        let secret = read_secret(&secret_file)?;
+        let secret = read_secret(&secret_file, self.jwt_secret_encoding.unwrap_or_default())?;
 
         let mut config = RelayConfig::new(listen, storage, secret);
+        let auth = &mut config.auth;
+        if let Some(secs) = self.max_token_lifetime_sec {
+            auth.max_token_lifetime = Duration::from_secs(secs.get());
+        }
+        auth.audience = self.token_audience;
+        auth.issuer = self.token_issuer;
+        auth.revoked_tokens = self.revoked_tokens;
+        let per_minute = |n: NonZeroU32| AttemptLimit {
+            burst: n.get(),
+            per_minute: n.get(),
+        };
+        if let Some(n) = self.auth_attempts_per_source {
+            auth.attempts_per_source = per_minute(n);
+        }
+        if let Some(n) = self.auth_attempts_per_account {
+            auth.attempts_per_account = per_minute(n);
+        }
+        if let Some(n) = self.displacements_per_account {
+            auth.supersedes_per_account = per_minute(n);
+        }
+        if let Some(n) = self.max_unauthenticated_per_source {
+            auth.max_unauthenticated_per_source = n.get();
+        }
+        auth.limit_loopback = self.limit_loopback;
         config.key_directory = !self.no_key_directory;
         if self.no_mailbox {
             let mailbox_flags = [
@@ -260,14 +376,41 @@ impl RelaySettings {
     }
 }
 
-fn read_secret(path: &Path) -> Result<Vec<u8>, UsageError> {
-    let secret = read_file("--jwt-secret-file", path)?;
-    let secret = secret.trim_end_matches(['\n', '\r']);
-    if secret.is_empty() {
-        return Err(UsageError::new(format!(
-            "the secret in {} is empty",
+fn read_secret(path: &Path, encoding: SecretEncoding) -> Result<Vec<u8>, UsageError> {
+    let text = read_file("--jwt-secret-file", path)?;
+    let text = text.trim_end_matches(['\n', '\r']);
+    let undecodable = |what: &str| {
+        UsageError::new(format!(
+            "the secret in {} is not {what} (--jwt-secret-encoding)",
             path.display()
+        ))
+    };
+    let secret = match encoding {
+        SecretEncoding::Raw => text.as_bytes().to_vec(),
+        SecretEncoding::Hex => decode_hex(text.trim()).ok_or_else(|| undecodable("hex"))?,
+        SecretEncoding::Base64 => {
+            let text = text.trim().trim_end_matches('=');
+            base64::engine::general_purpose::STANDARD_NO_PAD
+                .decode(text)
+                .map_err(|_| undecodable("base64"))?
+        }
+    };
+    if secret.len() < MIN_SECRET_BYTES {
+        return Err(UsageError::new(format!(
+            "the secret in {} is {} bytes; at least {MIN_SECRET_BYTES} are required",
+            path.display(),
+            secret.len()
         )));
     }
-    Ok(secret.as_bytes().to_vec())
+    Ok(secret)
+}
+
+fn decode_hex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
 }

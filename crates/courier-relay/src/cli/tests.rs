@@ -8,6 +8,9 @@ use crate::gateway::{GatewayAccess, GatewayToken};
 use crate::logging::{LogFormat, LogLevel};
 use crate::{AddressLimits, MailboxLimits, RateLimit, Storage, TlsConfig};
 
+/// A secret long enough for the relay (`MIN_SECRET_BYTES`).
+const SECRET: &str = "cli-test-secret-of-32-bytes-or-more";
+
 fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
 }
@@ -39,12 +42,13 @@ fn refused(list: &[&str]) -> String {
 
 #[test]
 fn defaults_and_trimmed_secret() {
-    let secret = file_with("s3cret\r\n");
+    let secret = file_with(&format!("{SECRET}\r\n"));
     let launch = run(&["--memory", "--jwt-secret-file", path(&secret)]);
     let config = launch.config;
     assert_eq!(config.listen, "127.0.0.1:8080".parse().unwrap());
     assert_eq!(config.storage, Storage::Memory);
-    assert_eq!(config.jwt_secret, b"s3cret");
+    assert_eq!(config.jwt_secret, SECRET.as_bytes());
+    assert_eq!(config.auth, crate::AuthPolicy::default());
     assert_eq!(config.mailbox, Some(MailboxLimits::default()));
     assert_eq!(config.rate_limit, RateLimit::default());
     assert_eq!(config.max_connections, 16_384);
@@ -74,7 +78,7 @@ fn documented(help: &str) -> BTreeSet<String> {
 
 #[test]
 fn every_flag_is_applied_and_documented() {
-    let secret = file_with("k");
+    let secret = file_with(SECRET);
     let cert = file_with("the certificate chain");
     let key = file_with("the private key");
     let tls_key = format!("--tls-key={}", path(&key));
@@ -84,6 +88,16 @@ fn every_flag_is_applied_and_documented() {
         "relay.db",
         "--jwt-secret-file",
         path(&secret),
+        "--jwt-secret-encoding=raw",
+        "--max-token-lifetime-sec=3600",
+        "--token-audience=courier",
+        "--token-issuer=https://auth.example",
+        "--revoked-tokens=revoked.txt",
+        "--auth-attempts-per-source=11",
+        "--auth-attempts-per-account=12",
+        "--displacements-per-account=13",
+        "--max-unauthenticated-per-source=14",
+        "--limit-loopback",
         "--mailbox-max-messages",
         "5",
         "--mailbox-max-bytes=1000",
@@ -115,7 +129,30 @@ fn every_flag_is_applied_and_documented() {
     let config = launch.config;
     assert_eq!(config.listen, "0.0.0.0:9000".parse().unwrap());
     assert_eq!(config.storage, Storage::Path("relay.db".into()));
-    assert_eq!(config.jwt_secret, b"k");
+    assert_eq!(config.jwt_secret, SECRET.as_bytes());
+    assert_eq!(
+        config.auth,
+        crate::AuthPolicy {
+            max_token_lifetime: std::time::Duration::from_secs(3600),
+            audience: Some("courier".into()),
+            issuer: Some("https://auth.example".into()),
+            revoked_tokens: Some("revoked.txt".into()),
+            attempts_per_source: crate::AttemptLimit {
+                burst: 11,
+                per_minute: 11
+            },
+            attempts_per_account: crate::AttemptLimit {
+                burst: 12,
+                per_minute: 12
+            },
+            supersedes_per_account: crate::AttemptLimit {
+                burst: 13,
+                per_minute: 13
+            },
+            max_unauthenticated_per_source: 14,
+            limit_loopback: true,
+        }
+    );
     assert_eq!(
         config.mailbox,
         Some(MailboxLimits {
@@ -399,7 +436,7 @@ fn gateway_limits_and_access() {
 
 #[test]
 fn the_command_line_wins_over_the_file() {
-    let secret = file_with("k");
+    let secret = file_with(SECRET);
     let file = file_with(&format!(
         "# a relay\nlisten = \"127.0.0.1:7000\"\ndb = \"from-file.db\"\njwt-secret-file = {:?}\n\
          rate-burst = 5\nno-key-directory = true\nlog-format = \"json\"\n",
@@ -429,7 +466,7 @@ fn the_command_line_wins_over_the_file() {
 
 #[test]
 fn config_file_errors_name_the_file_the_line_and_the_key() {
-    let secret = file_with("k");
+    let secret = file_with(SECRET);
     let file = file_with(&format!(
         "memory = true\njwt-secret-file = {:?}\nlisten-address = \"0.0.0.0:1\"\n",
         path(&secret)
@@ -465,7 +502,7 @@ fn config_file_errors_name_the_file_the_line_and_the_key() {
 
 #[test]
 fn errors_are_one_clear_line() {
-    let secret = file_with("k");
+    let secret = file_with(SECRET);
     let secret = path(&secret);
     let cases: &[(&[&str], &str)] = &[
         (&["--memory"], "--jwt-secret-file FILE is required"),
@@ -565,5 +602,63 @@ fn errors_are_one_clear_line() {
     }
     let empty = file_with("\n");
     let err = refused(&["--memory", "--jwt-secret-file", path(&empty)]);
-    assert!(err.contains("is empty"), "{err}");
+    assert!(err.contains("is 0 bytes; at least 32"), "{err}");
+}
+
+#[test]
+fn a_short_secret_file_is_refused() {
+    for short in ["k", "secret", &SECRET[..31]] {
+        let file = file_with(short);
+        let err = refused(&["--memory", "--jwt-secret-file", path(&file)]);
+        assert!(err.contains("at least 32 are required"), "{short}: {err}");
+    }
+    // Hex spelling 16 bytes is 32 characters, but only 16 bytes of secret.
+    let hex16 = file_with(&"ab".repeat(16));
+    let err = refused(&[
+        "--memory",
+        "--jwt-secret-file",
+        path(&hex16),
+        "--jwt-secret-encoding",
+        "hex",
+    ]);
+    assert!(err.contains("is 16 bytes"), "{err}");
+}
+
+#[test]
+fn secrets_are_read_in_hex_and_base64() {
+    let bytes: Vec<u8> = (0u8..40).map(|b| b.wrapping_mul(7)).collect();
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let b64 = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &bytes);
+    for (encoding, text) in [
+        ("hex", format!("{hex}\n")),
+        ("hex", hex.to_uppercase()),
+        ("base64", format!("{b64}\n")),
+        ("base64", b64.trim_end_matches('=').to_owned()),
+    ] {
+        let file = file_with(&text);
+        let config = run(&[
+            "--memory",
+            "--jwt-secret-file",
+            path(&file),
+            "--jwt-secret-encoding",
+            encoding,
+        ])
+        .config;
+        assert_eq!(config.jwt_secret, bytes, "{encoding} {text:?}");
+    }
+    for (encoding, text) in [
+        ("hex", format!("{hex}0")),
+        ("hex", format!("+{}", &hex[1..])),
+        ("base64", "!!".repeat(30)),
+    ] {
+        let file = file_with(&text);
+        let err = refused(&[
+            "--memory",
+            "--jwt-secret-file",
+            path(&file),
+            "--jwt-secret-encoding",
+            encoding,
+        ]);
+        assert!(err.contains(&format!("is not {encoding}")), "{err}");
+    }
 }

@@ -263,7 +263,7 @@ impl Conn {
     async fn send_message(&mut self, sender: Address, frame: &Value) -> Step {
         let field = |name: &str| frame.get(name).and_then(Value::as_str).map(str::to_owned);
         // Every SendMessage line costs a token, well-formed or not.
-        if let Err(wait) = self.sends.try_take(std::time::Instant::now()) {
+        if let Err(wait) = self.sends.try_take(1, std::time::Instant::now()) {
             let answer = RelayFrame::RateLimited {
                 retry_after_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
                 frame_type: "SendMessage".to_owned(),

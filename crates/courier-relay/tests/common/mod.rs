@@ -18,7 +18,7 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-pub const SECRET: &[u8] = b"relay-test-secret";
+pub const SECRET: &[u8] = b"relay-test-secret-of-32-bytes-at-least";
 
 /// The journal table as schema versions 1 to 4 had it, for tests that build an old database.
 pub const JOURNAL_BEFORE_V5: &str = "CREATE TABLE journal (

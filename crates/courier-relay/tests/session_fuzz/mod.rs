@@ -43,7 +43,7 @@ use scenario::{
     KEYS, MAX_STEPS, SLOTS,
 };
 
-const SECRET: &[u8] = b"relay-fuzz-secret";
+const SECRET: &[u8] = b"relay-fuzz-secret-of-32-bytes-at-least";
 /// Unknown frame type the harness sends to learn that the relay has handled everything before
 /// it; inputs that spell it are skipped so the fuzzer cannot forge the answer.
 const BARRIER: &str = "FuzzBarrier";
@@ -301,7 +301,9 @@ impl World {
         let valid = matches!(auth, AuthSpec::Valid);
         let first = match auth {
             AuthSpec::Valid => authenticate(issue(SECRET)).encode(),
-            AuthSpec::WrongSecret => authenticate(issue(b"another-secret")).encode(),
+            AuthSpec::WrongSecret => {
+                authenticate(issue(b"another-secret-of-32-bytes-at-least")).encode()
+            }
             AuthSpec::Token(token) => authenticate(token).encode(),
             AuthSpec::FirstFrame(text) => text,
         };

@@ -13,7 +13,9 @@ use courier_proto::limits::{
     MAX_CAPABILITIES, MAX_CAPABILITY_BYTES, MAX_FRAME_BYTES,
 };
 use courier_proto::message::META_GROUP_ID;
-use courier_proto::security::{RELAY_ADDRESS_BINDING_MISMATCH, RELAY_ADDRESS_DECLARATION_REFUSED};
+use courier_proto::security::{
+    RELAY_ADDRESS_BINDING_MISMATCH, RELAY_ADDRESS_DECLARATION_REFUSED, RELAY_SESSION_SUPERSEDED,
+};
 use courier_proto::{
     declare_address_after_auth, validate_identifier, ClientFrame, DecodeError, IdentityKey,
     Message, RelayFrame,
@@ -178,6 +180,14 @@ pub async fn run(
                     driver.send(Command::Emit(ClientEvent::RelaySessionSuperseded {
                         reason,
                     }));
+                    // A login elsewhere with this account's token: the app should hear it as a
+                    // security matter, not only as a lost connection.
+                    report::security_warning(
+                        &driver,
+                        settings.identity.address().to_string(),
+                        RELAY_SESSION_SUPERSEDED,
+                        "another connection logged in with this account's token and displaced this one",
+                    );
                 }
                 None
             }
