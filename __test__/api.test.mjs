@@ -251,6 +251,8 @@ test('Relay.start and Gateway.start options are validated natively, naming the p
     [{ ...base, rateLimit: { perSec: -1 } }, /^rateLimit\.perSec must be a positive integer$/],
     [{ ...base, rateLimit: 5 }, /^rateLimit must be an object$/],
     [{ ...base, tls: { cert: 'pem' } }, /^tls\.key is required/],
+    [{ ...base, authLimits: { attemptsperaccount: {} } }, /^authLimits\.attemptsperaccount is not a known option \(did you mean attemptsPerAccount\?\)$/],
+    [{ ...base, authLimits: { displacementsPerAccount: { perMinute: 0 } } }, /^authLimits\.displacementsPerAccount\.perMinute must be a positive integer$/],
   ]) {
     await rejectsCode(Relay.start(options), 'ERR_CONFIG', pattern)
   }
@@ -275,6 +277,7 @@ test('Relay.start and Gateway.start options are validated natively, naming the p
     jwtSecret: Buffer.from('options-secret-0123456789abcdef-01'),
     mailbox: { maxMessages: 10, maxBytes: 1024, ttlMs: 60_000 },
     rateLimit: { burst: 10, perSec: 5 },
+    authLimits: { attemptsPerSource: { burst: 5 }, attemptsPerAccount: { burst: 3, perMinute: 1 }, displacementsPerAccount: { perMinute: 2 } },
     tls: null,
   })
   t.after(() => relay.stop())

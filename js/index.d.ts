@@ -923,6 +923,23 @@ export interface RelayOptions {
    * `'127.0.0.1:0'`); see `docs/operating-the-relay.md`. Default: no metrics listener.
    */
   metricsListen?: string
+  /**
+   * Authentication limits (`docs/protocol.md#authentication-limits`), each at most `burst` at
+   * once and `perMinute` more each minute: `Authenticate` frames per source address (default 60,
+   * 60; loopback exempt), authentications with a valid token per account (20, 20), and logins
+   * that displace the account's live connection (5, 5).
+   */
+  authLimits?: {
+    attemptsPerSource?: AttemptLimit
+    attemptsPerAccount?: AttemptLimit
+    displacementsPerAccount?: AttemptLimit
+  }
+}
+
+/** At most `burst` events at once, then `perMinute` more each minute. */
+export interface AttemptLimit {
+  burst?: number
+  perMinute?: number
 }
 
 /** A running relay (`Relay.start`). */

@@ -8,7 +8,9 @@ use courier_client::config::{storage_section, ConfigError, Section, StorageConfi
 use std::time::Duration;
 
 use courier_relay::gateway::{GatewayAccess, GatewayToken};
-use courier_relay::{GatewayConfig, MailboxLimits, RateLimit, RelayConfig, Storage, TlsConfig};
+use courier_relay::{
+    AttemptLimit, GatewayConfig, MailboxLimits, RateLimit, RelayConfig, Storage, TlsConfig,
+};
 use serde_json::Value;
 
 /// Where both servers listen unless told otherwise: an ephemeral loopback port.
@@ -24,6 +26,7 @@ const RELAY_KEYS: &[&str] = &[
     "keyDirectory",
     "maxConnections",
     "metricsListen",
+    "authLimits",
 ];
 
 /// `options`: the `RelayOptions` object as JSON text.
@@ -73,6 +76,7 @@ pub fn relay_config(options: &str) -> Result<RelayConfig, ConfigError> {
             per_sec: per_connection("perSec")?.unwrap_or(default.per_sec),
         };
     }
+    auth_limits(&root, &mut config)?;
     if let Some(tls) = root.section("tls", &["cert", "key"])? {
         let pem = |key| {
             tls.string(key)?
@@ -85,6 +89,39 @@ pub fn relay_config(options: &str) -> Result<RelayConfig, ConfigError> {
         });
     }
     Ok(config)
+}
+
+/// `authLimits`: how many authentications each source and account may make, and how many
+/// logins may displace an account's live connection (`docs/protocol.md#authentication-limits`).
+fn auth_limits(root: &Section<'_>, config: &mut RelayConfig) -> Result<(), ConfigError> {
+    const KINDS: [&str; 3] = [
+        "attemptsPerSource",
+        "attemptsPerAccount",
+        "displacementsPerAccount",
+    ];
+    let Some(limits) = root.section("authLimits", &KINDS)? else {
+        return Ok(());
+    };
+    let auth = &mut config.auth;
+    for (kind, limit) in KINDS.into_iter().zip([
+        &mut auth.attempts_per_source,
+        &mut auth.attempts_per_account,
+        &mut auth.supersedes_per_account,
+    ]) {
+        let Some(section) = limits.section(kind, &["burst", "perMinute"])? else {
+            continue;
+        };
+        let count = |key| {
+            section
+                .positive_int(key, u64::from(u32::MAX))
+                .map(|v| v.map(|v| v as u32))
+        };
+        *limit = AttemptLimit {
+            burst: count("burst")?.unwrap_or(limit.burst),
+            per_minute: count("perMinute")?.unwrap_or(limit.per_minute),
+        };
+    }
+    Ok(())
 }
 
 /// `mailbox`: `false` turns store-and-forward off; absent or an object keeps it on.

@@ -44,12 +44,19 @@ impl TokenBucket {
 
     /// Takes one token if one is available now.
     pub fn try_take(&mut self, now: Instant) -> bool {
+        self.try_take_cost(1, now)
+    }
+
+    /// Takes `cost` tokens when at least one is available now, as the relay does: a frame
+    /// worth more than what is left (a `WatchPresence` naming many identifiers) goes out and
+    /// puts the bucket in debt, which later frames wait out.
+    pub fn try_take_cost(&mut self, cost: u32, now: Instant) -> bool {
         if self.paused_until.is_some_and(|until| now < until) {
             return false;
         }
         self.refill(now);
         if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
+            self.tokens -= f64::from(cost.max(1));
             true
         } else {
             false
@@ -83,6 +90,26 @@ fn scaled(advertised: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_watch_worth_more_than_the_burst_goes_once_and_later_frames_wait_out_its_debt() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::from_advertised(
+            Some(RateLimitInfo {
+                burst: 10,
+                per_sec: 10,
+            }),
+            t0,
+        );
+        assert!(
+            b.try_take_cost(100, t0),
+            "admitted with tokens left, never refused forever"
+        );
+        assert!(!b.try_take(t0));
+        // 9 left before, 100 taken: 91 owed at 9/s, and one more to spend.
+        assert!(!b.try_take(t0 + Duration::from_secs(10)));
+        assert!(b.try_take(t0 + Duration::from_secs(11)));
+    }
 
     #[test]
     fn figures_are_93_percent_of_the_advertised_ones() {

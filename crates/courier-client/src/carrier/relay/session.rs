@@ -514,7 +514,14 @@ impl<'a> Session<'a> {
         // bucket cannot fund waits for the next tick.
         if self.presence.has_frame(now) {
             for frame in self.presence.take_frames(now) {
-                if !self.bucket.try_take(Instant::now()) {
+                // The relay charges a watch per identifier it names (`docs/protocol.md#rate-limiting`).
+                let cost = match &frame {
+                    ClientFrame::WatchPresence { users } => {
+                        u32::try_from(users.len()).unwrap_or(u32::MAX)
+                    }
+                    _ => 1,
+                };
+                if !self.bucket.try_take_cost(cost, Instant::now()) {
                     break;
                 }
                 self.write(frame.encode())?;
