@@ -22,7 +22,9 @@ async function metrics(relay) {
 }
 
 test(`a ${MEMBERS}-member group: paced under the relay's limit, nothing sent twice, nobody missed`, { timeout: 600_000 }, async (t) => {
-  const relay = await startRelay(t, { rateLimit: { burst: 30, perSec: 15 }, metricsListen: '127.0.0.1:0' })
+  // Low enough that the admin's Welcomes and copies must be paced: a Welcome for 200 members is
+  // tens of KiB, paid a token per started 4 KiB (docs/protocol.md#rate-limiting).
+  const relay = await startRelay(t, { rateLimit: { burst: 600, perSec: 300 }, metricsListen: '127.0.0.1:0' })
   const devices = []
   const device = async (name, extra = {}) => {
     const protocol = new Protocol({

@@ -11,6 +11,10 @@ import { test } from 'node:test'
 import { PLAINTEXT, PeerProcess, peerConfig, startRelay, tempDir } from './helpers.mjs'
 
 const MiB = 1024 * 1024
+// About what one chunk frame costs the rate bucket: a token per started 4 KiB of its text
+// (docs/protocol.md#rate-limiting), and a 256 KiB chunk travels as ~342 KiB of base64 in JSON.
+// The limits below are counted in chunks.
+const CHUNK_TOKENS = 90
 const sha256 = (bytes) => createHash('sha256').update(bytes).digest('hex')
 
 function config(name, dir, url) {
@@ -52,7 +56,7 @@ async function received(p, fileId, bytes) {
  */
 async function senderDiesAt40(t, size, name) {
   const dir = tempDir(t)
-  const relay = await startRelay(t, { rateLimit: { burst: 40, perSec: 20 } })
+  const relay = await startRelay(t, { rateLimit: { burst: 40 * CHUNK_TOKENS, perSec: 20 * CHUNK_TOKENS } })
   const bob = await peer(t, 'bob', dir, relay.url)
   const bobAddress = await bob.request({ cmd: 'address' })
   const bytes = randomBytes(size)
@@ -85,7 +89,7 @@ test('a sender killed at 40 % resumes after restart from the first unacknowledge
 
 test('a receiver killed mid-assembly keeps what it wrote and completes the file', async (t) => {
   const dir = tempDir(t)
-  const relay = await startRelay(t, { rateLimit: { burst: 40, perSec: 20 } })
+  const relay = await startRelay(t, { rateLimit: { burst: 40 * CHUNK_TOKENS, perSec: 20 * CHUNK_TOKENS } })
   const marker = join(dir, 'bob-died')
   const firstBob = await peer(t, 'bob', dir, relay.url, { PEER_DIE_AT_PROGRESS: `incoming:0.4:${marker}` })
   const bobAddress = await firstBob.request({ cmd: 'address' })

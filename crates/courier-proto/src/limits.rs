@@ -11,6 +11,17 @@ pub const MAX_IDENTIFIER_BYTES: usize = 256;
 /// Capability tokens a client keeps from one `Authenticated`, and the longest it keeps.
 pub const MAX_CAPABILITIES: usize = 64;
 pub const MAX_CAPABILITY_BYTES: usize = 128;
+/// A frame's text buys one rate token per started `RATE_TOKEN_BYTES` (`docs/protocol.md#rate-limiting`):
+/// a chat message costs one, a 256 KiB file chunk (base64 in JSON) about 86, so one account's
+/// burst of large frames
+/// cannot take the relay's journal for itself.
+pub const RATE_TOKEN_BYTES: usize = 4096;
+
+/// The rate tokens a frame of `len` bytes of text costs, at least one.
+pub fn rate_cost(len: usize) -> u32 {
+    u32::try_from(len.div_ceil(RATE_TOKEN_BYTES).max(1)).unwrap_or(u32::MAX)
+}
+
 /// Malformed frames a relay tolerates on one connection; the 16th closes it with 4002.
 pub const MAX_MALFORMED_FRAMES: u32 = 16;
 /// Largest key package, decoded, and the most one `PublishKeyPackages` carries
@@ -72,4 +83,18 @@ pub const RELAY_ANSWER_PREFIXES: &[&str] = &[
 /// Whether `content` is a relay's answer, which no sender may put in a message.
 pub fn is_relay_answer(content: &str) -> bool {
     RELAY_ANSWER_PREFIXES.iter().any(|p| content.starts_with(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_costs_one_token_per_started_4_kib() {
+        assert_eq!(rate_cost(0), 1);
+        assert_eq!(rate_cost(1), 1);
+        assert_eq!(rate_cost(4096), 1);
+        assert_eq!(rate_cost(4097), 2);
+        assert_eq!(rate_cost(MAX_FRAME_BYTES), 256);
+    }
 }

@@ -225,13 +225,15 @@ impl Session {
                 ClientFrame::Ack { seq } | ClientFrame::AckUpTo { seq } => (None, Some(*seq)),
                 _ => (None, None),
             };
-            // A presence look-up is paid per identifier: one frame may name thousands. An
-            // invalid list looks nothing up, and is paid for like any refused frame.
+            // A frame is paid by its size, so one account's large frames cannot take the
+            // journal for themselves; a presence look-up per identifier, as one frame may name
+            // thousands. An invalid list looks nothing up, and is paid for by its size.
+            let by_size = courier_proto::limits::rate_cost(text.len());
             let cost = match &frame {
                 ClientFrame::WatchPresence { users } if watch_list_ok(users) => {
-                    u32::try_from(users.len()).unwrap_or(u32::MAX)
+                    u32::try_from(users.len()).unwrap_or(u32::MAX).max(by_size)
                 }
-                _ => 1,
+                _ => by_size,
             };
             if let Err(flow) = self.meter(frame.type_name(), cost, message_id, seq).await {
                 return flow;

@@ -686,12 +686,14 @@ async fn presence_reports_online_and_last_seen() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recipient_that_falls_behind_catches_up_from_the_journal_in_order() {
-    // The ~16 MB stay unacked in bob's mailbox meanwhile: alice may use all of it.
+    // The ~16 MB stay unacked in bob's mailbox meanwhile: alice may use all of it, and send it
+    // faster than the rate limit's bytes a second.
     let relay = TestRelay::start_with(|c| {
         c.mailbox = Some(courier_relay::MailboxLimits {
             sender_share_percent: 100,
             ..Default::default()
         });
+        c.rate_limit.burst = 1_000_000;
     })
     .await;
     let mut bob = relay.online("bob").await;

@@ -63,6 +63,11 @@ impl TokenBucket {
         }
     }
 
+    /// Takes `tokens` more for a frame already admitted, into debt if need be.
+    pub fn owe(&mut self, tokens: u32) {
+        self.tokens -= f64::from(tokens);
+    }
+
     /// When the next token will be available (for the writer's sleep).
     pub fn next_token_at(&self, now: Instant) -> Instant {
         let base = match self.paused_until {
@@ -109,6 +114,10 @@ mod tests {
         // 9 left before, 100 taken: 91 owed at 9/s, and one more to spend.
         assert!(!b.try_take(t0 + Duration::from_secs(10)));
         assert!(b.try_take(t0 + Duration::from_secs(11)));
+        // A large frame admitted by one token owes the rest of its cost.
+        b.owe(20);
+        assert!(!b.try_take(t0 + Duration::from_secs(12)));
+        assert!(b.try_take(t0 + Duration::from_secs(14)));
     }
 
     #[test]

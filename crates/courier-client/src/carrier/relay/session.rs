@@ -496,13 +496,13 @@ impl<'a> Session<'a> {
                 break;
             }
             if let Some(frame) = self.releases.next_frame() {
-                self.write(frame.encode())?;
+                self.write_paid(frame.encode())?;
             } else if let Some(frame) = self.acks.pop_front() {
-                self.write(frame)?;
+                self.write_paid(frame)?;
             } else if let Some(frame) = self.groups.pop_front() {
-                self.write(frame)?;
+                self.write_paid(frame)?;
             } else if let Some((id, send_seq, recipient, frame)) = self.sends.pop_front() {
-                self.write(frame)?;
+                self.write_paid(frame)?;
                 self.driver.input(Input::Written {
                     id: id.clone(),
                     send_seq,
@@ -514,17 +514,19 @@ impl<'a> Session<'a> {
         // bucket cannot fund waits for the next tick.
         if self.presence.has_frame(now) {
             for frame in self.presence.take_frames(now) {
-                // The relay charges a watch per identifier it names (`docs/protocol.md#rate-limiting`).
-                let cost = match &frame {
+                // The relay charges a watch per identifier it names, or by its size if more.
+                let identifiers = match &frame {
                     ClientFrame::WatchPresence { users } => {
                         u32::try_from(users.len()).unwrap_or(u32::MAX)
                     }
                     _ => 1,
                 };
+                let text = frame.encode();
+                let cost = identifiers.max(courier_proto::limits::rate_cost(text.len()));
                 if !self.bucket.try_take_cost(cost, Instant::now()) {
                     break;
                 }
-                self.write(frame.encode())?;
+                self.write(text)?;
             }
         }
         self.answers.expire(self.driver, now);
@@ -540,6 +542,14 @@ impl<'a> Session<'a> {
             self.writer.write(WsMessage::Ping(Default::default()))?;
         }
         Ok(())
+    }
+
+    /// [`Self::write`] for a frame the token just taken admitted: what its size costs beyond
+    /// that token is owed, as the relay counts it (`docs/protocol.md#rate-limiting`).
+    fn write_paid(&mut self, frame: String) -> Result<(), Loss> {
+        let cost = courier_proto::limits::rate_cost(frame.len());
+        self.bucket.owe(cost - 1);
+        self.write(frame)
     }
 
     /// Hands a frame to the writer (`writer.rs`), which writes what it is handed in order.
