@@ -487,5 +487,5 @@ async fn a_version_3_database_gains_the_directory_and_keeps_its_bindings() {
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 6);
+    assert_eq!(version, 7);
 }
