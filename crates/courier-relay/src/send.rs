@@ -254,8 +254,9 @@ async fn journal(
     let accepted_ms = envelope.accepted_ms;
     let content_bytes = envelope.content.len();
     let ctx = Arc::clone(&session.ctx);
-    let sender = session.peer.account.clone();
-    let exchange = named.clone();
+    // Only under contacts visibility is the exchange recorded: the default costs nothing more.
+    let exchange = (ctx.presence_visibility == PresenceVisibility::Contacts)
+        .then(|| (session.peer.account.clone(), named.clone()));
     let deadline = Instant::now() + ctx.timings.answer_deadline;
     // An address is resolved in the append's own transaction: the frame belongs to the
     // account the address named at acceptance (`docs/protocol.md#identifiers`).
@@ -275,11 +276,11 @@ async fn journal(
         let answer = match tokio::time::timeout_at(deadline, pending.answer()).await {
             Ok(Ok(AppendOutcome::Accepted { disposition, .. })) => {
                 ctx.metrics.appended(content_bytes);
-                exchanged(&ctx, &sender, exchange);
+                exchanged(&ctx, exchange);
                 sent(recipient, message_id, accepted_ms, disposition)
             }
             Ok(Ok(AppendOutcome::Duplicate { disposition })) => {
-                exchanged(&ctx, &sender, exchange);
+                exchanged(&ctx, exchange);
                 sent(recipient, message_id, accepted_ms, disposition)
             }
             Ok(Ok(AppendOutcome::UnknownRecipient)) => {
@@ -303,12 +304,12 @@ async fn journal(
 
 /// A journaled frame makes its sender and recipient contacts; the recipient an address named is
 /// the account it is bound to now, as the append resolved it an instant ago.
-fn exchanged(ctx: &Arc<Ctx>, sender: &str, recipient: Named) {
-    if ctx.presence_visibility == PresenceVisibility::Everyone {
+fn exchanged(ctx: &Arc<Ctx>, exchange: Option<(String, Named)>) {
+    let Some((sender, recipient)) = exchange else {
         return;
-    }
+    };
     if let Some(account) = ctx.router.resolve(recipient) {
-        visibility::exchanged(ctx, sender, &account);
+        visibility::exchanged(ctx, &sender, &account);
     }
 }
 
