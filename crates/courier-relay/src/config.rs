@@ -195,6 +195,10 @@ pub struct Timings {
     pub ping_interval: Duration,
     /// Silence (no Pong, no other message) after which a connection is dropped.
     pub dead_after: Duration,
+    /// A write to a connection's socket that has not completed after this long ends the
+    /// connection (`docs/protocol.md#transport`): a peer that sends but never reads is otherwise
+    /// never silent, and would keep its queue and its senders waiting.
+    pub write_stall: Duration,
     /// Drain start at the latest this long after `Authenticated` (rule (c) of
     /// `docs/protocol.md#drain`).
     pub drain_grace: Duration,
@@ -234,6 +238,7 @@ impl Default for Timings {
             revocation_poll: Duration::from_secs(1),
             ping_interval: Duration::from_secs(10),
             dead_after: Duration::from_secs(30),
+            write_stall: Duration::from_secs(30),
             drain_grace: Duration::from_secs(2),
             purge_interval: Duration::from_secs(60),
             supersede_wait: Duration::from_secs(5),
@@ -244,6 +249,19 @@ impl Default for Timings {
             fixed_challenge: None,
         }
     }
+}
+
+/// `--presence-visibility` (`docs/protocol.md#presence-visibility`): whose presence an account
+/// may see.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PresenceVisibility {
+    // Plain comments: doc comments would list the values apart in `--help`.
+    // Any account sees any identifier's presence (the published contract).
+    #[default]
+    Everyone,
+    // Only accounts that exchanged a message through this relay, or share a group.
+    Contacts,
 }
 
 #[derive(Clone)]
@@ -260,6 +278,9 @@ pub struct RelayConfig {
     pub rate_limit: RateLimit,
     pub addresses: AddressLimits,
     pub tls: Option<TlsConfig>,
+    /// Who may see an account's presence (`--presence-visibility`,
+    /// `docs/protocol.md#presence-visibility`).
+    pub presence_visibility: PresenceVisibility,
     /// Offer the key-package directory (`key_directory_v1`); `false` with `--no-key-directory`:
     /// clients then set sessions up by the round trip through the peer.
     pub key_directory: bool,
@@ -290,6 +311,7 @@ impl std::fmt::Debug for RelayConfig {
             addresses,
             rate_limit,
             tls,
+            presence_visibility,
             key_directory,
             max_connections,
             max_group_members,
@@ -308,6 +330,7 @@ impl std::fmt::Debug for RelayConfig {
             .field("addresses", addresses)
             .field("rate_limit", rate_limit)
             .field("tls", tls)
+            .field("presence_visibility", presence_visibility)
             .field("key_directory", key_directory)
             .field("max_connections", max_connections)
             .field("max_group_members", max_group_members)
@@ -329,6 +352,7 @@ impl RelayConfig {
             rate_limit: RateLimit::default(),
             addresses: AddressLimits::default(),
             tls: None,
+            presence_visibility: PresenceVisibility::default(),
             key_directory: true,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_group_members: DEFAULT_MAX_GROUP_MEMBERS,

@@ -16,9 +16,10 @@ use crate::group::{self, Actor, GroupMessage};
 use crate::mailbox::Envelope;
 use crate::presence::{Status, MAX_WATCHES, MAX_WATCH_LIST};
 use crate::rate::AccountBucket;
-use crate::router::Peer;
+use crate::router::{Peer, Sight};
 use crate::send::{resolve_recipient, send_message};
 use crate::store::Release;
+use crate::visibility::{self, Sees};
 use crate::writer::{Later, Outbound};
 use crate::Ctx;
 
@@ -443,7 +444,8 @@ impl Session {
     }
 
     /// CheckPresence (`docs/protocol.md#presence`): `user_id` echoes the identifier as given; an
-    /// address reports the account it is bound to. Answered from memory (router.rs).
+    /// address reports the account it is bound to. Answered from memory (router.rs), but for
+    /// the groups of a connection under contacts visibility (`visibility.rs`).
     async fn check_presence(&mut self, username: String) -> Flow {
         if !identifier_size_ok(&username) {
             return self
@@ -455,8 +457,13 @@ impl Session {
             .named()
             .and_then(|named| router.resolve(named))
         {
-            Some(account) => router.status(&account),
-            None => Status::offline(None),
+            Some(account)
+                if visibility::sees(&self.ctx, &self.peer.account, &self.identity, &account)
+                    .await =>
+            {
+                router.status(&account)
+            }
+            _ => Status::offline(None),
         };
         self.answer(status.frame(username)).await
     }
@@ -496,7 +503,13 @@ impl Session {
                 (identifier, named)
             })
             .collect();
-        self.ctx.router.watch(watchlist, targets);
+        let sees = Sees::of(&self.ctx, &self.peer.account, &self.identity).await;
+        let sees_account = |account: &str| sees.account(&self.ctx, account);
+        let sight = match sees {
+            Sees::Everyone => Sight::Everyone,
+            Sees::Contacts { .. } => Sight::Only(&sees_account),
+        };
+        self.ctx.router.watch(watchlist, targets, sight);
         if over_cap {
             return self
                 .answer(error_frame("limit_exceeded", "WatchPresence", None))

@@ -41,7 +41,7 @@ pub const MAX_GROUP_MEMBERS_CEILING: u32 = {
 pub enum Miss {
     /// The identifier names no account the relay knows.
     UnknownMember,
-    /// Not connected, and the relay runs without a mailbox.
+    /// Not connected, or its queue is full, and the relay runs without a mailbox.
     OfflineNoMailbox,
     MailboxFull,
     /// The copy was not placed within the fan-out deadline (a member whose socket does not
@@ -106,11 +106,13 @@ impl Placement {
                 }
             }
             Placement::Live(peer) => {
-                let wait = deadline.saturating_duration_since(Instant::now());
-                match peer.queue.send_unjournaled(Arc::clone(copy), wait).await {
+                // A full queue is refused at once, as SendMessage is
+                // (`docs/protocol.md#without-a-mailbox`).
+                match peer.queue.try_unjournaled(Arc::clone(copy)) {
                     Ok(()) => Outcome::Delivered,
-                    Err(Unqueued::Closed) => Outcome::Missed(Miss::OfflineNoMailbox),
-                    Err(Unqueued::Full) => Outcome::Missed(Miss::FanoutDeadline),
+                    Err(Unqueued::Closed | Unqueued::Full) => {
+                        Outcome::Missed(Miss::OfflineNoMailbox)
+                    }
                 }
             }
         }

@@ -34,6 +34,7 @@ mod auth;
 pub mod cli;
 mod config;
 mod connection;
+mod contacts;
 mod directory;
 mod dispatch;
 mod error;
@@ -53,12 +54,14 @@ mod router;
 mod send;
 mod store;
 mod tls;
+mod visibility;
 mod writer;
 
 pub use auth::issue_token;
 pub use config::{
-    AddressLimits, AttemptLimit, AuthPolicy, MailboxLimits, RateLimit, RelayConfig, Storage,
-    Timings, TlsConfig, DEFAULT_MAX_GROUP_MEMBERS, MAX_GROUP_MEMBERS_CEILING, MIN_SECRET_BYTES,
+    AddressLimits, AttemptLimit, AuthPolicy, MailboxLimits, PresenceVisibility, RateLimit,
+    RelayConfig, Storage, Timings, TlsConfig, DEFAULT_MAX_GROUP_MEMBERS, MAX_GROUP_MEMBERS_CEILING,
+    MIN_SECRET_BYTES,
 };
 pub use error::RelayError;
 pub use gateway::{start_gateway, GatewayConfig, GatewayDaemonTimings, GatewayHandle};
@@ -84,6 +87,7 @@ pub(crate) struct Ctx {
     pub mailbox: Option<MailboxLimits>,
     pub max_group_members: u32,
     pub key_directory: bool,
+    pub presence_visibility: PresenceVisibility,
     pub rate_limit: RateLimit,
     pub addresses: AddressLimits,
     /// Every account's token bucket, shared by its connections over time.
@@ -244,6 +248,7 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
         mailbox: config.mailbox,
         max_group_members: config.max_group_members,
         key_directory: config.key_directory,
+        presence_visibility: config.presence_visibility,
         rate_limit: config.rate_limit,
         addresses: config.addresses,
         buckets: AccountBuckets::new(config.rate_limit),

@@ -15,13 +15,13 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use courier_proto::RelayFrame;
 use serde_json::Value;
 use tokio::sync::{mpsc, watch, Notify};
 
-/// Frames queued in memory for one connection; past either bound the writer reads the journal.
+/// Frames queued in memory for one connection; past either bound the writer reads the journal,
+/// or, without a mailbox, the frame is refused (`docs/protocol.md#without-a-mailbox`).
 const QUEUE_FRAMES: usize = 256;
 const QUEUE_BYTES: usize = 8 * 1024 * 1024;
 
@@ -164,19 +164,19 @@ impl DeliveryQueue {
         }
     }
 
-    /// Queues an unjournaled frame (mailbox disabled), waiting at most `wait` for room:
-    /// without a journal there is nowhere else to keep it.
-    pub async fn send_unjournaled(
-        &self,
-        envelope: Arc<Envelope>,
-        wait: Duration,
-    ) -> Result<(), Unqueued> {
+    /// Queues an unjournaled frame (mailbox disabled), or refuses it at once: without a journal
+    /// there is nowhere else to keep it, and waiting for a recipient that does not read would
+    /// stall the sender's connection (`docs/protocol.md#without-a-mailbox`).
+    pub fn try_unjournaled(&self, envelope: Arc<Envelope>) -> Result<(), Unqueued> {
         let weight = envelope.weight();
-        self.queued_bytes.fetch_add(weight, Ordering::SeqCst);
-        let sent = match tokio::time::timeout(wait, self.tx.send(envelope)).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) => Err(Unqueued::Closed),
-            Err(_) => Err(Unqueued::Full),
+        let queued = self.queued_bytes.fetch_add(weight, Ordering::SeqCst);
+        let sent = if queued + weight > QUEUE_BYTES {
+            Err(Unqueued::Full)
+        } else {
+            self.tx.try_send(envelope).map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => Unqueued::Full,
+                mpsc::error::TrySendError::Closed(_) => Unqueued::Closed,
+            })
         };
         if sent.is_err() {
             self.queued_bytes.fetch_sub(weight, Ordering::SeqCst);
@@ -221,7 +221,7 @@ impl DeliveryQueue {
 /// Why an unjournaled frame was not queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unqueued {
-    /// No room came within the wait.
+    /// Its frame or byte bound is reached.
     Full,
     /// The connection's writer is gone.
     Closed,

@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use courier_proto::ident::is_address_form;
 use tokio::sync::{oneshot, Notify};
 
+use crate::contacts::Contacts;
 use crate::mailbox::{DeliveryQueue, Envelope};
 use crate::presence::{Status, Unwatched, Watchlist};
 use crate::store::Named;
@@ -119,6 +120,17 @@ pub struct Router {
     peers: Mutex<HashMap<String, Arc<Peer>>>,
     /// Identifiers watched, summed over connections.
     watches: AtomicU64,
+    /// Who may see whose presence under `--presence-visibility contacts` (a leaf lock).
+    pub contacts: Contacts,
+}
+
+/// Whose presence a watching connection may see (`docs/protocol.md#presence-visibility`).
+pub enum Sight<'a> {
+    Everyone,
+    /// Only the accounts this says yes to. A watch of any other reads as naming nobody, and a
+    /// watched address stays on the account it named when watched: following a binding could
+    /// reveal an account that is no contact.
+    Only(&'a dyn Fn(&str) -> bool),
 }
 
 /// A poisoned lock only means another task panicked mid-update of a plain map; the map itself
@@ -227,15 +239,23 @@ impl Router {
     /// queueing its first status; identifiers it already watches are left alone. Atomic with
     /// respect to account transitions and bindings: a change either precedes the first status
     /// (and is reflected in it) or follows it as a push or a move.
-    pub fn watch(&self, watchlist: &Arc<Watchlist>, targets: Vec<(String, Option<Named>)>) {
+    pub fn watch(
+        &self,
+        watchlist: &Arc<Watchlist>,
+        targets: Vec<(String, Option<Named>)>,
+        sight: Sight<'_>,
+    ) {
         let mut presence = lock(&self.presence);
         for (identifier, named) in targets {
-            let account = named.and_then(|named| Self::resolve_locked(&presence, named));
+            let mut account = named.and_then(|named| Self::resolve_locked(&presence, named));
+            if let Sight::Only(sees) = sight {
+                account = account.filter(|account| sees(account));
+            }
             let status = match &account {
                 Some(account) => self.status_locked(&presence, account),
                 None => Status::offline(None),
             };
-            let address_form = is_address_form(&identifier);
+            let address_form = is_address_form(&identifier) && matches!(sight, Sight::Everyone);
             if !watchlist.add(identifier.clone(), account.clone(), status) {
                 continue;
             }
@@ -382,8 +402,16 @@ mod tests {
         let router = Router::default();
         let alice = peer(1, "alice");
         let carol = peer(2, "carol");
-        router.watch(&alice.watchlist, vec![("bob".into(), account("bob"))]);
-        router.watch(&carol.watchlist, vec![("dave".into(), account("dave"))]);
+        router.watch(
+            &alice.watchlist,
+            vec![("bob".into(), account("bob"))],
+            Sight::Everyone,
+        );
+        router.watch(
+            &carol.watchlist,
+            vec![("dave".into(), account("dave"))],
+            Sight::Everyone,
+        );
         assert_eq!(online_flags(&alice.watchlist), vec![false]);
         assert_eq!(online_flags(&carol.watchlist), vec![false]);
         router.register(peer(3, "bob"));
@@ -395,7 +423,11 @@ mod tests {
     fn a_displacement_is_no_flap_and_the_last_disconnect_is() {
         let router = Router::default();
         let alice = peer(1, "alice");
-        router.watch(&alice.watchlist, vec![("bob".into(), account("bob"))]);
+        router.watch(
+            &alice.watchlist,
+            vec![("bob".into(), account("bob"))],
+            Sight::Everyone,
+        );
         let old = peer(2, "bob");
         router.register(Arc::clone(&old));
         assert_eq!(online_flags(&alice.watchlist), vec![false, true]);
@@ -421,14 +453,18 @@ mod tests {
             ("carol".into(), account("carol")),
             ("off1x".into(), None),
         ];
-        router.watch(&alice.watchlist, targets);
+        router.watch(&alice.watchlist, targets, Sight::Everyone);
         assert_eq!((router.watches(), router.watched_accounts()), (3, 2));
         router.unwatch(&alice.watchlist, &["bob".into(), "bob".into()]);
         assert_eq!((router.watches(), router.watched_accounts()), (2, 1));
         router.unregister(&alice, 5);
         assert_eq!((router.watches(), router.watched_accounts()), (0, 0));
         // A watch arriving after the end is not added.
-        router.watch(&alice.watchlist, vec![("bob".into(), account("bob"))]);
+        router.watch(
+            &alice.watchlist,
+            vec![("bob".into(), account("bob"))],
+            Sight::Everyone,
+        );
         assert_eq!((router.watches(), router.watched_accounts()), (0, 0));
     }
 
@@ -439,7 +475,11 @@ mod tests {
         let alice = peer(1, "alice");
         router.register(Arc::clone(&alice));
         // Watched before anyone declared it: offline, resolving to nothing.
-        router.watch(&alice.watchlist, vec![(X.into(), address(X))]);
+        router.watch(
+            &alice.watchlist,
+            vec![(X.into(), address(X))],
+            Sight::Everyone,
+        );
         assert_eq!(online_flags(&alice.watchlist), vec![false]);
         assert_eq!(
             (router.watched_accounts(), router.watched_addresses()),
@@ -478,7 +518,11 @@ mod tests {
             (router.watched_accounts(), router.watched_addresses()),
             (0, 0)
         );
-        router.watch(&alice.watchlist, vec![(X.into(), address(X))]);
+        router.watch(
+            &alice.watchlist,
+            vec![(X.into(), address(X))],
+            Sight::Everyone,
+        );
         assert_eq!(
             (router.watched_accounts(), router.watched_addresses()),
             (1, 1)
@@ -501,6 +545,7 @@ mod tests {
         router.watch(
             &alice.watchlist,
             vec![("bob".into(), account("bob")), (X.into(), address(X))],
+            Sight::Everyone,
         );
         assert_eq!(online_flags(&alice.watchlist), vec![false, false]);
         // X moves to carol: alice still watches bob through his name.
@@ -550,7 +595,11 @@ mod tests {
         let carol = peer(3, "carol");
         router.register(Arc::clone(&carol));
         router.rebind(X, "carol");
-        router.watch(&alice.watchlist, vec![(X.into(), address(X))]);
+        router.watch(
+            &alice.watchlist,
+            vec![(X.into(), address(X))],
+            Sight::Everyone,
+        );
         assert_eq!(online_flags(&alice.watchlist), vec![true]);
         router.unbind(X, "carol");
         assert_eq!(router.resolve(Named::Address(X.into())), None);

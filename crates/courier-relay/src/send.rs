@@ -9,10 +9,11 @@ use courier_proto::ident::is_address_form;
 use courier_proto::UnreachableCause;
 use courier_proto::{Address, Disposition, RelayFrame};
 
-use crate::config::MailboxLimits;
+use crate::config::{MailboxLimits, PresenceVisibility};
 use crate::dispatch::{error_frame, identifier_size_ok, Answer, Session};
 use crate::mailbox::Envelope;
 use crate::store::{AppendOutcome, Named, StoreError};
+use crate::visibility;
 use crate::Ctx;
 
 /// Whom a recipient identifier names (`docs/protocol.md#identifiers`), before any binding is
@@ -173,6 +174,16 @@ fn checked(
     Ok(envelope)
 }
 
+/// What an identifier that names no known account is answered without a mailbox. Under
+/// contacts visibility it reads exactly as an offline account does
+/// (`docs/protocol.md#presence-visibility`): whether an account exists is not told.
+fn unknown(ctx: &Ctx) -> UnreachableCause {
+    match ctx.presence_visibility {
+        PresenceVisibility::Everyone => UnreachableCause::UnknownRecipient,
+        PresenceVisibility::Contacts => UnreachableCause::OfflineNoMailbox,
+    }
+}
+
 /// No mailbox: the frame goes straight to the recipient's socket, or is refused.
 async fn unjournaled(
     session: &Session,
@@ -186,29 +197,23 @@ async fn unjournaled(
         Err(refusal) => return *refusal,
     };
     let accepted_ms = envelope.accepted_ms;
+    let ctx = &session.ctx;
     let resolved = resolve_recipient(&recipient);
     if resolved.named().is_none() {
-        return recipient_unreachable(message_id, recipient, UnreachableCause::UnknownRecipient);
+        return recipient_unreachable(message_id, recipient, unknown(ctx));
     }
-    let ctx = &session.ctx;
     let deadline = ctx.timings.answer_deadline;
     let account = match account_of(ctx, resolved).await {
         Ok(Some(account)) => account,
-        Ok(None) => {
-            return recipient_unreachable(message_id, recipient, UnreachableCause::UnknownRecipient)
-        }
+        Ok(None) => return recipient_unreachable(message_id, recipient, unknown(ctx)),
         Err(e) => {
             tracing::error!(error = %e, "address look-up failed");
             return internal(message_id);
         }
     };
     if let Some(peer) = ctx.router.get(&account) {
-        if peer
-            .queue
-            .send_unjournaled(Arc::new(envelope), deadline)
-            .await
-            .is_ok()
-        {
+        if peer.queue.try_unjournaled(Arc::new(envelope)).is_ok() {
+            visibility::exchanged(ctx, &session.peer.account, &account);
             return sent(recipient, message_id, accepted_ms, Disposition::Live);
         }
         return recipient_unreachable(message_id, recipient, UnreachableCause::OfflineNoMailbox);
@@ -217,9 +222,7 @@ async fn unjournaled(
         Ok(Ok(true)) => {
             recipient_unreachable(message_id, recipient, UnreachableCause::OfflineNoMailbox)
         }
-        Ok(Ok(false)) => {
-            recipient_unreachable(message_id, recipient, UnreachableCause::UnknownRecipient)
-        }
+        Ok(Ok(false)) => recipient_unreachable(message_id, recipient, unknown(ctx)),
         Ok(Err(e)) => {
             tracing::error!(error = %e, "account lookup failed");
             internal(message_id)
@@ -251,6 +254,9 @@ async fn journal(
     let accepted_ms = envelope.accepted_ms;
     let content_bytes = envelope.content.len();
     let ctx = Arc::clone(&session.ctx);
+    // Only under contacts visibility is the exchange recorded: the default costs nothing more.
+    let exchange = (ctx.presence_visibility == PresenceVisibility::Contacts)
+        .then(|| (session.peer.account.clone(), named.clone()));
     let deadline = Instant::now() + ctx.timings.answer_deadline;
     // An address is resolved in the append's own transaction: the frame belongs to the
     // account the address named at acceptance (`docs/protocol.md#identifiers`).
@@ -270,9 +276,11 @@ async fn journal(
         let answer = match tokio::time::timeout_at(deadline, pending.answer()).await {
             Ok(Ok(AppendOutcome::Accepted { disposition, .. })) => {
                 ctx.metrics.appended(content_bytes);
+                exchanged(&ctx, exchange);
                 sent(recipient, message_id, accepted_ms, disposition)
             }
             Ok(Ok(AppendOutcome::Duplicate { disposition })) => {
+                exchanged(&ctx, exchange);
                 sent(recipient, message_id, accepted_ms, disposition)
             }
             Ok(Ok(AppendOutcome::UnknownRecipient)) => {
@@ -292,6 +300,17 @@ async fn journal(
         };
         Some(answer)
     }))
+}
+
+/// A journaled frame makes its sender and recipient contacts; the recipient an address named is
+/// the account it is bound to now, as the append resolved it an instant ago.
+fn exchanged(ctx: &Arc<Ctx>, exchange: Option<(String, Named)>) {
+    let Some((sender, recipient)) = exchange else {
+        return;
+    };
+    if let Some(account) = ctx.router.resolve(recipient) {
+        visibility::exchanged(ctx, &sender, &account);
+    }
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
-use tokio_tungstenite::tungstenite::{Bytes, Message};
+use tokio_tungstenite::tungstenite::{Bytes, Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 
 use crate::fanout::GROUP_MEMORY_MS;
@@ -67,6 +67,8 @@ enum Stop {
     Broken,
     /// A Close frame is written: the socket is left to the connection task to read out.
     Closed,
+    /// A write made no progress for `write_stall` (`docs/protocol.md#transport`).
+    Stalled,
 }
 
 enum Step {
@@ -204,7 +206,21 @@ where
             Ok(()) => {}
             Err(Stop::Broken) => return None,
             Err(Stop::Closed) => return Some(writer.sink),
+            Err(Stop::Stalled) => return writer.stalled().await,
         }
+    }
+}
+
+/// Bounds one socket write: a peer that stops reading cannot hold the writer, its queue, or
+/// the answers its own frames wait for (`docs/protocol.md#transport`).
+async fn bounded(
+    write_stall: Duration,
+    write: impl Future<Output = Result<(), WsError>>,
+) -> Result<(), Stop> {
+    match tokio::time::timeout(write_stall, write).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(Stop::Broken),
+        Err(_) => Err(Stop::Stalled),
     }
 }
 
@@ -221,7 +237,8 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     async fn send(&mut self, message: Message) -> Result<(), Stop> {
-        self.sink.send(message).await.map_err(|_| Stop::Broken)
+        let write_stall = self.ctx.timings.write_stall;
+        bounded(write_stall, self.sink.send(message)).await
     }
 
     /// Queues one frame on the socket; the loop flushes once per step.
@@ -232,10 +249,8 @@ where
 
     async fn feed_text(&mut self, text: String) -> Result<(), Stop> {
         self.unflushed = true;
-        self.sink
-            .feed(Message::text(text))
-            .await
-            .map_err(|_| Stop::Broken)
+        let write_stall = self.ctx.timings.write_stall;
+        bounded(write_stall, self.sink.feed(Message::text(text))).await
     }
 
     async fn send_frame(&mut self, frame: &RelayFrame) -> Result<(), Stop> {
@@ -249,7 +264,8 @@ where
         if !self.unflushed {
             return Ok(());
         }
-        self.sink.flush().await.map_err(|_| Stop::Broken)?;
+        let write_stall = self.ctx.timings.write_stall;
+        bounded(write_stall, self.sink.flush()).await?;
         self.unflushed = false;
         self.publish_flushed();
         self.release_written().await;
@@ -305,6 +321,21 @@ where
             }
         }
         Ok(())
+    }
+
+    /// A write stalled: a best-effort Close 4008 (the peer is as good as dead,
+    /// `docs/protocol.md#close-codes`), given no more than the close linger, then the writer stops.
+    async fn stalled(mut self) -> Option<Sink<S>> {
+        tracing::info!(account = %self.peer.account, "socket writes stalled; dropping the connection");
+        let frame = CloseFrame {
+            code: CloseCode::from(close::KEEPALIVE_TIMEOUT),
+            reason: "".into(),
+        };
+        let closing = self.sink.send(Message::Close(Some(frame)));
+        match tokio::time::timeout(self.ctx.timings.close_linger, closing).await {
+            Ok(Ok(())) => Some(self.sink),
+            _ => None,
+        }
     }
 
     /// Writes Close; the writer stops either way.

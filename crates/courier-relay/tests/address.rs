@@ -851,7 +851,7 @@ async fn a_version_2_database_gains_address_bindings_and_keeps_its_journal() {
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 6, "every migration since version 2 ran");
+    assert_eq!(version, 7, "every migration since version 2 ran");
     let bound: String = conn
         .query_row(
             "SELECT account FROM addresses WHERE address = ?1",

@@ -444,10 +444,11 @@ async fn a_version_3_database_gains_the_directory_and_keeps_its_bindings() {
     relay.stop().await;
     {
         let conn = rusqlite::Connection::open(relay.db_path()).unwrap();
-        // Versions 4 to 6 undone: the directory's tables and the groups' go, the (empty)
-        // journal takes its version 1 shape again, and the bindings lose their indexes.
+        // Versions 4 to 7 undone: the directory's tables, the groups' and the contacts go, the
+        // (empty) journal takes its version 1 shape again, and the bindings lose their indexes.
         conn.execute_batch(&format!(
-            "DROP INDEX addresses_account;
+            "DROP TABLE contacts;
+             DROP INDEX addresses_account;
              DROP INDEX addresses_bound;
              DROP TABLE key_packages;
              DROP TABLE last_resort_key_packages;
@@ -487,5 +488,5 @@ async fn a_version_3_database_gains_the_directory_and_keeps_its_bindings() {
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 6);
+    assert_eq!(version, 7);
 }

@@ -500,3 +500,123 @@ async fn presence_watch_v1_is_advertised_with_and_without_the_mailbox() {
         assert_eq!(next_status(&mut c, "bob").await, (false, None));
     }
 }
+
+async fn contacts_relay(mailbox: bool) -> TestRelay {
+    TestRelay::start_with(|c| {
+        c.presence_visibility = courier_relay::PresenceVisibility::Contacts;
+        if !mailbox {
+            c.mailbox = None;
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranger_cannot_see_presence_under_contacts_visibility() {
+    let relay = contacts_relay(true).await;
+    let bob = relay.online("bob").await;
+    relay.register("carol").await;
+    let mut mallory = relay.online("mallory").await;
+    // Online, offline with a last_seen, and never seen all read as naming nobody.
+    for user in ["bob", "carol", "nobody"] {
+        assert_eq!(check(&mut mallory, user).await, (false, None), "{user}");
+    }
+    watch(&mut mallory, &["bob", "carol"]).await;
+    assert_eq!(next_status(&mut mallory, "bob").await, (false, None));
+    assert_eq!(next_status(&mut mallory, "carol").await, (false, None));
+    // Changes are never revealed either.
+    bob.close().await;
+    let _carol = relay.online("carol").await;
+    relay
+        .wait_stats("carol alone besides mallory", |s| s.connections == 2)
+        .await;
+    let frames = mallory.until_synced().await;
+    assert!(
+        !frames
+            .iter()
+            .any(|f| matches!(f, RelayFrame::PresenceStatus { user_id, .. } if user_id != "sync")),
+        "{frames:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn presence_is_visible_after_an_exchange_or_a_shared_group_under_contacts_visibility() {
+    let mut relay = contacts_relay(true).await;
+    let mut bob = relay.online("bob").await;
+    let mut alice = relay.online("alice").await;
+    assert_sent(
+        &alice.send_and_answer("bob", "m1", "hi").await,
+        "m1",
+        "bob",
+        "live",
+    );
+    // Either direction of the exchange counts.
+    assert_eq!(check(&mut alice, "bob").await, (true, None));
+    assert_eq!(check(&mut bob, "alice").await, (true, None));
+    watch(&mut alice, &["bob"]).await;
+    assert_eq!(next_status(&mut alice, "bob").await, (true, None));
+    bob.close().await;
+    let (online, last_seen) = next_status(&mut alice, "bob").await;
+    assert!(!online && last_seen.is_some());
+
+    // A shared group counts too, from the moment the member is added.
+    let mut carol = relay.online("carol").await;
+    assert_eq!(check(&mut carol, "alice").await, (false, None));
+    alice
+        .send(&ClientFrame::CreateGroup {
+            group_id: "g1".into(),
+            name: "Friends".into(),
+        })
+        .await;
+    alice
+        .next_where(|f| matches!(f, RelayFrame::GroupCreated { .. }))
+        .await;
+    alice
+        .send(&ClientFrame::AddGroupMember {
+            group_id: "g1".into(),
+            username: "carol".into(),
+        })
+        .await;
+    alice
+        .next_where(|f| matches!(f, RelayFrame::GroupMemberAdded { .. }))
+        .await;
+    assert_eq!(check(&mut carol, "alice").await, (true, None));
+
+    // Exchanges are remembered across a restart.
+    drop((alice, carol));
+    relay
+        .wait_stats("every connection to end", |s| s.connections == 0)
+        .await;
+    relay
+        .restart_with(|c| c.presence_visibility = courier_relay::PresenceVisibility::Contacts)
+        .await;
+    let mut alice = relay.online("alice").await;
+    let (online, last_seen) = check(&mut alice, "bob").await;
+    assert!(!online && last_seen.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_and_offline_recipients_answer_the_same_under_contacts_visibility() {
+    let relay = contacts_relay(false).await;
+    let mut bob = relay.client().await;
+    bob.authenticate("bob", false).await;
+    bob.close().await;
+    let mut mallory = relay.client().await;
+    mallory.authenticate("mallory", false).await;
+    relay
+        .wait_stats("bob to be offline", |s| s.connections == 1)
+        .await;
+    for (user, id) in [
+        ("bob", "m1"),
+        ("nobody", "m2"),
+        ("off1qysluvwl5922yctzd0u9gpr06gn3k7ldfvgtwgvn", "m3"),
+    ] {
+        assert_unreachable(
+            &mallory.send_and_answer(user, id, "hi").await,
+            id,
+            user,
+            "offline_no_mailbox",
+        );
+        assert_eq!(check(&mut mallory, user).await, (false, None), "{user}");
+    }
+}

@@ -437,3 +437,91 @@ async fn without_a_mailbox_nothing_is_journaled() {
     );
     assert_eq!(bob.received().await.message_id, "m4");
 }
+
+/// Sends `count` messages of about 200 KB from `sender` to `recipient`, one at a time, and
+/// returns the answers' dispositions or details; each answer must come within the client's
+/// deadline.
+async fn flood_unread(sender: &mut Client, recipient: &str, count: usize) -> Vec<String> {
+    let content = "x".repeat(200_000);
+    let mut answers = Vec::with_capacity(count);
+    for i in 0..count {
+        let answer = sender
+            .send_and_answer(recipient, &format!("flood{i}"), &content)
+            .await;
+        answers.push(match answer {
+            RelayFrame::MessageSent { disposition, .. } => format!("{disposition:?}"),
+            RelayFrame::DeliveryError { reason, .. } => reason,
+            other => panic!("unexpected answer {other:?}"),
+        });
+    }
+    answers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recipient_that_never_reads_cannot_stall_its_senders_nor_pin_memory_without_a_mailbox() {
+    let relay = TestRelay::start_with(|c| c.mailbox = None).await;
+    let addr = relay.handle().local_addr();
+    let mut bob = RawClient::connect_with_receive_window(addr, 4096).await;
+    bob.authenticate_published("bob").await;
+    let mut alice = relay.client().await;
+    alice.authenticate("alice", false).await;
+    // 20 MB for a recipient that never reads: past its queue's 8 MiB every send is refused at
+    // once, never waited for.
+    let answers = flood_unread(&mut alice, "bob", 100).await;
+    let refused = "recipient_unreachable: offline_no_mailbox";
+    let first_refused = answers
+        .iter()
+        .position(|a| a == refused)
+        .unwrap_or_else(|| panic!("the queue took all of {answers:?}"));
+    assert!(
+        answers[first_refused..].iter().all(|a| a == refused),
+        "{answers:?}"
+    );
+    // Alice's connection is not held up: other frames are answered as before.
+    alice.sync().await;
+    drop(bob);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recipient_that_answers_pings_but_never_reads_is_dropped_once_its_writes_stall() {
+    let relay = TestRelay::start_with(|c| {
+        c.mailbox = None;
+        c.timings.ping_interval = Duration::from_millis(200);
+        // Under the test's deadline, so that Pongs are what keeps bob's connection open.
+        c.timings.dead_after = Duration::from_secs(3);
+        c.timings.write_stall = Duration::from_millis(500);
+    })
+    .await;
+    let addr = relay.handle().local_addr();
+    let mut bob = RawClient::connect_with_receive_window(addr, 4096).await;
+    bob.authenticate_published("bob").await;
+    // Never silent, so keepalive alone never ends it: unsolicited Pongs until the relay is gone.
+    let pongs = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            tick.tick().await;
+            if bob.write_fragment(true, 0xA, b"alive").await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut alice = relay.client().await;
+    alice.authenticate("alice", false).await;
+    flood_unread(&mut alice, "bob", 100).await;
+    relay
+        .wait_stats("bob's stalled connection to end", |s| s.connections == 1)
+        .await;
+    alice
+        .send(&ClientFrame::CheckPresence {
+            username: "bob".into(),
+        })
+        .await;
+    let status = alice
+        .next_where(|f| matches!(f, RelayFrame::PresenceStatus { user_id, .. } if user_id == "bob"))
+        .await;
+    assert!(
+        matches!(status, RelayFrame::PresenceStatus { online: false, .. }),
+        "{status:?}"
+    );
+    pongs.abort();
+}

@@ -12,7 +12,10 @@ use clap::builder::BoolishValueParser;
 
 use super::{positive, read_file, socket_addr, UsageError};
 use crate::logging::{LogFormat, LogLevel, Logging};
-use crate::{AttemptLimit, MailboxLimits, RelayConfig, Storage, TlsConfig, MIN_SECRET_BYTES};
+use crate::{
+    AttemptLimit, MailboxLimits, PresenceVisibility, RelayConfig, Storage, TlsConfig,
+    MIN_SECRET_BYTES,
+};
 
 /// How the secret file spells the secret.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
@@ -144,6 +147,11 @@ pub(super) struct RelaySettings {
     #[arg(long, env = "COURIER_RELAY_ADDRESS_TTL_MS", value_name = "N", value_parser = positive::<NonZeroU64>, help_heading = "Limits")]
     address_ttl_ms: Option<NonZeroU64>,
 
+    /// Whose presence an account may see: everyone, or only contacts (a message exchanged or a
+    /// group shared) [default: everyone]
+    #[arg(long, env = "COURIER_RELAY_PRESENCE_VISIBILITY", value_name = "WHO")]
+    presence_visibility: Option<PresenceVisibility>,
+
     /// No key-package directory: sessions are set up through the peer
     #[arg(long, env = "COURIER_RELAY_NO_KEY_DIRECTORY", value_parser = BoolishValueParser::new())]
     no_key_directory: bool,
@@ -241,6 +249,7 @@ impl RelaySettings {
                 .address_max_per_account
                 .or(file.address_max_per_account),
             address_ttl_ms: self.address_ttl_ms.or(file.address_ttl_ms),
+            presence_visibility: self.presence_visibility.or(file.presence_visibility),
             no_key_directory: switch(
                 "no_key_directory",
                 self.no_key_directory,
@@ -301,6 +310,7 @@ impl RelaySettings {
         }
         auth.limit_loopback = self.limit_loopback;
         config.key_directory = !self.no_key_directory;
+        config.presence_visibility = self.presence_visibility.unwrap_or_default();
         if self.no_mailbox {
             let mailbox_flags = [
                 ("--mailbox-max-messages", self.mailbox_max_messages),

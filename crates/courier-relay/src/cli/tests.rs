@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use super::*;
 use crate::gateway::{GatewayAccess, GatewayToken};
 use crate::logging::{LogFormat, LogLevel};
-use crate::{AddressLimits, MailboxLimits, RateLimit, Storage, TlsConfig};
+use crate::{AddressLimits, MailboxLimits, PresenceVisibility, RateLimit, Storage, TlsConfig};
 
 /// A secret long enough for the relay (`MIN_SECRET_BYTES`).
 const SECRET: &str = "cli-test-secret-of-32-bytes-or-more";
@@ -98,6 +98,8 @@ fn every_flag_is_applied_and_documented() {
         "--displacements-per-account=13",
         "--max-unauthenticated-per-source=14",
         "--limit-loopback",
+        "--presence-visibility",
+        "contacts",
         "--mailbox-max-messages",
         "5",
         "--mailbox-max-bytes=1000",
@@ -178,6 +180,7 @@ fn every_flag_is_applied_and_documented() {
         }
     );
     assert_eq!(config.max_connections, 7);
+    assert_eq!(config.presence_visibility, PresenceVisibility::Contacts);
     assert_eq!(
         config.tls,
         Some(TlsConfig {
@@ -210,6 +213,11 @@ fn every_flag_is_applied_and_documented() {
     assert_eq!(switched.storage, Storage::Memory);
     assert_eq!(switched.mailbox, None);
     assert!(!switched.key_directory);
+    assert_eq!(
+        switched.presence_visibility,
+        PresenceVisibility::Everyone,
+        "everyone by default"
+    );
 
     // Every documented option was given above, and nothing else (`--help` and `--version`
     // come with `-h` and `-V`, on lines of their own).

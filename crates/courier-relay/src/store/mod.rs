@@ -30,6 +30,7 @@ use crate::RelayError;
 
 mod accounts;
 mod addresses;
+mod contacts;
 mod groups;
 mod journal;
 mod key_packages;
@@ -221,6 +222,7 @@ impl Store {
         )?;
         // Presence is answered from memory (router.rs): it starts from what is persisted.
         router.load(addresses::load(&conn)?, accounts::load_last_seen(&conn)?);
+        router.contacts.load(contacts::load(&conn)?);
         let counters = Arc::new(Counters {
             accounts: AtomicU64::new(from_sql(accounts)),
             frames: AtomicU64::new(from_sql(frames)),
@@ -382,6 +384,18 @@ impl Store {
     pub async fn record_last_seen(&self, account: &str, ms: u64) -> Result<(), StoreError> {
         let account = account.to_owned();
         self.call(|reply| Op::RecordLastSeen { account, ms, reply })
+            .await
+    }
+
+    /// Records that `a` and `b` exchanged a message (`docs/protocol.md#presence-visibility`).
+    pub async fn record_contact(&self, a: &str, b: &str) -> Result<(), StoreError> {
+        let (a, b) = (a.to_owned(), b.to_owned());
+        self.call(|reply| Op::RecordContact { a, b, reply }).await
+    }
+
+    /// Every member identifier of the groups any of `identities` is a member of.
+    pub async fn group_peers(&self, identities: Vec<String>) -> Result<Vec<String>, StoreError> {
+        self.call(|reply| Op::GroupPeers { identities, reply })
             .await
     }
 

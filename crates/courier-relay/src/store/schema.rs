@@ -22,6 +22,7 @@ const MIGRATIONS: &[Migration] = &[
     v4_key_packages,
     v5_groups,
     v6_limits,
+    v7_contacts,
 ];
 
 /// Version 1: accounts with their journal counters, and the journal.
@@ -185,6 +186,19 @@ fn v6_limits(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     )
 }
 
+/// Version 7: pairs of accounts that exchanged a message, for `--presence-visibility contacts`
+/// (`docs/protocol.md#presence-visibility`); each pair once, its smaller name first.
+fn v7_contacts(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "CREATE TABLE contacts (
+             a TEXT NOT NULL,
+             b TEXT NOT NULL,
+             PRIMARY KEY (a, b)
+         ) WITHOUT ROWID;
+         CREATE INDEX group_members_member ON group_members (member);",
+    )
+}
+
 /// `PRAGMA user_version`. The first read of a file, so a non-database fails here.
 fn read_version(conn: &Connection) -> rusqlite::Result<u32> {
     let v: i64 = conn.pragma_query_value(None, "user_version", |row| row.get(0))?;
@@ -250,6 +264,7 @@ mod tests {
             [
                 "accounts",
                 "addresses",
+                "contacts",
                 "group_copies",
                 "group_members",
                 "groups",

@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::groups::{self, Broadcast};
 use super::mailboxes::Mailboxes;
-use super::{accounts, addresses, journal, key_packages};
+use super::{accounts, addresses, contacts, journal, key_packages};
 use super::{
     AppendOutcome, Counters, KeyPackagesHeld, Named, Release, StoreError, TakenKeyPackage,
 };
@@ -154,6 +154,15 @@ pub(super) enum Op {
         older_than_ms: u64,
         reply: Reply<u64>,
     },
+    RecordContact {
+        a: String,
+        b: String,
+        reply: Reply<()>,
+    },
+    GroupPeers {
+        identities: Vec<String>,
+        reply: Reply<Vec<String>>,
+    },
 }
 
 impl Op {
@@ -178,6 +187,7 @@ impl Op {
                 | Op::HoldReport { .. }
                 | Op::DropHeldReports { .. }
                 | Op::PurgeGroups { .. }
+                | Op::RecordContact { .. }
         )
     }
 }
@@ -387,6 +397,14 @@ fn apply(
         } => settle(
             reply,
             savepoint(tx, mailboxes, |c, m| journal::purge(c, m, older_than_ms)),
+        ),
+        Op::RecordContact { a, b, reply } => settle(
+            reply,
+            savepoint(tx, mailboxes, |c, _| contacts::record(c, &a, &b)),
+        ),
+        Op::GroupPeers { identities, reply } => settle(
+            reply,
+            savepoint(tx, mailboxes, |c, _| contacts::group_peers(c, &identities)),
         ),
         Op::RecordLastSeen { account, ms, reply } => settle(
             reply,
