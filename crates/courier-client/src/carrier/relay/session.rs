@@ -274,20 +274,27 @@ impl<'a> Session<'a> {
                 message_id,
                 delivered,
                 pushed,
-                missed: missed.into_iter().map(|m| (m.username, m.reason)).collect(),
+                missed: missed
+                    .into_iter()
+                    .map(|m| (m.username, courier_proto::quoted(&m.reason)))
+                    .collect(),
             })),
             RelayFrame::GroupError {
                 reason,
                 message_id: Some(message_id),
                 ..
-            } => self
-                .driver
-                .input(Input::GroupRefused { message_id, reason }),
+            } => self.driver.input(Input::GroupRefused {
+                message_id,
+                reason: courier_proto::quoted(&reason),
+            }),
             RelayFrame::GroupError {
                 reason,
                 group_id: Some(group_id),
                 message_id: None,
-            } => self.group_report(GroupRelayReport::Refused { group_id, reason }),
+            } => self.group_report(GroupRelayReport::Refused {
+                group_id,
+                reason: courier_proto::quoted(&reason),
+            }),
             RelayFrame::GroupCreated { group_id, .. } => {
                 self.group_report(GroupRelayReport::Created { group_id })
             }
@@ -326,7 +333,9 @@ impl<'a> Session<'a> {
                 }
                 self.forward(text);
             }
-            RelayFrame::SessionSuperseded { reason } => return Err(Loss::Superseded(reason)),
+            RelayFrame::SessionSuperseded { reason } => {
+                return Err(Loss::Superseded(courier_proto::quoted(&reason)))
+            }
             RelayFrame::KeyPackagesPublished {
                 available,
                 last_resort,
