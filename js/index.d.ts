@@ -37,6 +37,8 @@ export type ProtocolErrorCode =
   | 'ERR_MESSAGE_FAILED'
   /** `once` or `whenDelivered`: its `signal` was aborted first. */
   | 'ERR_ABORTED'
+  /** `start()`: the identity key file is a symlink, another user's or open to others, or a sealed identity was replaced by one in the clear (`docs/protocol.md#identity-key`). */
+  | 'ERR_IDENTITY_REFUSED'
   | 'ERR_INTERNAL'
 
 /**
@@ -126,7 +128,8 @@ export interface ProtocolConfig {
     /**
      * 32 bytes, kept by your app outside the database (Electron `safeStorage`, the OS keychain),
      * that seal this device's identity key at rest. Without it a file store seals the key under
-     * `<path>.identity-key` (mode 0600) beside the database. Once given, it must be given at
+     * `<path>.identity-key` (mode 0600; refused with `ERR_IDENTITY_REFUSED` if it becomes a
+     * symlink, another user's or open to others) beside the database. Once given, it must be given at
      * every start: a missing or different key fails `start()` with `ERR_STORAGE` and the
      * identity is kept, never replaced.
      */

@@ -10,7 +10,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
-use courier_client::app::{App, AppCarrierSend, HookBatch, HookMessage};
+use courier_client::app::{App, AppCarrierSend, Barrier, HookBatch, HookMessage};
+use courier_client::backlog::Backlog;
 use courier_client::driver::Receipts;
 use courier_client::event::{app_metadata, rich_fields, ClientEvent};
 use napi::bindgen_prelude::Uint8Array;
@@ -107,6 +108,8 @@ pub struct JsApp {
     pub on_app_carrier_send: AppCarrierSendCallback,
     pub on_auth_token_wanted: AuthTokenCallback,
     pub receipts: Receipts,
+    /// The events queued for the JS thread and not run yet: carriers pause while it is full.
+    pub backlog: Backlog,
     /// Until the first call went through.
     pub gate: Option<Gate>,
 }
@@ -126,7 +129,8 @@ impl App for JsApp {
 
     /// The events cross as one JSON array. Its terminal events are confirmed from the call's
     /// completion, once the facade's dispatcher has run the listeners: until then they stay held
-    /// in storage, so a kill before the listeners ran means a replay, never a loss.
+    /// in storage, so a kill before the listeners ran means a replay, never a loss. The call
+    /// counts in the backlog until it ran, or was dropped unrun.
     fn events(&mut self, events: Vec<ClientEvent>) {
         self.pass_gate();
         let terminal: Vec<String> = events
@@ -135,16 +139,13 @@ impl App for JsApp {
             .collect();
         let json = serde_json::Value::Array(events.iter().map(ClientEvent::to_json).collect());
         let json = json.to_string();
-        if terminal.is_empty() {
-            self.on_event
-                .call(json, ThreadsafeFunctionCallMode::NonBlocking);
-            return;
-        }
+        let queued = self.backlog.queued(json.len());
         let receipts = self.receipts.clone();
         self.on_event.call_with_return_value(
             json,
             ThreadsafeFunctionCallMode::NonBlocking,
             move |ran, _| {
+                drop(queued);
                 if ran.is_ok() {
                     for message_id in terminal {
                         receipts.seen(message_id);
@@ -153,6 +154,10 @@ impl App for JsApp {
                 Ok(())
             },
         );
+    }
+
+    fn caught_up(&mut self, barrier: Barrier) {
+        self.backlog.hold(barrier);
     }
 
     fn hook_batch(&mut self, batch: HookBatch) {

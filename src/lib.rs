@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use courier_client::app::SendAttempt;
+use courier_client::backlog::Backlog;
 use courier_client::client::{Client, Durable};
 use courier_client::config::{parse_protocol_config, ProtocolConfig};
 use courier_client::driver::connections::ConnectionCommand;
@@ -206,6 +207,7 @@ impl NativeProtocol {
             on_app_carrier_send,
             on_auth_token_wanted,
             receipts,
+            backlog: Backlog::default(),
             gate: Some(gate),
         };
         self.start_with(make_app, opener).await.into()

@@ -34,6 +34,32 @@ pub trait App: Send + 'static {
     /// The relay carrier is about to connect and `authToken` is the application's provider:
     /// answer `request` with [`Client::auth_token_provided`](crate::client::Client::auth_token_provided).
     fn auth_token_wanted(&mut self, request: u64);
+
+    /// A carrier paused reading until the events dispatched so far are taken: release `barrier`
+    /// once they are (`docs/architecture.md#backpressure-from-the-application`). The default
+    /// releases it at once, for an application that handles events before it returns; one that
+    /// queues them for another thread holds it while that queue is over its bound, so a stalled
+    /// consumer pauses intake instead of growing the queue.
+    fn caught_up(&mut self, barrier: Barrier) {
+        barrier.release();
+    }
+}
+
+/// A carrier waiting to read on (`carrier::intake`); dropping it releases the carrier too, as
+/// a stopped driver does.
+#[derive(Debug)]
+pub struct Barrier(pub(crate) tokio::sync::oneshot::Sender<()>);
+
+impl Barrier {
+    #[cfg(test)]
+    pub(crate) fn new() -> (Self, tokio::sync::oneshot::Receiver<()>) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (Self(tx), rx)
+    }
+
+    pub fn release(self) {
+        let _ = self.0.send(());
+    }
 }
 
 /// A frame to put on an app carrier.
@@ -99,5 +125,9 @@ impl App for LevelFiltered {
 
     fn auth_token_wanted(&mut self, request: u64) {
         self.app.auth_token_wanted(request);
+    }
+
+    fn caught_up(&mut self, barrier: Barrier) {
+        self.app.caught_up(barrier);
     }
 }

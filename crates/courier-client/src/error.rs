@@ -45,13 +45,22 @@ pub enum ClientError {
     /// The file to send cannot be read.
     #[error("{0}")]
     FileUnreadable(String),
+    /// The stored identity cannot be trusted: its key file is a symlink, another user's, or
+    /// open to others, or a sealed identity was replaced by one in the clear.
+    #[error("{0}")]
+    IdentityRefused(String),
     #[error("{0}")]
     Internal(String),
 }
 
 impl From<StoreError> for ClientError {
     fn from(e: StoreError) -> Self {
-        Self::Storage(e.to_string())
+        match e {
+            StoreError::UnsafeKeyFile { .. } | StoreError::CleartextIdentity => {
+                Self::IdentityRefused(e.to_string())
+            }
+            e => Self::Storage(e.to_string()),
+        }
     }
 }
 
@@ -74,6 +83,7 @@ impl ClientError {
             Self::FileTooLarge(_) => "ERR_FILE_TOO_LARGE",
             Self::MediaOutboxFull(_) => "ERR_MEDIA_OUTBOX_FULL",
             Self::FileUnreadable(_) => "ERR_FILE_UNREADABLE",
+            Self::IdentityRefused(_) => "ERR_IDENTITY_REFUSED",
             Self::Internal(_) => "ERR_INTERNAL",
         }
     }

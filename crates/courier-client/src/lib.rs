@@ -2,6 +2,7 @@
 //! runtime moves bytes for the carriers, and the application talks to it through a `Client`.
 
 pub mod app;
+pub mod backlog;
 pub mod carrier;
 pub mod client;
 pub mod config;

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use courier_client::store::{Store, StoreError};
+use courier_client::store::{KeyFileProblem, Store, StoreError};
 use rusqlite::Connection;
 use zeroize::Zeroizing;
 
@@ -213,4 +213,125 @@ fn an_in_memory_store_keeps_its_seed_without_a_key_file() {
         SEED
     );
     assert_eq!(store.load_or_create_identity(2, None, never).unwrap(), SEED);
+}
+
+/// The error a start that refuses the stored identity fails with.
+fn refused(result: Result<[u8; 32], StoreError>) -> StoreError {
+    match result {
+        Err(e @ (StoreError::UnsafeKeyFile { .. } | StoreError::CleartextIdentity)) => e,
+        other => panic!("expected the identity refused, got {other:?}"),
+    }
+}
+
+fn key_file_problem(result: Result<[u8; 32], StoreError>) -> KeyFileProblem {
+    match refused(result) {
+        StoreError::UnsafeKeyFile { problem, .. } => problem,
+        other => panic!("expected an unsafe key file, got {other:?}"),
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn a_key_file_swapped_for_a_symlink_to_a_key_elsewhere_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("id.db");
+    first_start(&db, None);
+    let row = stored_row(&db);
+    // The same key, moved where someone else could rewrite it, and linked back.
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::rename(key_file(&db), &elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, key_file(&db)).unwrap();
+
+    let mut store = Store::open(&db).unwrap();
+    assert_eq!(
+        key_file_problem(store.load_or_create_identity(2, None, never)),
+        KeyFileProblem::Symlink
+    );
+    drop(store);
+    assert_eq!(stored_row(&db), row, "the stored identity is untouched");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_dangling_symlink_planted_before_the_first_start_is_not_written_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("id.db");
+    let target = dir.path().join("planted");
+    std::os::unix::fs::symlink(&target, key_file(&db)).unwrap();
+
+    let mut store = Store::open(&db).unwrap();
+    assert_eq!(
+        key_file_problem(store.load_or_create_identity(1, None, || Ok(SEED))),
+        KeyFileProblem::Symlink
+    );
+    assert!(!target.exists(), "no key was written where the link leads");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_key_file_readable_by_others_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("id.db");
+    first_start(&db, None);
+    for mode in [0o644, 0o660, 0o604] {
+        std::fs::set_permissions(key_file(&db), std::fs::Permissions::from_mode(mode)).unwrap();
+        let mut store = Store::open(&db).unwrap();
+        assert_eq!(
+            key_file_problem(store.load_or_create_identity(2, None, never)),
+            KeyFileProblem::OpenMode { mode }
+        );
+    }
+    std::fs::set_permissions(key_file(&db), std::fs::Permissions::from_mode(0o400)).unwrap();
+    let mut store = Store::open(&db).unwrap();
+    assert_eq!(store.load_or_create_identity(3, None, never).unwrap(), SEED);
+}
+
+/// Only root can give a file away; elsewhere there is no foreign key file to make.
+#[cfg(unix)]
+#[test]
+fn a_key_file_owned_by_another_user_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("id.db");
+    first_start(&db, None);
+    let nobody = 65534;
+    if let Err(e) = std::os::unix::fs::chown(key_file(&db), Some(nobody), None) {
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+        return;
+    }
+    let mut store = Store::open(&db).unwrap();
+    assert_eq!(
+        key_file_problem(store.load_or_create_identity(2, None, never)),
+        KeyFileProblem::ForeignOwner { owner: nobody }
+    );
+}
+
+#[test]
+fn a_cleartext_identity_written_over_a_sealed_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("id.db");
+    first_start(&db, None);
+    // Whoever can write the database, but not read the key file, plants an identity of their
+    // own in the clear.
+    let planted = [9u8; 32];
+    Connection::open(&db)
+        .unwrap()
+        .execute(
+            "UPDATE identity SET sealed_by = 'none', nonce = NULL, seed = ?1",
+            [planted.as_slice()],
+        )
+        .unwrap();
+
+    let mut store = Store::open(&db).unwrap();
+    assert!(matches!(
+        refused(store.load_or_create_identity(2, None, never)),
+        StoreError::CleartextIdentity
+    ));
+    // Nor does an app key launder it by sealing it.
+    assert!(matches!(
+        refused(store.load_or_create_identity(3, app_key(4), never)),
+        StoreError::CleartextIdentity
+    ));
+    drop(store);
+    assert_eq!(stored_row(&db), ("none".to_owned(), planted.to_vec()));
 }

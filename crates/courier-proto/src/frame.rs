@@ -6,6 +6,7 @@ use serde_json::Value;
 
 use crate::key_package::{KeyPackage, KeyPackageBatch};
 use crate::limits::MAX_FRAME_BYTES;
+use crate::quote::quoted;
 use crate::Address;
 
 /// Frames a client sends to the relay.
@@ -470,28 +471,14 @@ fn decode_tagged<T: serde::de::DeserializeOwned>(
         return Err(DecodeError::Malformed);
     };
     if !known.contains(&frame_type) {
-        return Err(DecodeError::UnknownType(truncate(frame_type)));
+        return Err(DecodeError::UnknownType(quoted(frame_type)));
     }
     let frame_type = frame_type.to_owned();
     serde_json::from_value(value).map_err(|e| DecodeError::Invalid {
         frame_type,
         // serde quotes the offending value, which may be most of a 1 MiB frame.
-        detail: truncate(&e.to_string()),
+        detail: quoted(&e.to_string()),
     })
-}
-
-/// Echoed type names and error details are cut so an answer or a log line never grows with
-/// a hostile input.
-fn truncate(s: &str) -> String {
-    const MAX: usize = 128;
-    if s.len() <= MAX {
-        return s.to_owned();
-    }
-    let mut end = MAX;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_owned()
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ pub mod lines;
 pub mod media;
 pub mod message;
 pub mod proof;
+pub mod quote;
 pub mod rich;
 pub mod sealed;
 pub mod security;
@@ -53,6 +54,7 @@ pub use proof::{
     gateway_proof_payload, relay_proof_payload, verify_declaration, verify_gateway_declaration,
     AddressDeclError, DeclareError, GatewayDeclaration,
 };
+pub use quote::quoted;
 pub use rich::{ForwardInfo, Quote, Rich, RichError, RichParts};
 pub use sealed::{
     envelope, group_envelope, group_payload, open_envelope, sealed_payload, GroupFrame,

@@ -6,6 +6,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
 use crate::ident::{validate_identifier, IdentError};
+use crate::quote::quoted;
 
 /// Reserved metadata keys (`docs/protocol.md#message-json`); applications may not set them.
 pub const META_ACK_FOR: &str = "ack_for";
@@ -185,7 +186,9 @@ pub enum MessageError {
 impl Message {
     /// Parses and validates a message received from a peer.
     pub fn decode(text: &str) -> Result<Self, MessageError> {
-        let m: Self = serde_json::from_str(text).map_err(|e| MessageError::Json(e.to_string()))?;
+        // serde quotes the offending value, which the peer wrote.
+        let m: Self =
+            serde_json::from_str(text).map_err(|e| MessageError::Json(quoted(&e.to_string())))?;
         m.validate()?;
         Ok(m)
     }
@@ -248,6 +251,23 @@ impl Message {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn a_peer_cannot_smuggle_a_megabyte_or_a_forged_line_into_a_decode_error() {
+        let mut value = serde_json::to_value(sample()).unwrap();
+        // serde quotes an unknown variant's text in its error.
+        value["priority"] = format!("x\nERROR forged\u{1b}[2J{}", "y".repeat(1 << 20)).into();
+        let err = Message::decode(&value.to_string()).unwrap_err();
+        let MessageError::Json(detail) = &err else {
+            panic!("{err:?}")
+        };
+        assert!(
+            detail.len() <= crate::quote::MAX_QUOTED_BYTES,
+            "{} bytes",
+            detail.len()
+        );
+        assert!(!detail.chars().any(char::is_control), "{detail:?}");
+    }
 
     pub(crate) fn sample() -> Message {
         Message {

@@ -120,12 +120,13 @@ pub async fn run(
     let mut attempt: u32 = 0;
     // A refusal is reported once until an attach succeeds, not on every reconnect.
     let mut reported: Option<Refusal> = None;
+    let mut intake = Intake::default();
     loop {
         let loss = match connect(&settings, &mut rx, &driver).await {
             Ok(None) => return,
             Ok(Some(link)) => {
                 reported = None;
-                let loss = Session::new(link, &driver, settings.timings.keepalive)
+                let loss = Session::new(link, &driver, &mut intake, settings.timings.keepalive)
                     .run(&mut rx)
                     .await;
                 if matches!(loss, Loss::Dropped(_)) {
@@ -411,18 +412,19 @@ struct Session<'a> {
     link: Link,
     driver: &'a DriverTx,
     answers: Answers,
-    /// What has been read and handed over, so a flood is read no faster than the driver takes it.
-    intake: Intake,
+    /// What has been read and handed over, so a flood is read no faster than the driver and
+    /// the application take it; the carrier's, so a reconnect does not reopen it.
+    intake: &'a mut Intake,
     keepalive: Duration,
 }
 
 impl<'a> Session<'a> {
-    fn new(link: Link, driver: &'a DriverTx, keepalive: Duration) -> Self {
+    fn new(link: Link, driver: &'a DriverTx, intake: &'a mut Intake, keepalive: Duration) -> Self {
         Self {
             link,
             driver,
             answers: Answers::new("gateway"),
-            intake: Intake::default(),
+            intake,
             keepalive,
         }
     }

@@ -3,7 +3,11 @@
 //! engine and the app take its frames (a flood) would otherwise grow it without end. The
 //! carrier counts what it hands over in windows and closes each with a `Barrier` command; it
 //! stops reading while a full window waits behind an unanswered barrier, so the driver never
-//! has more than two windows of this carrier's frames before it.
+//! has more than two windows of this carrier's frames before it. The driver answers a barrier
+//! only once the application has taken the events dispatched before it ([`App::caught_up`]),
+//! so a stalled application pauses reading too.
+//!
+//! [`App::caught_up`]: crate::app::App::caught_up
 
 use tokio::sync::oneshot;
 

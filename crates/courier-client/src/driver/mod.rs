@@ -22,7 +22,7 @@ use courier_engine::{
 };
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 
-use crate::app::App;
+use crate::app::{App, Barrier};
 use crate::carrier::gateway::GatewayOut;
 use crate::carrier::relay::RelayOut;
 use crate::error::ClientError;
@@ -62,8 +62,9 @@ pub enum Command {
     TerminalSeen {
         message_id: String,
     },
-    /// Answered once every command queued before it has been applied: how a carrier keeps
-    /// what it has read and not yet handed over bounded (`carrier::intake`).
+    /// Answered once every command queued before it has been applied and the application has
+    /// taken the events dispatched so far ([`App::caught_up`]): how a carrier keeps what it has
+    /// read and not yet handed over bounded (`carrier::intake`).
     Barrier(oneshot::Sender<()>),
     /// Answered once every command queued before it has been applied and its step carried
     /// out, so that what the getters read reflects them.
@@ -308,6 +309,8 @@ struct Owed {
     accepted: Vec<(String, oneshot::Sender<Result<String, ClientError>>)>,
     /// `Command::Sync`s, answered once the step is carried out.
     synced: Vec<oneshot::Sender<()>>,
+    /// `Command::Barrier`s, handed to the application once the step's events are dispatched.
+    barriers: Vec<oneshot::Sender<()>>,
     /// A relay frame was processed in this step: if the commit fails, it was neither stored nor
     /// acked, and only a new session makes the relay write it again.
     relay_inbound: bool,
@@ -386,9 +389,13 @@ impl Driver {
             }
             let stop = owed.stop.take();
             let synced = std::mem::take(&mut owed.synced);
+            let barriers = std::mem::take(&mut owed.barriers);
             self.finish(step, owed, now);
             for reply in synced {
                 let _ = reply.send(());
+            }
+            for reply in barriers {
+                self.app.caught_up(Barrier(reply));
             }
             if now >= next_prune {
                 next_prune = now + PRUNE_EVERY_MS;
@@ -554,9 +561,7 @@ impl Driver {
                 let _ = reply.send(self.store.status(&id).map_err(ClientError::from));
             }
             Command::Emit(event) => step.emit(&mut self.engine, event),
-            Command::Barrier(reply) => {
-                let _ = reply.send(());
-            }
+            Command::Barrier(reply) => owed.barriers.push(reply),
             Command::Sync(reply) => owed.synced.push(reply),
             Command::TerminalSeen { message_id } => self.confirm(message_id),
             Command::TokenWanted { request } => self.app.auth_token_wanted(request),

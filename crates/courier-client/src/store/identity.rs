@@ -9,7 +9,13 @@
 //!
 //! A seed is never replaced: a seal that does not open, a missing key file or a missing app key
 //! fail the start with the reason, and the stored row is left untouched.
+//!
+//! Nor is one slipped in: a key file is used only if it is a regular file, not reached through
+//! a symlink, owned by this process's user and closed to everyone else, since whoever can swap
+//! or read it holds the identity; and a file store whose key file exists has sealed its
+//! identity, so a row in the clear there was written from outside and is refused.
 
+use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
@@ -133,6 +139,11 @@ fn rank(label: &str) -> u8 {
 fn open(row: &Row, keys: &SealKeys) -> Result<Zeroizing<Seed>, StoreError> {
     let corrupt = |why: &str| StoreError::Corrupt(format!("the identity seed {why}"));
     let plain = match (row.sealed_by.as_str(), &row.nonce) {
+        // A version 3 row, which the first start after the upgrade seals; once it has, the key
+        // file is there.
+        ("none", None) if keys.key_file.as_deref().is_some_and(present) => {
+            return Err(StoreError::CleartextIdentity)
+        }
         ("none", None) => Zeroizing::new(row.seed.clone()),
         ("app_key", Some(nonce)) => {
             let Some(app) = &keys.app else {
@@ -178,7 +189,7 @@ fn seal(sealer: &Sealer<'_>, seed: &Seed) -> Result<(Option<Vec<u8>>, Vec<u8>), 
     let cipher_key = match sealer {
         Sealer::Volatile => return Ok((None, seed.to_vec())),
         Sealer::App(app) => Zeroizing::new(**app),
-        Sealer::KeyFile(path) if path.exists() => read_key_file(path)?,
+        Sealer::KeyFile(path) if present(path) => read_key_file(path)?,
         Sealer::KeyFile(path) => create_key_file_at(path)?,
     };
     let mut nonce = [0u8; NONCE_LEN];
@@ -215,13 +226,87 @@ fn unseal(key: &[u8; 32], nonce: &[u8], sealed: &[u8]) -> Option<Zeroizing<Vec<u
         .map(Zeroizing::new)
 }
 
-fn read_key_file(path: &Path) -> Result<Zeroizing<[u8; 32]>, StoreError> {
-    let mut file = File::open(path).map_err(|e| {
+/// Whether anything is at `path`, a symlink included (even one that leads nowhere).
+fn present(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok()
+}
+
+/// Why an identity key file is not used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyFileProblem {
+    /// A symlink, which could lead to a key someone else controls.
+    Symlink,
+    /// A directory, a device, a pipe…
+    NotAFile,
+    /// Owned by another user, who could replace it.
+    ForeignOwner { owner: u32 },
+    /// Readable or writable by the group or others (the permission bits).
+    OpenMode { mode: u32 },
+}
+
+impl fmt::Display for KeyFileProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Symlink => f.write_str("is a symbolic link"),
+            Self::NotAFile => f.write_str("is not a regular file"),
+            Self::ForeignOwner { owner } => {
+                write!(f, "is owned by uid {owner}, not by this process's user")
+            }
+            Self::OpenMode { mode } => {
+                write!(
+                    f,
+                    "has mode {mode:03o}: it must be closed to group and others (0600)"
+                )
+            }
+        }
+    }
+}
+
+/// Opens the key file without following a symlink, and checks what was opened (not the path,
+/// which could change in between).
+fn open_key_file(path: &Path) -> Result<File, StoreError> {
+    let unsafe_file = |problem| StoreError::UnsafeKeyFile {
+        path: path.to_owned(),
+        problem,
+    };
+    let mut options = OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NOFOLLOW);
+    let file = options.open(path).map_err(|e| {
+        #[cfg(unix)]
+        if e.raw_os_error() == Some(libc::ELOOP) {
+            return unsafe_file(KeyFileProblem::Symlink);
+        }
         StoreError::Identity(format!(
             "cannot read the identity key file {}: {e}; the identity is kept and not replaced",
             path.display()
         ))
     })?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(unsafe_file(KeyFileProblem::NotAFile));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if meta.uid() != me {
+            return Err(unsafe_file(KeyFileProblem::ForeignOwner {
+                owner: meta.uid(),
+            }));
+        }
+        let mode = meta.mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(unsafe_file(KeyFileProblem::OpenMode { mode }));
+        }
+    }
+    Ok(file)
+}
+
+fn read_key_file(path: &Path) -> Result<Zeroizing<[u8; 32]>, StoreError> {
+    let mut file = open_key_file(path)?;
     let mut key = Zeroizing::new([0u8; 32]);
     let mut extra = [0u8; 1];
     file.read_exact(key.as_mut_slice())

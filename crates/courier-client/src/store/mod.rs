@@ -50,6 +50,7 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
 pub use connections::{ConnectionChange, PendingRequest};
 use courier_crypto::{Change, RowKey};
 pub use groups::{GroupChange, GroupRow, GroupSendStatus};
+pub use identity::KeyFileProblem;
 use identity::SealKeys;
 use lock::LockFile;
 pub use received::{Received, ReceivedMessage};
@@ -100,6 +101,23 @@ pub enum StoreError {
     /// is left untouched and never replaced (`docs/protocol.md#identity-key`).
     #[error("{0}")]
     Identity(String),
+    /// The identity key file could have been replaced or read by someone else: it is not used,
+    /// and the identity is left untouched (`docs/protocol.md#identity-key`).
+    #[error(
+        "the identity key file {} {problem}; the identity is kept and not replaced",
+        path.display()
+    )]
+    UnsafeKeyFile {
+        path: PathBuf,
+        problem: identity::KeyFileProblem,
+    },
+    /// The identity row is in the clear in a file store whose identity was sealed (its key
+    /// file exists): someone wrote an identity of their choosing into the database.
+    #[error(
+        "the identity seed is stored in the clear, yet this store sealed it before: the row was \
+         replaced from outside and is refused; the identity is kept and not replaced"
+    )]
+    CleartextIdentity,
     /// The database was written by a newer build; it is left untouched.
     #[error(
         "storage schema version {found} is newer than this build supports ({supported}); \

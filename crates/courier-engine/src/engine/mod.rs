@@ -46,7 +46,10 @@ use bookkeeping::file_id;
 /// Hops a message may still travel. Only mesh forwarding spends it; the relay leg does not.
 const DEFAULT_TTL: u8 = 10;
 /// Receivers clamp Lamport clocks to this (`docs/protocol.md#message-json`); ours never exceeds it.
-const MAX_LAMPORT: u64 = i64::MAX as u64;
+pub(crate) const MAX_LAMPORT: u64 = i64::MAX as u64;
+/// How far one received message may move our clock forward: a peer that claims a clock near
+/// [`MAX_LAMPORT`] would otherwise pin ours there for good (`docs/protocol.md#message-json`).
+pub(crate) const MAX_LAMPORT_JUMP: u64 = 1 << 32;
 
 const REASON_NO_CARRIER: &str = "no carrier available";
 const REASON_IN_FLIGHT_LIMIT: &str = "in-flight limit reached";

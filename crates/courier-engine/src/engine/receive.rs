@@ -267,7 +267,11 @@ impl Engine {
         origin: &InboundOrigin,
         now: Millis,
     ) -> bool {
-        self.lamport = self.lamport.max(message.lamport_clock.min(MAX_LAMPORT));
+        let reachable = self
+            .lamport
+            .saturating_add(MAX_LAMPORT_JUMP)
+            .min(MAX_LAMPORT);
+        self.lamport = self.lamport.max(message.lamport_clock.min(reachable));
         let transport = origin.carrier.name().to_owned();
         // The chat of a direct message is its sender; a group message's is its group.
         let key = InboundKey {

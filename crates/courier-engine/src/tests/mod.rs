@@ -11,6 +11,7 @@ mod groups;
 mod inbound;
 mod inbound_durable;
 mod ladder;
+mod lamport;
 mod lifecycle;
 mod lifetime;
 mod media;

@@ -89,7 +89,10 @@ pub(super) async fn await_authenticated(ws: &mut Ws) -> Result<Authenticated, Lo
                         rate_limit,
                     });
                 }
-                Ok(RelayFrame::AuthError { reason }) => return Err(Loss::AuthRejected(reason)),
+                // The relay's words go into a diagnostic and the `auth_failed` event.
+                Ok(RelayFrame::AuthError { reason }) => {
+                    return Err(Loss::AuthRejected(courier_proto::quoted(&reason)))
+                }
                 _ => {}
             },
             WsMessage::Close(frame) => return Err(close_loss(frame.as_ref())),

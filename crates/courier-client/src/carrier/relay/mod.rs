@@ -143,11 +143,14 @@ pub async fn run(
     let mut redeliveries: u32 = 0;
     let mut superseded_reported = false;
     let mut presence = PresenceWatch::default();
+    // The carrier's, not a connection's: a reconnect while the driver or the application is
+    // behind does not reopen reading (`carrier::intake`).
+    let mut intake = Intake::default();
     loop {
         let loss = match connect(&settings, &mut rx, &driver, &mut presence).await {
             Ok(Some(ws)) => {
                 attempt = 0;
-                Session::new(ws, &settings.identity, &driver, &mut presence)
+                Session::new(ws, &settings.identity, &driver, &mut presence, &mut intake)
                     .run(&mut rx)
                     .await
             }

@@ -25,7 +25,7 @@ pub(super) struct Session<'a> {
     /// The relay broke the transport rules (`docs/protocol.md#transport`): the close code to end
     /// the connection with.
     violation: Option<u16>,
-    intake: Intake,
+    intake: &'a mut Intake,
 }
 
 impl<'a> Session<'a> {
@@ -34,6 +34,7 @@ impl<'a> Session<'a> {
         identity: &IdentityKey,
         driver: &'a DriverTx,
         presence: &'a mut PresenceWatch,
+        intake: &'a mut Intake,
     ) -> Self {
         let now = Instant::now();
         let (sink, stream) = ws.split();
@@ -57,7 +58,7 @@ impl<'a> Session<'a> {
             declaration: None,
             declared: None,
             violation: None,
-            intake: Intake::default(),
+            intake,
         };
         // Order is load-bearing (`docs/protocol.md#client-declaration`): the declaration is the
         // very next frame, before any queued frame is flushed, or those frames keep the account
@@ -121,11 +122,18 @@ impl<'a> Session<'a> {
             }
             let wake = self.next_wake();
             let reading = self.may_read();
+            let paused = !self.listening();
             let step = tokio::select! {
                 cmd = rx.recv() => self.on_command(cmd),
                 msg = self.stream.next(), if reading => self.on_socket(msg),
                 loss = self.writer.failed() => Err(loss),
-                () = self.intake.caught_up(self.driver), if self.intake.waiting() => Ok(()),
+                () = self.intake.caught_up(self.driver), if self.intake.waiting() => {
+                    if paused {
+                        // The relay's silence counts from now again.
+                        self.last_heard = Instant::now();
+                    }
+                    Ok(())
+                }
                 _ = sleep_until(wake.into()) => Ok(()),
             };
             if let Err(loss) = step {
@@ -143,9 +151,18 @@ impl<'a> Session<'a> {
         self.intake.open() && self.acks.len() + self.releases.backlog() < MAX_OWED_FRAMES
     }
 
+    /// The relay's silence counts only while we read: a stalled application pausing intake
+    /// must not pass for a dead connection, whose reconnect would read on.
+    fn listening(&self) -> bool {
+        self.intake.open()
+    }
+
     fn next_wake(&self) -> Instant {
         let now = Instant::now();
-        let mut wake = (self.last_ping + PING_EVERY).min(self.last_heard + DEAD_AFTER);
+        let mut wake = self.last_ping + PING_EVERY;
+        if self.listening() {
+            wake = wake.min(self.last_heard + DEAD_AFTER);
+        }
         if let Some(first) = self.answers.next_deadline() {
             wake = wake.min(first);
         }
@@ -274,20 +291,27 @@ impl<'a> Session<'a> {
                 message_id,
                 delivered,
                 pushed,
-                missed: missed.into_iter().map(|m| (m.username, m.reason)).collect(),
+                missed: missed
+                    .into_iter()
+                    .map(|m| (m.username, courier_proto::quoted(&m.reason)))
+                    .collect(),
             })),
             RelayFrame::GroupError {
                 reason,
                 message_id: Some(message_id),
                 ..
-            } => self
-                .driver
-                .input(Input::GroupRefused { message_id, reason }),
+            } => self.driver.input(Input::GroupRefused {
+                message_id,
+                reason: courier_proto::quoted(&reason),
+            }),
             RelayFrame::GroupError {
                 reason,
                 group_id: Some(group_id),
                 message_id: None,
-            } => self.group_report(GroupRelayReport::Refused { group_id, reason }),
+            } => self.group_report(GroupRelayReport::Refused {
+                group_id,
+                reason: courier_proto::quoted(&reason),
+            }),
             RelayFrame::GroupCreated { group_id, .. } => {
                 self.group_report(GroupRelayReport::Created { group_id })
             }
@@ -326,7 +350,9 @@ impl<'a> Session<'a> {
                 }
                 self.forward(text);
             }
-            RelayFrame::SessionSuperseded { reason } => return Err(Loss::Superseded(reason)),
+            RelayFrame::SessionSuperseded { reason } => {
+                return Err(Loss::Superseded(courier_proto::quoted(&reason)))
+            }
             RelayFrame::KeyPackagesPublished {
                 available,
                 last_resort,
@@ -530,7 +556,7 @@ impl<'a> Session<'a> {
             }
         }
         self.answers.expire(self.driver, now);
-        if now >= self.last_heard + DEAD_AFTER {
+        if self.listening() && now >= self.last_heard + DEAD_AFTER {
             // Best effort, not waited for (`docs/protocol.md#transport`).
             let _ = self
                 .writer
