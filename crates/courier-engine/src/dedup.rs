@@ -4,8 +4,9 @@
 //!
 //! The keys of verified control frames are kept apart, for as long as a replay of the frame would
 //! still pass its freshness check, and no count evicts them: a flood of distinct messages must not
-//! make room for a control frame to be processed again (`docs/delivery.md#control-frames`). Each
-//! needs a valid signature of its sender, so their number is bounded by what peers sign.
+//! make room for a control frame to be processed again (`docs/delivery.md#control-frames`). Only
+//! age bounds them: each is a frame its carrier's sender signed, admitted through that carrier's
+//! own limits.
 
 use std::collections::{HashMap, VecDeque};
 
