@@ -133,6 +133,8 @@ test('group calls refuse what they cannot do, changing nothing', async (t) => {
   await assert.rejects(alice.protocol.createGroup('g', ['not-an-address']), code('ERR_INVALID_ARGUMENT'))
   await assert.rejects(alice.protocol.createGroup('g', [alice.address]), code('ERR_INVALID_ARGUMENT'))
   await assert.rejects(alice.protocol.createGroup('', [bob.address]), code('ERR_INVALID_ARGUMENT'))
+  // A bidi override would make 'Team \u202Enimda' read as 'Team admin'.
+  await assert.rejects(alice.protocol.createGroup('Team \u202Enimda', [bob.address]), code('ERR_INVALID_ARGUMENT'))
   const groupId = await alice.protocol.createGroup('pair', [bob.address])
   await waitFor(bob.recorder, (e) => e.type === 'group_created' && e.groupId === groupId)
   await assert.rejects(bob.protocol.addGroupMember(groupId, alice.address), code('ERR_GROUP_NOT_ADMIN'))

@@ -261,6 +261,51 @@ fn mark_processed_is_idempotent_and_keeps_the_first_time() {
     assert_eq!(keys, vec![key("dm", "m1", 100), key("group-1", "m1", 150)]);
 }
 
+/// The keys of verified control frames live apart from the count-bounded dedup record: however
+/// many messages arrive, an observed control frame stays known until its signature could no
+/// longer pass the freshness check (`docs/delivery.md#control-frames`).
+#[test]
+fn a_flood_of_processed_messages_cannot_evict_a_control_frames_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = |id: &str, at| ProcessedKey {
+        key: InboundKey {
+            chat: "off1signer".into(),
+            sender: "off1signer".into(),
+            message_id: id.into(),
+        },
+        at,
+    };
+    let control = key("welcome", 1000);
+    {
+        let mut store = open(dir.path());
+        store
+            .commit(&[
+                StoreOp::MarkControl(control.clone()),
+                StoreOp::MarkControl(key("welcome", 2000)),
+            ])
+            .unwrap();
+        let flood: Vec<StoreOp> = (0..50u64)
+            .map(|i| StoreOp::MarkProcessed(key(&format!("flood-{i}"), 1001 + i)))
+            .collect();
+        store.commit(&flood).unwrap();
+        assert_eq!(store.prune_processed(0, 10).unwrap(), 40);
+    }
+    let mut store = open(dir.path());
+    assert_eq!(store.load_processed(5000, 10_000, 10).unwrap().len(), 10);
+    let window = courier_proto::CONTROL_REPLAY_WINDOW_MS;
+    assert_eq!(
+        store.load_processed_controls(1000 + window).unwrap(),
+        [control],
+        "kept, with its first time, for the whole replay window"
+    );
+    assert_eq!(store.prune_processed_controls(1000).unwrap(), 0);
+    assert_eq!(store.prune_processed_controls(1001).unwrap(), 1);
+    assert!(store
+        .load_processed_controls(1001 + window)
+        .unwrap()
+        .is_empty());
+}
+
 #[test]
 fn load_processed_prunes_expired_then_excess() {
     let mut store = Store::open_memory().unwrap();

@@ -110,6 +110,8 @@ pub struct Restore {
     pub outbox: Vec<OutboxRecord>,
     /// Inbound dedup records still within retention.
     pub processed: Vec<ProcessedKey>,
+    /// Verified control frames' dedup records still within the replay window (`MarkControl`).
+    pub controls: Vec<ProcessedKey>,
     /// Inbound messages buffered for the durability hook and not committed.
     pub inbound: Vec<PendingInbound>,
     /// Group messages with something left to deliver (`docs/delivery.md#group-sends`).

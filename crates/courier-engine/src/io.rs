@@ -342,6 +342,10 @@ pub enum StoreOp {
     GroupSendDone { id: String },
     /// Remember an inbound message as processed (dedup across restarts).
     MarkProcessed(ProcessedKey),
+    /// Remember a verified control frame as processed: kept for
+    /// `courier_proto::CONTROL_REPLAY_WINDOW_MS` and never evicted by count
+    /// (`docs/delivery.md#control-frames`). Insert or ignore.
+    MarkControl(ProcessedKey),
     /// Buffer a batch's messages before the durability hook sees them (insert or ignore).
     BufferInbound(Vec<PendingInbound>),
     /// The hook committed these: delete their buffered rows and mark each processed at `at`.

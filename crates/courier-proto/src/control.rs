@@ -28,6 +28,10 @@ pub const DATA_PLANE_PREFIXES: &[&str] = &["__MLS_ENC__", "__MLS_GROUP__", "__GR
 pub const CONTROL_MAX_AGE_MS: u64 = 2_592_000_000;
 /// Furthest `signed_at` a receiver accepts ahead of its clock: 24 h of skew.
 pub const CONTROL_MAX_FUTURE_SKEW_MS: u64 = 86_400_000;
+/// How long after processing a verified control frame a receiver keeps its dedup key, whatever
+/// else it processes meanwhile: a frame signed up to 24 h ahead of the clock stays fresh, and so
+/// replayable, until 30 days after it was signed (`docs/delivery.md#control-frames`).
+pub const CONTROL_REPLAY_WINDOW_MS: u64 = CONTROL_MAX_AGE_MS + CONTROL_MAX_FUTURE_SKEW_MS;
 
 /// Whether a Message with this content must carry a valid control signature. Application text and
 /// end-to-end ACKs (empty content) are not gated.

@@ -13,6 +13,7 @@
 pub mod address;
 pub mod connection;
 pub mod control;
+pub mod display_name;
 mod encoding;
 pub mod frame;
 pub mod ident;
@@ -38,7 +39,9 @@ pub use connection::{
 pub use control::{
     control_frame, control_signature_expired, control_signed_at, control_v1_payload,
     control_v2_payload, is_signature_gated, sign_control, verify_control, ControlError,
+    CONTROL_REPLAY_WINDOW_MS,
 };
+pub use display_name::{display_name, received_display_name, DisplayNameError};
 pub use frame::{ClientFrame, DecodeError, Disposition, MailboxInfo, RateLimitInfo, RelayFrame};
 pub use ident::{validate_account_name, validate_identifier, IdentError};
 pub use identity_key::{

@@ -99,6 +99,17 @@ mod tests {
         assert_ne!(ack_id("alice", "m2"), a);
     }
 
+    /// The whole id is hashed into the ACK id: no prefix of it stands for it, so a sender cannot
+    /// pick a second id whose ACK settles the first.
+    #[test]
+    fn two_long_ids_sharing_a_prefix_get_distinct_ack_ids() {
+        let prefix = "m".repeat(300);
+        let first = ack_id("alice", &format!("{prefix}1"));
+        let second = ack_id("alice", &format!("{prefix}2"));
+        assert_ne!(first, second);
+        assert!(is_wire_id(&first) && is_wire_id(&second));
+    }
+
     #[test]
     fn group_copy_ids_are_uuids_per_message_and_member() {
         let a = group_copy_id("m1", "alice");

@@ -109,6 +109,33 @@ async fn bad_tokens_are_refused_with_4001() {
             "invalid_account",
         ),
         (
+            "sub disguised by a bidi override",
+            sign(
+                Algorithm::HS256,
+                SECRET,
+                json!({"sub": "alice\u{202E}gnp.exe", "exp": exp, "iat": iat}),
+            ),
+            "invalid_account",
+        ),
+        (
+            "sub that looks like alice with a zero-width space",
+            sign(
+                Algorithm::HS256,
+                SECRET,
+                json!({"sub": "al\u{200B}ice", "exp": exp, "iat": iat}),
+            ),
+            "invalid_account",
+        ),
+        (
+            "sub in a decomposed spelling",
+            sign(
+                Algorithm::HS256,
+                SECRET,
+                json!({"sub": "zoe\u{0308}", "exp": exp, "iat": iat}),
+            ),
+            "invalid_account",
+        ),
+        (
             "missing iat",
             sign(
                 Algorithm::HS256,

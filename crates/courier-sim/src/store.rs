@@ -49,6 +49,8 @@ pub struct Store {
     pub settled: BTreeMap<String, Settled>,
     /// Processed inbound keys and when they were first processed (insert-or-ignore).
     pub processed: BTreeMap<InboundKey, Millis>,
+    /// Verified control frames' keys, kept by age only (insert-or-ignore).
+    pub controls: BTreeMap<InboundKey, Millis>,
     /// Buffered inbound rows (insert-or-ignore: the first copy is kept), with their insertion
     /// order for the load's tie-break.
     pub pending: BTreeMap<InboundKey, (u64, PendingInbound)>,
@@ -91,6 +93,9 @@ impl Store {
                 }
                 StoreOp::MarkProcessed(key) => {
                     self.processed.entry(key.key.clone()).or_insert(key.at);
+                }
+                StoreOp::MarkControl(key) => {
+                    self.controls.entry(key.key.clone()).or_insert(key.at);
                 }
                 StoreOp::BufferInbound(rows) => {
                     for row in rows {
@@ -225,6 +230,23 @@ impl Store {
             .collect()
     }
 
+    /// Prunes control keys processed `CONTROL_REPLAY_WINDOW_MS` or more before `now`, then returns
+    /// the rest, oldest first.
+    pub fn load_controls(&mut self, now: Millis) -> Vec<ProcessedKey> {
+        let cutoff = now.saturating_sub(courier_proto::CONTROL_REPLAY_WINDOW_MS);
+        self.controls.retain(|_, at| *at > cutoff);
+        let mut keys: Vec<ProcessedKey> = self
+            .controls
+            .iter()
+            .map(|(key, at)| ProcessedKey {
+                key: key.clone(),
+                at: *at,
+            })
+            .collect();
+        keys.sort_by(|a, b| a.at.cmp(&b.at).then_with(|| a.key.cmp(&b.key)));
+        keys
+    }
+
     /// Every buffered row, oldest received first.
     pub fn load_pending(&self) -> Vec<PendingInbound> {
         let mut rows: Vec<&(u64, PendingInbound)> = self.pending.values().collect();
@@ -241,7 +263,7 @@ impl Store {
     }
 
     pub fn is_processed(&self, key: &InboundKey) -> bool {
-        self.processed.contains_key(key)
+        self.processed.contains_key(key) || self.controls.contains_key(key)
     }
 }
 

@@ -286,11 +286,11 @@ impl Groups {
         e2e: &mut E2e,
     ) -> Option<(String, Reply)> {
         let checked = (|| {
-            if name.is_empty() || name.len() > MAX_GROUP_NAME_BYTES {
-                return Err(ClientError::InvalidArgument(format!(
-                    "a group name is 1 to {MAX_GROUP_NAME_BYTES} bytes"
-                )));
-            }
+            let name = courier_proto::display_name(&name, MAX_GROUP_NAME_BYTES).map_err(|e| {
+                ClientError::InvalidArgument(format!(
+                    "a group name is 1 to {MAX_GROUP_NAME_BYTES} bytes of text: it {e}"
+                ))
+            })?;
             let wanted = members
                 .iter()
                 .map(|m| self.member_address(m))
@@ -305,10 +305,10 @@ impl Groups {
                     "a group has at most {MAX_GROUP_MEMBERS} members"
                 )));
             }
-            Ok(wanted)
+            Ok((name, wanted))
         })();
         match checked {
-            Ok(wanted) => {
+            Ok((name, wanted)) => {
                 let group_id = super::mint_id();
                 self.wait_for_packages(group_id, Some(name), wanted, reply, e2e)
             }
@@ -769,10 +769,12 @@ impl Groups {
         };
         match kind {
             GroupFrame::Welcome => {
+                // The creator's own device refused these characters, so a name that holds
+                // them comes from a device that wants it to read as something else.
                 let name = message
                     .metadata
                     .get(META_GROUP_NAME)
-                    .cloned()
+                    .map(|name| courier_proto::received_display_name(name))
                     .unwrap_or_default();
                 self.welcome(from, &bytes, name, engine, step, e2e, now);
             }

@@ -20,6 +20,7 @@ use courier_engine::step::Step;
 use courier_engine::{
     Carrier, Config, DiagnosticLevel, Engine, Input, Millis, Restore, SendRequest, Stats,
 };
+use courier_proto::CONTROL_REPLAY_WINDOW_MS;
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 
 use crate::app::{App, Barrier};
@@ -194,6 +195,7 @@ pub fn restored_engine(
             config.dedup_retention_ms(),
             config.dedup_max_entries,
         )?,
+        controls: store.load_processed_controls(now)?,
         inbound: store.load_pending_inbound()?,
         group_sends: store.load_group_sends()?,
     };
@@ -888,13 +890,21 @@ impl Driver {
         let processed = self
             .store
             .prune_processed(older_than, self.retention.max_processed);
+        let controls = self
+            .store
+            .prune_processed_controls(now.saturating_sub(CONTROL_REPLAY_WINDOW_MS));
         let media = self.store.prune_media(older_than);
         self.media.forget_before(older_than);
         let received = self.store.prune_received(
             self.retention.max_received,
             self.retention.max_received_bytes,
         );
-        if let Err(e) = settled.and(processed).and(media).and(received) {
+        if let Err(e) = settled
+            .and(processed)
+            .and(controls)
+            .and(media)
+            .and(received)
+        {
             self.app.event(ClientEvent::Diagnostic {
                 level: DiagnosticLevel::Warn,
                 message: format!("pruning old delivery records failed: {e}"),

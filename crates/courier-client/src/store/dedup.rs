@@ -1,5 +1,6 @@
 //! Processed inbound keys `(chat, sender, message_id)`: the receiver's dedup across restarts
-//! (`docs/delivery.md#inbound-dedup`).
+//! (`docs/delivery.md#inbound-dedup`), in `processed`, and the keys of verified control frames,
+//! in `processed_controls`, which no count bound evicts (`docs/delivery.md#control-frames`).
 
 use courier_engine::io::{InboundKey, Millis, ProcessedKey};
 use rusqlite::{params, Connection};
@@ -37,12 +38,42 @@ pub(crate) fn prune(
     Ok(expired + excess)
 }
 
+/// A verified control frame's key; insert-or-ignore like [`mark`].
+pub(crate) fn mark_control(
+    conn: &Connection,
+    key: &InboundKey,
+    at: Millis,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO processed_controls (chat, sender, message_id, at) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (chat, sender, message_id) DO NOTHING",
+    )?
+    .execute(params![key.chat, key.sender, key.message_id, to_db(at)])?;
+    Ok(())
+}
+
+/// Deletes control keys processed before `older_than`: by age only.
+pub(crate) fn prune_controls(conn: &Connection, older_than: Millis) -> Result<usize, StoreError> {
+    Ok(conn
+        .prepare_cached("DELETE FROM processed_controls WHERE at < ?1")?
+        .execute([to_db(older_than)])?)
+}
+
 /// All keys, oldest first.
 pub(crate) fn load(conn: &Connection) -> Result<Vec<ProcessedKey>, StoreError> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT chat, sender, message_id, at FROM processed
-         ORDER BY at, chat, sender, message_id",
-    )?;
+    load_from(conn, "processed")
+}
+
+/// All control keys, oldest first.
+pub(crate) fn load_controls(conn: &Connection) -> Result<Vec<ProcessedKey>, StoreError> {
+    load_from(conn, "processed_controls")
+}
+
+fn load_from(conn: &Connection, table: &str) -> Result<Vec<ProcessedKey>, StoreError> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT chat, sender, message_id, at FROM {table}
+         ORDER BY at, chat, sender, message_id"
+    ))?;
     let rows = stmt.query_and_then([], |row| {
         let at: i64 = row.get(3)?;
         Ok(ProcessedKey {
@@ -52,7 +83,7 @@ pub(crate) fn load(conn: &Connection) -> Result<Vec<ProcessedKey>, StoreError> {
                 message_id: row.get(2)?,
             },
             at: from_db_u64(at).ok_or_else(|| {
-                StoreError::Corrupt(format!("processed row has a negative time ({at})"))
+                StoreError::Corrupt(format!("{table} row has a negative time ({at})"))
             })?,
         })
     })?;

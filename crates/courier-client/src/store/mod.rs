@@ -45,6 +45,7 @@ use courier_engine::io::{
     EntryState, GroupSendRecord, Millis, OutboxRecord, PendingInbound, ProcessedKey, Settlement,
     StoreOp,
 };
+use courier_proto::CONTROL_REPLAY_WINDOW_MS;
 use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
 
 pub use connections::{ConnectionChange, PendingRequest};
@@ -371,6 +372,32 @@ impl Store {
         Ok(keys)
     }
 
+    /// Prunes the keys of verified control frames processed `CONTROL_REPLAY_WINDOW_MS` before
+    /// `now`, then returns the rest, oldest first (`docs/delivery.md#control-frames`).
+    pub fn load_processed_controls(
+        &mut self,
+        now: Millis,
+    ) -> Result<Vec<ProcessedKey>, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        dedup::prune_controls(&tx, now.saturating_sub(CONTROL_REPLAY_WINDOW_MS))?;
+        let keys = dedup::load_controls(&tx)?;
+        tx.commit()?;
+        Ok(keys)
+    }
+
+    /// Deletes the keys of verified control frames processed before `older_than`; returns how
+    /// many were deleted. No count bound applies to them.
+    pub fn prune_processed_controls(&mut self, older_than: Millis) -> Result<usize, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = dedup::prune_controls(&tx, older_than)?;
+        tx.commit()?;
+        Ok(n)
+    }
+
     /// Deletes processed keys older than `older_than` and the oldest beyond `max`; returns how
     /// many were deleted. For periodic trimming while running (`load_processed` does it at start).
     pub fn prune_processed(&mut self, older_than: Millis, max: usize) -> Result<usize, StoreError> {
@@ -455,6 +482,9 @@ impl Store {
                     at,
                 } => outbox::settle(&tx, id, recipient, settlement, *at)?,
                 StoreOp::MarkProcessed(ProcessedKey { key, at }) => dedup::mark(&tx, key, *at)?,
+                StoreOp::MarkControl(ProcessedKey { key, at }) => {
+                    dedup::mark_control(&tx, key, *at)?
+                }
                 StoreOp::BufferInbound(batch) => inbound::buffer(&tx, batch)?,
                 StoreOp::CommitInbound { keys, at } => inbound::commit(&tx, keys, *at)?,
                 StoreOp::ExpireInbound { keys } => inbound::delete(&tx, keys)?,

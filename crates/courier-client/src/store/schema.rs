@@ -29,6 +29,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     v9_groups,
     v10_received,
     v11_media,
+    v12_processed_controls,
 ];
 
 /// The schema version this build writes and understands.
@@ -325,6 +326,22 @@ fn v11_media(tx: &Transaction<'_>) -> rusqlite::Result<()> {
              updated_at INTEGER NOT NULL,
              PRIMARY KEY (sender, file_id)
          ) WITHOUT ROWID;",
+    )
+}
+
+/// Version 12: the dedup keys of verified control frames, apart from `processed` so its count
+/// bound cannot evict them; pruned only by age, after the control replay window
+/// (`docs/delivery.md#control-frames`).
+fn v12_processed_controls(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "CREATE TABLE processed_controls (
+             chat       TEXT    NOT NULL,
+             sender     TEXT    NOT NULL,
+             message_id TEXT    NOT NULL,
+             at         INTEGER NOT NULL,
+             PRIMARY KEY (chat, sender, message_id)
+         ) WITHOUT ROWID;
+         CREATE INDEX processed_controls_by_at ON processed_controls (at);",
     )
 }
 

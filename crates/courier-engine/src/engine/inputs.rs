@@ -23,10 +23,11 @@ impl Engine {
         let Restore {
             outbox: mut records,
             processed,
+            controls,
             inbound,
             group_sends,
         } = restore;
-        self.dedup.restore(processed, now);
+        self.dedup.restore(processed, controls, now);
         self.restore_groups(group_sends);
         records.sort_by(|a, b| {
             a.created_at

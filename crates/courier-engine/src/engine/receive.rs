@@ -69,9 +69,9 @@ impl Engine {
                         sender: message.sender.clone(),
                         message_id: message.id.clone(),
                     };
-                    if self.dedup.first_sighting(&key, now) {
+                    if self.dedup.first_control_sighting(&key, now) {
                         self.store
-                            .push_back(StoreOp::MarkProcessed(ProcessedKey { key, at: now }));
+                            .push_back(StoreOp::MarkControl(ProcessedKey { key, at: now }));
                         self.control.push_back(message.clone());
                     }
                     if message.requires_ack {

@@ -126,6 +126,8 @@ pub(crate) struct Sim {
     /// The runtime's store: outbox rows by id, processed inbound keys.
     pub rows: BTreeMap<String, OutboxRecord>,
     pub processed: Vec<ProcessedKey>,
+    /// Verified control frames' keys (`MarkControl`).
+    pub controls: Vec<ProcessedKey>,
     /// Every output with the virtual time it came out at.
     pub log: Vec<(Millis, Out)>,
     /// Outbox frames handed to a carrier and not yet written: (id, send_seq, carrier).
@@ -211,6 +213,7 @@ impl Sim {
             net: Net::honest(),
             rows: BTreeMap::new(),
             processed: Vec::new(),
+            controls: Vec::new(),
             log: Vec::new(),
             unwritten: Vec::new(),
             local: LocalNet {
@@ -620,6 +623,7 @@ impl Sim {
         self.input(Input::Restore(Restore {
             outbox: self.rows.values().cloned().collect(),
             processed: self.processed.clone(),
+            controls: self.controls.clone(),
             inbound: self.inbound_rows.values().cloned().collect(),
             group_sends: self
                 .group_rows
@@ -963,6 +967,10 @@ impl Sim {
                         "MarkProcessed with a hook"
                     );
                     self.processed.push(key.clone());
+                    self.processed_keys.insert(key.key.clone());
+                }
+                StoreOp::MarkControl(key) => {
+                    self.controls.push(key.clone());
                     self.processed_keys.insert(key.key.clone());
                 }
                 StoreOp::BufferInbound(rows) => {

@@ -60,6 +60,7 @@ fn outputs(sim: &Sim, mark: usize) -> Vec<String> {
             }
             Out::Event(Event::MessageReceived { .. }) => "message_received".into(),
             Out::Store(StoreOp::MarkProcessed(_)) => "mark_processed".into(),
+            Out::Store(StoreOp::MarkControl(_)) => "mark_control".into(),
             Out::Event(Event::Diagnostic { .. }) => "diagnostic".into(),
             Out::Transmit(Transmit {
                 kind: TransmitKind::DeliveryAck { .. },
@@ -145,7 +146,7 @@ fn stale_and_future_signatures_are_refused_and_a_good_copy_still_enters() {
             control(&key, "c1", Some(now)),
             relayed(&address, 3)
         ),
-        ["mark_processed", "ack", "release"]
+        ["mark_control", "ack", "release"]
     );
     let handed = sim
         .engine
@@ -159,6 +160,53 @@ fn stale_and_future_signatures_are_refused_and_a_good_copy_still_enters() {
             control(&key, "c1", Some(now)),
             relayed(&address, 4)
         ),
+        ["ack", "release"]
+    );
+    assert!(sim.engine.poll_control().is_none());
+}
+
+/// The count bound of inbound dedup is no bound on replays of a control frame: an observed
+/// frame stays refused while its signature is fresh, however many messages came in since and
+/// across a restart (`docs/delivery.md#control-frames`).
+#[test]
+fn a_flood_of_distinct_messages_cannot_make_room_to_replay_a_control_frame() {
+    let mut config = Config::new("chat");
+    config.dedup_max_entries = 3;
+    let mut sim = Sim::new(config);
+    sim.carrier_up();
+    let key = IdentityKey::from_seed([5; 32]);
+    let address = key.address().to_string();
+    let signed_at = sim.now;
+    let frame = control(&key, "c1", Some(signed_at));
+    assert_eq!(
+        inbound(&mut sim, frame.clone(), relayed(&address, 1)),
+        ["mark_control", "ack", "release"]
+    );
+    assert!(sim.engine.poll_control().is_some());
+    for i in 0..10 {
+        let id = format!("flood-{i}");
+        inbound(&mut sim, message_from(BOB, &id), relayed(BOB, 2 + i));
+    }
+    assert!(
+        sim.processed.len() > 3,
+        "the flood went past the count bound"
+    );
+    assert_eq!(
+        inbound(&mut sim, frame.clone(), relayed(&address, 20)),
+        ["ack", "release"],
+        "the replay is only re-acknowledged"
+    );
+    assert!(
+        sim.engine.poll_control().is_none(),
+        "and not handed to the runtime again"
+    );
+    // Past the data retention too, still inside the signature's freshness window, and after a
+    // restart.
+    sim.advance(29 * DAY);
+    sim.restart();
+    sim.carrier_up();
+    assert_eq!(
+        inbound(&mut sim, frame, relayed(&address, 21)),
         ["ack", "release"]
     );
     assert!(sim.engine.poll_control().is_none());

@@ -486,7 +486,8 @@ impl World {
                     };
                     checks.op(op, &settles, &done_now, &mut groups);
                 }
-                StoreOp::MarkProcessed(_) | StoreOp::BufferInbound(_) => {}
+                StoreOp::MarkProcessed(_) | StoreOp::MarkControl(_) | StoreOp::BufferInbound(_) => {
+                }
             }
         }
         let checks = GroupChecks {

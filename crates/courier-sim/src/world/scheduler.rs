@@ -269,6 +269,7 @@ impl World {
                 config.dedup_retention_ms(),
                 config.dedup_max_entries,
             ),
+            controls: peer.store.load_controls(now),
             outbox: peer.store.load_outbox(),
             inbound: peer.store.load_pending(),
             group_sends: peer.store.load_group_sends(),
