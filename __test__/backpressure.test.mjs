@@ -20,8 +20,12 @@ function rss(pid) {
 test('a flood while the JS thread is stalled pauses intake instead of growing native memory', { skip: process.platform !== 'linux' && 'reads /proc' }, async (t) => {
   const dir = tempDir(t)
   // Room for the whole flood from one sender: the relay's default share per sender is 10 % of
-  // the mailbox.
-  const relay = await startRelay(t, { mailbox: { maxMessages: 100_000, maxBytes: 2 ** 30 } })
+  // the mailbox. And the rate lifted: at the default 4 MiB a second alice's outbox (500 entries)
+  // would overflow while the flood is accepted faster than it leaves.
+  const relay = await startRelay(t, {
+    mailbox: { maxMessages: 100_000, maxBytes: 2 ** 30 },
+    rateLimit: { burst: 1_000_000, perSec: 1_000_000 },
+  })
   const bob = new PeerProcess(peerConfig('bob', dir, relay.url))
   t.after(() => bob.kill())
   await bob.request({ cmd: 'start' })
