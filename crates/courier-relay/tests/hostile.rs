@@ -404,9 +404,11 @@ async fn unknown_types_are_answered_and_never_close_the_connection() {
     for frame_type in &types {
         c.send_json(json!({"type": frame_type, "seq": 1, "recipient": "wendy", "message_id": "m", "content": "x"}))
             .await;
+        // Echoed quoted: cut, and stripped of control and bidi characters.
+        let echoed = courier_proto::quote::quoted(frame_type);
         assert_eq!(
             c.next_frame().await,
-            RelayFrame::error("unknown_type", Some(frame_type)),
+            RelayFrame::error("unknown_type", Some(&echoed)),
             "{frame_type:?}"
         );
     }
