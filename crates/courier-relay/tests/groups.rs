@@ -574,11 +574,13 @@ async fn a_member_whose_socket_takes_nothing_is_missed_at_the_fan_out_deadline()
     let relay = TestRelay::start_with(|c| {
         c.storage = courier_relay::Storage::Memory;
         c.timings.fanout_deadline = Duration::from_secs(1);
-        // The flood stays unacked in mallory's mailbox: wendy may use all of it.
+        // The flood stays unacked in mallory's mailbox: wendy may use all of it, and send it
+        // faster than the rate limit's bytes a second.
         c.mailbox = Some(courier_relay::MailboxLimits {
             sender_share_percent: 100,
             ..Default::default()
         });
+        c.rate_limit.burst = 1_000_000;
     })
     .await;
     relay.register("bob").await;

@@ -495,6 +495,8 @@ async fn a_recipient_that_answers_pings_but_never_reads_is_dropped_once_its_writ
         // Under the test's deadline, so that Pongs are what keeps bob's connection open.
         c.timings.dead_after = Duration::from_secs(3);
         c.timings.write_stall = Duration::from_millis(500);
+        // The flood is 20 MB within a second: past what one account may send by default.
+        c.rate_limit.burst = 1_000_000;
     })
     .await;
     let addr = relay.handle().local_addr();
