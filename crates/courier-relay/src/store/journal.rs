@@ -135,7 +135,8 @@ pub(super) enum Inserted {
 
 /// Journals `envelope` for `account`, if the account exists and there is room for it — in the
 /// mailbox, in the sender's share of the mailbox and in the journal — with the account's next
-/// seq.
+/// seq. Every read comes before the one insert, so nothing can fail once the row is written
+/// (an append runs without a savepoint).
 pub(super) fn insert(
     conn: &Connection,
     mailboxes: &mut Mailboxes,
@@ -295,13 +296,17 @@ pub(super) fn fetch(
     Ok(Applied::value(frames))
 }
 
-/// Deletes what an ack releases.
+/// Deletes what an ack releases: one statement, after the reads that taking the frames off the
+/// counters needs, so nothing can fail once the rows are gone (the store runs it without a
+/// savepoint).
 pub(super) fn release(
     conn: &Connection,
     mailboxes: &mut Mailboxes,
     account: &str,
     release: Release,
 ) -> rusqlite::Result<Applied<()>> {
+    mailboxes.get(conn, account)?;
+    mailboxes.journal_bytes(conn)?;
     let (sql, seq) = match release {
         Release::One(seq) => (
             "DELETE FROM journal WHERE account = ?1 AND seq = ?2

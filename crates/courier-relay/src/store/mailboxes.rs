@@ -2,8 +2,8 @@
 //! `accounts` row — as the store thread keeps them: read once, changed in memory by every append
 //! and release, and written back once per account just before the transaction commits. A
 //! delivered message costs two appends and two releases; each used to read and rewrite the
-//! account's row, now a group commit rewrites it once. A request that fails is undone here as its
-//! savepoint undoes it in the database; a transaction that fails forgets everything cached.
+//! account's row, now a group commit rewrites it once. A request that fails is undone here as the
+//! database undoes it (its savepoint, or its one failing statement); a transaction that fails forgets everything cached.
 //!
 //! Beside them, for the mailbox limits of `docs/protocol.md#mailbox-limits`: each sender's share
 //! of a mailbox (frames and bytes one sending account holds in it), read from the journal once
@@ -176,7 +176,7 @@ impl Mailboxes {
         self.undo.clear();
     }
 
-    /// The running request failed and its savepoint was rolled back: so are its changes here.
+    /// The running request failed and the database undid it: so are its changes here.
     pub fn undo(&mut self) {
         while let Some(replaced) = self.undo.pop() {
             match replaced {

@@ -1,7 +1,7 @@
 //! The store thread: the only owner of the connection and the only writer. It takes every
-//! request queued since its last commit and runs them in one transaction (group commit), each in
-//! its own savepoint so one failing request does not undo the others, and answers none of them
-//! before the transaction is durable.
+//! request queued since its last commit and runs them in one transaction (group commit), each
+//! undone alone if it fails (in a savepoint when it writes more than once) so one failing request
+//! does not undo the others, and answers none of them before the transaction is durable.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -278,18 +278,35 @@ fn settle<T: 'static>(reply: Reply<T>, applied: Result<Applied<T>, StoreError>) 
     })
 }
 
-/// Runs `work` in a savepoint of `tx`: undone alone if it fails. The savepoint statements are
-/// cached like any other: one runs per request, and parsing them each time cost more than most
-/// requests' own work.
-fn savepoint<T>(
+/// How a request's work is undone alone when it fails, leaving the rest of its transaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Undo {
+    /// The work reads, then writes with at most one statement: SQLite undoes a failing
+    /// statement by itself and the transaction goes on, so no savepoint is opened — and none is
+    /// paid for: inside a savepoint every page is copied to the sub-journal before its first
+    /// change, which cost more than an append's own insert.
+    Statement,
+    /// The work writes with several statements: undone together in a savepoint.
+    Savepoint,
+}
+
+/// Runs `work` in `tx`, undone alone if it fails (see [`Undo`]). The savepoint statements are
+/// cached like any other: parsing them each time cost more than most requests' own work.
+fn isolated<T>(
     tx: Result<&mut Transaction<'_>, &StoreError>,
     mailboxes: &mut Mailboxes,
+    undo: Undo,
     work: impl FnOnce(&Connection, &mut Mailboxes) -> rusqlite::Result<Applied<T>>,
 ) -> Result<Applied<T>, StoreError> {
     let conn: &Connection = tx.map_err(StoreError::clone)?;
-    conn.prepare_cached("SAVEPOINT request")?.execute([])?;
+    let savepoint = undo == Undo::Savepoint;
+    if savepoint {
+        conn.prepare_cached("SAVEPOINT request")?.execute([])?;
+    }
     let worked = work(conn, mailboxes).and_then(|applied| {
-        conn.prepare_cached("RELEASE request")?.execute([])?;
+        if savepoint {
+            conn.prepare_cached("RELEASE request")?.execute([])?;
+        }
         Ok(applied)
     });
     match worked {
@@ -300,15 +317,36 @@ fn savepoint<T>(
         Err(e) => {
             mailboxes.undo();
             tracing::error!(error = %e, "journal request failed");
-            // Undone, then taken off the savepoint stack; if even that fails, the commit does.
-            for sql in ["ROLLBACK TO request", "RELEASE request"] {
-                if let Err(undo) = conn.prepare_cached(sql).and_then(|mut s| s.execute([])) {
-                    tracing::error!(error = %undo, "undoing a failed journal request failed");
+            if savepoint {
+                // Undone, then taken off the savepoint stack; if even that fails, the commit
+                // does.
+                for sql in ["ROLLBACK TO request", "RELEASE request"] {
+                    if let Err(undo) = conn.prepare_cached(sql).and_then(|mut s| s.execute([])) {
+                        tracing::error!(error = %undo, "undoing a failed journal request failed");
+                    }
                 }
             }
             Err(e.into())
         }
     }
+}
+
+/// Reads, or one write statement after every fallible read.
+fn one_statement<T>(
+    tx: Result<&mut Transaction<'_>, &StoreError>,
+    mailboxes: &mut Mailboxes,
+    work: impl FnOnce(&Connection, &mut Mailboxes) -> rusqlite::Result<Applied<T>>,
+) -> Result<Applied<T>, StoreError> {
+    isolated(tx, mailboxes, Undo::Statement, work)
+}
+
+/// Several write statements.
+fn savepoint<T>(
+    tx: Result<&mut Transaction<'_>, &StoreError>,
+    mailboxes: &mut Mailboxes,
+    work: impl FnOnce(&Connection, &mut Mailboxes) -> rusqlite::Result<Applied<T>>,
+) -> Result<Applied<T>, StoreError> {
+    isolated(tx, mailboxes, Undo::Savepoint, work)
 }
 
 /// Applies `op` (one function per operation, in the modules named for what they own) and
@@ -325,11 +363,11 @@ fn apply(
             reply,
         } => settle(
             reply,
-            savepoint(tx, mailboxes, |c, _| accounts::ensure(c, &name, now_ms)),
+            one_statement(tx, mailboxes, |c, _| accounts::ensure(c, &name, now_ms)),
         ),
         Op::AccountExists { name, reply } => settle(
             reply,
-            savepoint(tx, mailboxes, |c, _| accounts::exists(c, &name)),
+            one_statement(tx, mailboxes, |c, _| accounts::exists(c, &name)),
         ),
         Op::Append {
             recipient,
@@ -338,7 +376,7 @@ fn apply(
             reply,
         } => settle(
             reply,
-            savepoint(tx, mailboxes, |c, m| {
+            one_statement(tx, mailboxes, |c, m| {
                 journal::append(c, m, recipient, *envelope, &limits)
             }),
         ),
@@ -363,11 +401,11 @@ fn apply(
         ),
         Op::ResolveAddress { address, reply } => settle(
             reply,
-            savepoint(tx, mailboxes, |c, _| addresses::resolve(c, &address)),
+            one_statement(tx, mailboxes, |c, _| addresses::resolve(c, &address)),
         ),
         Op::HighestSeq { account, reply } => settle(
             reply,
-            savepoint(tx, mailboxes, |c, m| journal::highest_seq(c, m, &account)),
+            one_statement(tx, mailboxes, |c, m| journal::highest_seq(c, m, &account)),
         ),
         Op::Fetch {
             account,
@@ -377,7 +415,7 @@ fn apply(
             reply,
         } => settle(
             reply,
-            savepoint(tx, mailboxes, |c, _| {
+            one_statement(tx, mailboxes, |c, _| {
                 journal::fetch(c, &account, after, up_to, not_before_ms)
             }),
         ),
@@ -387,7 +425,7 @@ fn apply(
             reply,
         } => settle(
             reply,
-            savepoint(tx, mailboxes, |c, m| {
+            one_statement(tx, mailboxes, |c, m| {
                 journal::release(c, m, &account, release)
             }),
         ),
@@ -400,15 +438,15 @@ fn apply(
         ),
         Op::RecordContact { a, b, reply } => settle(
             reply,
-            savepoint(tx, mailboxes, |c, _| contacts::record(c, &a, &b)),
+            one_statement(tx, mailboxes, |c, _| contacts::record(c, &a, &b)),
         ),
         Op::GroupPeers { identities, reply } => settle(
             reply,
-            savepoint(tx, mailboxes, |c, _| contacts::group_peers(c, &identities)),
+            one_statement(tx, mailboxes, |c, _| contacts::group_peers(c, &identities)),
         ),
         Op::RecordLastSeen { account, ms, reply } => settle(
             reply,
-            savepoint(tx, mailboxes, |c, _| {
+            one_statement(tx, mailboxes, |c, _| {
                 accounts::record_last_seen(c, &account, ms)
             }),
         ),
@@ -494,7 +532,7 @@ fn apply(
             reply,
         } => settle(
             reply,
-            savepoint(tx, mailboxes, |c, _| {
+            one_statement(tx, mailboxes, |c, _| {
                 groups::held_reports(c, &account, not_before_ms)
             }),
         ),
@@ -648,6 +686,40 @@ mod tests {
             Ok(Applied::value(()))
         });
         let last = savepoint(tx.as_mut().map_err(|e| &*e), &mut mailboxes, |c, _| {
+            insert(c, 3)?;
+            Ok(Applied::value(()))
+        });
+        assert!(first.is_ok() && failing.is_err() && last.is_ok());
+        tx.unwrap().commit().unwrap();
+        let kept: Vec<i64> = conn
+            .prepare("SELECT x FROM t ORDER BY x")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(kept, [1, 3]);
+    }
+
+    /// A request that writes once runs without a savepoint: its statement, failing half-way
+    /// through its rows, is undone by SQLite alone, and the rest of the transaction stays.
+    #[test]
+    fn a_failing_single_statement_request_is_undone_alone_without_a_savepoint() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE t (x INTEGER UNIQUE)")
+            .unwrap();
+        let mut tx = conn.transaction().map_err(StoreError::from);
+        let mut mailboxes = Mailboxes::default();
+        let first = one_statement(tx.as_mut().map_err(|e| &*e), &mut mailboxes, |c, _| {
+            insert(c, 1)?;
+            Ok(Applied::value(()))
+        });
+        // 5 and 6 go in before 1 breaks the constraint: the statement takes them back.
+        let failing = one_statement(tx.as_mut().map_err(|e| &*e), &mut mailboxes, |c, _| {
+            c.execute_batch("INSERT INTO t (x) VALUES (5), (6), (1)")?;
+            Ok(Applied::value(()))
+        });
+        let last = one_statement(tx.as_mut().map_err(|e| &*e), &mut mailboxes, |c, _| {
             insert(c, 3)?;
             Ok(Applied::value(()))
         });
