@@ -668,70 +668,63 @@ mod tests {
             .map(drop)
     }
 
-    #[test]
-    fn a_failing_request_is_undone_alone_and_the_transaction_commits_the_rest() {
+    /// Runs three requests in one transaction — insert 1, `failing`, insert 3 — each isolated
+    /// by `undo`; answers whether each succeeded and what the committed table holds.
+    fn three_requests(
+        undo: Undo,
+        failing: impl Fn(&Connection) -> rusqlite::Result<()>,
+    ) -> ([bool; 3], Vec<i64>) {
         let mut conn = Connection::open_in_memory().unwrap();
         conn.execute_batch("CREATE TABLE t (x INTEGER UNIQUE)")
             .unwrap();
         let mut tx = conn.transaction().map_err(StoreError::from);
         let mut mailboxes = Mailboxes::default();
-        let first = savepoint(tx.as_mut().map_err(|e| &*e), &mut mailboxes, |c, _| {
-            insert(c, 1)?;
-            Ok(Applied::value(()))
-        });
-        // Its first insert succeeds, its second breaks the constraint: both are undone.
-        let failing = savepoint(tx.as_mut().map_err(|e| &*e), &mut mailboxes, |c, _| {
-            insert(c, 2)?;
-            insert(c, 1)?;
-            Ok(Applied::value(()))
-        });
-        let last = savepoint(tx.as_mut().map_err(|e| &*e), &mut mailboxes, |c, _| {
-            insert(c, 3)?;
-            Ok(Applied::value(()))
-        });
-        assert!(first.is_ok() && failing.is_err() && last.is_ok());
+        let mut run = |work: &dyn Fn(&Connection) -> rusqlite::Result<()>| {
+            isolated(
+                tx.as_mut().map_err(|e| &*e),
+                &mut mailboxes,
+                undo,
+                |c, _| {
+                    work(c)?;
+                    Ok(Applied::value(()))
+                },
+            )
+            .is_ok()
+        };
+        let oks = [
+            run(&|c| insert(c, 1)),
+            run(&failing),
+            run(&|c| insert(c, 3)),
+        ];
         tx.unwrap().commit().unwrap();
-        let kept: Vec<i64> = conn
+        let kept = conn
             .prepare("SELECT x FROM t ORDER BY x")
             .unwrap()
             .query_map([], |r| r.get(0))
             .unwrap()
             .collect::<Result<_, _>>()
             .unwrap();
-        assert_eq!(kept, [1, 3]);
+        (oks, kept)
+    }
+
+    #[test]
+    fn a_failing_request_is_undone_alone_and_the_transaction_commits_the_rest() {
+        // Its first insert succeeds, its second breaks the constraint: both are undone.
+        let (oks, kept) = three_requests(Undo::Savepoint, |c| {
+            insert(c, 2)?;
+            insert(c, 1)
+        });
+        assert_eq!((oks, kept), ([true, false, true], vec![1, 3]));
     }
 
     /// A request that writes once runs without a savepoint: its statement, failing half-way
     /// through its rows, is undone by SQLite alone, and the rest of the transaction stays.
     #[test]
     fn a_failing_single_statement_request_is_undone_alone_without_a_savepoint() {
-        let mut conn = Connection::open_in_memory().unwrap();
-        conn.execute_batch("CREATE TABLE t (x INTEGER UNIQUE)")
-            .unwrap();
-        let mut tx = conn.transaction().map_err(StoreError::from);
-        let mut mailboxes = Mailboxes::default();
-        let first = one_statement(tx.as_mut().map_err(|e| &*e), &mut mailboxes, |c, _| {
-            insert(c, 1)?;
-            Ok(Applied::value(()))
-        });
         // 5 and 6 go in before 1 breaks the constraint: the statement takes them back.
-        let failing = one_statement(tx.as_mut().map_err(|e| &*e), &mut mailboxes, |c, _| {
-            c.execute_batch("INSERT INTO t (x) VALUES (5), (6), (1)")?;
-            Ok(Applied::value(()))
+        let (oks, kept) = three_requests(Undo::Statement, |c| {
+            c.execute_batch("INSERT INTO t (x) VALUES (5), (6), (1)")
         });
-        let last = one_statement(tx.as_mut().map_err(|e| &*e), &mut mailboxes, |c, _| {
-            insert(c, 3)?;
-            Ok(Applied::value(()))
-        });
-        assert!(first.is_ok() && failing.is_err() && last.is_ok());
-        tx.unwrap().commit().unwrap();
-        let kept: Vec<i64> = conn
-            .prepare("SELECT x FROM t ORDER BY x")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        assert_eq!(kept, [1, 3]);
+        assert_eq!((oks, kept), ([true, false, true], vec![1, 3]));
     }
 }
