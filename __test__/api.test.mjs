@@ -253,6 +253,7 @@ test('Relay.start and Gateway.start options are validated natively, naming the p
     [{ ...base, tls: { cert: 'pem' } }, /^tls\.key is required/],
     [{ ...base, authLimits: { attemptsperaccount: {} } }, /^authLimits\.attemptsperaccount is not a known option \(did you mean attemptsPerAccount\?\)$/],
     [{ ...base, authLimits: { displacementsPerAccount: { perMinute: 0 } } }, /^authLimits\.displacementsPerAccount\.perMinute must be a positive integer$/],
+    [{ ...base, presenceVisibility: 'friends' }, /^presenceVisibility must be 'everyone' or 'contacts', got "friends"$/],
   ]) {
     await rejectsCode(Relay.start(options), 'ERR_CONFIG', pattern)
   }
@@ -278,6 +279,7 @@ test('Relay.start and Gateway.start options are validated natively, naming the p
     mailbox: { maxMessages: 10, maxBytes: 1024, ttlMs: 60_000 },
     rateLimit: { burst: 10, perSec: 5 },
     authLimits: { attemptsPerSource: { burst: 5 }, attemptsPerAccount: { burst: 3, perMinute: 1 }, displacementsPerAccount: { perMinute: 2 } },
+    presenceVisibility: 'contacts',
     tls: null,
   })
   t.after(() => relay.stop())

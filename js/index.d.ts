@@ -937,6 +937,12 @@ export interface RelayOptions {
     attemptsPerAccount?: AttemptLimit
     displacementsPerAccount?: AttemptLimit
   }
+  /**
+   * Whose presence an account may see (`docs/protocol.md#presence-visibility`): `'everyone'`
+   * (default) any identifier's; `'contacts'` only that of accounts it exchanged a message with
+   * through this relay or shares a group with — to anyone else every account looks offline.
+   */
+  presenceVisibility?: 'everyone' | 'contacts'
 }
 
 /** At most `burst` events at once, then `perMinute` more each minute. */

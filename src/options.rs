@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use courier_relay::gateway::{GatewayAccess, GatewayToken};
 use courier_relay::{
-    AttemptLimit, GatewayConfig, MailboxLimits, RateLimit, RelayConfig, Storage, TlsConfig,
+    AttemptLimit, GatewayConfig, MailboxLimits, PresenceVisibility, RateLimit, RelayConfig,
+    Storage, TlsConfig,
 };
 use serde_json::Value;
 
@@ -27,6 +28,7 @@ const RELAY_KEYS: &[&str] = &[
     "maxConnections",
     "metricsListen",
     "authLimits",
+    "presenceVisibility",
 ];
 
 /// `options`: the `RelayOptions` object as JSON text.
@@ -77,6 +79,16 @@ pub fn relay_config(options: &str) -> Result<RelayConfig, ConfigError> {
         };
     }
     auth_limits(&root, &mut config)?;
+    config.presence_visibility = match root.string("presenceVisibility")? {
+        None | Some("everyone") => PresenceVisibility::Everyone,
+        Some("contacts") => PresenceVisibility::Contacts,
+        Some(other) => {
+            return Err(root.error(
+                "presenceVisibility",
+                format!("must be 'everyone' or 'contacts', got {other:?}"),
+            ))
+        }
+    };
     if let Some(tls) = root.section("tls", &["cert", "key"])? {
         let pem = |key| {
             tls.string(key)?
