@@ -32,6 +32,7 @@ mod accept;
 mod attempts;
 mod auth;
 pub mod cli;
+pub mod cluster;
 mod config;
 mod connection;
 mod contacts;
@@ -65,6 +66,8 @@ pub use config::{
 };
 pub use error::RelayError;
 pub use gateway::{start_gateway, GatewayConfig, GatewayDaemonTimings, GatewayHandle};
+pub use mailbox::{Envelope, GroupTag};
+pub use store::{Named, Release};
 
 use accept::Serving;
 use attempts::AuthLimits;

@@ -3,8 +3,12 @@
 
 mod common;
 
+use std::time::Instant;
+
 use async_nats::jetstream::{self, stream};
-use common::nats::NatsCluster;
+use common::nats::{NatsCluster, CLUSTER_DEADLINE};
+use courier_relay::cluster::{Appended, ClusterConfig, JetStreamStore};
+use courier_relay::{AddressLimits, Envelope, MailboxLimits, Named, Release};
 
 /// The harness itself: a three-server cluster keeps serving a replicated stream with one server
 /// SIGKILLed, and the server comes back and catches up.
@@ -28,11 +32,11 @@ async fn a_replicated_stream_keeps_serving_with_one_of_three_servers_killed() {
         .await
         .unwrap();
     cluster.kill(1);
-    js.publish("harness.a", "two".into())
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+    // Killing the stream's leader costs an election, during which a publish finds no leader.
+    let deadline = Instant::now() + CLUSTER_DEADLINE;
+    while let Err(e) = js.publish("harness.a", "two".into()).await.unwrap().await {
+        assert!(Instant::now() < deadline, "{e}");
+    }
     cluster.restart(1).await;
     let last = stream
         .get_last_raw_message_by_subject("harness.a")
@@ -40,4 +44,308 @@ async fn a_replicated_stream_keeps_serving_with_one_of_three_servers_killed() {
         .unwrap();
     assert_eq!(&last.payload[..], b"two");
     assert_eq!(last.sequence, 2);
+}
+
+/// The store of a deployment on `cluster`, with `replicas` copies and the given mailbox size.
+async fn open(cluster: &NatsCluster, replicas: usize, max_messages: u64) -> JetStreamStore {
+    JetStreamStore::open(&ClusterConfig {
+        servers: cluster.urls(),
+        name: ClusterConfig::DEFAULT_NAME.into(),
+        replicas,
+        mailbox: MailboxLimits {
+            max_messages,
+            // The stream reserves its bytes on each server: within the harness's store.
+            max_journal_bytes: 256 * 1024 * 1024,
+            ..MailboxLimits::default()
+        },
+        addresses: AddressLimits {
+            max_per_account: 2,
+            ..AddressLimits::default()
+        },
+    })
+    .await
+    .unwrap()
+}
+
+fn envelope(sender: &str, message_id: &str) -> Envelope {
+    Envelope {
+        seq: None,
+        sender: sender.into(),
+        sender_account: sender.into(),
+        message_id: message_id.into(),
+        content: format!("content of {message_id}").into(),
+        reply_to_msg: Some("earlier".into()),
+        accepted_ms: 1_000,
+        group: None,
+    }
+}
+
+fn to(account: &str) -> Named {
+    Named::Account(account.into())
+}
+
+async fn accepted(store: &JetStreamStore, account: &str, envelope: &Envelope) -> u64 {
+    match store.append(to(account), envelope).await.unwrap() {
+        Appended::Accepted { seq } => seq,
+        other => panic!("{} not accepted: {other:?}", envelope.message_id),
+    }
+}
+
+async fn held(store: &JetStreamStore, account: &str) -> Vec<(u64, String)> {
+    let up_to = store.highest_seq(account).await.unwrap();
+    let mut frames = Vec::new();
+    let mut after = 0;
+    loop {
+        let batch = store.fetch(account, after, up_to, 0).await.unwrap();
+        let Some(last) = batch.last() else {
+            return frames;
+        };
+        after = last.seq.unwrap();
+        frames.extend(batch.iter().map(|e| (e.seq.unwrap(), e.message_id.clone())));
+    }
+}
+
+/// `docs/protocol.md#journal-and-seq`: seq per account from 1, strictly increasing in
+/// acceptance order, never reused after releases; `docs/protocol.md#frame-release`: Ack and
+/// AckUpTo delete what they name and nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_accounts_frames_come_back_in_seq_order_and_releases_delete_only_what_they_name() {
+    let cluster = NatsCluster::start(3).await;
+    let store = open(&cluster, 3, 100).await;
+    for account in ["bob", "carol"] {
+        store.ensure_account(account, 1).await.unwrap();
+    }
+    let mut seqs = Vec::new();
+    for i in 0..6 {
+        seqs.push(accepted(&store, "bob", &envelope("alice", &format!("b{i}"))).await);
+        // Another account's frames interleave in the shared stream.
+        accepted(&store, "carol", &envelope("alice", &format!("c{i}"))).await;
+    }
+    assert_eq!(seqs[0], 1, "an account's first frame is seq 1");
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    let frames = store.fetch("bob", 0, u64::MAX, 0).await.unwrap();
+    let first = &frames[0];
+    assert_eq!(
+        (
+            first.seq,
+            first.sender.as_str(),
+            &*first.content,
+            first.reply_to_msg.as_deref()
+        ),
+        (Some(1), "alice", "content of b0", Some("earlier"))
+    );
+
+    store.release("bob", Release::One(seqs[1])).await.unwrap();
+    store.release("bob", Release::UpTo(seqs[3])).await.unwrap();
+    let left: Vec<u64> = held(&store, "bob").await.iter().map(|f| f.0).collect();
+    assert_eq!(left, seqs[4..]);
+    assert_eq!(
+        held(&store, "carol").await.len(),
+        6,
+        "carol's frames untouched"
+    );
+
+    store.release("bob", Release::UpTo(seqs[5])).await.unwrap();
+    assert!(held(&store, "bob").await.is_empty());
+    let next = accepted(&store, "bob", &envelope("alice", "b6")).await;
+    assert!(
+        next > seqs[5],
+        "a seq is never reused after releases: {next}"
+    );
+    assert!(store.highest_seq("bob").await.unwrap() >= next);
+}
+
+/// An account's seqs map to stream sequences other accounts' frames also take: naming one of
+/// those in an Ack or AckUpTo must not delete another account's frame.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_naming_a_seq_that_is_another_accounts_frame_deletes_nothing() {
+    let cluster = NatsCluster::start(1).await;
+    let store = open(&cluster, 1, 100).await;
+    for account in ["bob", "carol"] {
+        store.ensure_account(account, 1).await.unwrap();
+    }
+    let bob_first = accepted(&store, "bob", &envelope("alice", "b0")).await;
+    accepted(&store, "carol", &envelope("alice", "c0")).await;
+    let bob_third = accepted(&store, "bob", &envelope("alice", "b1")).await;
+    assert_eq!(
+        (bob_first, bob_third),
+        (1, 3),
+        "seq 2 of bob's is carol's frame"
+    );
+    store.release("bob", Release::One(2)).await.unwrap();
+    assert_eq!(held(&store, "carol").await.len(), 1);
+    store.release("bob", Release::UpTo(3)).await.unwrap();
+    assert_eq!(held(&store, "carol").await.len(), 1);
+    assert!(held(&store, "bob").await.is_empty());
+}
+
+/// `docs/protocol.md#mailbox-limits`: a full mailbox refuses the new frame (it never drops an
+/// older one), and takes frames again once some are released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_mailbox_refuses_the_next_frame_and_never_drops_an_older_one() {
+    let cluster = NatsCluster::start(1).await;
+    let store = open(&cluster, 1, 3).await;
+    store.ensure_account("bob", 1).await.unwrap();
+    let mut seqs = Vec::new();
+    for i in 0..3 {
+        seqs.push(accepted(&store, "bob", &envelope("alice", &format!("m{i}"))).await);
+    }
+    let refused = store
+        .append(to("bob"), &envelope("alice", "m3"))
+        .await
+        .unwrap();
+    assert_eq!(refused, Appended::MailboxFull);
+    assert_eq!(held(&store, "bob").await.len(), 3);
+    store.release("bob", Release::One(seqs[0])).await.unwrap();
+    accepted(&store, "bob", &envelope("alice", "m3")).await;
+    let ids: Vec<String> = held(&store, "bob").await.into_iter().map(|f| f.1).collect();
+    assert_eq!(ids, ["m1", "m2", "m3"]);
+}
+
+/// `docs/protocol.md#relay-side-dedup`: a resend while the first copy is journaled stores
+/// nothing; once the copy is released the same id is a new frame, also within JetStream's own
+/// duplicate window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_while_journaled_is_a_duplicate_and_after_its_release_a_new_frame() {
+    let cluster = NatsCluster::start(1).await;
+    let store = open(&cluster, 1, 100).await;
+    store.ensure_account("bob", 1).await.unwrap();
+    let first = accepted(&store, "bob", &envelope("alice", "m")).await;
+    let again = store
+        .append(to("bob"), &envelope("alice", "m"))
+        .await
+        .unwrap();
+    assert_eq!(again, Appended::Duplicate { seq: first });
+    // Another sender's frame with the same id is another frame.
+    accepted(&store, "bob", &envelope("mallory", "m")).await;
+    assert_eq!(held(&store, "bob").await.len(), 2);
+
+    let mut copy = first;
+    for round in 0..2 {
+        store.release("bob", Release::One(copy)).await.unwrap();
+        let anew = accepted(&store, "bob", &envelope("alice", "m")).await;
+        assert!(anew > copy);
+        let again = store
+            .append(to("bob"), &envelope("alice", "m"))
+            .await
+            .unwrap();
+        assert_eq!(again, Appended::Duplicate { seq: anew }, "round {round}");
+        copy = anew;
+    }
+    assert_eq!(held(&store, "bob").await.len(), 2);
+}
+
+/// A frame for an account never created, or an address nobody declared, is unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_for_an_unknown_account_or_unbound_address_is_refused_as_unknown() {
+    let cluster = NatsCluster::start(1).await;
+    let store = open(&cluster, 1, 100).await;
+    let unknown = store
+        .append(to("nobody"), &envelope("alice", "m"))
+        .await
+        .unwrap();
+    assert_eq!(unknown, Appended::UnknownRecipient);
+    let address = Named::Address("off1unbound".into());
+    let unknown = store
+        .append(address, &envelope("alice", "m"))
+        .await
+        .unwrap();
+    assert_eq!(unknown, Appended::UnknownRecipient);
+    assert!(!store.account_exists("nobody").await.unwrap());
+}
+
+/// `docs/protocol.md#address-declaration`: the latest declaration wins, and an account past its
+/// bindings drops the least recently declared one (but never another account's binding).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declaration_past_the_accounts_bindings_drops_its_least_recently_declared_one() {
+    let cluster = NatsCluster::start(1).await;
+    let store = open(&cluster, 1, 100).await;
+    store.ensure_account("bob", 1).await.unwrap();
+    store.bind_address("off1a", "bob", 2, 10).await.unwrap();
+    store.bind_address("off1b", "bob", 2, 11).await.unwrap();
+    // carol declares off1b later: hers now, and bob dropping it later must not remove it.
+    store.bind_address("off1b", "carol", 2, 12).await.unwrap();
+    store.bind_address("off1c", "bob", 2, 13).await.unwrap();
+    store.bind_address("off1d", "bob", 2, 14).await.unwrap();
+    let resolve = |address: &'static str| {
+        let store = store.clone();
+        async move { store.resolve_address(address).await.unwrap() }
+    };
+    assert_eq!(resolve("off1a").await, None);
+    assert_eq!(resolve("off1b").await.as_deref(), Some("carol"));
+    assert_eq!(resolve("off1c").await.as_deref(), Some("bob"));
+    assert_eq!(resolve("off1d").await.as_deref(), Some("bob"));
+    let seq = store
+        .append(Named::Address("off1d".into()), &envelope("alice", "m"))
+        .await
+        .unwrap();
+    assert_eq!(seq, Appended::Accepted { seq: 1 });
+}
+
+/// `MessageSent` means replicated and durable: frames accepted while one of three servers is
+/// SIGKILLed mid-stream, and resent by the sender when an answer failed, are all journaled, once
+/// each, in order, also after the server came back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_sigkilled_mid_stream_loses_nothing_and_duplicates_nothing() {
+    const FRAMES: usize = 120;
+    let mut cluster = NatsCluster::start(3).await;
+    let store = open(&cluster, 3, 10_000).await;
+    store.ensure_account("bob", 1).await.unwrap();
+    let (progress, mut sent) = tokio::sync::watch::channel(0usize);
+    let sender = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            for i in 0..FRAMES {
+                let frame = envelope("alice", &format!("m{i:03}"));
+                // A sender resends until it has an answer, as a client does after a failed
+                // send; the answer may be a duplicate of a copy whose answer was lost.
+                let deadline = Instant::now() + CLUSTER_DEADLINE;
+                loop {
+                    match store.append(to("bob"), &frame).await {
+                        Ok(Appended::Accepted { .. } | Appended::Duplicate { .. }) => break,
+                        Ok(other) => panic!("m{i}: {other:?}"),
+                        Err(e) => assert!(Instant::now() < deadline, "m{i}: {e}"),
+                    }
+                }
+                progress.send_replace(i + 1);
+            }
+        })
+    };
+    within_cluster_deadline(sent.wait_for(|&n| n >= FRAMES / 3))
+        .await
+        .unwrap();
+    // The journal stream's leader: the server whose loss costs an election mid-stream.
+    let leader = journal_leader(&cluster).await;
+    cluster.kill(leader);
+    within_cluster_deadline(sent.wait_for(|&n| n >= 2 * FRAMES / 3))
+        .await
+        .unwrap();
+    cluster.restart(leader).await;
+    within_cluster_deadline(sender).await.unwrap();
+
+    let frames = held(&store, "bob").await;
+    let ids: Vec<String> = frames.iter().map(|f| f.1.clone()).collect();
+    let expected: Vec<String> = (0..FRAMES).map(|i| format!("m{i:03}")).collect();
+    assert_eq!(ids, expected, "every frame once, in order");
+    assert!(frames.windows(2).all(|w| w[0].0 < w[1].0));
+}
+
+/// The index of the server leading the journal stream.
+async fn journal_leader(cluster: &NatsCluster) -> usize {
+    let client = async_nats::connect(cluster.urls()).await.unwrap();
+    let mut stream = jetstream::new(client)
+        .get_stream("courier-journal")
+        .await
+        .unwrap();
+    let info = stream.info().await.unwrap();
+    let leader = info.cluster.as_ref().and_then(|c| c.leader.clone());
+    let leader = leader.expect("a replicated stream has a leader");
+    // The harness names its servers n0, n1, n2.
+    leader[1..].parse().unwrap()
+}
+
+async fn within_cluster_deadline<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(CLUSTER_DEADLINE, f)
+        .await
+        .expect("within the cluster deadline")
 }

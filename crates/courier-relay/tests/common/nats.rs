@@ -85,13 +85,19 @@ impl Server {
 pub struct NatsCluster {
     dir: tempfile::TempDir,
     servers: Vec<Server>,
+    /// Held while the cluster lives: one cluster per test process at a time, so elections and
+    /// JetStream requests are not starved of the machine's cores by other tests' clusters.
+    _turn: tokio::sync::MutexGuard<'static, ()>,
 }
+
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 impl NatsCluster {
     /// Starts `size` servers (1, or 3 for a cluster with routes between all of them) and waits
     /// until JetStream answers on each.
     pub async fn start(size: usize) -> Self {
         assert!(size == 1 || size == 3, "a cluster of 1 or 3 servers");
+        let turn = TURN.lock().await;
         let dir = tempfile::tempdir().expect("a temp dir");
         let routes: Vec<u16> = (0..size).map(|_| free_port()).collect();
         let servers = (0..size)
@@ -135,7 +141,11 @@ impl NatsCluster {
                 }
             })
             .collect();
-        let mut cluster = Self { dir, servers };
+        let mut cluster = Self {
+            dir,
+            servers,
+            _turn: turn,
+        };
         for server in &mut cluster.servers {
             server.spawn();
         }

@@ -1,0 +1,193 @@
+//! The relay's durable facts in NATS JetStream instead of one SQLite file (`docs/cluster.md`):
+//! each account's journal in one replicated stream with a subject per account, accounts, address
+//! bindings and the relay-side dedup in key-value buckets. A [`JetStreamStore`] holds nothing
+//! durable itself, so any number of relay nodes can share one.
+//!
+//! Owned here: the layout (`names.rs`), accounts and the base their `seq` counts from
+//! (`accounts.rs`), the journal (`journal.rs`) and the address bindings (`addresses.rs`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv, stream};
+
+use crate::config::{AddressLimits, MailboxLimits};
+
+mod accounts;
+mod addresses;
+mod journal;
+mod names;
+
+pub use journal::Appended;
+use names::Names;
+
+/// What one relay deployment's store in NATS is.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// NATS server URLs (`nats://host:port`); the client connects to one and moves to another
+    /// when it fails.
+    pub servers: Vec<String>,
+    /// Prefix of the stream, its subjects and the buckets, so deployments sharing one NATS stay
+    /// apart: ASCII letters, digits, `-` and `_`.
+    pub name: String,
+    /// Copies JetStream keeps of the stream and of every bucket: 3 survives the loss of one
+    /// server of three, 1 is for development.
+    pub replicas: usize,
+    pub mailbox: MailboxLimits,
+    pub addresses: AddressLimits,
+}
+
+impl ClusterConfig {
+    /// The default deployment name.
+    pub const DEFAULT_NAME: &'static str = "courier";
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ClusterError {
+    #[error("the cluster name {0:?} may hold only ASCII letters, digits, '-' and '_'")]
+    InvalidName(String),
+    #[error("JetStream keeps 1 to 5 replicas, not {0}")]
+    InvalidReplicas(usize),
+    #[error("no NATS server given")]
+    NoServers,
+    #[error("connecting to NATS: {0}")]
+    Connect(String),
+    #[error("setting up the JetStream stream or buckets: {0}")]
+    Setup(String),
+    #[error("a JetStream request failed: {0}")]
+    Request(String),
+    #[error("a record in JetStream does not decode: {0}")]
+    Corrupt(String),
+}
+
+impl ClusterError {
+    /// A stable code for logs and metrics.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidName(_) => "cluster_invalid_name",
+            Self::InvalidReplicas(_) => "cluster_invalid_replicas",
+            Self::NoServers => "cluster_no_servers",
+            Self::Connect(_) => "cluster_connect",
+            Self::Setup(_) => "cluster_setup",
+            Self::Request(_) => "cluster_request",
+            Self::Corrupt(_) => "cluster_corrupt",
+        }
+    }
+}
+
+/// Shorthand for a failed JetStream request.
+fn request(e: impl std::fmt::Display) -> ClusterError {
+    ClusterError::Request(e.to_string())
+}
+
+/// Handle to the deployment's stream and buckets. Cheap to clone.
+#[derive(Clone)]
+pub struct JetStreamStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    names: Names,
+    js: jetstream::Context,
+    journal: stream::Stream,
+    accounts: kv::Store,
+    dedup: kv::Store,
+    addresses: kv::Store,
+    bindings: kv::Store,
+    /// Each account's base (`accounts.rs`), which never changes once set.
+    bases: Mutex<HashMap<String, u64>>,
+}
+
+/// How long JetStream remembers a publish's `Nats-Msg-Id`: it covers two nodes journaling the
+/// same (recipient, sender, message_id) at the same moment, before either has recorded it in the
+/// dedup bucket (`docs/cluster.md#relay-side-dedup`).
+const PUBLISH_DEDUP_WINDOW: Duration = Duration::from_secs(120);
+
+impl JetStreamStore {
+    /// Connects and creates the stream and buckets, or brings their limits to `config`'s.
+    pub async fn open(config: &ClusterConfig) -> Result<Self, ClusterError> {
+        let names = Names::new(&config.name)?;
+        if !(1..=5).contains(&config.replicas) {
+            return Err(ClusterError::InvalidReplicas(config.replicas));
+        }
+        if config.servers.is_empty() {
+            return Err(ClusterError::NoServers);
+        }
+        let client = async_nats::ConnectOptions::new()
+            .name(format!("courier-relay {}", config.name))
+            .retry_on_initial_connect()
+            .connect(config.servers.clone())
+            .await
+            .map_err(|e| ClusterError::Connect(e.to_string()))?;
+        let js = jetstream::new(client);
+        let setup = |e: &dyn std::fmt::Display| ClusterError::Setup(e.to_string());
+        let limits = &config.mailbox;
+        let ttl = Duration::from_millis(limits.ttl_ms);
+        let journal_config = stream::Config {
+            name: names.stream(),
+            subjects: vec![names.journal_subjects()],
+            storage: stream::StorageType::File,
+            num_replicas: config.replicas,
+            retention: stream::RetentionPolicy::Limits,
+            // The mailbox limits (`docs/protocol.md#mailbox-limits`) as the stream's: per
+            // account its subject's message count, for all of them the stream's bytes, and the
+            // frames' lifetime. A frame past a limit is refused, never an older one dropped.
+            max_messages_per_subject: i64::try_from(limits.max_messages).unwrap_or(i64::MAX),
+            max_bytes: i64::try_from(limits.max_journal_bytes).unwrap_or(i64::MAX),
+            max_age: ttl,
+            discard: stream::DiscardPolicy::New,
+            discard_new_per_subject: true,
+            duplicate_window: PUBLISH_DEDUP_WINDOW.min(ttl),
+            allow_direct: true,
+            ..Default::default()
+        };
+        js.create_or_update_stream(journal_config)
+            .await
+            .map_err(|e| setup(&e))?;
+        let journal = js.get_stream(names.stream()).await.map_err(|e| setup(&e))?;
+        let bucket = |name: String, max_age: Duration| kv::Config {
+            bucket: name,
+            history: 1,
+            max_age,
+            storage: stream::StorageType::File,
+            num_replicas: config.replicas,
+            ..Default::default()
+        };
+        let forever = Duration::ZERO;
+        let mut buckets = Vec::new();
+        for (name, max_age) in [
+            (names.bucket("accounts"), forever),
+            // A dedup record outlives no frame: the journal's frames expire at the same age.
+            (names.bucket("dedup"), ttl),
+            // A binding not declared again within its lifetime goes
+            // (`docs/protocol.md#address-declaration`).
+            (
+                names.bucket("addresses"),
+                Duration::from_millis(config.addresses.ttl_ms),
+            ),
+            (names.bucket("bindings"), forever),
+        ] {
+            buckets.push(
+                js.create_or_update_key_value(bucket(name, max_age))
+                    .await
+                    .map_err(|e| setup(&e))?,
+            );
+        }
+        let [accounts, dedup, addresses, bindings]: [kv::Store; 4] = buckets
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("four buckets were created"));
+        Ok(Self {
+            inner: Arc::new(Inner {
+                names,
+                js,
+                journal,
+                accounts,
+                dedup,
+                addresses,
+                bindings,
+                bases: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+}
