@@ -31,6 +31,7 @@ use tokio::task::JoinHandle;
 mod accept;
 mod attempts;
 mod auth;
+pub mod backend;
 pub mod cli;
 pub mod cluster;
 mod config;
@@ -67,7 +68,7 @@ pub use config::{
 pub use error::RelayError;
 pub use gateway::{start_gateway, GatewayConfig, GatewayDaemonTimings, GatewayHandle};
 pub use mailbox::{Envelope, GroupTag};
-pub use store::{Named, Release};
+pub use store::{Named, Release, StoreError};
 
 use accept::Serving;
 use attempts::AuthLimits;

@@ -27,10 +27,8 @@ pub enum Appended {
     Accepted {
         seq: u64,
     },
-    /// The recipient's journal already holds this (sender, message_id), as `seq`.
-    Duplicate {
-        seq: u64,
-    },
+    /// The recipient's journal already holds this (sender, message_id).
+    Duplicate,
     UnknownRecipient,
     MailboxFull,
 }
@@ -81,7 +79,7 @@ impl Frame {
 
 /// The `seq` of the account's frame at stream sequence `stream_seq` (`accounts.rs`).
 fn seq_of(base: u64, stream_seq: u64) -> u64 {
-    stream_seq + 1 - base
+    (stream_seq + 1).saturating_sub(base)
 }
 
 /// The stream sequence of the account's frame `seq` (≥ 1).
@@ -117,9 +115,7 @@ impl JetStreamStore {
         if let Some(key) = &dedup_key {
             if let Some(stream_seq) = self.recorded(key).await? {
                 if self.holds(&subject, stream_seq).await? {
-                    return Ok(Appended::Duplicate {
-                        seq: seq_of(base, stream_seq),
-                    });
+                    return Ok(Appended::Duplicate);
                 }
             }
         }
@@ -151,9 +147,7 @@ impl JetStreamStore {
                 break ack;
             }
             if self.holds(&subject, ack.sequence).await? {
-                return Ok(Appended::Duplicate {
-                    seq: seq_of(base, ack.sequence),
-                });
+                return Ok(Appended::Duplicate);
             }
             let released = ack.sequence.to_string();
             message_id = message_id.map(|id| token(&[&id, &released]));
@@ -217,7 +211,7 @@ impl JetStreamStore {
         let subject = self.inner.names.journal(account);
         let mut frames = Vec::new();
         let mut bytes = 0;
-        let mut next = stream_seq_of(base, after + 1);
+        let mut next = stream_seq_of(base, after.saturating_add(1));
         while frames.len() < FETCH_FRAMES && bytes < FETCH_BYTES {
             let message = match self
                 .inner

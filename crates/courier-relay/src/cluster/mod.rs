@@ -99,6 +99,39 @@ struct Inner {
     bases: Mutex<HashMap<String, u64>>,
 }
 
+/// How long opening waits for a stream or bucket just created to be served.
+const SERVED_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Between two probes of a stream or bucket not served yet.
+const SERVED_POLL: Duration = Duration::from_millis(50);
+
+/// Waits until the stream and every bucket answer a read: replicated ones answer no request
+/// until their replicas have elected a leader, which follows their creation.
+async fn wait_until_served(
+    journal: &stream::Stream,
+    buckets: &[kv::Store],
+) -> Result<(), ClusterError> {
+    let deadline = tokio::time::Instant::now() + SERVED_DEADLINE;
+    loop {
+        let mut failure = journal.get_info().await.err().map(|e| e.to_string());
+        for bucket in buckets {
+            if failure.is_none() {
+                // Any key: an absent one is an answer too.
+                failure = bucket.get("served").await.err().map(|e| e.to_string());
+            }
+        }
+        let Some(failure) = failure else {
+            return Ok(());
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ClusterError::Setup(format!(
+                "not served within {SERVED_DEADLINE:?}: {failure}"
+            )));
+        }
+        tokio::time::sleep(SERVED_POLL).await;
+    }
+}
+
 /// How long JetStream remembers a publish's `Nats-Msg-Id`: it covers two nodes journaling the
 /// same (recipient, sender, message_id) at the same moment, before either has recorded it in the
 /// dedup bucket (`docs/cluster.md#relay-side-dedup`).
@@ -174,6 +207,7 @@ impl JetStreamStore {
                     .map_err(|e| setup(&e))?,
             );
         }
+        wait_until_served(&journal, &buckets).await?;
         let [accounts, dedup, addresses, bindings]: [kv::Store; 4] = buckets
             .try_into()
             .unwrap_or_else(|_| unreachable!("four buckets were created"));
