@@ -349,3 +349,47 @@ async fn within_cluster_deadline<T>(f: impl std::future::Future<Output = T>) -> 
         .await
         .expect("within the cluster deadline")
 }
+
+/// `docs/cluster.md#live-delivery`: a frame appended through one relay node, connected to one
+/// NATS server, is announced to another node connected to another server, which reads it from the
+/// journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_appended_through_one_node_is_announced_to_a_node_on_another_server() {
+    let cluster = NatsCluster::start(3).await;
+    let on_server = |server: usize| {
+        let url = cluster.url(server);
+        async move {
+            JetStreamStore::open(&ClusterConfig {
+                servers: vec![url],
+                name: ClusterConfig::DEFAULT_NAME.into(),
+                replicas: 3,
+                mailbox: MailboxLimits {
+                    max_journal_bytes: 256 * 1024 * 1024,
+                    ..MailboxLimits::default()
+                },
+                addresses: AddressLimits::default(),
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let (node_a, node_b) = (on_server(0).await, on_server(2).await);
+    node_a.ensure_account("bob", 1).await.unwrap();
+    let mut appends = node_b.appended("bob").await.unwrap();
+    let seq = accepted(&node_a, "bob", &envelope("alice", "m0")).await;
+    let announced = within_cluster_deadline(appends.next()).await;
+    assert_eq!(announced, Some(seq));
+    let frames = node_b.fetch("bob", 0, seq, 0).await.unwrap();
+    assert_eq!(frames.len(), 1);
+    assert_eq!(
+        (frames[0].seq, frames[0].message_id.as_str()),
+        (Some(seq), "m0")
+    );
+    // A duplicate is not announced again: the next notice is the next frame's.
+    node_a
+        .append(to("bob"), &envelope("alice", "m0"))
+        .await
+        .unwrap();
+    let next = accepted(&node_a, "bob", &envelope("alice", "m1")).await;
+    assert_eq!(within_cluster_deadline(appends.next()).await, Some(next));
+}

@@ -159,9 +159,9 @@ impl JetStreamStore {
                 .await
                 .map_err(request)?;
         }
-        Ok(Appended::Accepted {
-            seq: seq_of(base, ack.sequence),
-        })
+        let seq = seq_of(base, ack.sequence);
+        self.notify_appended(&account, seq).await;
+        Ok(Appended::Accepted { seq })
     }
 
     /// The stream sequence the dedup bucket recorded for `key`, if any.

@@ -4,7 +4,8 @@
 //! durable itself, so any number of relay nodes can share one.
 //!
 //! Owned here: the layout (`names.rs`), accounts and the base their `seq` counts from
-//! (`accounts.rs`), the journal (`journal.rs`) and the address bindings (`addresses.rs`).
+//! (`accounts.rs`), the journal (`journal.rs`), the notices of appended frames that reach the
+//! recipient's node (`appended.rs`) and the address bindings (`addresses.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,9 +17,11 @@ use crate::config::{AddressLimits, MailboxLimits};
 
 mod accounts;
 mod addresses;
+mod appended;
 mod journal;
 mod names;
 
+pub use appended::Appends;
 pub use journal::Appended;
 use names::Names;
 
@@ -89,6 +92,7 @@ pub struct JetStreamStore {
 
 struct Inner {
     names: Names,
+    client: async_nats::Client,
     js: jetstream::Context,
     journal: stream::Stream,
     accounts: kv::Store,
@@ -153,7 +157,7 @@ impl JetStreamStore {
             .connect(config.servers.clone())
             .await
             .map_err(|e| ClusterError::Connect(e.to_string()))?;
-        let js = jetstream::new(client);
+        let js = jetstream::new(client.clone());
         let setup = |e: &dyn std::fmt::Display| ClusterError::Setup(e.to_string());
         let limits = &config.mailbox;
         let ttl = Duration::from_millis(limits.ttl_ms);
@@ -214,6 +218,7 @@ impl JetStreamStore {
         Ok(Self {
             inner: Arc::new(Inner {
                 names,
+                client,
                 js,
                 journal,
                 accounts,

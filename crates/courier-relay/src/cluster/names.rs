@@ -39,6 +39,11 @@ impl Names {
         format!("{}.journal.{}", self.prefix, token(&[account]))
     }
 
+    /// The subject of the notices of frames appended to one account's journal.
+    pub(super) fn appended(&self, account: &str) -> String {
+        format!("{}.appended.{}", self.prefix, token(&[account]))
+    }
+
     pub(super) fn bucket(&self, what: &str) -> String {
         format!("{}-{what}", self.prefix)
     }
