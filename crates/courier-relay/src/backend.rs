@@ -356,6 +356,7 @@ mod tests {
             replicas: 1,
             mailbox: MAILBOX,
             addresses: AddressLimits::default(),
+            presence_ttl: ClusterConfig::DEFAULT_PRESENCE_TTL,
         })
         .await
         .unwrap();

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use async_nats::jetstream::{self, stream};
 use common::nats::{NatsCluster, CLUSTER_DEADLINE};
-use courier_relay::cluster::{Appended, ClusterConfig, JetStreamStore};
+use courier_relay::cluster::{Appended, ClusterConfig, JetStreamStore, Presence};
 use courier_relay::{AddressLimits, Envelope, MailboxLimits, Named, Release};
 
 /// The harness itself: a three-server cluster keeps serving a replicated stream with one server
@@ -62,6 +62,7 @@ async fn open(cluster: &NatsCluster, replicas: usize, max_messages: u64) -> JetS
             max_per_account: 2,
             ..AddressLimits::default()
         },
+        presence_ttl: ClusterConfig::DEFAULT_PRESENCE_TTL,
     })
     .await
     .unwrap()
@@ -368,6 +369,7 @@ async fn a_frame_appended_through_one_node_is_announced_to_a_node_on_another_ser
                     ..MailboxLimits::default()
                 },
                 addresses: AddressLimits::default(),
+                presence_ttl: ClusterConfig::DEFAULT_PRESENCE_TTL,
             })
             .await
             .unwrap()
@@ -392,4 +394,53 @@ async fn a_frame_appended_through_one_node_is_announced_to_a_node_on_another_ser
         .unwrap();
     let next = accepted(&node_a, "bob", &envelope("alice", "m1")).await;
     assert_eq!(within_cluster_deadline(appends.next()).await, Some(next));
+}
+
+/// `docs/cluster.md#presence`: the latest connection of an account is its presence, an older
+/// connection ending does not remove a newer one, and the accounts of a node that stopped
+/// beating (a node killed) go offline on their own, while a live node's stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_accounts_of_a_node_that_stops_beating_go_offline_on_their_own() {
+    let cluster = NatsCluster::start(1).await;
+    let store = JetStreamStore::open(&ClusterConfig {
+        servers: cluster.urls(),
+        name: ClusterConfig::DEFAULT_NAME.into(),
+        replicas: 1,
+        mailbox: MailboxLimits {
+            max_journal_bytes: 256 * 1024 * 1024,
+            ..MailboxLimits::default()
+        },
+        addresses: AddressLimits::default(),
+        presence_ttl: std::time::Duration::from_secs(2),
+    })
+    .await
+    .unwrap();
+    let node_a = store.start_heartbeat("node-a").await.unwrap();
+    let _node_b = store.start_heartbeat("node-b").await.unwrap();
+    let on = |node: &str, connection: u64| Presence {
+        node: node.into(),
+        connection,
+        since_ms: connection * 10,
+    };
+    store.connected("bob", on("node-a", 1)).await.unwrap();
+    assert_eq!(store.present("bob").await.unwrap(), Some(on("node-a", 1)));
+    // bob connects again through node B, then its old connection on node A ends.
+    store.connected("bob", on("node-b", 2)).await.unwrap();
+    store.disconnected("bob", "node-a", 1).await.unwrap();
+    assert_eq!(store.present("bob").await.unwrap(), Some(on("node-b", 2)));
+    store.connected("carol", on("node-a", 3)).await.unwrap();
+    assert!(store.present("dave").await.unwrap().is_none());
+
+    drop(node_a);
+    let deadline = Instant::now() + CLUSTER_DEADLINE;
+    while store.present("carol").await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "carol still present on a dead node"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(store.present("bob").await.unwrap(), Some(on("node-b", 2)));
+    store.disconnected("bob", "node-b", 2).await.unwrap();
+    assert!(store.present("bob").await.unwrap().is_none());
 }

@@ -5,7 +5,8 @@
 //!
 //! Owned here: the layout (`names.rs`), accounts and the base their `seq` counts from
 //! (`accounts.rs`), the journal (`journal.rs`), the notices of appended frames that reach the
-//! recipient's node (`appended.rs`) and the address bindings (`addresses.rs`).
+//! recipient's node (`appended.rs`), presence across nodes (`presence.rs`) and the address
+//! bindings (`addresses.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,10 +21,12 @@ mod addresses;
 mod appended;
 mod journal;
 mod names;
+mod presence;
 
 pub use appended::Appends;
 pub use journal::Appended;
 use names::Names;
+pub use presence::{Heartbeat, Presence};
 
 /// What one relay deployment's store in NATS is.
 #[derive(Debug, Clone)]
@@ -39,11 +42,16 @@ pub struct ClusterConfig {
     pub replicas: usize,
     pub mailbox: MailboxLimits,
     pub addresses: AddressLimits,
+    /// How long a relay node's connections stay present after its last heartbeat
+    /// (`docs/cluster.md#presence`).
+    pub presence_ttl: Duration,
 }
 
 impl ClusterConfig {
     /// The default deployment name.
     pub const DEFAULT_NAME: &'static str = "courier";
+    /// The default presence lifetime: a dead node's accounts go offline within it.
+    pub const DEFAULT_PRESENCE_TTL: Duration = Duration::from_secs(15);
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -54,6 +62,8 @@ pub enum ClusterError {
     InvalidReplicas(usize),
     #[error("no NATS server given")]
     NoServers,
+    #[error("the presence lifetime must be at least 1 s, not {0:?}")]
+    InvalidPresenceTtl(Duration),
     #[error("connecting to NATS: {0}")]
     Connect(String),
     #[error("setting up the JetStream stream or buckets: {0}")]
@@ -71,6 +81,7 @@ impl ClusterError {
             Self::InvalidName(_) => "cluster_invalid_name",
             Self::InvalidReplicas(_) => "cluster_invalid_replicas",
             Self::NoServers => "cluster_no_servers",
+            Self::InvalidPresenceTtl(_) => "cluster_invalid_presence_ttl",
             Self::Connect(_) => "cluster_connect",
             Self::Setup(_) => "cluster_setup",
             Self::Request(_) => "cluster_request",
@@ -99,6 +110,9 @@ struct Inner {
     dedup: kv::Store,
     addresses: kv::Store,
     bindings: kv::Store,
+    presence: kv::Store,
+    nodes: kv::Store,
+    presence_ttl: Duration,
     /// Each account's base (`accounts.rs`), which never changes once set.
     bases: Mutex<HashMap<String, u64>>,
 }
@@ -150,6 +164,10 @@ impl JetStreamStore {
         }
         if config.servers.is_empty() {
             return Err(ClusterError::NoServers);
+        }
+        // JetStream's ages have a resolution of a second.
+        if config.presence_ttl < Duration::from_secs(1) {
+            return Err(ClusterError::InvalidPresenceTtl(config.presence_ttl));
         }
         let client = async_nats::ConnectOptions::new()
             .name(format!("courier-relay {}", config.name))
@@ -204,6 +222,10 @@ impl JetStreamStore {
                 Duration::from_millis(config.addresses.ttl_ms),
             ),
             (names.bucket("bindings"), forever),
+            (names.bucket("presence"), forever),
+            // A heartbeat not written again within the presence lifetime goes, and with it
+            // the presence of the node's connections.
+            (names.bucket("nodes"), config.presence_ttl),
         ] {
             buckets.push(
                 js.create_or_update_key_value(bucket(name, max_age))
@@ -212,9 +234,9 @@ impl JetStreamStore {
             );
         }
         wait_until_served(&journal, &buckets).await?;
-        let [accounts, dedup, addresses, bindings]: [kv::Store; 4] = buckets
+        let [accounts, dedup, addresses, bindings, presence, nodes]: [kv::Store; 6] = buckets
             .try_into()
-            .unwrap_or_else(|_| unreachable!("four buckets were created"));
+            .unwrap_or_else(|_| unreachable!("six buckets were created"));
         Ok(Self {
             inner: Arc::new(Inner {
                 names,
@@ -225,6 +247,9 @@ impl JetStreamStore {
                 dedup,
                 addresses,
                 bindings,
+                presence,
+                nodes,
+                presence_ttl: config.presence_ttl,
                 bases: Mutex::new(HashMap::new()),
             }),
         })
