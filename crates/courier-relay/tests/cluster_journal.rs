@@ -26,17 +26,11 @@ async fn a_replicated_stream_keeps_serving_with_one_of_three_servers_killed() {
         })
         .await
         .unwrap();
-    js.publish("harness.a", "one".into())
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+    // A stream just created, or whose leader was just killed, serves nothing until its
+    // replicas elect a leader.
+    publish_until_stored(&js, "one").await;
     cluster.kill(1);
-    // Killing the stream's leader costs an election, during which a publish finds no leader.
-    let deadline = Instant::now() + CLUSTER_DEADLINE;
-    while let Err(e) = js.publish("harness.a", "two".into()).await.unwrap().await {
-        assert!(Instant::now() < deadline, "{e}");
-    }
+    publish_until_stored(&js, "two").await;
     cluster.restart(1).await;
     let last = stream
         .get_last_raw_message_by_subject("harness.a")
@@ -44,6 +38,27 @@ async fn a_replicated_stream_keeps_serving_with_one_of_three_servers_killed() {
         .unwrap();
     assert_eq!(&last.payload[..], b"two");
     assert_eq!(last.sequence, 2);
+}
+
+/// Publishes `payload` on `harness.a` until JetStream acknowledges it, with the payload as its
+/// message id, so a retry after a lost acknowledgement does not store it twice.
+async fn publish_until_stored(js: &jetstream::Context, payload: &'static str) {
+    let deadline = Instant::now() + CLUSTER_DEADLINE;
+    loop {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, payload);
+        let published = js
+            .publish_with_headers("harness.a", headers, payload.into())
+            .await;
+        let stored = match published {
+            Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match stored {
+            Ok(()) => return,
+            Err(e) => assert!(Instant::now() < deadline, "{payload}: {e}"),
+        }
+    }
 }
 
 /// The store of a deployment on `cluster`, with `replicas` copies and the given mailbox size.
@@ -305,7 +320,10 @@ async fn a_server_sigkilled_mid_stream_loses_nothing_and_duplicates_nothing() {
                     match store.append(to("bob"), &frame).await {
                         Ok(Appended::Accepted { .. } | Appended::Duplicate) => break,
                         Ok(other) => panic!("m{i}: {other:?}"),
-                        Err(e) => assert!(Instant::now() < deadline, "m{i}: {e}"),
+                        Err(e) => {
+                            eprintln!("m{i:03}: {e}");
+                            assert!(Instant::now() < deadline, "m{i}: {e}");
+                        }
                     }
                 }
                 progress.send_replace(i + 1);
@@ -443,4 +461,54 @@ async fn the_accounts_of_a_node_that_stops_beating_go_offline_on_their_own() {
     assert_eq!(store.present("bob").await.unwrap(), Some(on("node-b", 2)));
     store.disconnected("bob", "node-b", 2).await.unwrap();
     assert!(store.present("bob").await.unwrap().is_none());
+}
+
+/// `docs/cluster.md#presence`: the node holding an account's connection learns from the
+/// presence record that a connection through another node displaced it, and when the account's
+/// connection ends, whatever node each store runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_watching_an_accounts_presence_sees_a_connection_through_another_node_displace_it() {
+    let cluster = NatsCluster::start(3).await;
+    let on_server = |server: usize| {
+        let url = cluster.url(server);
+        async move {
+            JetStreamStore::open(&ClusterConfig {
+                servers: vec![url],
+                name: ClusterConfig::DEFAULT_NAME.into(),
+                replicas: 3,
+                mailbox: MailboxLimits {
+                    max_journal_bytes: 256 * 1024 * 1024,
+                    ..MailboxLimits::default()
+                },
+                addresses: AddressLimits::default(),
+                presence_ttl: ClusterConfig::DEFAULT_PRESENCE_TTL,
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let (node_a, node_b) = (on_server(0).await, on_server(1).await);
+    let on = |node: &str, connection: u64| Presence {
+        node: node.into(),
+        connection,
+        since_ms: connection,
+    };
+    node_a.connected("bob", on("node-a", 1)).await.unwrap();
+    let mut changes = node_a.watch_presence("bob").await.unwrap();
+    node_b.connected("bob", on("node-b", 2)).await.unwrap();
+    let change = within_cluster_deadline(changes.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        change,
+        Some(on("node-b", 2)),
+        "node A learns it was displaced"
+    );
+    node_b.disconnected("bob", "node-b", 2).await.unwrap();
+    let change = within_cluster_deadline(changes.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(change, None);
 }

@@ -152,12 +152,18 @@ impl JetStreamStore {
             let released = ack.sequence.to_string();
             message_id = message_id.map(|id| token(&[&id, &released]));
         };
+        // The frame is journaled once acknowledged, whatever happens to its dedup record: an
+        // error here would make the sender resend a frame that is already there. Without the
+        // record, a resend within the publish window still meets the publish id.
         if let Some(key) = dedup_key {
-            self.inner
+            if let Err(e) = self
+                .inner
                 .dedup
                 .put(key, ack.sequence.to_string().into())
                 .await
-                .map_err(request)?;
+            {
+                tracing::warn!(error = %e, "a journaled frame's dedup record was not stored");
+            }
         }
         let seq = seq_of(base, ack.sequence);
         self.notify_appended(&account, seq).await;

@@ -26,7 +26,7 @@ mod presence;
 pub use appended::Appends;
 pub use journal::Appended;
 use names::Names;
-pub use presence::{Heartbeat, Presence};
+pub use presence::{Heartbeat, Presence, PresenceChanges};
 
 /// What one relay deployment's store in NATS is.
 #[derive(Debug, Clone)]
@@ -117,7 +117,7 @@ struct Inner {
     bases: Mutex<HashMap<String, u64>>,
 }
 
-/// How long opening waits for a stream or bucket just created to be served.
+/// How long opening waits for the stream and buckets to be created and served.
 const SERVED_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Between two probes of a stream or bucket not served yet.
@@ -126,10 +126,10 @@ const SERVED_POLL: Duration = Duration::from_millis(50);
 /// Waits until the stream and every bucket answer a read: replicated ones answer no request
 /// until their replicas have elected a leader, which follows their creation.
 async fn wait_until_served(
+    deadline: tokio::time::Instant,
     journal: &stream::Stream,
     buckets: &[kv::Store],
 ) -> Result<(), ClusterError> {
-    let deadline = tokio::time::Instant::now() + SERVED_DEADLINE;
     loop {
         let mut failure = journal.get_info().await.err().map(|e| e.to_string());
         for bucket in buckets {
@@ -147,6 +147,25 @@ async fn wait_until_served(
             )));
         }
         tokio::time::sleep(SERVED_POLL).await;
+    }
+}
+
+/// Runs `setup` (creating, updating or looking up a stream or bucket) until it succeeds or
+/// `deadline` passes: a cluster that is starting, or has just lost a server, cannot place
+/// replicas for a moment ("no suitable peers"), and a relay started with it waits rather than
+/// fails. A setup that can never succeed fails at the deadline with its last error.
+async fn until_placed<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
+    deadline: tokio::time::Instant,
+    mut setup: impl FnMut() -> F,
+) -> Result<T, ClusterError> {
+    loop {
+        match setup().await {
+            Ok(done) => return Ok(done),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                return Err(ClusterError::Setup(e.to_string()))
+            }
+            Err(_) => tokio::time::sleep(SERVED_POLL).await,
+        }
     }
 }
 
@@ -176,7 +195,6 @@ impl JetStreamStore {
             .await
             .map_err(|e| ClusterError::Connect(e.to_string()))?;
         let js = jetstream::new(client.clone());
-        let setup = |e: &dyn std::fmt::Display| ClusterError::Setup(e.to_string());
         let limits = &config.mailbox;
         let ttl = Duration::from_millis(limits.ttl_ms);
         let journal_config = stream::Config {
@@ -197,10 +215,12 @@ impl JetStreamStore {
             allow_direct: true,
             ..Default::default()
         };
-        js.create_or_update_stream(journal_config)
-            .await
-            .map_err(|e| setup(&e))?;
-        let journal = js.get_stream(names.stream()).await.map_err(|e| setup(&e))?;
+        let deadline = tokio::time::Instant::now() + SERVED_DEADLINE;
+        until_placed(deadline, || {
+            js.create_or_update_stream(journal_config.clone())
+        })
+        .await?;
+        let journal = until_placed(deadline, || js.get_stream(names.stream())).await?;
         let bucket = |name: String, max_age: Duration| kv::Config {
             bucket: name,
             history: 1,
@@ -227,13 +247,12 @@ impl JetStreamStore {
             // the presence of the node's connections.
             (names.bucket("nodes"), config.presence_ttl),
         ] {
+            let config = bucket(name, max_age);
             buckets.push(
-                js.create_or_update_key_value(bucket(name, max_age))
-                    .await
-                    .map_err(|e| setup(&e))?,
+                until_placed(deadline, || js.create_or_update_key_value(config.clone())).await?,
             );
         }
-        wait_until_served(&journal, &buckets).await?;
+        wait_until_served(deadline, &journal, &buckets).await?;
         let [accounts, dedup, addresses, bindings, presence, nodes]: [kv::Store; 6] = buckets
             .try_into()
             .unwrap_or_else(|_| unreachable!("six buckets were created"));

@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
+use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use super::names::token;
@@ -40,7 +41,44 @@ impl Drop for Heartbeat {
     }
 }
 
+/// The changes of one account's presence record, as they are stored, from the moment the watch
+/// started: what a node holding the account's connection follows to learn that a newer
+/// connection displaced it (`docs/protocol.md#session-displacement`), and what presence watches
+/// on other nodes follow.
+pub struct PresenceChanges {
+    watch: kv::Watch,
+}
+
+impl PresenceChanges {
+    /// The next change: `Some(presence)` for a connection that started, `None` for the record
+    /// removed (the connection ended). `Err` when the watch failed; the watcher starts a new
+    /// one and reads [`JetStreamStore::present`], since changes meanwhile are not replayed.
+    pub async fn next(&mut self) -> Option<Result<Option<Presence>, ClusterError>> {
+        let entry = match self.watch.next().await? {
+            Ok(entry) => entry,
+            Err(e) => return Some(Err(request(e))),
+        };
+        Some(match entry.operation {
+            kv::Operation::Put => serde_json::from_slice::<PresenceRecord>(&entry.value)
+                .map(|record| Some(record.presence))
+                .map_err(|e| ClusterError::Corrupt(e.to_string())),
+            kv::Operation::Delete | kv::Operation::Purge => Ok(None),
+        })
+    }
+}
+
 impl JetStreamStore {
+    /// Watches `account`'s presence record; the watch is in place when this answers.
+    pub async fn watch_presence(&self, account: &str) -> Result<PresenceChanges, ClusterError> {
+        let watch = self
+            .inner
+            .presence
+            .watch(token(&[account]))
+            .await
+            .map_err(request)?;
+        Ok(PresenceChanges { watch })
+    }
+
     /// Starts `node`'s heartbeat: its record in the `nodes` bucket, written again every third
     /// of the presence lifetime, so one lost write does not take the node's connections offline.
     /// Answers once the first beat is stored.

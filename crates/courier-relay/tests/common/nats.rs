@@ -87,7 +87,7 @@ pub struct NatsCluster {
     servers: Vec<Server>,
     /// Held while the cluster lives: one cluster per test process at a time, so elections and
     /// JetStream requests are not starved of the machine's cores by other tests' clusters.
-    _turn: tokio::sync::MutexGuard<'static, ()>,
+    turn: Option<tokio::sync::MutexGuard<'static, ()>>,
 }
 
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -97,7 +97,27 @@ impl NatsCluster {
     /// until JetStream answers on each.
     pub async fn start(size: usize) -> Self {
         assert!(size == 1 || size == 3, "a cluster of 1 or 3 servers");
-        let turn = TURN.lock().await;
+        let mut turn = Some(TURN.lock().await);
+        // A port found free can be taken by another process before the server binds it: that
+        // server exits at once, and the cluster starts again on other ports.
+        for _ in 0..3 {
+            let (dir, servers) = Self::configure(size);
+            let mut cluster = Self { dir, servers, turn };
+            for server in &mut cluster.servers {
+                server.spawn();
+            }
+            match cluster.poll_healthy().await {
+                Ok(()) => return cluster,
+                Err(exited) => {
+                    eprintln!("{exited}");
+                    turn = cluster.turn.take();
+                }
+            }
+        }
+        panic!("the NATS servers did not start in three attempts");
+    }
+
+    fn configure(size: usize) -> (tempfile::TempDir, Vec<Server>) {
         let dir = tempfile::tempdir().expect("a temp dir");
         let routes: Vec<u16> = (0..size).map(|_| free_port()).collect();
         let servers = (0..size)
@@ -141,16 +161,7 @@ impl NatsCluster {
                 }
             })
             .collect();
-        let mut cluster = Self {
-            dir,
-            servers,
-            _turn: turn,
-        };
-        for server in &mut cluster.servers {
-            server.spawn();
-        }
-        cluster.wait_healthy().await;
-        cluster
+        (dir, servers)
     }
 
     /// Client URLs of every server, running or not (a client given all of them fails over).
@@ -185,16 +196,24 @@ impl NatsCluster {
     /// leader known, and the server's streams current. Panics with the servers' logs past
     /// [`CLUSTER_DEADLINE`].
     pub async fn wait_healthy(&mut self) {
+        if let Err(exited) = self.poll_healthy().await {
+            panic!("{exited}");
+        }
+    }
+
+    /// [`NatsCluster::wait_healthy`], answering a server that exited with its log.
+    async fn poll_healthy(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + CLUSTER_DEADLINE;
         loop {
             for server in &mut self.servers {
                 if let Some(child) = server.process.as_mut() {
                     if let Ok(Some(status)) = child.try_wait() {
-                        panic!(
+                        server.process = None;
+                        return Err(format!(
                             "{} exited ({status}):\n{}",
                             server.name,
                             std::fs::read_to_string(&server.log).unwrap_or_default()
-                        );
+                        ));
                     }
                 }
             }
@@ -204,7 +223,7 @@ impl NatsCluster {
                 healthy &= healthz(addr).await == Some(200);
             }
             if healthy {
-                return;
+                return Ok(());
             }
             assert!(
                 Instant::now() < deadline,
