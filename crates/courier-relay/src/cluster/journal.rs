@@ -3,6 +3,7 @@
 //! replicated and on disk), the drain's reads, releases by ack, and the relay-side dedup.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::stream::{DeleteMessageErrorKind, DirectGetErrorKind};
@@ -20,6 +21,11 @@ use crate::store::{Named, Release};
 /// the SQLite journal's does.
 const FETCH_FRAMES: usize = 64;
 const FETCH_BYTES: usize = 4 * 1024 * 1024;
+
+/// How long an append waits for the journal stream to have a leader again, within the relay's
+/// bound on its work on a frame (`docs/protocol.md#sending`).
+const ELECTION_WAIT: Duration = Duration::from_secs(4);
+const ELECTION_POLL: Duration = Duration::from_millis(50);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Appended {
@@ -126,6 +132,7 @@ impl JetStreamStore {
         // a new frame: an id whose copy is released is chained into a new one, the same on every
         // node, so concurrent resends after a release still meet.
         let mut message_id = dedup_key.clone();
+        let leaderless_until = tokio::time::Instant::now() + ELECTION_WAIT;
         let ack = loop {
             let mut headers = HeaderMap::new();
             if let Some(id) = &message_id {
@@ -141,6 +148,15 @@ impl JetStreamStore {
             {
                 Ok(ack) => ack,
                 Err(e) if refused_for_room(&e) => return Ok(Appended::MailboxFull),
+                // No server answered for the stream: it has no leader (an election after a
+                // server's loss), and nothing was stored, so publishing again is safe.
+                Err(e)
+                    if e.kind() == PublishErrorKind::StreamNotFound
+                        && tokio::time::Instant::now() < leaderless_until =>
+                {
+                    tokio::time::sleep(ELECTION_POLL).await;
+                    continue;
+                }
                 Err(e) => return Err(request(e)),
             };
             if !ack.duplicate {

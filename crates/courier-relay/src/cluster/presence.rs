@@ -41,10 +41,11 @@ impl Drop for Heartbeat {
     }
 }
 
-/// The changes of one account's presence record, as they are stored, from the moment the watch
-/// started: what a node holding the account's connection follows to learn that a newer
-/// connection displaced it (`docs/protocol.md#session-displacement`), and what presence watches
-/// on other nodes follow.
+/// The changes of one account's presence record, as they are stored, from about the moment the
+/// watch started (it may begin with the record as it stood then): what a node holding the
+/// account's connection follows to learn that a newer connection displaced it
+/// (`docs/protocol.md#session-displacement`), and what presence watches on other nodes follow.
+/// A change is a state, not an event: reading the same record twice changes nothing.
 pub struct PresenceChanges {
     watch: kv::Watch,
 }
