@@ -31,7 +31,9 @@ use tokio::task::JoinHandle;
 mod accept;
 mod attempts;
 mod auth;
+pub mod backend;
 pub mod cli;
+pub mod cluster;
 mod config;
 mod connection;
 mod contacts;
@@ -65,6 +67,8 @@ pub use config::{
 };
 pub use error::RelayError;
 pub use gateway::{start_gateway, GatewayConfig, GatewayDaemonTimings, GatewayHandle};
+pub use mailbox::{Envelope, GroupTag};
+pub use store::{Named, Release, StoreError};
 
 use accept::Serving;
 use attempts::AuthLimits;

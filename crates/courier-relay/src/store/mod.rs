@@ -78,6 +78,8 @@ pub enum StoreError {
     Closed,
     #[error("relay store: {0}")]
     Sqlite(String),
+    #[error("relay cluster store: {0}")]
+    Cluster(#[from] crate::cluster::ClusterError),
 }
 
 impl From<rusqlite::Error> for StoreError {

@@ -2,6 +2,8 @@
 //! tokio-tungstenite client that reads frames with deadlines (never fixed sleeps).
 #![allow(dead_code)]
 
+pub mod nats;
+
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io::{BufRead, BufReader};

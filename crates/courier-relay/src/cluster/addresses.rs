@@ -1,0 +1,173 @@
+//! Address bindings (`docs/protocol.md#address-declaration`) in two buckets: `addresses` maps an
+//! address to the account that last declared it (its age is its last declaration, and the
+//! bucket's max age is the bindings' lifetime), `bindings` lists each account's addresses with
+//! when it declared them, so a declaration past `max_per_account` drops the least recently
+//! declared one.
+
+use async_nats::jetstream::kv;
+use serde::{Deserialize, Serialize};
+
+use super::names::token;
+use super::{request, ClusterError, JetStreamStore};
+
+#[derive(Serialize, Deserialize)]
+struct Binding {
+    address: String,
+    account: String,
+    declared_ms: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+struct Declared {
+    address: String,
+    declared_ms: u64,
+}
+
+impl JetStreamStore {
+    /// Binds `address` (canonical) to `account`, replacing any earlier binding (the latest
+    /// declaration wins), and drops the account's least recently declared bindings past
+    /// `max_per_account`.
+    pub async fn bind_address(
+        &self,
+        address: &str,
+        account: &str,
+        max_per_account: u32,
+        now_ms: u64,
+    ) -> Result<(), ClusterError> {
+        let binding = Binding {
+            address: address.to_owned(),
+            account: account.to_owned(),
+            declared_ms: now_ms,
+        };
+        let value = serde_json::to_vec(&binding).map_err(request)?;
+        self.inner
+            .addresses
+            .put(token(&[address]), value.into())
+            .await
+            .map_err(request)?;
+        for dropped in self
+            .record_declaration(account, address, max_per_account, now_ms)
+            .await?
+        {
+            self.unbind_if_held(&dropped, account).await?;
+        }
+        Ok(())
+    }
+
+    /// The account `address` (canonical) is bound to, if a declaration within the bindings'
+    /// lifetime made one.
+    pub async fn resolve_address(&self, address: &str) -> Result<Option<String>, ClusterError> {
+        let Some(value) = self
+            .inner
+            .addresses
+            .get(token(&[address]))
+            .await
+            .map_err(request)?
+        else {
+            return Ok(None);
+        };
+        let binding: Binding =
+            serde_json::from_slice(&value).map_err(|e| ClusterError::Corrupt(e.to_string()))?;
+        Ok(Some(binding.account))
+    }
+
+    /// Adds `address` to the account's list (or refreshes it) with a compare-and-set on the
+    /// list, so declarations through several nodes at once all count; answers the addresses
+    /// dropped past `max_per_account`.
+    async fn record_declaration(
+        &self,
+        account: &str,
+        address: &str,
+        max_per_account: u32,
+        now_ms: u64,
+    ) -> Result<Vec<String>, ClusterError> {
+        let key = token(&[account]);
+        loop {
+            let entry = self
+                .inner
+                .bindings
+                .entry(key.clone())
+                .await
+                .map_err(request)?;
+            let (mut declared, revision) = match entry {
+                Some(entry) if entry.operation == kv::Operation::Put => (
+                    serde_json::from_slice::<Vec<Declared>>(&entry.value)
+                        .map_err(|e| ClusterError::Corrupt(e.to_string()))?,
+                    Some(entry.revision),
+                ),
+                Some(entry) => (Vec::new(), Some(entry.revision)),
+                None => (Vec::new(), None),
+            };
+            declared.retain(|d| d.address != address);
+            declared.push(Declared {
+                address: address.to_owned(),
+                declared_ms: now_ms,
+            });
+            declared.sort_by_key(|d| d.declared_ms);
+            let excess = declared.len().saturating_sub(max_per_account as usize);
+            let dropped: Vec<String> = declared.drain(..excess).map(|d| d.address).collect();
+            let value = serde_json::to_vec(&declared).map_err(request)?;
+            let written = match revision {
+                Some(revision) => self
+                    .inner
+                    .bindings
+                    .update(&key, value.into(), revision)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| {
+                        (
+                            e.kind() == kv::UpdateErrorKind::WrongLastRevision,
+                            request(e),
+                        )
+                    }),
+                None => self
+                    .inner
+                    .bindings
+                    .create(&key, value.into())
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| (e.kind() == kv::CreateErrorKind::AlreadyExists, request(e))),
+            };
+            match written {
+                Ok(()) => return Ok(dropped),
+                // Another declaration of the account changed the list first: read it again.
+                Err((true, _)) => continue,
+                Err((false, e)) => return Err(e),
+            }
+        }
+    }
+
+    /// Deletes the binding of `address` if `account` still holds it (a later declaration by
+    /// another account keeps it).
+    async fn unbind_if_held(&self, address: &str, account: &str) -> Result<(), ClusterError> {
+        let key = token(&[address]);
+        let Some(entry) = self
+            .inner
+            .addresses
+            .entry(key.clone())
+            .await
+            .map_err(request)?
+        else {
+            return Ok(());
+        };
+        if entry.operation != kv::Operation::Put {
+            return Ok(());
+        }
+        let binding: Binding = serde_json::from_slice(&entry.value)
+            .map_err(|e| ClusterError::Corrupt(e.to_string()))?;
+        if binding.account != account {
+            return Ok(());
+        }
+        match self
+            .inner
+            .addresses
+            .delete_expect_revision(&key, Some(entry.revision))
+            .await
+        {
+            Ok(()) => Ok(()),
+            // Declared again meanwhile: the newer binding stands.
+            Err(e) if e.kind() == kv::DeleteErrorKind::WrongLastRevision => Ok(()),
+            Err(e) => Err(request(e)),
+        }
+    }
+}

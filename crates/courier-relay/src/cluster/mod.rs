@@ -1,0 +1,276 @@
+//! The relay's durable facts in NATS JetStream instead of one SQLite file (`docs/cluster.md`):
+//! each account's journal in one replicated stream with a subject per account, accounts, address
+//! bindings and the relay-side dedup in key-value buckets. A [`JetStreamStore`] holds nothing
+//! durable itself, so any number of relay nodes can share one.
+//!
+//! Owned here: the layout (`names.rs`), accounts and the base their `seq` counts from
+//! (`accounts.rs`), the journal (`journal.rs`), the notices of appended frames that reach the
+//! recipient's node (`appended.rs`), presence across nodes (`presence.rs`) and the address
+//! bindings (`addresses.rs`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv, stream};
+
+use crate::config::{AddressLimits, MailboxLimits};
+
+mod accounts;
+mod addresses;
+mod appended;
+mod journal;
+mod names;
+mod presence;
+
+pub use appended::Appends;
+pub use journal::Appended;
+use names::Names;
+pub use presence::{Heartbeat, Presence, PresenceChanges};
+
+/// What one relay deployment's store in NATS is.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// NATS server URLs (`nats://host:port`); the client connects to one and moves to another
+    /// when it fails.
+    pub servers: Vec<String>,
+    /// Prefix of the stream, its subjects and the buckets, so deployments sharing one NATS stay
+    /// apart: ASCII letters, digits, `-` and `_`.
+    pub name: String,
+    /// Copies JetStream keeps of the stream and of every bucket: 3 survives the loss of one
+    /// server of three, 1 is for development.
+    pub replicas: usize,
+    pub mailbox: MailboxLimits,
+    pub addresses: AddressLimits,
+    /// How long a relay node's connections stay present after its last heartbeat
+    /// (`docs/cluster.md#presence`).
+    pub presence_ttl: Duration,
+}
+
+impl ClusterConfig {
+    /// The default deployment name.
+    pub const DEFAULT_NAME: &'static str = "courier";
+    /// The default presence lifetime: a dead node's accounts go offline within it.
+    pub const DEFAULT_PRESENCE_TTL: Duration = Duration::from_secs(15);
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ClusterError {
+    #[error("the cluster name {0:?} may hold only ASCII letters, digits, '-' and '_'")]
+    InvalidName(String),
+    #[error("JetStream keeps 1 to 5 replicas, not {0}")]
+    InvalidReplicas(usize),
+    #[error("no NATS server given")]
+    NoServers,
+    #[error("the presence lifetime must be at least 1 s, not {0:?}")]
+    InvalidPresenceTtl(Duration),
+    #[error("connecting to NATS: {0}")]
+    Connect(String),
+    #[error("setting up the JetStream stream or buckets: {0}")]
+    Setup(String),
+    #[error("a JetStream request failed: {0}")]
+    Request(String),
+    #[error("a record in JetStream does not decode: {0}")]
+    Corrupt(String),
+}
+
+impl ClusterError {
+    /// A stable code for logs and metrics.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidName(_) => "cluster_invalid_name",
+            Self::InvalidReplicas(_) => "cluster_invalid_replicas",
+            Self::NoServers => "cluster_no_servers",
+            Self::InvalidPresenceTtl(_) => "cluster_invalid_presence_ttl",
+            Self::Connect(_) => "cluster_connect",
+            Self::Setup(_) => "cluster_setup",
+            Self::Request(_) => "cluster_request",
+            Self::Corrupt(_) => "cluster_corrupt",
+        }
+    }
+}
+
+/// Shorthand for a failed JetStream request.
+fn request(e: impl std::fmt::Display) -> ClusterError {
+    ClusterError::Request(e.to_string())
+}
+
+/// Handle to the deployment's stream and buckets. Cheap to clone.
+#[derive(Clone)]
+pub struct JetStreamStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    names: Names,
+    client: async_nats::Client,
+    js: jetstream::Context,
+    journal: stream::Stream,
+    accounts: kv::Store,
+    dedup: kv::Store,
+    addresses: kv::Store,
+    bindings: kv::Store,
+    presence: kv::Store,
+    nodes: kv::Store,
+    presence_ttl: Duration,
+    /// Each account's base (`accounts.rs`), which never changes once set.
+    bases: Mutex<HashMap<String, u64>>,
+}
+
+/// How long opening waits for the stream and buckets to be created and served.
+const SERVED_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Between two probes of a stream or bucket not served yet.
+const SERVED_POLL: Duration = Duration::from_millis(50);
+
+/// Waits until the stream and every bucket answer a read: replicated ones answer no request
+/// until their replicas have elected a leader, which follows their creation.
+async fn wait_until_served(
+    deadline: tokio::time::Instant,
+    journal: &stream::Stream,
+    buckets: &[kv::Store],
+) -> Result<(), ClusterError> {
+    loop {
+        let mut failure = journal.get_info().await.err().map(|e| e.to_string());
+        for bucket in buckets {
+            if failure.is_none() {
+                // Any key: an absent one is an answer too.
+                failure = bucket.get("served").await.err().map(|e| e.to_string());
+            }
+        }
+        let Some(failure) = failure else {
+            return Ok(());
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ClusterError::Setup(format!(
+                "not served within {SERVED_DEADLINE:?}: {failure}"
+            )));
+        }
+        tokio::time::sleep(SERVED_POLL).await;
+    }
+}
+
+/// Runs `setup` (creating, updating or looking up a stream or bucket) until it succeeds or
+/// `deadline` passes: a cluster that is starting, or has just lost a server, cannot place
+/// replicas for a moment ("no suitable peers"), and a relay started with it waits rather than
+/// fails. A setup that can never succeed fails at the deadline with its last error.
+async fn until_placed<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
+    deadline: tokio::time::Instant,
+    mut setup: impl FnMut() -> F,
+) -> Result<T, ClusterError> {
+    loop {
+        match setup().await {
+            Ok(done) => return Ok(done),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                return Err(ClusterError::Setup(e.to_string()))
+            }
+            Err(_) => tokio::time::sleep(SERVED_POLL).await,
+        }
+    }
+}
+
+/// How long JetStream remembers a publish's `Nats-Msg-Id`: it covers two nodes journaling the
+/// same (recipient, sender, message_id) at the same moment, before either has recorded it in the
+/// dedup bucket (`docs/cluster.md#relay-side-dedup`).
+const PUBLISH_DEDUP_WINDOW: Duration = Duration::from_secs(120);
+
+impl JetStreamStore {
+    /// Connects and creates the stream and buckets, or brings their limits to `config`'s.
+    pub async fn open(config: &ClusterConfig) -> Result<Self, ClusterError> {
+        let names = Names::new(&config.name)?;
+        if !(1..=5).contains(&config.replicas) {
+            return Err(ClusterError::InvalidReplicas(config.replicas));
+        }
+        if config.servers.is_empty() {
+            return Err(ClusterError::NoServers);
+        }
+        // JetStream's ages have a resolution of a second.
+        if config.presence_ttl < Duration::from_secs(1) {
+            return Err(ClusterError::InvalidPresenceTtl(config.presence_ttl));
+        }
+        let client = async_nats::ConnectOptions::new()
+            .name(format!("courier-relay {}", config.name))
+            .retry_on_initial_connect()
+            .connect(config.servers.clone())
+            .await
+            .map_err(|e| ClusterError::Connect(e.to_string()))?;
+        let js = jetstream::new(client.clone());
+        let limits = &config.mailbox;
+        let ttl = Duration::from_millis(limits.ttl_ms);
+        let journal_config = stream::Config {
+            name: names.stream(),
+            subjects: vec![names.journal_subjects()],
+            storage: stream::StorageType::File,
+            num_replicas: config.replicas,
+            retention: stream::RetentionPolicy::Limits,
+            // The mailbox limits (`docs/protocol.md#mailbox-limits`) as the stream's: per
+            // account its subject's message count, for all of them the stream's bytes, and the
+            // frames' lifetime. A frame past a limit is refused, never an older one dropped.
+            max_messages_per_subject: i64::try_from(limits.max_messages).unwrap_or(i64::MAX),
+            max_bytes: i64::try_from(limits.max_journal_bytes).unwrap_or(i64::MAX),
+            max_age: ttl,
+            discard: stream::DiscardPolicy::New,
+            discard_new_per_subject: true,
+            duplicate_window: PUBLISH_DEDUP_WINDOW.min(ttl),
+            allow_direct: true,
+            ..Default::default()
+        };
+        let deadline = tokio::time::Instant::now() + SERVED_DEADLINE;
+        until_placed(deadline, || {
+            js.create_or_update_stream(journal_config.clone())
+        })
+        .await?;
+        let journal = until_placed(deadline, || js.get_stream(names.stream())).await?;
+        let bucket = |name: String, max_age: Duration| kv::Config {
+            bucket: name,
+            history: 1,
+            max_age,
+            storage: stream::StorageType::File,
+            num_replicas: config.replicas,
+            ..Default::default()
+        };
+        let forever = Duration::ZERO;
+        let mut buckets = Vec::new();
+        for (name, max_age) in [
+            (names.bucket("accounts"), forever),
+            // A dedup record outlives no frame: the journal's frames expire at the same age.
+            (names.bucket("dedup"), ttl),
+            // A binding not declared again within its lifetime goes
+            // (`docs/protocol.md#address-declaration`).
+            (
+                names.bucket("addresses"),
+                Duration::from_millis(config.addresses.ttl_ms),
+            ),
+            (names.bucket("bindings"), forever),
+            (names.bucket("presence"), forever),
+            // A heartbeat not written again within the presence lifetime goes, and with it
+            // the presence of the node's connections.
+            (names.bucket("nodes"), config.presence_ttl),
+        ] {
+            let config = bucket(name, max_age);
+            buckets.push(
+                until_placed(deadline, || js.create_or_update_key_value(config.clone())).await?,
+            );
+        }
+        wait_until_served(deadline, &journal, &buckets).await?;
+        let [accounts, dedup, addresses, bindings, presence, nodes]: [kv::Store; 6] = buckets
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("six buckets were created"));
+        Ok(Self {
+            inner: Arc::new(Inner {
+                names,
+                client,
+                js,
+                journal,
+                accounts,
+                dedup,
+                addresses,
+                bindings,
+                presence,
+                nodes,
+                presence_ttl: config.presence_ttl,
+                bases: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+}

@@ -1,0 +1,539 @@
+//! The cluster mode's journal in JetStream (`docs/cluster.md`), against real `nats-server`
+//! processes on loopback started by the tests (`common/nats.rs`).
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use async_nats::jetstream::{self, stream};
+use common::nats::{NatsCluster, CLUSTER_DEADLINE};
+use courier_relay::cluster::{Appended, ClusterConfig, JetStreamStore, Presence};
+use courier_relay::{AddressLimits, Envelope, MailboxLimits, Named, Release};
+
+/// The harness itself: a three-server cluster keeps serving a replicated stream with one server
+/// SIGKILLed, and the server comes back and catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicated_stream_keeps_serving_with_one_of_three_servers_killed() {
+    let mut cluster = NatsCluster::start(3).await;
+    let client = async_nats::connect(cluster.urls()).await.unwrap();
+    let js = jetstream::new(client);
+    let stream = js
+        .create_stream(stream::Config {
+            name: "harness".into(),
+            subjects: vec!["harness.>".into()],
+            num_replicas: 3,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // A stream just created, or whose leader was just killed, serves nothing until its
+    // replicas elect a leader.
+    publish_until_stored(&js, "one").await;
+    cluster.kill(1);
+    publish_until_stored(&js, "two").await;
+    cluster.restart(1).await;
+    let last = stream
+        .get_last_raw_message_by_subject("harness.a")
+        .await
+        .unwrap();
+    assert_eq!(&last.payload[..], b"two");
+    assert_eq!(last.sequence, 2);
+}
+
+/// Publishes `payload` on `harness.a` until JetStream acknowledges it, with the payload as its
+/// message id, so a retry after a lost acknowledgement does not store it twice.
+async fn publish_until_stored(js: &jetstream::Context, payload: &'static str) {
+    let deadline = Instant::now() + CLUSTER_DEADLINE;
+    loop {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, payload);
+        let published = js
+            .publish_with_headers("harness.a", headers, payload.into())
+            .await;
+        let stored = match published {
+            Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match stored {
+            Ok(()) => return,
+            Err(e) => assert!(Instant::now() < deadline, "{payload}: {e}"),
+        }
+    }
+}
+
+/// The store of a deployment on `cluster`, with `replicas` copies and the given mailbox size.
+async fn open(cluster: &NatsCluster, replicas: usize, max_messages: u64) -> JetStreamStore {
+    JetStreamStore::open(&ClusterConfig {
+        servers: cluster.urls(),
+        name: ClusterConfig::DEFAULT_NAME.into(),
+        replicas,
+        mailbox: MailboxLimits {
+            max_messages,
+            // The stream reserves its bytes on each server: within the harness's store.
+            max_journal_bytes: 256 * 1024 * 1024,
+            ..MailboxLimits::default()
+        },
+        addresses: AddressLimits {
+            max_per_account: 2,
+            ..AddressLimits::default()
+        },
+        presence_ttl: ClusterConfig::DEFAULT_PRESENCE_TTL,
+    })
+    .await
+    .unwrap()
+}
+
+fn envelope(sender: &str, message_id: &str) -> Envelope {
+    Envelope {
+        seq: None,
+        sender: sender.into(),
+        sender_account: sender.into(),
+        message_id: message_id.into(),
+        content: format!("content of {message_id}").into(),
+        reply_to_msg: Some("earlier".into()),
+        accepted_ms: 1_000,
+        group: None,
+    }
+}
+
+fn to(account: &str) -> Named {
+    Named::Account(account.into())
+}
+
+async fn accepted(store: &JetStreamStore, account: &str, envelope: &Envelope) -> u64 {
+    match store.append(to(account), envelope).await.unwrap() {
+        Appended::Accepted { seq } => seq,
+        other => panic!("{} not accepted: {other:?}", envelope.message_id),
+    }
+}
+
+async fn held(store: &JetStreamStore, account: &str) -> Vec<(u64, String)> {
+    let up_to = store.highest_seq(account).await.unwrap();
+    let mut frames = Vec::new();
+    let mut after = 0;
+    loop {
+        let batch = store.fetch(account, after, up_to, 0).await.unwrap();
+        let Some(last) = batch.last() else {
+            return frames;
+        };
+        after = last.seq.unwrap();
+        frames.extend(batch.iter().map(|e| (e.seq.unwrap(), e.message_id.clone())));
+    }
+}
+
+/// `docs/protocol.md#journal-and-seq`: seq per account from 1, strictly increasing in
+/// acceptance order, never reused after releases; `docs/protocol.md#frame-release`: Ack and
+/// AckUpTo delete what they name and nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_accounts_frames_come_back_in_seq_order_and_releases_delete_only_what_they_name() {
+    let cluster = NatsCluster::start(3).await;
+    let store = open(&cluster, 3, 100).await;
+    for account in ["bob", "carol"] {
+        store.ensure_account(account, 1).await.unwrap();
+    }
+    let mut seqs = Vec::new();
+    for i in 0..6 {
+        seqs.push(accepted(&store, "bob", &envelope("alice", &format!("b{i}"))).await);
+        // Another account's frames interleave in the shared stream.
+        accepted(&store, "carol", &envelope("alice", &format!("c{i}"))).await;
+    }
+    assert_eq!(seqs[0], 1, "an account's first frame is seq 1");
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    let frames = store.fetch("bob", 0, u64::MAX, 0).await.unwrap();
+    let first = &frames[0];
+    assert_eq!(
+        (
+            first.seq,
+            first.sender.as_str(),
+            &*first.content,
+            first.reply_to_msg.as_deref()
+        ),
+        (Some(1), "alice", "content of b0", Some("earlier"))
+    );
+
+    store.release("bob", Release::One(seqs[1])).await.unwrap();
+    store.release("bob", Release::UpTo(seqs[3])).await.unwrap();
+    let left: Vec<u64> = held(&store, "bob").await.iter().map(|f| f.0).collect();
+    assert_eq!(left, seqs[4..]);
+    assert_eq!(
+        held(&store, "carol").await.len(),
+        6,
+        "carol's frames untouched"
+    );
+
+    store.release("bob", Release::UpTo(seqs[5])).await.unwrap();
+    assert!(held(&store, "bob").await.is_empty());
+    let next = accepted(&store, "bob", &envelope("alice", "b6")).await;
+    assert!(
+        next > seqs[5],
+        "a seq is never reused after releases: {next}"
+    );
+    assert!(store.highest_seq("bob").await.unwrap() >= next);
+}
+
+/// An account's seqs map to stream sequences other accounts' frames also take: naming one of
+/// those in an Ack or AckUpTo must not delete another account's frame.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_naming_a_seq_that_is_another_accounts_frame_deletes_nothing() {
+    let cluster = NatsCluster::start(1).await;
+    let store = open(&cluster, 1, 100).await;
+    for account in ["bob", "carol"] {
+        store.ensure_account(account, 1).await.unwrap();
+    }
+    let bob_first = accepted(&store, "bob", &envelope("alice", "b0")).await;
+    accepted(&store, "carol", &envelope("alice", "c0")).await;
+    let bob_third = accepted(&store, "bob", &envelope("alice", "b1")).await;
+    assert_eq!(
+        (bob_first, bob_third),
+        (1, 3),
+        "seq 2 of bob's is carol's frame"
+    );
+    store.release("bob", Release::One(2)).await.unwrap();
+    assert_eq!(held(&store, "carol").await.len(), 1);
+    store.release("bob", Release::UpTo(3)).await.unwrap();
+    assert_eq!(held(&store, "carol").await.len(), 1);
+    assert!(held(&store, "bob").await.is_empty());
+}
+
+/// `docs/protocol.md#mailbox-limits`: a full mailbox refuses the new frame (it never drops an
+/// older one), and takes frames again once some are released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_mailbox_refuses_the_next_frame_and_never_drops_an_older_one() {
+    let cluster = NatsCluster::start(1).await;
+    let store = open(&cluster, 1, 3).await;
+    store.ensure_account("bob", 1).await.unwrap();
+    let mut seqs = Vec::new();
+    for i in 0..3 {
+        seqs.push(accepted(&store, "bob", &envelope("alice", &format!("m{i}"))).await);
+    }
+    let refused = store
+        .append(to("bob"), &envelope("alice", "m3"))
+        .await
+        .unwrap();
+    assert_eq!(refused, Appended::MailboxFull);
+    assert_eq!(held(&store, "bob").await.len(), 3);
+    store.release("bob", Release::One(seqs[0])).await.unwrap();
+    accepted(&store, "bob", &envelope("alice", "m3")).await;
+    let ids: Vec<String> = held(&store, "bob").await.into_iter().map(|f| f.1).collect();
+    assert_eq!(ids, ["m1", "m2", "m3"]);
+}
+
+/// `docs/protocol.md#relay-side-dedup`: a resend while the first copy is journaled stores
+/// nothing; once the copy is released the same id is a new frame, also within JetStream's own
+/// duplicate window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_while_journaled_is_a_duplicate_and_after_its_release_a_new_frame() {
+    let cluster = NatsCluster::start(1).await;
+    let store = open(&cluster, 1, 100).await;
+    store.ensure_account("bob", 1).await.unwrap();
+    let first = accepted(&store, "bob", &envelope("alice", "m")).await;
+    let again = store
+        .append(to("bob"), &envelope("alice", "m"))
+        .await
+        .unwrap();
+    assert_eq!(again, Appended::Duplicate);
+    // Another sender's frame with the same id is another frame.
+    accepted(&store, "bob", &envelope("mallory", "m")).await;
+    assert_eq!(held(&store, "bob").await.len(), 2);
+
+    let mut copy = first;
+    for round in 0..2 {
+        store.release("bob", Release::One(copy)).await.unwrap();
+        let anew = accepted(&store, "bob", &envelope("alice", "m")).await;
+        assert!(anew > copy);
+        let again = store
+            .append(to("bob"), &envelope("alice", "m"))
+            .await
+            .unwrap();
+        assert_eq!(again, Appended::Duplicate, "round {round}");
+        copy = anew;
+    }
+    assert_eq!(held(&store, "bob").await.len(), 2);
+}
+
+/// A frame for an account never created, or an address nobody declared, is unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_for_an_unknown_account_or_unbound_address_is_refused_as_unknown() {
+    let cluster = NatsCluster::start(1).await;
+    let store = open(&cluster, 1, 100).await;
+    let unknown = store
+        .append(to("nobody"), &envelope("alice", "m"))
+        .await
+        .unwrap();
+    assert_eq!(unknown, Appended::UnknownRecipient);
+    let address = Named::Address("off1unbound".into());
+    let unknown = store
+        .append(address, &envelope("alice", "m"))
+        .await
+        .unwrap();
+    assert_eq!(unknown, Appended::UnknownRecipient);
+    assert!(!store.account_exists("nobody").await.unwrap());
+}
+
+/// `docs/protocol.md#address-declaration`: the latest declaration wins, and an account past its
+/// bindings drops the least recently declared one (but never another account's binding).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declaration_past_the_accounts_bindings_drops_its_least_recently_declared_one() {
+    let cluster = NatsCluster::start(1).await;
+    let store = open(&cluster, 1, 100).await;
+    store.ensure_account("bob", 1).await.unwrap();
+    store.bind_address("off1a", "bob", 2, 10).await.unwrap();
+    store.bind_address("off1b", "bob", 2, 11).await.unwrap();
+    // carol declares off1b later: hers now, and bob dropping it later must not remove it.
+    store.bind_address("off1b", "carol", 2, 12).await.unwrap();
+    store.bind_address("off1c", "bob", 2, 13).await.unwrap();
+    store.bind_address("off1d", "bob", 2, 14).await.unwrap();
+    let resolve = |address: &'static str| {
+        let store = store.clone();
+        async move { store.resolve_address(address).await.unwrap() }
+    };
+    assert_eq!(resolve("off1a").await, None);
+    assert_eq!(resolve("off1b").await.as_deref(), Some("carol"));
+    assert_eq!(resolve("off1c").await.as_deref(), Some("bob"));
+    assert_eq!(resolve("off1d").await.as_deref(), Some("bob"));
+    let seq = store
+        .append(Named::Address("off1d".into()), &envelope("alice", "m"))
+        .await
+        .unwrap();
+    assert_eq!(seq, Appended::Accepted { seq: 1 });
+}
+
+/// `MessageSent` means replicated and durable: frames sent while the journal stream's leader,
+/// one of three servers, is SIGKILLed mid-stream, and resent by the sender when an answer
+/// failed, are all journaled, in order, also after the server came back. A second copy may exist
+/// only of a frame whose answer the sender lost (`docs/cluster.md#relay-side-dedup`), never of
+/// one answered at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_sigkilled_mid_stream_loses_nothing_and_copies_only_frames_whose_answer_was_lost()
+{
+    const FRAMES: usize = 120;
+    let mut cluster = NatsCluster::start(3).await;
+    let store = open(&cluster, 3, 10_000).await;
+    store.ensure_account("bob", 1).await.unwrap();
+    let (progress, mut sent) = tokio::sync::watch::channel(0usize);
+    let sender = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut unanswered = HashSet::new();
+            for i in 0..FRAMES {
+                let frame = envelope("alice", &format!("m{i:03}"));
+                // A sender resends until it has an answer, as a client does after a failed
+                // send; the answer may be a duplicate of a copy whose answer was lost.
+                let deadline = Instant::now() + CLUSTER_DEADLINE;
+                loop {
+                    match store.append(to("bob"), &frame).await {
+                        Ok(Appended::Accepted { .. } | Appended::Duplicate) => break,
+                        Ok(other) => panic!("m{i}: {other:?}"),
+                        Err(e) => {
+                            assert!(Instant::now() < deadline, "m{i}: {e}");
+                            unanswered.insert(frame.message_id.clone());
+                        }
+                    }
+                }
+                progress.send_replace(i + 1);
+            }
+            unanswered
+        })
+    };
+    within_cluster_deadline(sent.wait_for(|&n| n >= FRAMES / 3))
+        .await
+        .unwrap();
+    // The journal stream's leader: the server whose loss costs an election mid-stream.
+    let leader = journal_leader(&cluster).await;
+    cluster.kill(leader);
+    within_cluster_deadline(sent.wait_for(|&n| n >= 2 * FRAMES / 3))
+        .await
+        .unwrap();
+    cluster.restart(leader).await;
+    let unanswered = within_cluster_deadline(sender).await.unwrap();
+
+    let frames = held(&store, "bob").await;
+    assert!(frames.windows(2).all(|w| w[0].0 < w[1].0));
+    let mut seen = HashSet::new();
+    let mut first_copies = Vec::new();
+    for (_, id) in &frames {
+        if seen.insert(id.clone()) {
+            first_copies.push(id.clone());
+        } else {
+            assert!(
+                unanswered.contains(id),
+                "{id} was answered at once, yet journaled twice"
+            );
+        }
+    }
+    let expected: Vec<String> = (0..FRAMES).map(|i| format!("m{i:03}")).collect();
+    assert_eq!(first_copies, expected, "every frame, in order");
+}
+
+/// The index of the server leading the journal stream.
+async fn journal_leader(cluster: &NatsCluster) -> usize {
+    let client = async_nats::connect(cluster.urls()).await.unwrap();
+    let mut stream = jetstream::new(client)
+        .get_stream("courier-journal")
+        .await
+        .unwrap();
+    let info = stream.info().await.unwrap();
+    let leader = info.cluster.as_ref().and_then(|c| c.leader.clone());
+    let leader = leader.expect("a replicated stream has a leader");
+    // The harness names its servers n0, n1, n2.
+    leader[1..].parse().unwrap()
+}
+
+async fn within_cluster_deadline<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(CLUSTER_DEADLINE, f)
+        .await
+        .expect("within the cluster deadline")
+}
+
+/// `docs/cluster.md#live-delivery`: a frame appended through one relay node, connected to one
+/// NATS server, is announced to another node connected to another server, which reads it from the
+/// journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_appended_through_one_node_is_announced_to_a_node_on_another_server() {
+    let cluster = NatsCluster::start(3).await;
+    let on_server = |server: usize| {
+        let url = cluster.url(server);
+        async move {
+            JetStreamStore::open(&ClusterConfig {
+                servers: vec![url],
+                name: ClusterConfig::DEFAULT_NAME.into(),
+                replicas: 3,
+                mailbox: MailboxLimits {
+                    max_journal_bytes: 256 * 1024 * 1024,
+                    ..MailboxLimits::default()
+                },
+                addresses: AddressLimits::default(),
+                presence_ttl: ClusterConfig::DEFAULT_PRESENCE_TTL,
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let (node_a, node_b) = (on_server(0).await, on_server(2).await);
+    node_a.ensure_account("bob", 1).await.unwrap();
+    let mut appends = node_b.appended("bob").await.unwrap();
+    let seq = accepted(&node_a, "bob", &envelope("alice", "m0")).await;
+    let announced = within_cluster_deadline(appends.next()).await;
+    assert_eq!(announced, Some(seq));
+    let frames = node_b.fetch("bob", 0, seq, 0).await.unwrap();
+    assert_eq!(frames.len(), 1);
+    assert_eq!(
+        (frames[0].seq, frames[0].message_id.as_str()),
+        (Some(seq), "m0")
+    );
+    // A duplicate is not announced again: the next notice is the next frame's.
+    node_a
+        .append(to("bob"), &envelope("alice", "m0"))
+        .await
+        .unwrap();
+    let next = accepted(&node_a, "bob", &envelope("alice", "m1")).await;
+    assert_eq!(within_cluster_deadline(appends.next()).await, Some(next));
+}
+
+/// `docs/cluster.md#presence`: the latest connection of an account is its presence, an older
+/// connection ending does not remove a newer one, and the accounts of a node that stopped
+/// beating (a node killed) go offline on their own, while a live node's stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_accounts_of_a_node_that_stops_beating_go_offline_on_their_own() {
+    let cluster = NatsCluster::start(1).await;
+    let store = JetStreamStore::open(&ClusterConfig {
+        servers: cluster.urls(),
+        name: ClusterConfig::DEFAULT_NAME.into(),
+        replicas: 1,
+        mailbox: MailboxLimits {
+            max_journal_bytes: 256 * 1024 * 1024,
+            ..MailboxLimits::default()
+        },
+        addresses: AddressLimits::default(),
+        presence_ttl: std::time::Duration::from_secs(2),
+    })
+    .await
+    .unwrap();
+    let node_a = store.start_heartbeat("node-a").await.unwrap();
+    let _node_b = store.start_heartbeat("node-b").await.unwrap();
+    let on = |node: &str, connection: u64| Presence {
+        node: node.into(),
+        connection,
+        since_ms: connection * 10,
+    };
+    store.connected("bob", on("node-a", 1)).await.unwrap();
+    assert_eq!(store.present("bob").await.unwrap(), Some(on("node-a", 1)));
+    // bob connects again through node B, then its old connection on node A ends.
+    store.connected("bob", on("node-b", 2)).await.unwrap();
+    store.disconnected("bob", "node-a", 1).await.unwrap();
+    assert_eq!(store.present("bob").await.unwrap(), Some(on("node-b", 2)));
+    store.connected("carol", on("node-a", 3)).await.unwrap();
+    assert!(store.present("dave").await.unwrap().is_none());
+
+    drop(node_a);
+    let deadline = Instant::now() + CLUSTER_DEADLINE;
+    while store.present("carol").await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "carol still present on a dead node"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(store.present("bob").await.unwrap(), Some(on("node-b", 2)));
+    store.disconnected("bob", "node-b", 2).await.unwrap();
+    assert!(store.present("bob").await.unwrap().is_none());
+}
+
+/// `docs/cluster.md#presence`: the node holding an account's connection learns from the
+/// presence record that a connection through another node displaced it, and when the account's
+/// connection ends, whatever node each store runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_watching_an_accounts_presence_sees_a_connection_through_another_node_displace_it() {
+    let cluster = NatsCluster::start(3).await;
+    let on_server = |server: usize| {
+        let url = cluster.url(server);
+        async move {
+            JetStreamStore::open(&ClusterConfig {
+                servers: vec![url],
+                name: ClusterConfig::DEFAULT_NAME.into(),
+                replicas: 3,
+                mailbox: MailboxLimits {
+                    max_journal_bytes: 256 * 1024 * 1024,
+                    ..MailboxLimits::default()
+                },
+                addresses: AddressLimits::default(),
+                presence_ttl: ClusterConfig::DEFAULT_PRESENCE_TTL,
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let (node_a, node_b) = (on_server(0).await, on_server(1).await);
+    let on = |node: &str, connection: u64| Presence {
+        node: node.into(),
+        connection,
+        since_ms: connection,
+    };
+    node_a.connected("bob", on("node-a", 1)).await.unwrap();
+    let mut changes = node_a.watch_presence("bob").await.unwrap();
+    node_b.connected("bob", on("node-b", 2)).await.unwrap();
+    // The watch may start with the record as it stood (node A's own connection): node A reads
+    // on until a record names another connection.
+    let mine = Some(on("node-a", 1));
+    let change = within_cluster_deadline(async {
+        loop {
+            let change = changes.next().await.unwrap().unwrap();
+            if change != mine {
+                return change;
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        change,
+        Some(on("node-b", 2)),
+        "node A learns it was displaced"
+    );
+    node_b.disconnected("bob", "node-b", 2).await.unwrap();
+    let change = within_cluster_deadline(changes.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(change, None);
+}
