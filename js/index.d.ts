@@ -197,8 +197,12 @@ export interface ProtocolConfig {
   }
   transports?: {
     internet?: {
-      /** Relay WebSocket URL. `ws://` is accepted only for loopback hosts. */
-      url: string
+      /**
+       * Relay WebSocket URL, or a list of up to 16: the nodes of one relay cluster. The client
+       * starts at one picked at random and moves to the next when a connection fails or drops
+       * (`docs/protocol.md#reconnection`). `ws://` is accepted only for loopback hosts.
+       */
+      url: string | string[]
       /** JWT for the relay; required with `url`. */
       /**
        * The relay token: a JWT, or a function returning one (or a Promise of one), called at

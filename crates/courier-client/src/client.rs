@@ -207,7 +207,7 @@ impl Client {
             .map(|(internet, token)| {
                 let (tx, rx) = tokio_mpsc::unbounded_channel();
                 let settings = RelaySettings {
-                    url: internet.url.clone(),
+                    urls: internet.urls.clone(),
                     token,
                     tls: tls.clone(),
                     auto_reconnect: internet.auto_reconnect,

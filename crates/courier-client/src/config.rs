@@ -71,11 +71,16 @@ impl fmt::Debug for IdentitySealKey {
     }
 }
 
+/// At most this many relay URLs in `transports.internet.url`.
+pub const MAX_RELAY_URLS: usize = 16;
+
 /// `transports.internet`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct InternetConfig {
-    /// The relay URL as given (`ws://` or `wss://`).
-    pub url: String,
+    /// The relay URLs as given (`ws://` or `wss://`): one relay, or the nodes of one relay
+    /// cluster the carrier fails over between (`docs/protocol.md#reconnection`). Never empty,
+    /// no URL twice, at most [`MAX_RELAY_URLS`].
+    pub urls: Vec<String>,
     pub auth_token: AuthToken,
     /// Extra trust anchors (PEM) for `wss://`, added to the system roots.
     pub ca_certificates: Option<String>,
@@ -83,9 +88,9 @@ pub struct InternetConfig {
     /// How long an offline hint keeps the relay carrier down without a `true` hint
     /// ([`OFFLINE_REDIAL`]; not an option of the JS config, tests shorten it).
     pub offline_redial: std::time::Duration,
-    /// The host is `localhost`, in `127.0.0.0/8` or `::1`.
+    /// Every URL's host is `localhost`, in `127.0.0.0/8` or `::1`.
     pub host_is_loopback: bool,
-    /// `wss://`.
+    /// Some URL is `wss://`.
     pub tls: bool,
 }
 
@@ -117,7 +122,7 @@ impl std::fmt::Debug for InternetConfig {
     // The token is a bearer credential: never in logs.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InternetConfig")
-            .field("url", &self.url)
+            .field("urls", &self.urls)
             .field("auth_token", &self.auth_token)
             .field(
                 "ca_certificates",
@@ -433,10 +438,17 @@ fn parse_internet(
     else {
         return Ok(None);
     };
-    let url = internet
-        .string("url")?
-        .ok_or_else(|| internet.error("url", "is required"))?;
-    let (tls, host_is_loopback) = check_relay_url(url).map_err(|m| internet.error("url", m))?;
+    let urls = relay_urls(&internet)?;
+    let mut tls = false;
+    let mut host_is_loopback = true;
+    for (i, url) in urls.iter().enumerate() {
+        let (url_tls, loopback) = check_relay_url(url).map_err(|m| match urls.len() {
+            1 => internet.error("url", m),
+            _ => internet.error(&format!("url[{i}]"), m),
+        })?;
+        tls |= url_tls;
+        host_is_loopback &= loopback;
+    }
 
     const TOKEN_KIND: &str = "must be a non-empty string or a function returning one";
     let auth_token = match internet.get("authToken") {
@@ -468,7 +480,7 @@ fn parse_internet(
     let auto_reconnect = internet.bool("autoReconnect")?.unwrap_or(true);
 
     Ok(Some(InternetConfig {
-        url: url.to_owned(),
+        urls,
         auth_token,
         ca_certificates,
         auto_reconnect,
@@ -476,6 +488,33 @@ fn parse_internet(
         host_is_loopback,
         tls,
     }))
+}
+
+/// `url`: one URL, or a list of the nodes of one relay cluster.
+fn relay_urls(internet: &Section<'_>) -> Result<Vec<String>, ConfigError> {
+    const KIND: &str = "must be a ws:// or wss:// URL, or a non-empty list of them";
+    let urls: Vec<String> = match internet.get("url") {
+        None => return Err(internet.error("url", "is required")),
+        Some(serde_json::Value::String(url)) => vec![url.clone()],
+        Some(serde_json::Value::Array(list)) if !list.is_empty() => list
+            .iter()
+            .map(|url| url.as_str().map(str::to_owned))
+            .collect::<Option<_>>()
+            .ok_or_else(|| internet.error("url", KIND))?,
+        Some(_) => return Err(internet.error("url", KIND)),
+    };
+    if urls.len() > MAX_RELAY_URLS {
+        return Err(internet.error(
+            "url",
+            format!("lists {} URLs; at most {MAX_RELAY_URLS}", urls.len()),
+        ));
+    }
+    for (i, url) in urls.iter().enumerate() {
+        if urls[..i].contains(url) {
+            return Err(internet.error("url", format!("lists {url} twice")));
+        }
+    }
+    Ok(urls)
 }
 
 fn parse_gateway(

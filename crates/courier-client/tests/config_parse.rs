@@ -118,7 +118,7 @@ fn the_api_example_parses() {
         "reliability": { "ack": { "defaultTimeoutMs": 5000 }, "retry": { "maxRetries": 5 } },
     }));
     let i = c.internet.as_ref().unwrap();
-    assert_eq!(i.url, "ws://127.0.0.1:43127");
+    assert_eq!(i.urls, ["ws://127.0.0.1:43127"]);
     assert!(i.auto_reconnect && i.host_is_loopback && !i.tls);
     assert_eq!(i.ca_certificates, None);
     assert_eq!(c.engine.ack_timeout_ms, 5000);
@@ -485,7 +485,7 @@ fn wss_is_accepted_for_any_host() {
         let c = ok(internet(url));
         let i = c.internet.unwrap();
         assert!(i.tls, "{url}");
-        assert_eq!(i.url, url);
+        assert_eq!(i.urls, [url]);
     }
 }
 
@@ -547,7 +547,7 @@ fn other_urls_are_refused() {
     refused(
         internet_with(json!({ "url": 42 })),
         "transports.internet.url",
-        "must be a string",
+        "must be a ws:// or wss:// URL, or a non-empty list of them",
     );
     refused(
         with(json!({ "transports": { "internet": { "authToken": "t" } } })),
@@ -961,5 +961,67 @@ fn legacy_control_v1_is_refused_unless_the_app_opts_in() {
         with(json!({ "acceptLegacyControlV1": "yes" })),
         "acceptLegacyControlV1",
         "boolean",
+    );
+}
+
+fn internet_list(urls: Value) -> Value {
+    with(
+        json!({ "transports": { "internet": { "url": urls, "authToken": jwt(json!({"sub": "alice"})) } } }),
+    )
+}
+
+#[test]
+fn a_list_of_relay_nodes_is_kept_in_order_and_each_url_checked() {
+    let i = ok(internet_list(json!([
+        "ws://127.0.0.1:4001",
+        "wss://relay-b.example.com",
+        "ws://localhost:4003"
+    ])))
+    .internet
+    .unwrap();
+    assert_eq!(
+        i.urls,
+        [
+            "ws://127.0.0.1:4001",
+            "wss://relay-b.example.com",
+            "ws://localhost:4003"
+        ]
+    );
+    assert!(
+        i.tls && !i.host_is_loopback,
+        "some node is wss:// and not loopback"
+    );
+    let e = err(internet_list(json!([
+        "ws://127.0.0.1:4001",
+        "ws://10.0.0.2"
+    ])));
+    assert_eq!(
+        e.to_string(),
+        "transports.internet.url[1] ws:// is only allowed for loopback hosts; use wss://"
+    );
+}
+
+#[test]
+fn an_empty_repeated_mixed_or_overlong_list_of_relay_nodes_is_refused() {
+    let kind = "transports.internet.url must be a ws:// or wss:// URL, or a non-empty list of them";
+    assert_eq!(err(internet_list(json!([]))).to_string(), kind);
+    assert_eq!(
+        err(internet_list(json!(["ws://127.0.0.1:1", 2]))).to_string(),
+        kind
+    );
+    assert_eq!(
+        err(internet_list(json!([
+            "ws://127.0.0.1:1",
+            "ws://127.0.0.1:1"
+        ])))
+        .to_string(),
+        "transports.internet.url lists ws://127.0.0.1:1 twice"
+    );
+    let many: Vec<String> = (0..17)
+        .map(|i| format!("ws://127.0.0.1:{}", 4000 + i))
+        .collect();
+    assert_eq!(
+        err(internet_list(json!(many))).to_string(),
+        "transports.internet.url lists 17 URLs; at most 16"
     );
 }

@@ -6,6 +6,7 @@ use super::*;
 /// Connects and authenticates. `Ok(None)` when the client stopped meanwhile.
 pub(super) async fn connect(
     settings: &RelaySettings,
+    url: &str,
     rx: &mut mpsc::UnboundedReceiver<RelayOut>,
     driver: &DriverTx,
     presence: &mut PresenceWatch,
@@ -19,7 +20,7 @@ pub(super) async fn connect(
         let (mut ws, _) = timeout(
             CONNECT_TIMEOUT,
             tokio_tungstenite::connect_async_tls_with_config(
-                settings.url.as_str(),
+                url,
                 Some(config),
                 // Frames are small and latency-bound: Nagle would hold an ACK for tens of ms.
                 true,

@@ -59,11 +59,13 @@ const CLOSE_WAIT: Duration = Duration::from_secs(2);
 type Ws = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
 
 mod connect;
+mod nodes;
 mod session;
 pub mod token;
 mod writer;
 
 use connect::{close_code_for, close_loss, close_message, connect, diagnostic, Authenticated};
+use nodes::Nodes;
 use session::Session;
 use token::TokenSource;
 use writer::FrameWriter;
@@ -100,7 +102,8 @@ pub enum RelayOut {
 
 #[derive(Debug, Clone)]
 pub struct RelaySettings {
-    pub url: String,
+    /// One relay, or the nodes of one relay cluster ([`nodes`]); never empty.
+    pub urls: Vec<String>,
     pub token: TokenSource,
     pub tls: Option<Arc<rustls::ClientConfig>>,
     pub auto_reconnect: bool,
@@ -146,8 +149,10 @@ pub async fn run(
     // The carrier's, not a connection's: a reconnect while the driver or the application is
     // behind does not reopen reading (`carrier::intake`).
     let mut intake = Intake::default();
+    let mut nodes = Nodes::new(&settings.urls);
     loop {
-        let loss = match connect(&settings, &mut rx, &driver, &mut presence).await {
+        let url = nodes.current();
+        let loss = match connect(&settings, url, &mut rx, &driver, &mut presence).await {
             Ok(Some(ws)) => {
                 attempt = 0;
                 Session::new(ws, &settings.identity, &driver, &mut presence, &mut intake)
@@ -229,10 +234,14 @@ pub async fn run(
             }
             Loss::Offline => settings.auto_reconnect.then_some(settings.offline_redial),
             Loss::Dropped(reason) => {
+                let next = match nodes.fail_over() {
+                    Some(next) => format!("; next attempt at {next}"),
+                    None => String::new(),
+                };
                 diagnostic(
                     &driver,
                     DiagnosticLevel::Warn,
-                    format!("relay connection lost: {reason}"),
+                    format!("relay connection to {url} lost: {reason}{next}"),
                 );
                 settings.auto_reconnect.then(|| next_backoff(&mut attempt))
             }
