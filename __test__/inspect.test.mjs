@@ -93,6 +93,8 @@ test('inspect draws a lane per peer with the marks of each message, as Chromium 
   assert.ok(shows(image, MARKS.custody.color, ...band(carolLane)), "carol's custody mark")
   assert.ok(shows(image, MARKS.parked.color, ...band(dave)), "dave's park mark")
   assert.ok(!shows(image, MARKS.delivered.color, ...band(dave)), 'nothing was delivered to dave')
+  // Marks of one message closer in time than a few pixels are drawn apart: each attempt shows.
+  for (const lane of plan.lanes) assert.ok(shows(image, MARKS.attempt.color, ...band(lane)), `${lane.peer}'s attempt mark`)
   if (process.env.COURIER_SCREENSHOT_OUT) {
     const { copyFileSync } = await import('node:fs')
     copyFileSync(png, process.env.COURIER_SCREENSHOT_OUT)

@@ -8,12 +8,14 @@
 const WIDTH = 1200
 const LABEL_WIDTH = 200
 const PLOT_LEFT = LABEL_WIDTH + 10
-const PLOT_RIGHT = WIDTH - 30
+const PLOT_RIGHT = WIDTH - 200
 const HEADER = 64
 const ROW = 18
 const LANE_PAD = 10
 const MAX_ROWS = 8
 const LEGEND_HEIGHT = 56
+/** The least distance between two marks of one message, in pixels. */
+const MARK_GAP = 14
 
 /** Lane backgrounds, in lane order (peers sorted), repeating; light enough for the marks. */
 const LANE_COLORS = ['#dbeafe', '#fef3c7', '#dcfce7', '#fce7f3', '#e0e7ff', '#ccfbf1', '#fee2e2', '#ede9fe']
@@ -44,21 +46,22 @@ const short = (s, n) => (s.length > n ? `${s.slice(0, n - 1)}…` : s)
 const iso = (ms) => new Date(ms).toISOString().replace('T', ' ').replace(/\.\d+Z$/, ' UTC')
 
 /**
- * Where everything goes: the time range, and per peer (sorted) its lane's `y`, `height`,
+ * Where everything goes: the time range, and per peer (sorted by label) its lane's `y`, `height`,
  * `color` and messages, each with its row. The picture's test reads the lanes from here.
  */
 function layout(timelines, labels = {}) {
   const times = timelines.flatMap((t) => t.entries.map((e) => e.at))
   const start = times.length > 0 ? Math.min(...times) : 0
   const end = Math.max(times.length > 0 ? Math.max(...times) : 0, start + 1000)
-  const peers = [...new Set(timelines.map((t) => t.peer))].sort()
+  const name = (peer) => labels[peer] ?? peer
+  const peers = [...new Set(timelines.map((t) => t.peer))].sort((a, b) => name(a).localeCompare(name(b)))
   let y = HEADER
   const lanes = peers.map((peer, i) => {
     const messages = timelines
       .filter((t) => t.peer === peer)
       .sort((a, b) => (a.entries[0]?.at ?? 0) - (b.entries[0]?.at ?? 0))
     const rows = Math.min(messages.length, MAX_ROWS)
-    const lane = { peer, label: labels[peer] ?? peer, y, height: LANE_PAD * 2 + rows * ROW, color: LANE_COLORS[i % LANE_COLORS.length], messages }
+    const lane = { peer, label: name(peer), y, height: LANE_PAD * 2 + rows * ROW, color: LANE_COLORS[i % LANE_COLORS.length], messages }
     y += lane.height + 4
     return lane
   })
@@ -101,17 +104,24 @@ function svg(plan, title) {
       const first = message.entries[0]?.at ?? start
       const last = message.entries.at(-1)?.at ?? first
       out.push(`<g><title>${escape(`${message.direction} ${message.id} (${message.outcome ?? 'pending'})`)}</title>`)
-      out.push(`<line x1="${x(first)}" y1="${rowY}" x2="${Math.max(x(last), x(first) + 1)}" y2="${rowY}" stroke="#334155" stroke-width="1.5"/>`)
-      for (const entry of message.entries) {
-        const style = MARKS[entry.kind]
-        if (style) out.push(mark(style.shape, x(entry.at), rowY, style.color))
+      // Marks closer than MARK_GAP are pushed apart, in order: each stays visible.
+      // A long ledger packs its marks closer, so that none leaves the page.
+      const shown = message.entries.filter((e) => MARKS[e.kind])
+      const gap = Math.min(MARK_GAP, (WIDTH - 24 - x(first)) / Math.max(1, shown.length - 1))
+      const marks = []
+      for (const entry of shown) {
+        const at = Math.max(x(entry.at), marks.length > 0 ? marks.at(-1).x + gap : -Infinity)
+        marks.push({ x: Math.min(at, WIDTH - 24), style: MARKS[entry.kind] })
       }
+      const end = Math.max(x(last), x(first) + 1, marks.at(-1)?.x ?? 0)
+      out.push(`<line x1="${x(first)}" y1="${rowY}" x2="${end}" y2="${rowY}" stroke="#334155" stroke-width="1.5"/>`)
+      for (const { x: at, style } of marks) out.push(mark(style.shape, at, rowY, style.color))
       out.push('</g>')
     })
   }
   const legendY = height - LEGEND_HEIGHT + 20
-  const shown = ['attempt', 'parked', 'custody', 'redriven', 'retrying', 'delivered', 'failed', 'hook_refused', 'received']
-  shown.forEach((kind, i) => {
+  const legend = ['attempt', 'parked', 'custody', 'redriven', 'retrying', 'delivered', 'failed', 'hook_refused', 'received']
+  legend.forEach((kind, i) => {
     const lx = 16 + (i % 5) * 230
     const ly = legendY + Math.floor(i / 5) * 22
     const style = MARKS[kind]
