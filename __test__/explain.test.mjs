@@ -31,7 +31,7 @@ test('a message delivered live is explained with its carrier, its acknowledgemen
   await waitFor(alice.recorder, (e) => e.type === 'message_delivered' && e.messageId === id)
 
   const { sentence, facts } = await alice.protocol.explainMessage(id)
-  assert.match(sentence, /^delivered at \d\d:\d\d: acknowledged by bob over the relay; 1 attempt over the relay; .+ after it was sent$/)
+  assert.match(sentence, /^delivered at \d\d:\d\d: acknowledged by bob over the relay; 1 attempt over the relay; .+ after it was accepted$/)
   assert.equal(facts.state, 'delivered')
   assert.equal(facts.direction, 'outbound')
   assert.equal(facts.peer, 'bob')

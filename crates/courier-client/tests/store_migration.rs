@@ -396,7 +396,6 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
         added,
         vec![
             ("index", "group_sends_by_done"),
-            ("index", "ledger_messages_by_last_at"),
             ("index", "pending_inbound_by_received_at"),
             ("index", "processed_controls_by_at"),
             ("index", "received_messages_by_id"),
@@ -410,8 +409,8 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
             ("table", "group_send_members"),
             ("table", "group_sends"),
             ("table", "identity"),
-            ("table", "ledger_entries"),
-            ("table", "ledger_messages"),
+            ("table", "ledger"),
+            ("table", "ledger_seq"),
             ("table", "media_in"),
             ("table", "media_out"),
             ("table", "mls_state"),
@@ -446,8 +445,7 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
         "group_send_members",
         "received_messages",
         "processed_controls",
-        "ledger_messages",
-        "ledger_entries",
+        "ledger",
     ] {
         let empty: i64 = conn
             .query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))

@@ -115,7 +115,7 @@ fn tally(history: &History) -> Facts {
         hook_refusal: None,
         encrypted: false,
         decryption_failures: 0,
-        dropped: history.written.saturating_sub(history.entries.len() as u64),
+        dropped: history.kept.saturating_sub(history.entries.len() as u64),
     };
     let mut carriers = BTreeSet::new();
     for (_, _, kind) in &history.entries {
@@ -335,7 +335,7 @@ fn settled(
             }
             format!(
                 "delivered at {}: acknowledged by {from} over {}{route}; {tried}; {} after it \
-                 was sent",
+                 was accepted",
                 when(at, now),
                 carrier_phrase(carrier),
                 span(*latency_ms)

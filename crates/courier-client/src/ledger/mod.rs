@@ -167,8 +167,8 @@ pub struct Entry {
     pub kind: Kind,
 }
 
-/// A message's ledger as read back: its entries in order, and how many were dropped between
-/// the first and the kept tail.
+/// A message's ledger as read back: its entries in order (numbered by position), at most
+/// `PER_MESSAGE` of them: the first and the latest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct History {
     pub direction: Direction,
@@ -176,8 +176,9 @@ pub struct History {
     pub peer: String,
     pub outcome: Option<String>,
     pub entries: Vec<(u64, Millis, Kind)>,
-    /// Entries ever written: more than `entries.len()` when the middle was dropped.
-    pub written: u64,
+    /// Entries the store holds: more than `entries.len()` when the middle is left out (the
+    /// hourly prune then trims it from the file).
+    pub kept: u64,
 }
 
 impl History {
@@ -201,7 +202,7 @@ impl History {
             "direction": self.direction.as_str(),
             "peer": self.peer,
             "outcome": self.outcome,
-            "dropped": self.written.saturating_sub(self.entries.len() as u64),
+            "dropped": self.kept.saturating_sub(self.entries.len() as u64),
             "entries": entries,
         })
     }

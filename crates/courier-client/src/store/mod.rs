@@ -211,6 +211,8 @@ pub struct Store {
     path: Option<PathBuf>,
     /// Seals the session rows; known once the identity is loaded.
     rest_key: Option<mls::RestKey>,
+    /// Where the next ledger entries go, as last committed.
+    ledger: ledger::Cursor,
     _lock: Option<LockFile>,
 }
 
@@ -299,7 +301,9 @@ impl Store {
     ) -> Result<Store, StoreError> {
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         schema::migrate(&mut conn)?;
+        let ledger = ledger::Cursor::load(&conn)?;
         Ok(Store {
+            ledger,
             conn,
             wal_pages,
             path,
@@ -501,7 +505,7 @@ impl Store {
                 StoreOp::GroupSendDone { id } => groups::mark_done(&tx, id)?,
             }
         }
-        ledger::write(&tx, ledger_entries)?;
+        let advance = ledger::write(&tx, ledger_entries, &self.ledger)?;
         for id in &reports.done {
             outbox::mark_reported(&tx, id)?;
         }
@@ -509,6 +513,7 @@ impl Store {
             outbox::hold_event(&tx, id, event)?;
         }
         tx.commit()?;
+        self.ledger.advance(advance);
         Ok(())
     }
 
@@ -634,6 +639,7 @@ impl Store {
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let n = ledger::prune(&tx, older_than, max)?;
         tx.commit()?;
+        self.ledger.forget();
         Ok(n)
     }
 

@@ -349,31 +349,23 @@ fn v12_processed_controls(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     )
 }
 
-/// Version 13: the message ledger (`docs/delivery.md#a-messages-life`): one head row per
-/// message (its peer, first and last entry, entries ever written, outcome) and its entries,
-/// bounded per message by `ledger::PER_MESSAGE` and pruned with the settled outcomes.
+/// Version 13: the message ledger (`docs/delivery.md#a-messages-life`): entries numbered by
+/// `ledger_seq` and clustered under their message's anchor (see `store/ledger.rs`), bounded per
+/// message by `ledger::PER_MESSAGE` and pruned with the settled outcomes.
 fn v13_ledger(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     tx.execute_batch(
-        "CREATE TABLE ledger_messages (
+        "CREATE TABLE ledger (
+             anchor     INTEGER NOT NULL,
+             seq        INTEGER NOT NULL,
+             at         INTEGER NOT NULL,
              direction  TEXT    NOT NULL,
              message_id TEXT    NOT NULL,
              peer       TEXT    NOT NULL,
-             first_at   INTEGER NOT NULL,
-             last_at    INTEGER NOT NULL,
-             written    INTEGER NOT NULL,
-             outcome    TEXT,
-             PRIMARY KEY (direction, message_id)
-         ) WITHOUT ROWID;
-         CREATE INDEX ledger_messages_by_last_at ON ledger_messages (last_at);
-         CREATE TABLE ledger_entries (
-             direction  TEXT    NOT NULL,
-             message_id TEXT    NOT NULL,
-             seq        INTEGER NOT NULL,
-             at         INTEGER NOT NULL,
-             kind       TEXT    NOT NULL,
              detail     TEXT    NOT NULL,
-             PRIMARY KEY (direction, message_id, seq)
-         ) WITHOUT ROWID;",
+             PRIMARY KEY (anchor, seq)
+         ) WITHOUT ROWID;
+         CREATE TABLE ledger_seq (next INTEGER NOT NULL);
+         INSERT INTO ledger_seq (next) VALUES (0);",
     )
 }
 
