@@ -79,6 +79,10 @@ export declare class NativeProtocol {
    */
   answerConnection(answer: string, requestId: string): Promise<void>
   connectionRequests(): Promise<NativeConnectionRequest[]>
+  /** `explainMessage`: `{ sentence, facts }` as JSON text. */
+  explainMessage(id: string): Promise<string>
+  /** `messageTimeline`: the message's ledger as JSON text. */
+  messageTimeline(id: string): Promise<string>
   getMessageStatus(id: string): Promise<string>
   stats(): NativeStats
   internetStatusChanged(online: boolean): void
@@ -283,6 +287,13 @@ export interface NativeStats {
   /** Group messages awaiting a relay report or with copies still in the outbox. */
   groupSends: number
 }
+
+/**
+ * The ledgers of the `limit` messages of the client database at `path` that changed last, as
+ * a JSON array of `messageTimeline` objects. Read-only, without the one-writer lock: a running
+ * client may hold the file.
+ */
+export declare function readMessageLedgers(path: string, limit: number): string
 
 export declare function relayCliHelp(): string
 

@@ -840,5 +840,6 @@ module.exports.NativeProtocol = nativeBinding.NativeProtocol
 module.exports.NativeRelay = nativeBinding.NativeRelay
 module.exports.gatewayCliHelp = nativeBinding.gatewayCliHelp
 module.exports.issueToken = nativeBinding.issueToken
+module.exports.readMessageLedgers = nativeBinding.readMessageLedgers
 module.exports.relayCliHelp = nativeBinding.relayCliHelp
 module.exports.relayCliInit = nativeBinding.relayCliInit

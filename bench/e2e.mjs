@@ -20,6 +20,8 @@ const args = new Map(process.argv.slice(2).map((a) => a.replace(/^--/, '').split
 const ACCEPTS = Number(args.get('accepts') ?? 20_000)
 const MESSAGES = Number(args.get('messages') ?? 5_000)
 const WINDOW = Number(args.get('window') ?? 400)
+// `--only=accepts` runs the accept throughput alone; `--only=latency` the one-at-a-time rows.
+const ONLY = args.get('only')
 
 const percentile = (sorted, p) => sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]
 
@@ -130,8 +132,10 @@ async function endToEnd(name, rateLimit, messages = MESSAGES, window = WINDOW, e
 }
 
 try {
-  const accept = await acceptThroughput()
-  console.log(`sendMessage durable accepts: ${accept.accepts} in ${accept.seconds.toFixed(2)} s = ${Math.round(accept.perSecond)}/s (window ${WINDOW})`)
+  if (ONLY === undefined || ONLY === 'accepts') {
+    const accept = await acceptThroughput()
+    console.log(`sendMessage durable accepts: ${accept.accepts} in ${accept.seconds.toFixed(2)} s = ${Math.round(accept.perSecond)}/s (window ${WINDOW})`)
+  }
   // The relay's default per-connection budget (1000 frames/s, clients meter at 93 %) bounds a
   // single sender; the second run lifts it to show what the engine and storage sustain.
   const lifted = { burst: 100_000, perSec: 100_000 }
@@ -143,7 +147,8 @@ try {
     ['saturated, relay rate limit lifted, sealed', lifted, MESSAGES, WINDOW, true],
     ['one message at a time, sealed', undefined, 500, 1, true],
   ]
-  for (const [name, rateLimit, messages, window, encryption] of runs) {
+  const chosen = runs.filter(([, , , window]) => ONLY === undefined || (ONLY === 'latency' && window === 1))
+  for (const [name, rateLimit, messages, window, encryption] of chosen) {
     const e2e = await endToEnd(name.replace(/\W+/g, '-'), rateLimit, messages, window, encryption)
     console.log(`end to end (${name}, window ${window}): ${e2e.messages} delivered in ${e2e.seconds.toFixed(2)} s = ${Math.round(e2e.deliveredPerSecond)}/s; send→ACK latency p50 ${e2e.p50} ms, p99 ${e2e.p99} ms`)
   }

@@ -5,8 +5,9 @@
 // `sendMessage` resolved that delivers after it restarts, and a first message to a device that
 // has never been online, sent the moment it appears, and a file sent with `sendMedia` whose
 // progress both sides show live while its recipient drops off the network partway. Prints a
-// timeline; exits 0.
-import { spawn } from 'node:child_process'
+// timeline, explains two of alice's messages from her ledger, and draws her ledger as an HTML
+// page with `courier-relay inspect` (its path is printed; it outlives the run); exits 0.
+import { spawn, spawnSync } from 'node:child_process'
 import { createHash, randomBytes } from 'node:crypto'
 import { createReadStream, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -219,8 +220,20 @@ try {
   if (kept !== sent || received.sha256 !== sent) throw new Error(`bob's copy does not match: ${kept}, sent ${sent}`)
   log('bob', `${mib(received.size)}, "${received.caption}", SHA-256 ${kept.slice(0, 16)}… matches the original`)
 
+  print('\n— 7. each message\'s life, from alice\'s ledger —')
+  for (const id of [stored, waiting]) {
+    const { sentence } = await alice.protocol.explainMessage(id)
+    log('alice', `${id.slice(0, 8)}: ${sentence.replaceAll(/off1[a-z0-9]{40}/g, who)}`)
+  }
+
   await Promise.all([alice.protocol.stop(), bob.protocol.stop(), carol.protocol.stop(), dave.protocol.stop()])
   print('\nEvery message settled in exactly one terminal event, message_delivered, and the file in file_delivered.')
+  const picture = join(tmpdir(), `offline-courier-demo-${process.pid}.html`)
+  const cli = fileURLToPath(new URL('../js/relay-cli.js', import.meta.url))
+  const labels = [...names].flatMap(([address, name]) => ['--label', `${address}=${name}`])
+  const inspect = spawnSync(process.execPath, [cli, 'inspect', join(dir, 'alice.db'), '--out', picture, ...labels], { encoding: 'utf8' })
+  if (inspect.status !== 0) throw new Error(`courier-relay inspect failed: ${inspect.stderr}`)
+  print(`alice's messages as a picture (courier-relay inspect alice.db): ${picture}`)
 } finally {
   screen.settle()
   await relay.stop()

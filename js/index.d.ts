@@ -76,6 +76,136 @@ export class ProtocolError extends Error {
 export type Priority = 'low' | 'medium' | 'high' | 'critical'
 /** What a message holds, as the app says (`SendOptions.contentType`). */
 export type ContentType = 'text' | 'image' | 'video' | 'audio' | 'voice_note' | 'video_note' | 'file' | 'poll'
+/** What `Protocol.explainMessage` answers: a sentence for a person and the facts behind it. */
+export interface MessageExplanation {
+  /** One short sentence, times in UTC. */
+  sentence: string
+  facts: MessageFacts
+}
+
+/** The structured facts of `Protocol.explainMessage`; times are epoch milliseconds. */
+export interface MessageFacts {
+  id: string
+  direction: 'outbound' | 'inbound'
+  /** The recipient, or the sender of a message received. */
+  peer: string
+  /**
+   * `queued`, `in_flight`, `parked` (the relay said the recipient is unreachable), `custody`
+   * (the relay's mailbox holds it), `awaiting_session`, `delivered`, `failed`; for a message
+   * received: `buffered` (waiting for the durability hook), `received`, `expired`,
+   * `undecryptable`.
+   */
+  state:
+    | 'queued'
+    | 'in_flight'
+    | 'parked'
+    | 'custody'
+    | 'awaiting_session'
+    | 'delivered'
+    | 'failed'
+    | 'buffered'
+    | 'received'
+    | 'expired'
+    | 'undecryptable'
+  /** When it entered `state`. */
+  since: number
+  firstAt: number
+  lastAt: number
+  /** Writes by a carrier, probes included. */
+  attempts: number
+  probes: number
+  redrives: number
+  /** ACK timeouts that scheduled a retry. */
+  retries: number
+  /** The carriers that wrote it (`internet` is the relay). */
+  carriers: string[]
+  /** The relay held it in its mailbox at some point. */
+  custody: boolean
+  /** The relay's unreachable cause while it is parked. */
+  parkCause?: UndeliverableReasonCode
+  /** What re-drove it last out of a park. */
+  redrivenBy?: string
+  /** The next timed send (retry or probe), while it is live. */
+  nextAt?: number
+  /** When the outbox lifetime ends it at the latest, while it is live. */
+  expiresAt?: number
+  /** Why it failed (the `message_failed` reason). */
+  reason?: string
+  /** The carrier the ACK came over (sent), or the message itself (received). */
+  carrier?: string
+  latencyMs?: number
+  /** Durability hook batches that refused it, and the last reason given. */
+  hookRefusals: number
+  hookRefusal?: string
+  /** It arrived sealed end to end. */
+  encrypted: boolean
+  decryptionFailures: number
+  /** Entries dropped between the first and the latest kept (the ledger keeps 64 a message). */
+  dropped: number
+}
+
+/** One entry of a message's ledger (`Protocol.messageTimeline`); `at` is epoch milliseconds. */
+export type TimelineEntry = { seq: number; at: number } & (
+  | { kind: 'accepted' }
+  | { kind: 'attempt'; carrier: string; attempt: number; probe: boolean }
+  | { kind: 'answer'; disposition: 'live' | 'stored' | 'unreachable'; cause?: UndeliverableReasonCode }
+  | { kind: 'deferred'; reason: string; retryCount: number; nextRetryAt?: number }
+  | { kind: 'parked'; cause: UndeliverableReasonCode; nextProbeAt?: number }
+  | { kind: 'custody'; nextProbeAt?: number }
+  | { kind: 'redriven'; trigger: string }
+  | { kind: 'retrying'; ladderStep: number; nextRetryAt: number }
+  | { kind: 'delivered'; carrier: string; from: string; latencyMs: number }
+  | { kind: 'failed'; reason: string; retryCount: number }
+  | { kind: 'buffered'; carrier: string }
+  | { kind: 'hook_offered'; batch: number; origin: 'live' | 'drain' | 'redelivery' }
+  | { kind: 'hook_committed'; batch: number }
+  | { kind: 'hook_refused'; batch: number; reason: string }
+  | { kind: 'received'; carrier: string; encrypted: boolean }
+  | { kind: 'decryption_failed'; code: string; reason: string }
+  | { kind: 'expired' }
+)
+
+/** A message's ledger (`Protocol.messageTimeline`). */
+export interface MessageTimeline {
+  id: string
+  direction: 'outbound' | 'inbound'
+  peer: string
+  /** `delivered`, `failed`, `received`, `expired`, or `null` while it is live. */
+  outcome: 'delivered' | 'failed' | 'received' | 'expired' | null
+  /** Entries dropped between the first and the latest kept. */
+  dropped: number
+  entries: TimelineEntry[]
+}
+
+/** An OTLP/JSON attribute (`KeyValue`); 64-bit integers are strings, as OTLP/JSON spells them. */
+export interface OtlpAttribute {
+  key: string
+  value: { stringValue: string } | { intValue: string } | { boolValue: boolean }
+}
+
+/** OpenTelemetry `TracesData` in the OTLP/JSON encoding: one resource, one scope, one span. */
+export interface OtlpTraces {
+  resourceSpans: Array<{
+    resource: { attributes: OtlpAttribute[] }
+    scopeSpans: Array<{
+      scope: { name: string; version: string }
+      spans: Array<{
+        traceId: string
+        spanId: string
+        name: string
+        /** 4 (producer) for a message sent, 5 (consumer) for one received. */
+        kind: 4 | 5
+        startTimeUnixNano: string
+        endTimeUnixNano: string
+        attributes: OtlpAttribute[]
+        events: Array<{ timeUnixNano: string; name: string; attributes: OtlpAttribute[] }>
+        /** 1 (ok) delivered or received, 2 (error) failed or expired, 0 while it is live. */
+        status: { code: 0 | 1 | 2; message?: string }
+      }>
+    }>
+  }>
+}
+
 /** Where a message stands (`Protocol.getMessageStatus`); `unknown`: this storage never had it, or forgot its outcome. */
 export type MessageStatus = 'queued' | 'in_flight' | 'parked' | 'delivered' | 'failed' | 'unknown'
 /** The `logLevel` threshold. `'trace'` is accepted and lets everything through, as `'debug'` does. */
@@ -790,6 +920,25 @@ export class Protocol {
   connectionRequests(): Promise<ConnectionRequest[]>
   /** Answered from storage; survives restarts. */
   getMessageStatus(id: string): Promise<MessageStatus>
+  /**
+   * Explains message `id` from its ledger (`docs/delivery.md#a-messages-life`): a short sentence
+   * ("parked since 10:03: the relay says bob has no mailbox; 3 attempts over the relay; next
+   * probe 10:18; will fail at the outbox lifetime on Dec 8", times in UTC) and the facts behind
+   * it, for any message the ledger still holds, delivered and failed ones included. Rejects with
+   * `ERR_MESSAGE_NOT_FOUND` when it holds none.
+   */
+  explainMessage(id: string): Promise<MessageExplanation>
+  /**
+   * Message `id`'s ledger: every attempt, answer, park, probe, re-drive, retry and outcome (for
+   * a message received: buffering, hook batches, decryption), oldest first. Rejects with
+   * `ERR_MESSAGE_NOT_FOUND` when the ledger holds none.
+   */
+  messageTimeline(id: string, options?: { format?: 'json' }): Promise<MessageTimeline>
+  /**
+   * The ledger as OpenTelemetry trace data in the OTLP/JSON encoding: one span for the message,
+   * each entry a span event, for the app's own exporter. Nothing is sent anywhere.
+   */
+  messageTimeline(id: string, options: { format: 'otlp' }): Promise<OtlpTraces>
   /**
    * Creates an end-to-end encrypted group with this device as its admin and `members` (`off1`
    * addresses, this device not among them); resolves with the group's id once every member is

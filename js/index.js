@@ -10,7 +10,9 @@ const { ProtocolError, call, callSync, invalid } = require('./error.js')
 const { checkEventType } = require('./event-types.js')
 const { checkLogger, log } = require('./logger.js')
 const { Sends } = require('./sends.js')
+const { toOtlp } = require('./timeline.js')
 const { Waits, signalOption } = require('./waits.js')
+const PACKAGE_VERSION = require('../package.json').version
 
 const isPlainObject = (v) => v !== null && typeof v === 'object' && !Array.isArray(v)
 const SEND_OPTIONS = new Set(['priority', 'id', 'contentType', 'metadata', 'replyTo', 'quote', 'mentions', 'extras'])
@@ -358,6 +360,30 @@ class Protocol {
   async getMessageStatus(id) {
     if (typeof id !== 'string') throw invalid('id must be a string')
     return call(this.#native.getMessageStatus(id))
+  }
+
+  /**
+   * Explains message `id` from its ledger: a short sentence and the facts behind it, for any
+   * message the ledger still holds (delivered and failed ones included). `ERR_MESSAGE_NOT_FOUND`
+   * when it holds none.
+   */
+  async explainMessage(id) {
+    if (typeof id !== 'string') throw invalid('id must be a string')
+    return JSON.parse(await call(this.#native.explainMessage(id)))
+  }
+
+  /**
+   * Message `id`'s ledger as JSON, or with `{ format: 'otlp' }` as OpenTelemetry trace data
+   * (OTLP/JSON: one span, its entries as span events). `ERR_MESSAGE_NOT_FOUND` when the ledger
+   * holds none.
+   */
+  async messageTimeline(id, options = {}) {
+    if (typeof id !== 'string') throw invalid('id must be a string')
+    if (!isPlainObject(options)) throw invalid('options must be an object')
+    const format = options.format ?? 'json'
+    if (format !== 'json' && format !== 'otlp') throw invalid("options.format must be 'json' or 'otlp'")
+    const timeline = JSON.parse(await call(this.#native.messageTimeline(id)))
+    return format === 'otlp' ? toOtlp(timeline, PACKAGE_VERSION) : timeline
   }
 
   /**

@@ -26,6 +26,7 @@ mod app;
 mod error;
 pub mod gateway;
 mod groups;
+pub mod inspect;
 mod media;
 mod options;
 pub mod relay;
@@ -346,6 +347,26 @@ impl NativeProtocol {
                 .collect())
         };
         listed.await.into()
+    }
+
+    /// `explainMessage`: `{ sentence, facts }` as JSON text.
+    #[napi(ts_return_type = "Promise<string>")]
+    pub async fn explain_message(&self, id: String) -> Settled<String> {
+        let explained = async {
+            let explanation = self.started()?.explain(id).await.map_err(client_error)?;
+            serde_json::to_string(&explanation).map_err(|e| coded(Code::INTERNAL, e))
+        };
+        explained.await.into()
+    }
+
+    /// `messageTimeline`: the message's ledger as JSON text.
+    #[napi(ts_return_type = "Promise<string>")]
+    pub async fn message_timeline(&self, id: String) -> Settled<String> {
+        let timeline = async {
+            let timeline = self.started()?.timeline(id).await.map_err(client_error)?;
+            Ok(timeline.to_string())
+        };
+        timeline.await.into()
     }
 
     #[napi(ts_return_type = "Promise<string>")]

@@ -64,6 +64,16 @@ async function main(): Promise<void> {
   const id: string = await protocol.sendMessage('bob', 'hello', { priority: 'high', metadata: { k: 'v' } })
   const status = await protocol.getMessageStatus(id)
   if (status === 'delivered') off()
+  const { sentence, facts } = await protocol.explainMessage(id)
+  const parkedUntil: number | undefined = facts.state === 'parked' ? facts.expiresAt : undefined
+  void sentence, parkedUntil
+  const timeline = await protocol.messageTimeline(id)
+  for (const entry of timeline.entries) {
+    if (entry.kind === 'attempt') console.log(entry.carrier, entry.probe)
+  }
+  const otlp = await protocol.messageTimeline(id, { format: 'otlp' })
+  const traceId: string = otlp.resourceSpans[0].scopeSpans[0].spans[0].traceId
+  void traceId
   const controller = new AbortController()
   for await (const ev of protocol.events({ signal: controller.signal })) {
     if (ev.type === 'message_sent') controller.abort()

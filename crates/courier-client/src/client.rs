@@ -454,6 +454,24 @@ impl Client {
         rx.await.map_err(|_| ClientError::NotStarted)?
     }
 
+    /// `explainMessage`: message `id`'s life as a sentence and its facts, from the ledger
+    /// (`docs/delivery.md#a-messages-life`); `MessageNotFound` when the ledger has no `id`.
+    pub async fn explain(
+        &self,
+        id: String,
+    ) -> Result<crate::ledger::explain::Explanation, ClientError> {
+        let (reply, rx) = oneshot::channel();
+        self.driver.send(Command::Explain { id, reply });
+        rx.await.map_err(|_| ClientError::NotStarted)?
+    }
+
+    /// `messageTimeline`: message `id`'s ledger as JSON; `MessageNotFound` when it has none.
+    pub async fn timeline(&self, id: String) -> Result<serde_json::Value, ClientError> {
+        let (reply, rx) = oneshot::channel();
+        self.driver.send(Command::Timeline { id, reply });
+        rx.await.map_err(|_| ClientError::NotStarted)?
+    }
+
     /// Resolves once every call made before it has been applied and what the getters read
     /// ([`stats`](Self::stats), [`presence_watchlist`](Self::presence_watchlist)) reflects it.
     pub async fn sync(&self) -> Result<(), ClientError> {

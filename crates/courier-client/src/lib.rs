@@ -9,6 +9,7 @@ pub mod config;
 pub mod driver;
 pub mod error;
 pub mod event;
+pub mod ledger;
 pub mod media_send;
 pub mod send;
 pub mod store;

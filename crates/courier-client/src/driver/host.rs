@@ -53,6 +53,7 @@ pub(super) struct StepHost<'a> {
     pub now: Millis,
     /// Inputs for the next step: sends that could not be sealed.
     pub refeed: &'a mut Vec<Input>,
+    pub ledger: &'a mut crate::ledger::Observer,
 }
 
 impl Host<ClientEvent> for StepHost<'_> {
@@ -112,7 +113,10 @@ impl Host<ClientEvent> for StepHost<'_> {
             .chain(after_transmits)
             .filter_map(received)
             .collect();
+        let stepped: Vec<&ClientEvent> = events.iter().chain(after_transmits).collect();
+        let ledger = self.ledger.step(&ops, &stepped, self.now);
         let runtime = RuntimeChanges {
+            ledger: &ledger,
             sessions: &sessions,
             connections: self.connections.changes(),
             groups: self.groups.changes(),
@@ -213,6 +217,7 @@ impl Host<ClientEvent> for StepHost<'_> {
     }
 
     fn offer_hook(&mut self, batch: HookBatch) -> ControlFlow<CommitFailed> {
+        self.ledger.offered(&batch, self.now);
         self.app.hook_batch(batch);
         ControlFlow::Continue(())
     }

@@ -28,6 +28,8 @@ use crate::carrier::gateway::GatewayOut;
 use crate::carrier::relay::RelayOut;
 use crate::error::ClientError;
 use crate::event::ClientEvent;
+use crate::ledger::explain::{self, Explanation};
+use crate::ledger::Observer;
 use crate::send::{self, ContentCap, ForwardInput};
 use crate::store::{GroupSendStatus, MessageStatus, PendingRequest, Reports, Store, StoreError};
 
@@ -56,6 +58,16 @@ pub enum Command {
     Status {
         id: String,
         reply: oneshot::Sender<Result<MessageStatus, ClientError>>,
+    },
+    /// `explainMessage`, from the ledger and the live outbox row.
+    Explain {
+        id: String,
+        reply: oneshot::Sender<Result<Explanation, ClientError>>,
+    },
+    /// `messageTimeline`: the ledger of one message as JSON.
+    Timeline {
+        id: String,
+        reply: oneshot::Sender<Result<serde_json::Value, ClientError>>,
     },
     /// A runtime event, dispatched in order with the engine's.
     Emit(ClientEvent),
@@ -238,6 +250,8 @@ pub struct Driver {
     media: Media,
     /// Inputs a step left for the next one (sends that could not be sealed).
     refeed: Vec<Input>,
+    /// Derives each step's message ledger entries (`crate::ledger`).
+    ledger: Observer,
 }
 
 /// Where the driver's outputs go and how it is told things.
@@ -342,7 +356,9 @@ impl Driver {
         if let Ok(mut stats) = published.stats.lock() {
             *stats = engine.stats();
         }
+        let ledger = Observer::restore(&store.load_outbox().unwrap_or_default());
         Self {
+            ledger,
             retention: Retention {
                 age_ms: config.dedup_retention_ms(),
                 max_settled: MAX_SETTLED,
@@ -459,6 +475,7 @@ impl Driver {
                 self.after_input(step, now);
             }
             Command::Engine(input) => {
+                self.ledger.input(&input, now);
                 step.apply(&mut self.engine, input, now);
                 self.after_input(step, now);
             }
@@ -562,6 +579,17 @@ impl Driver {
                 // Every step commits before it answers, so storage is as current as the engine.
                 let _ = reply.send(self.store.status(&id).map_err(ClientError::from));
             }
+            Command::Explain { id, reply } => {
+                let _ = reply.send(self.explain(&id, now));
+            }
+            Command::Timeline { id, reply } => {
+                let history = self.store.history(&id).map_err(ClientError::from);
+                let _ = reply.send(history.and_then(|history| {
+                    history
+                        .map(|h| h.to_json())
+                        .ok_or(ClientError::MessageNotFound(id))
+                }));
+            }
             Command::Emit(event) => step.emit(&mut self.engine, event),
             Command::Barrier(reply) => owed.barriers.push(reply),
             Command::Sync(reply) => owed.synced.push(reply),
@@ -591,6 +619,9 @@ impl Driver {
             }
         }
         self.connections.sent_to(&req.recipient, now);
+        if !matches!(req.settled, Some(courier_engine::Settlement::Delivered)) {
+            self.ledger.accepted(&req.id, &req.recipient, now);
+        }
         // Answered after the commit, a duplicate included: it may name an entry accepted
         // earlier in this very step, durable only once the step commits.
         owed.accepted.push((req.id.clone(), reply));
@@ -719,6 +750,7 @@ impl Driver {
             media: &mut self.media,
             now,
             refeed: &mut self.refeed,
+            ledger: &mut self.ledger,
         };
         let outcome = step.finish(&mut self.engine, now, &mut host);
         if let (ControlFlow::Continue(()), Some(e2e), Some(relay)) =
@@ -850,6 +882,7 @@ impl Driver {
             }
         }
         let records = self.store.load_outbox().unwrap_or_default();
+        self.ledger.roll_back(&records);
         if let Err(e) = self.media.rollback(&self.store, &records, now) {
             self.app.event(ClientEvent::Diagnostic {
                 level: DiagnosticLevel::Error,
@@ -882,6 +915,16 @@ impl Driver {
         }
     }
 
+    /// `explainMessage` of `id`: its ledger, and its outbox row while it is live.
+    fn explain(&self, id: &str, now: Millis) -> Result<Explanation, ClientError> {
+        let history = self
+            .store
+            .history(id)?
+            .ok_or_else(|| ClientError::MessageNotFound(id.to_owned()))?;
+        let live = self.store.outbox_record(id)?;
+        Ok(explain::explain(&history, live.as_ref(), &self.config, now))
+    }
+
     fn prune(&mut self, now: Millis) {
         let older_than = now.saturating_sub(self.retention.age_ms);
         let settled = self
@@ -894,6 +937,9 @@ impl Driver {
             .store
             .prune_processed_controls(now.saturating_sub(CONTROL_REPLAY_WINDOW_MS));
         let media = self.store.prune_media(older_than);
+        let ledger = self
+            .store
+            .prune_ledger(older_than, crate::ledger::MAX_MESSAGES);
         self.media.forget_before(older_than);
         let received = self.store.prune_received(
             self.retention.max_received,
@@ -903,6 +949,7 @@ impl Driver {
             .and(processed)
             .and(controls)
             .and(media)
+            .and(ledger)
             .and(received)
         {
             self.app.event(ClientEvent::Diagnostic {

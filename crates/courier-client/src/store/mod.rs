@@ -28,6 +28,7 @@ mod dedup;
 mod groups;
 mod identity;
 mod inbound;
+mod ledger;
 mod lock;
 pub mod media;
 mod mls;
@@ -53,6 +54,7 @@ use courier_crypto::{Change, RowKey};
 pub use groups::{GroupChange, GroupRow, GroupSendStatus};
 pub use identity::KeyFileProblem;
 use identity::SealKeys;
+pub use ledger::read_recent as read_recent_ledgers;
 use lock::LockFile;
 pub use received::{Received, ReceivedMessage};
 pub use schema::SCHEMA_VERSION;
@@ -83,6 +85,8 @@ pub struct RuntimeChanges<'a> {
     pub received: &'a [Received<'a>],
     /// When the step ran: the received messages' time.
     pub now: Millis,
+    /// The step's message ledger entries (`crate::ledger`).
+    pub ledger: &'a [crate::ledger::Entry],
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -207,6 +211,8 @@ pub struct Store {
     path: Option<PathBuf>,
     /// Seals the session rows; known once the identity is loaded.
     rest_key: Option<mls::RestKey>,
+    /// Where the next ledger entries go, as last committed.
+    ledger: ledger::Cursor,
     _lock: Option<LockFile>,
 }
 
@@ -295,7 +301,9 @@ impl Store {
     ) -> Result<Store, StoreError> {
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         schema::migrate(&mut conn)?;
+        let ledger = ledger::Cursor::load(&conn)?;
         Ok(Store {
+            ledger,
             conn,
             wal_pages,
             path,
@@ -447,6 +455,7 @@ impl Store {
             media,
             received,
             now,
+            ledger: ledger_entries,
         } = *runtime;
         if ops.is_empty()
             && reports.held.is_empty()
@@ -456,6 +465,7 @@ impl Store {
             && groups.is_empty()
             && media.is_empty()
             && received.is_empty()
+            && ledger_entries.is_empty()
         {
             return Ok(());
         }
@@ -495,6 +505,7 @@ impl Store {
                 StoreOp::GroupSendDone { id } => groups::mark_done(&tx, id)?,
             }
         }
+        let advance = ledger::write(&tx, ledger_entries, &self.ledger)?;
         for id in &reports.done {
             outbox::mark_reported(&tx, id)?;
         }
@@ -502,6 +513,7 @@ impl Store {
             outbox::hold_event(&tx, id, event)?;
         }
         tx.commit()?;
+        self.ledger.advance(advance);
         Ok(())
     }
 
@@ -607,6 +619,28 @@ impl Store {
             }) => MessageStatus::Failed,
             None => MessageStatus::Unknown,
         })
+    }
+
+    /// The ledger of message `id` (`docs/delivery.md#a-messages-life`), while it is kept.
+    pub fn history(&self, id: &str) -> Result<Option<crate::ledger::History>, StoreError> {
+        ledger::history(&self.conn, id)
+    }
+
+    /// The outbox row of `id`, while it is live.
+    pub fn outbox_record(&self, id: &str) -> Result<Option<OutboxRecord>, StoreError> {
+        outbox::record_of(&self.conn, id)
+    }
+
+    /// Forgets the ledgers of settled messages last changed before `older_than`, then the
+    /// oldest beyond `max` messages. Returns how many messages.
+    pub fn prune_ledger(&mut self, older_than: Millis, max: usize) -> Result<usize, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = ledger::prune(&tx, older_than, max)?;
+        tx.commit()?;
+        self.ledger.forget();
+        Ok(n)
     }
 
     /// Bounds the settled table: deletes outcomes recorded before `older_than`, then the oldest

@@ -41,6 +41,10 @@ const LOAD_SQL: &str = "SELECT id, state, created_at, window_start, ack_attempts
         transport_retries, next_at, first_sent_at, last_sent_at, message_json
     FROM outbox ORDER BY created_at, rowid";
 
+const LOAD_ONE_SQL: &str = "SELECT id, state, created_at, window_start, ack_attempts,
+        transport_retries, next_at, first_sent_at, last_sent_at, message_json
+    FROM outbox WHERE id = ?1";
+
 pub(crate) fn state_str(state: EntryState) -> &'static str {
     match state {
         EntryState::Queued => "queued",
@@ -101,6 +105,12 @@ pub(crate) fn settle(
     conn.prepare_cached(SETTLE_SQL)?
         .execute(params![id, recipient, outcome, reason, to_db(at)])?;
     Ok(())
+}
+
+pub(crate) fn record_of(conn: &Connection, id: &str) -> Result<Option<OutboxRecord>, StoreError> {
+    let mut stmt = conn.prepare_cached(LOAD_ONE_SQL)?;
+    let mut rows = stmt.query_and_then([id], decode)?;
+    rows.next().transpose()
 }
 
 pub(crate) fn load(conn: &Connection) -> Result<Vec<OutboxRecord>, StoreError> {

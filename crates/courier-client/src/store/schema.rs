@@ -30,10 +30,14 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     v10_received,
     v11_media,
     v12_processed_controls,
+    v13_ledger,
 ];
 
 /// The schema version this build writes and understands.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
+
+/// The first version that keeps the message ledger.
+pub(crate) const LEDGER_VERSION: u32 = 13;
 
 /// Version 1: outbox, settled outcomes, processed inbound keys.
 fn v1_initial(tx: &Transaction<'_>) -> rusqlite::Result<()> {
@@ -342,6 +346,26 @@ fn v12_processed_controls(tx: &Transaction<'_>) -> rusqlite::Result<()> {
              PRIMARY KEY (chat, sender, message_id)
          ) WITHOUT ROWID;
          CREATE INDEX processed_controls_by_at ON processed_controls (at);",
+    )
+}
+
+/// Version 13: the message ledger (`docs/delivery.md#a-messages-life`): entries numbered by
+/// `ledger_seq` and clustered under their message's anchor (see `store/ledger.rs`), bounded per
+/// message by `ledger::PER_MESSAGE` and pruned with the settled outcomes.
+fn v13_ledger(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "CREATE TABLE ledger (
+             anchor     INTEGER NOT NULL,
+             seq        INTEGER NOT NULL,
+             at         INTEGER NOT NULL,
+             direction  TEXT    NOT NULL,
+             message_id TEXT    NOT NULL,
+             peer       TEXT    NOT NULL,
+             detail     TEXT    NOT NULL,
+             PRIMARY KEY (anchor, seq)
+         ) WITHOUT ROWID;
+         CREATE TABLE ledger_seq (next INTEGER NOT NULL);
+         INSERT INTO ledger_seq (next) VALUES (0);",
     )
 }
 
