@@ -38,7 +38,9 @@ function shows(png, color, top, bottom) {
   return false
 }
 
-test('inspect draws a lane per peer with the marks of each message, as Chromium renders it', { skip: !existsSync(CHROMIUM) && `${CHROMIUM} is missing: run scripts/install-chromium.sh` }, async (t) => {
+test('inspect draws a lane per peer with the marks of each message, as Chromium renders it', async (t) => {
+  // `npm test` installs it first (pretest:node runs scripts/install-chromium.sh).
+  assert.ok(existsSync(CHROMIUM), `${CHROMIUM} is missing: run scripts/install-chromium.sh`)
   const dir = tempDir(t)
   const relay = await startRelay(t)
   // carol's account is known to the relay and she is away: her message is held in custody.
