@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::context::PublishErrorKind;
-use async_nats::jetstream::stream::{DeleteMessageErrorKind, DirectGetErrorKind};
+use async_nats::jetstream::stream::{
+    DeleteMessageErrorKind, DirectGetErrorKind, LastRawMessageErrorKind,
+};
 use async_nats::jetstream::ErrorCode;
 use async_nats::HeaderMap;
 use serde::{Deserialize, Serialize};
@@ -26,6 +28,23 @@ const FETCH_BYTES: usize = 4 * 1024 * 1024;
 /// bound on its work on a frame (`docs/protocol.md#sending`).
 const ELECTION_WAIT: Duration = Duration::from_secs(4);
 const ELECTION_POLL: Duration = Duration::from_millis(50);
+
+/// How many times an append reads again after other appends to the same account took the
+/// subject's next sequence first, before it fails as contended.
+const CONTENDED_ATTEMPTS: u32 = 32;
+
+/// The header a frame carries its dedup key in, so a read finds the copy of a resend.
+const DEDUP_KEY_HEADER: &str = "Courier-Dedup-Key";
+
+/// What one conditional publish did.
+enum Attempt {
+    Stored(u64),
+    /// The journal holds this frame's copy already, at this stream sequence.
+    Held(u64),
+    Full,
+    /// Another append took the account's next sequence first.
+    Overtaken,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Appended {
@@ -118,84 +137,170 @@ impl JetStreamStore {
             .group
             .is_none()
             .then(|| token(&[&account, &envelope.sender, &envelope.message_id]));
-        if let Some(key) = &dedup_key {
-            if let Some(stream_seq) = self.recorded(key).await? {
-                if self.holds(&subject, stream_seq).await? {
+        let payload = serde_json::to_vec(&Frame::new(envelope)).map_err(request)?;
+        // The publish is conditional on the account's subject ending where this append read
+        // it: the frame lands right after what the dedup check saw, or not at all. A lost
+        // answer, an election, or another node's append in between is resolved by reading
+        // again, never by publishing blindly (`docs/cluster.md#relay-side-dedup`).
+        let unsettled_until = tokio::time::Instant::now() + ELECTION_WAIT;
+        let mut contended = 0;
+        let mut unsettled = false;
+        loop {
+            let outcome = self
+                .append_once(&subject, dedup_key.as_deref(), payload.clone())
+                .await;
+            match outcome {
+                Ok(Attempt::Stored(stream_seq)) => {
+                    let seq = seq_of(base, stream_seq);
+                    self.notify_appended(&account, seq).await;
+                    return Ok(Appended::Accepted { seq });
+                }
+                // After a publish without an answer the copy found may be this append's own, or
+                // another node's that took the same frame meanwhile: either way a duplicate for
+                // the sender, and the recipient's node is told in case no one told it.
+                Ok(Attempt::Held(stream_seq)) => {
+                    if unsettled {
+                        self.notify_appended(&account, seq_of(base, stream_seq))
+                            .await;
+                    }
                     return Ok(Appended::Duplicate);
                 }
-            }
-        }
-        let payload = serde_json::to_vec(&Frame::new(envelope)).map_err(request)?;
-        // The publish's id closes the race of two nodes journaling the same frame at once
-        // (JetStream answers the second as a duplicate of the first). JetStream remembers an id
-        // for its window even past a release, while the protocol makes a resend after a release
-        // a new frame: an id whose copy is released is chained into a new one, the same on every
-        // node, so concurrent resends after a release still meet.
-        let mut message_id = dedup_key.clone();
-        let leaderless_until = tokio::time::Instant::now() + ELECTION_WAIT;
-        let ack = loop {
-            let mut headers = HeaderMap::new();
-            if let Some(id) = &message_id {
-                headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
-            }
-            let ack = match self
-                .inner
-                .js
-                .publish_with_headers(subject.clone(), headers, payload.clone().into())
-                .await
-                .map_err(request)?
-                .await
-            {
-                Ok(ack) => ack,
-                Err(e) if refused_for_room(&e) => return Ok(Appended::MailboxFull),
-                // No server answered for the stream: it has no leader (an election after a
-                // server's loss), and nothing was stored, so publishing again is safe.
-                Err(e)
-                    if e.kind() == PublishErrorKind::StreamNotFound
-                        && tokio::time::Instant::now() < leaderless_until =>
-                {
-                    tokio::time::sleep(ELECTION_POLL).await;
-                    continue;
+                Ok(Attempt::Full) => return Ok(Appended::MailboxFull),
+                Ok(Attempt::Overtaken) => {
+                    contended += 1;
+                    if contended >= CONTENDED_ATTEMPTS {
+                        return Err(ClusterError::Contended(CONTENDED_ATTEMPTS));
+                    }
+                    // Appends racing in lockstep would overtake each other again: each waits a
+                    // random while, longer with every round it lost.
+                    tokio::time::sleep(contention_backoff(contended)).await;
                 }
-                Err(e) => return Err(request(e)),
-            };
-            if !ack.duplicate {
-                break ack;
-            }
-            if self.holds(&subject, ack.sequence).await? {
-                return Ok(Appended::Duplicate);
-            }
-            let released = ack.sequence.to_string();
-            message_id = message_id.map(|id| token(&[&id, &released]));
-        };
-        // The frame is journaled once acknowledged, whatever happens to its dedup record: an
-        // error here would make the sender resend a frame that is already there. Without the
-        // record, a resend within the publish window still meets the publish id.
-        if let Some(key) = dedup_key {
-            if let Err(e) = self
-                .inner
-                .dedup
-                .put(key, ack.sequence.to_string().into())
-                .await
-            {
-                tracing::warn!(error = %e, "a journaled frame's dedup record was not stored");
+                Err(e @ ClusterError::Corrupt(_)) => return Err(e),
+                // No leader, or an answer lost: the frame may or may not be stored. The next
+                // round's read tells, once a leader answers.
+                Err(e) if tokio::time::Instant::now() >= unsettled_until => return Err(e),
+                Err(_) => {
+                    unsettled = true;
+                    tokio::time::sleep(ELECTION_POLL).await;
+                }
             }
         }
-        let seq = seq_of(base, ack.sequence);
-        self.notify_appended(&account, seq).await;
-        Ok(Appended::Accepted { seq })
     }
 
-    /// The stream sequence the dedup bucket recorded for `key`, if any.
-    async fn recorded(&self, key: &str) -> Result<Option<u64>, ClusterError> {
-        let Some(value) = self.inner.dedup.get(key).await.map_err(request)? else {
-            return Ok(None);
+    /// One round of an append: read where the account's subject ends, look for the frame's
+    /// copy from the dedup record's mark up to there, mark the record, publish on condition.
+    async fn append_once(
+        &self,
+        subject: &str,
+        dedup_key: Option<&str>,
+        payload: Vec<u8>,
+    ) -> Result<Attempt, ClusterError> {
+        let last = self.subject_last(subject).await?;
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
+            last.to_string().as_str(),
+        );
+        if let Some(key) = dedup_key {
+            if let Some(mark) = self.mark(key).await? {
+                if let Some(stream_seq) = self.find(subject, key, mark, last).await? {
+                    return Ok(Attempt::Held(stream_seq));
+                }
+            }
+            // Before the publish: a copy of this frame can only land right after `last`, so a
+            // resend after a lost answer, through any node, finds it from here.
+            self.inner
+                .dedup
+                .put(key, last.to_string().into())
+                .await
+                .map_err(request)?;
+            headers.insert(DEDUP_KEY_HEADER, key);
+        }
+        let published = self
+            .inner
+            .js
+            .publish_with_headers(subject.to_string(), headers, payload.into())
+            .await
+            .map_err(request)?
+            .await;
+        match published {
+            Ok(ack) => Ok(Attempt::Stored(ack.sequence)),
+            Err(e) if refused_for_room(&e) => Ok(Attempt::Full),
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Ok(Attempt::Overtaken),
+            Err(e) => Err(request(e)),
+        }
+    }
+
+    /// The stream sequence of the account subject's last frame (0 for none), from the stream's
+    /// leader: a replica's direct answer may lag behind frames already acknowledged.
+    async fn subject_last(&self, subject: &str) -> Result<u64, ClusterError> {
+        match self
+            .inner
+            .journal
+            .get_last_raw_message_by_subject(subject)
+            .await
+        {
+            Ok(message) => Ok(message.sequence),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(0),
+            Err(e) => Err(request(e)),
+        }
+    }
+
+    /// The dedup record's mark for `key`: the subject's last stream sequence when the frame
+    /// was last published, read from the bucket's leader.
+    async fn mark(&self, key: &str) -> Result<Option<u64>, ClusterError> {
+        let dedup = &self.inner.dedup;
+        let record = format!("{}{key}", dedup.prefix);
+        let message = match dedup.stream.get_last_raw_message_by_subject(&record).await {
+            Ok(message) => message,
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
+            Err(e) => return Err(request(e)),
         };
-        std::str::from_utf8(&value)
+        // A deleted or purged record (never written by this store) reads as none.
+        if message.payload.is_empty() {
+            return Ok(None);
+        }
+        std::str::from_utf8(&message.payload)
             .ok()
             .and_then(|text| text.parse().ok())
             .map(Some)
             .ok_or_else(|| ClusterError::Corrupt(format!("dedup record {key}")))
+    }
+
+    /// The stream sequence of the subject's frame carrying `key` after stream sequence `mark`,
+    /// up to `last`. Usually one read: the copy, if stored, is the first frame after the mark.
+    async fn find(
+        &self,
+        subject: &str,
+        key: &str,
+        mark: u64,
+        last: u64,
+    ) -> Result<Option<u64>, ClusterError> {
+        let mut next = mark.saturating_add(1);
+        while next <= last {
+            let message = match self
+                .inner
+                .journal
+                .get_first_raw_message_by_subject(subject, next)
+                .await
+            {
+                Ok(message) => message,
+                Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
+                Err(e) => return Err(request(e)),
+            };
+            if message.sequence > last {
+                return Ok(None);
+            }
+            let carried = message
+                .headers
+                .get(DEDUP_KEY_HEADER)
+                .is_some_and(|value| value.as_str() == key);
+            if carried {
+                return Ok(Some(message.sequence));
+            }
+            next = message.sequence + 1;
+        }
+        Ok(None)
     }
 
     /// Whether the stream still holds a frame of `subject` at `stream_seq`.
@@ -296,6 +401,17 @@ impl JetStreamStore {
         }
         Ok(())
     }
+}
+
+/// A random wait below 1 ms × 2^(rounds lost), capped at 64 ms.
+fn contention_backoff(lost: u32) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let ceiling_us = 1000u64 << lost.min(6);
+    // A fresh `RandomState` is randomly keyed: its hash of nothing is a random number.
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    Duration::from_micros(random % ceiling_us)
 }
 
 /// Whether a publish was refused because the account's subject or the whole stream is at its

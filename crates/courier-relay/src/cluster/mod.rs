@@ -70,6 +70,8 @@ pub enum ClusterError {
     Setup(String),
     #[error("a JetStream request failed: {0}")]
     Request(String),
+    #[error("other appends to the account kept taking its next sequence first, {0} times")]
+    Contended(u32),
     #[error("a record in JetStream does not decode: {0}")]
     Corrupt(String),
 }
@@ -85,6 +87,7 @@ impl ClusterError {
             Self::Connect(_) => "cluster_connect",
             Self::Setup(_) => "cluster_setup",
             Self::Request(_) => "cluster_request",
+            Self::Contended(_) => "cluster_contended",
             Self::Corrupt(_) => "cluster_corrupt",
         }
     }
@@ -169,9 +172,10 @@ async fn until_placed<T, E: std::fmt::Display, F: std::future::Future<Output = R
     }
 }
 
-/// How long JetStream remembers a publish's `Nats-Msg-Id`: it covers two nodes journaling the
-/// same (recipient, sender, message_id) at the same moment, before either has recorded it in the
-/// dedup bucket (`docs/cluster.md#relay-side-dedup`).
+/// JetStream's own duplicate window, which may not exceed the frames' lifetime. The relay
+/// publishes no `Nats-Msg-Id`: its dedup is the conditional publish and the read that settles
+/// it (`docs/cluster.md#relay-side-dedup`), exact across leader elections, where the window is
+/// not.
 const PUBLISH_DEDUP_WINDOW: Duration = Duration::from_secs(120);
 
 impl JetStreamStore {
