@@ -331,6 +331,19 @@ struct Owed {
     /// acked, and only a new session makes the relay write it again.
     relay_inbound: bool,
     stop: Option<oneshot::Sender<()>>,
+    /// Reads of storage (`Status`, `Explain`, `Timeline`), answered once the step committed: a
+    /// send taken in the same step is in storage only then.
+    reads: Vec<Read>,
+}
+
+/// A read of storage a step answers after its commit.
+enum Read {
+    Status(String, oneshot::Sender<Result<MessageStatus, ClientError>>),
+    Explain(String, oneshot::Sender<Result<Explanation, ClientError>>),
+    Timeline(
+        String,
+        oneshot::Sender<Result<serde_json::Value, ClientError>>,
+    ),
 }
 
 impl Driver {
@@ -408,7 +421,11 @@ impl Driver {
             let stop = owed.stop.take();
             let synced = std::mem::take(&mut owed.synced);
             let barriers = std::mem::take(&mut owed.barriers);
+            let reads = std::mem::take(&mut owed.reads);
             self.finish(step, owed, now);
+            for read in reads {
+                self.answer_read(read, now);
+            }
             for reply in synced {
                 let _ = reply.send(());
             }
@@ -575,21 +592,9 @@ impl Driver {
             Command::ConnectionRequests { reply } => {
                 let _ = reply.send(self.connections.pending());
             }
-            Command::Status { id, reply } => {
-                // Every step commits before it answers, so storage is as current as the engine.
-                let _ = reply.send(self.store.status(&id).map_err(ClientError::from));
-            }
-            Command::Explain { id, reply } => {
-                let _ = reply.send(self.explain(&id, now));
-            }
-            Command::Timeline { id, reply } => {
-                let history = self.store.history(&id).map_err(ClientError::from);
-                let _ = reply.send(history.and_then(|history| {
-                    history
-                        .map(|h| h.to_json())
-                        .ok_or(ClientError::MessageNotFound(id))
-                }));
-            }
+            Command::Status { id, reply } => owed.reads.push(Read::Status(id, reply)),
+            Command::Explain { id, reply } => owed.reads.push(Read::Explain(id, reply)),
+            Command::Timeline { id, reply } => owed.reads.push(Read::Timeline(id, reply)),
             Command::Emit(event) => step.emit(&mut self.engine, event),
             Command::Barrier(reply) => owed.barriers.push(reply),
             Command::Sync(reply) => owed.synced.push(reply),
@@ -912,6 +917,26 @@ impl Driver {
                 message: format!("cannot reload storage after a failed commit: {e}"),
                 target: "courier_client::store",
             }),
+        }
+    }
+
+    /// Answers a read of storage, after the step that took it committed.
+    fn answer_read(&self, read: Read, now: Millis) {
+        match read {
+            Read::Status(id, reply) => {
+                let _ = reply.send(self.store.status(&id).map_err(ClientError::from));
+            }
+            Read::Explain(id, reply) => {
+                let _ = reply.send(self.explain(&id, now));
+            }
+            Read::Timeline(id, reply) => {
+                let history = self.store.history(&id).map_err(ClientError::from);
+                let _ = reply.send(history.and_then(|history| {
+                    history
+                        .map(|h| h.to_json())
+                        .ok_or(ClientError::MessageNotFound(id))
+                }));
+            }
         }
     }
 
