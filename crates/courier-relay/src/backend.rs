@@ -190,7 +190,7 @@ mod nats;
 mod tests {
     use super::*;
     use crate::cluster::ClusterConfig;
-    use crate::config::{AddressLimits, Storage};
+    use crate::config::AddressLimits;
     use crate::router::Router;
     use prometheus_client::metrics::histogram::Histogram;
 
@@ -336,9 +336,13 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_single_file_store_keeps_the_journal_rules() {
         let dir = tempfile::tempdir().unwrap();
-        let storage = Storage::Path(dir.path().join("relay.db"));
+        let path = dir.path().join("relay.db");
         let store = tokio::task::spawn_blocking(move || {
-            Store::open(&storage, Arc::new(Router::default()), Histogram::new([1.0]))
+            Store::open(
+                Some(&path),
+                Arc::new(Router::default()),
+                Histogram::new([1.0]),
+            )
         })
         .await
         .unwrap()

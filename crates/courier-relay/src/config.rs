@@ -27,6 +27,33 @@ pub enum Storage {
     Path(PathBuf),
     /// A private in-memory database: nothing survives `stop()`.
     Memory,
+    /// NATS JetStream, shared by every relay node of one deployment (`docs/cluster.md`).
+    Cluster(ClusterStorage),
+}
+
+/// Where a relay node finds its deployment's NATS cluster (`docs/cluster.md#layout`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterStorage {
+    /// NATS server URLs (`nats://host:port`).
+    pub servers: Vec<String>,
+    /// The deployment's name, which prefixes its stream, subjects and buckets.
+    pub name: String,
+    /// Copies JetStream keeps of the journal and of every bucket (3 in production).
+    pub replicas: usize,
+    /// How long a node's connections stay present after its last heartbeat.
+    pub presence_ttl: Duration,
+}
+
+impl ClusterStorage {
+    /// A deployment on `servers` with the default name, three replicas and presence lifetime.
+    pub fn new(servers: Vec<String>) -> Self {
+        Self {
+            servers,
+            name: crate::cluster::ClusterConfig::DEFAULT_NAME.to_owned(),
+            replicas: 3,
+            presence_ttl: crate::cluster::ClusterConfig::DEFAULT_PRESENCE_TTL,
+        }
+    }
 }
 
 /// Mailbox limits (`docs/protocol.md#mailbox-limits`); the per-account ones are advertised in

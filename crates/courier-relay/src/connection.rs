@@ -200,6 +200,19 @@ where
             let _ = tokio::time::timeout(ctx.timings.supersede_wait, done).await;
         }
     }
+    let _attachment = match ctx.store.attach(&peer).await {
+        Ok(attachment) => attachment,
+        Err(e) => {
+            tracing::error!(%account, error = %e, "cannot record the connection in the cluster");
+            if let Some(at) = leave(&ctx, &peer) {
+                record_last_seen(&ctx, &peer, at).await;
+            }
+            let linger = ctx.timings.close_linger;
+            close_and_read_out(&mut ws, close::INTERNAL, Input::Parsing, linger).await;
+            ctx.metrics.closed(CloseReason::Internal);
+            return;
+        }
+    };
     // What this relay implements (`docs/protocol.md#capabilities`).
     let mut capabilities = vec![CAP_ADDRESS_ROUTING.to_owned()];
     if ctx.mailbox.is_some() {
@@ -232,7 +245,7 @@ where
         .is_err()
     {
         if let Some(at) = leave(&ctx, &peer) {
-            record_last_seen(&ctx, &account, at).await;
+            record_last_seen(&ctx, &peer, at).await;
         }
         ctx.metrics.closed(CloseReason::Gone);
         return;
@@ -249,6 +262,7 @@ where
         Arc::clone(&ctx),
         opted_in,
     ));
+    let connection = Arc::clone(&peer);
     let session = Session::new(Arc::clone(&ctx), Arc::clone(&peer), challenge, out.clone());
     let reader = Reader {
         ctx: Arc::clone(&ctx),
@@ -260,7 +274,7 @@ where
     };
     let (reason, offline_at) = reader.run(session, superseded).await;
     if let Some(at) = offline_at {
-        record_last_seen(&ctx, &account, at).await;
+        record_last_seen(&ctx, &connection, at).await;
     }
     tracing::debug!(%remote, %account, reason = reason.as_str(), "connection closed");
     ctx.metrics.closed(reason);
@@ -276,10 +290,11 @@ fn leave(ctx: &Ctx, peer: &Peer) -> Option<u64> {
 }
 
 /// Persists when the account went offline as its last_seen.
-async fn record_last_seen(ctx: &Ctx, account: &str, at: u64) {
+async fn record_last_seen(ctx: &Ctx, peer: &Peer, at: u64) {
+    let account = &peer.account;
     let recorded = tokio::time::timeout(
         ctx.timings.answer_deadline,
-        ctx.store.record_last_seen(account, at),
+        ctx.store.record_last_seen(peer, at),
     )
     .await;
     match recorded {

@@ -22,4 +22,6 @@ pub enum RelayError {
     Token(#[from] jsonwebtoken::errors::Error),
     #[error("invalid configuration: {0}")]
     Config(String),
+    #[error("relay cluster: {0}")]
+    Cluster(#[from] crate::cluster::ClusterError),
 }

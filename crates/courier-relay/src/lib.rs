@@ -39,6 +39,7 @@ mod connection;
 mod contacts;
 mod directory;
 mod dispatch;
+mod durable;
 mod error;
 mod fanout;
 pub mod gateway;
@@ -48,9 +49,11 @@ pub mod logging;
 mod mailbox;
 mod metrics;
 mod monitor;
+mod node;
 mod presence;
 mod rate;
 mod read_budget;
+mod remote;
 mod revocation;
 mod router;
 mod send;
@@ -61,9 +64,9 @@ mod writer;
 
 pub use auth::issue_token;
 pub use config::{
-    AddressLimits, AttemptLimit, AuthPolicy, MailboxLimits, PresenceVisibility, RateLimit,
-    RelayConfig, Storage, Timings, TlsConfig, DEFAULT_MAX_GROUP_MEMBERS, MAX_GROUP_MEMBERS_CEILING,
-    MIN_SECRET_BYTES,
+    AddressLimits, AttemptLimit, AuthPolicy, ClusterStorage, MailboxLimits, PresenceVisibility,
+    RateLimit, RelayConfig, Storage, Timings, TlsConfig, DEFAULT_MAX_GROUP_MEMBERS,
+    MAX_GROUP_MEMBERS_CEILING, MIN_SECRET_BYTES,
 };
 pub use error::RelayError;
 pub use gateway::{start_gateway, GatewayConfig, GatewayDaemonTimings, GatewayHandle};
@@ -73,7 +76,9 @@ pub use store::{Named, Release, StoreError};
 use accept::Serving;
 use attempts::AuthLimits;
 use auth::TokenVerifier;
+use durable::Durable;
 use metrics::Metrics;
+use node::Node;
 use rate::AccountBuckets;
 use revocation::{DenyFile, DenyList, Revocations};
 use router::Router;
@@ -100,7 +105,7 @@ pub(crate) struct Ctx {
     pub verifier: TokenVerifier,
     pub auth_limits: AuthLimits,
     pub revocations: Revocations,
-    pub store: Store,
+    pub store: Durable,
     pub router: Arc<Router>,
     pub metrics: Metrics,
     pub shutdown: watch::Receiver<bool>,
@@ -224,15 +229,33 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
     let tls = config.tls.as_ref().map(tls::acceptor).transpose()?;
     let metrics = Metrics::new();
     let router = Arc::new(Router::default());
-    let storage = config.storage.clone();
-    let store_router = Arc::clone(&router);
-    let commit_seconds = metrics.commit_seconds.clone();
-    let store =
-        tokio::task::spawn_blocking(move || Store::open(&storage, store_router, commit_seconds))
+    let store = match &config.storage {
+        Storage::Cluster(cluster) => Durable::Cluster(
+            Node::start(
+                cluster,
+                config.mailbox,
+                config.addresses,
+                Arc::clone(&router),
+            )
+            .await?,
+        ),
+        local => {
+            let path = match local {
+                Storage::Path(path) => Some(path.clone()),
+                _ => None,
+            };
+            let store_router = Arc::clone(&router);
+            let commit_seconds = metrics.commit_seconds.clone();
+            let store = tokio::task::spawn_blocking(move || {
+                Store::open(path.as_deref(), store_router, commit_seconds)
+            })
             .await
             .map_err(|e| {
                 RelayError::Config(format!("opening the database was interrupted: {e}"))
             })??;
+            Durable::File(store)
+        }
+    };
     let bind = |addr: SocketAddr| {
         let listener = accept::listen(addr)?;
         let local_addr = listener.local_addr()?;
@@ -308,6 +331,9 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
     let storage = match &config.storage {
         Storage::Path(path) => path.display().to_string(),
         Storage::Memory => "memory".to_owned(),
+        Storage::Cluster(cluster) => {
+            format!("cluster {} on {}", cluster.name, cluster.servers.join(","))
+        }
     };
     tracing::info!(
         url = %handle.url(),

@@ -164,6 +164,16 @@ impl DeliveryQueue {
         }
     }
 
+    /// In a cluster, frame `seq` was journaled for this connection's account through some node:
+    /// the writer reads it from the journal, in the journal's order, unless it has written it
+    /// already (`docs/cluster.md#live-delivery`).
+    pub fn journal_grew(&self, seq: u64) {
+        if seq > self.highest_written() {
+            self.lagged.store(true, Ordering::SeqCst);
+            self.wake.notify_one();
+        }
+    }
+
     /// Queues an unjournaled frame (mailbox disabled), or refuses it at once: without a journal
     /// there is nowhere else to keep it, and waiting for a recipient that does not read would
     /// stall the sender's connection (`docs/protocol.md#without-a-mailbox`).

@@ -24,9 +24,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use courier_proto::ident::is_address_form;
 use tokio::sync::{oneshot, Notify};
 
+use crate::cluster::{Change, Record};
 use crate::contacts::Contacts;
 use crate::mailbox::{DeliveryQueue, Envelope};
 use crate::presence::{Status, Unwatched, Watchlist};
+use crate::remote::Remote;
 use crate::store::Named;
 
 /// Handed to a displaced connection; it answers once it has stopped reading and written its
@@ -44,6 +46,9 @@ pub struct Peer {
     /// its drain writes it now rather than on the account's next connection.
     pub reports: Notify,
     supersede: Mutex<Option<oneshot::Sender<SupersedeAck>>>,
+    /// In a cluster, the revision of this connection's presence record; `u64::MAX` until it
+    /// is written, so no record read before then displaces it (`Router::settle` checks).
+    presence_revision: AtomicU64,
 }
 
 impl Peer {
@@ -60,6 +65,7 @@ impl Peer {
             watchlist: Arc::new(Watchlist::new(id)),
             reports: Notify::new(),
             supersede: Mutex::new(Some(tx)),
+            presence_revision: AtomicU64::new(u64::MAX),
         };
         (peer, rx)
     }
@@ -85,6 +91,8 @@ struct Presence {
     /// Watched identifier of `off1` form → the watching connections, whatever the identifier
     /// resolves to (nothing, until some connection declares it).
     address_watchers: HashMap<String, HashMap<u64, Arc<Watchlist>>>,
+    /// What the other nodes of a cluster hold.
+    remote: Remote,
 }
 
 impl Presence {
@@ -148,9 +156,10 @@ impl Router {
     pub fn register(&self, peer: Arc<Peer>) -> Option<Arc<Peer>> {
         let mut presence = lock(&self.presence);
         let account = peer.account.clone();
+        let was = self.status_locked(&presence, &account);
         let displaced = lock(&self.peers).insert(account.clone(), peer);
         presence.last_seen.remove(&account);
-        if displaced.is_none() {
+        if !was.online {
             presence.notify(&account, Status::ONLINE);
         }
         displaced
@@ -180,9 +189,90 @@ impl Router {
         };
         if went_offline {
             presence.last_seen.insert(peer.account.clone(), now_ms);
-            presence.notify(&peer.account, Status::offline(Some(now_ms)));
+            // In a cluster a newer connection through another node keeps it online.
+            let status = self.status_locked(&presence, &peer.account);
+            if !status.online {
+                presence.notify(&peer.account, status);
+            }
         }
         went_offline
+    }
+
+    /// Serves as relay node `node` of a cluster: presence then also follows other nodes'
+    /// records (`docs/cluster.md#presence`).
+    pub fn serve_as(&self, node: &str) {
+        lock(&self.presence).remote.serve_as(node);
+    }
+
+    /// Takes in another node's (or this node's) newer presence record of an account. Answers
+    /// the connection here it displaces: a record of a connection through another node,
+    /// written after this one's.
+    pub fn observe(&self, change: &Change) -> Option<Arc<Peer>> {
+        let mut presence = lock(&self.presence);
+        let was = self.status_locked(&presence, &change.account);
+        if !presence.remote.record(change) {
+            return None;
+        }
+        let local = self.get(&change.account);
+        if local.is_none() {
+            if let Record::Offline { last_seen_ms } = change.record {
+                let last_seen = presence
+                    .last_seen
+                    .entry(change.account.clone())
+                    .or_default();
+                *last_seen = (*last_seen).max(last_seen_ms);
+            }
+        }
+        let now = self.status_locked(&presence, &change.account);
+        if now != was {
+            presence.notify(&change.account, now);
+        }
+        local.filter(|peer| {
+            let revision = peer.presence_revision.load(Ordering::SeqCst);
+            presence.remote.displaced_since(&change.account, revision)
+        })
+    }
+
+    /// `peer`'s presence record was written with `revision`. Answers whether a record of a
+    /// newer connection through another node was read before it was: then it is displaced.
+    pub fn settle(&self, peer: &Peer, revision: u64) -> bool {
+        let presence = lock(&self.presence);
+        peer.presence_revision.store(revision, Ordering::SeqCst);
+        presence.remote.displaced_since(&peer.account, revision)
+    }
+
+    /// `node`'s heartbeat is current: its connections count as present.
+    pub fn node_up(&self, node: &str) {
+        let mut presence = lock(&self.presence);
+        // Every beat of a live node comes here: only a node coming back changes anything.
+        if presence.remote.is_live(node) {
+            return;
+        }
+        let accounts = presence.remote.accounts_on(node);
+        let was: Vec<Status> = accounts
+            .iter()
+            .map(|a| self.status_locked(&presence, a))
+            .collect();
+        presence.remote.node_up(node);
+        for (account, was) in accounts.iter().zip(was) {
+            let now = self.status_locked(&presence, account);
+            if now != was {
+                presence.notify(account, now);
+            }
+        }
+    }
+
+    /// `node` stopped beating: its connections went offline at `now_ms`.
+    pub fn node_down(&self, node: &str, now_ms: u64) {
+        let mut presence = lock(&self.presence);
+        for account in presence.remote.node_down(node) {
+            if self.is_connected(&account) {
+                continue;
+            }
+            presence.last_seen.insert(account.clone(), now_ms);
+            let status = self.status_locked(&presence, &account);
+            presence.notify(&account, status);
+        }
     }
 
     pub fn get(&self, account: &str) -> Option<Arc<Peer>> {
@@ -229,7 +319,7 @@ impl Router {
     }
 
     fn status_locked(&self, presence: &Presence, account: &str) -> Status {
-        if self.is_connected(account) {
+        if self.is_connected(account) || presence.remote.online(account) {
             return Status::ONLINE;
         }
         Status::offline(presence.last_seen.get(account).copied())

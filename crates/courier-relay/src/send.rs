@@ -260,7 +260,10 @@ async fn journal(
     let deadline = Instant::now() + ctx.timings.answer_deadline;
     // An address is resolved in the append's own transaction: the frame belongs to the
     // account the address named at acceptance (`docs/protocol.md#identifiers`).
-    let queued = tokio::time::timeout_at(deadline, ctx.store.queue_append(named, envelope, limits));
+    let queued = tokio::time::timeout_at(
+        deadline,
+        ctx.store.queue_append(named, envelope, limits, &ctx.router),
+    );
     let pending = match queued.await {
         Ok(Ok(pending)) => pending,
         Ok(Err(e)) => {

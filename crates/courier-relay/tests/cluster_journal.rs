@@ -8,7 +8,9 @@ use std::time::Instant;
 
 use async_nats::jetstream::{self, stream};
 use common::nats::{NatsCluster, CLUSTER_DEADLINE};
-use courier_relay::cluster::{Appended, ClusterConfig, JetStreamStore, Presence};
+use courier_relay::cluster::{
+    Appended, Change, ClusterConfig, JetStreamStore, Presence, PresenceChanges, Record,
+};
 use courier_relay::{AddressLimits, Envelope, MailboxLimits, Named, Release};
 
 /// The harness itself: a three-server cluster keeps serving a replicated stream with one server
@@ -523,7 +525,7 @@ async fn the_accounts_of_a_node_that_stops_beating_go_offline_on_their_own() {
     assert_eq!(store.present("bob").await.unwrap(), Some(on("node-a", 1)));
     // bob connects again through node B, then its old connection on node A ends.
     store.connected("bob", on("node-b", 2)).await.unwrap();
-    store.disconnected("bob", "node-a", 1).await.unwrap();
+    store.disconnected("bob", "node-a", 1, 15).await.unwrap();
     assert_eq!(store.present("bob").await.unwrap(), Some(on("node-b", 2)));
     store.connected("carol", on("node-a", 3)).await.unwrap();
     assert!(store.present("dave").await.unwrap().is_none());
@@ -538,7 +540,7 @@ async fn the_accounts_of_a_node_that_stops_beating_go_offline_on_their_own() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert_eq!(store.present("bob").await.unwrap(), Some(on("node-b", 2)));
-    store.disconnected("bob", "node-b", 2).await.unwrap();
+    store.disconnected("bob", "node-b", 2, 25).await.unwrap();
     assert!(store.present("bob").await.unwrap().is_none());
 }
 
@@ -546,7 +548,7 @@ async fn the_accounts_of_a_node_that_stops_beating_go_offline_on_their_own() {
 /// presence record that a connection through another node displaced it, and when the account's
 /// connection ends, whatever node each store runs on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_watching_an_accounts_presence_sees_a_connection_through_another_node_displace_it() {
+async fn a_node_following_presence_sees_a_connection_through_another_node_displace_it() {
     let cluster = NatsCluster::start(3).await;
     let on_server = |server: usize| {
         let url = cluster.url(server);
@@ -573,29 +575,33 @@ async fn a_node_watching_an_accounts_presence_sees_a_connection_through_another_
         since_ms: connection,
     };
     node_a.connected("bob", on("node-a", 1)).await.unwrap();
-    let mut changes = node_a.watch_presence("bob").await.unwrap();
+    let mut changes = node_a.presence_changes().await.unwrap();
     node_b.connected("bob", on("node-b", 2)).await.unwrap();
-    // The watch may start with the record as it stood (node A's own connection): node A reads
+    // The feed starts with every record as it stood (node A's own connection): node A reads
     // on until a record names another connection.
-    let mine = Some(on("node-a", 1));
-    let change = within_cluster_deadline(async {
-        loop {
-            let change = changes.next().await.unwrap().unwrap();
-            if change != mine {
-                return change;
-            }
-        }
-    })
-    .await;
+    let own = Record::Online(on("node-a", 1));
+    let change = within_cluster_deadline(next_record(&mut changes, "bob", &own)).await;
     assert_eq!(
-        change,
-        Some(on("node-b", 2)),
+        change.record,
+        Record::Online(on("node-b", 2)),
         "node A learns it was displaced"
     );
-    node_b.disconnected("bob", "node-b", 2).await.unwrap();
-    let change = within_cluster_deadline(changes.next())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(change, None);
+    let displacing = change.revision;
+    node_b.disconnected("bob", "node-b", 2, 99).await.unwrap();
+    let change = within_cluster_deadline(next_record(&mut changes, "bob", &own)).await;
+    assert_eq!(change.record, Record::Offline { last_seen_ms: 99 });
+    assert!(
+        change.revision > displacing,
+        "later records have higher revisions"
+    );
+}
+
+/// The next record of `account` the feed yields that is not `skip`.
+async fn next_record(changes: &mut PresenceChanges, account: &str, skip: &Record) -> Change {
+    loop {
+        let change = changes.next().await.unwrap().unwrap();
+        if change.account == account && &change.record != skip {
+            return change;
+        }
+    }
 }

@@ -5,6 +5,7 @@
 //! declared one.
 
 use async_nats::jetstream::kv;
+use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use super::names::token;
@@ -23,7 +24,61 @@ struct Declared {
     declared_ms: u64,
 }
 
+/// One change of one binding, as [`JetStreamStore::binding_changes`] yields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BindingChange {
+    Bound {
+        /// The binding's key in the bucket, which a later `Unbound` names.
+        key: String,
+        address: String,
+        account: String,
+        declared_ms: u64,
+    },
+    /// The binding under `key` was deleted: its account dropped it past its limit.
+    Unbound { key: String },
+}
+
+/// Every binding as it stood when the feed started, then every change, in the order written.
+/// A binding that expires (not declared again within the bindings' lifetime) goes without a
+/// change: its follower drops it by its `declared_ms`.
+pub struct BindingChanges {
+    watch: kv::Watch,
+}
+
+impl BindingChanges {
+    pub async fn next(&mut self) -> Option<Result<BindingChange, ClusterError>> {
+        let entry = match self.watch.next().await? {
+            Ok(entry) => entry,
+            Err(e) => return Some(Err(request(e))),
+        };
+        if entry.operation != kv::Operation::Put {
+            return Some(Ok(BindingChange::Unbound { key: entry.key }));
+        }
+        Some(
+            serde_json::from_slice::<Binding>(&entry.value)
+                .map(|binding| BindingChange::Bound {
+                    key: entry.key,
+                    address: binding.address,
+                    account: binding.account,
+                    declared_ms: binding.declared_ms,
+                })
+                .map_err(|e| ClusterError::Corrupt(e.to_string())),
+        )
+    }
+}
+
 impl JetStreamStore {
+    /// Follows every address binding from the start.
+    pub async fn binding_changes(&self) -> Result<BindingChanges, ClusterError> {
+        let watch = self
+            .inner
+            .addresses
+            .watch_with_history(">")
+            .await
+            .map_err(request)?;
+        Ok(BindingChanges { watch })
+    }
+
     /// Binds `address` (canonical) to `account`, replacing any earlier binding (the latest
     /// declaration wins), and drops the account's least recently declared bindings past
     /// `max_per_account`.

@@ -340,14 +340,16 @@ impl JetStreamStore {
         let mut bytes = 0;
         let mut next = stream_seq_of(base, after.saturating_add(1));
         while frames.len() < FETCH_FRAMES && bytes < FETCH_BYTES {
+            // From the stream's leader: a replica's direct answer may lag behind frames
+            // already acknowledged, and a drain that missed one would end before S.
             let message = match self
                 .inner
                 .journal
-                .direct_get_next_for_subject(subject.as_str(), Some(next))
+                .get_first_raw_message_by_subject(subject.as_str(), next)
                 .await
             {
                 Ok(message) => message,
-                Err(e) if e.kind() == DirectGetErrorKind::NotFound => break,
+                Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => break,
                 Err(e) => return Err(request(e)),
             };
             let seq = seq_of(base, message.sequence);

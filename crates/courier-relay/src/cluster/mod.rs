@@ -19,14 +19,17 @@ use crate::config::{AddressLimits, MailboxLimits};
 mod accounts;
 mod addresses;
 mod appended;
+mod figures;
 mod journal;
 mod names;
 mod presence;
 
+pub use addresses::{BindingChange, BindingChanges};
 pub use appended::Appends;
+pub use figures::Figures;
 pub use journal::Appended;
 use names::Names;
-pub use presence::{Heartbeat, Presence, PresenceChanges};
+pub use presence::{Change, Heartbeat, NodeBeats, Presence, PresenceChanges, Record};
 
 /// What one relay deployment's store in NATS is.
 #[derive(Debug, Clone)]

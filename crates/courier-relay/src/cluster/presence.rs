@@ -1,8 +1,13 @@
-//! Presence across relay nodes (`docs/cluster.md#presence`): which node holds each account's
-//! connection, in the `presence` bucket, and which nodes are alive, in the `nodes` bucket, where
-//! each node's heartbeat expires after the presence lifetime. An account whose node stopped
-//! beating is offline without anyone writing it: a dead node's connections go offline on their
-//! own, and a live node writes only when a connection starts or ends.
+//! Presence across relay nodes (`docs/cluster.md#presence`): each account's latest connection, or
+//! when its last one ended, in the `presence` bucket, and which nodes are alive, in the `nodes`
+//! bucket, where each node's heartbeat expires after the presence lifetime. An account whose node
+//! stopped beating is offline without anyone writing it: a dead node's connections go offline on
+//! their own, and a live node writes only when a connection starts or ends.
+//!
+//! Every node follows both buckets whole ([`JetStreamStore::presence_changes`],
+//! [`JetStreamStore::node_beats`]) and answers presence from that copy in memory, as the
+//! single-file relay answers it from its own: one write per connection start or end reaches
+//! every node once, whatever number of watches it has.
 
 use std::time::Duration;
 
@@ -23,11 +28,29 @@ pub struct Presence {
     pub since_ms: u64,
 }
 
+/// An account's presence record: its latest connection, or when its last one ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Record {
+    Online(Presence),
+    Offline { last_seen_ms: u64 },
+}
+
 #[derive(Serialize, Deserialize)]
-struct PresenceRecord {
+struct Stored {
     account: String,
     #[serde(flatten)]
-    presence: Presence,
+    record: Record,
+}
+
+/// One change of one account's presence record, as [`JetStreamStore::presence_changes`] yields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub account: String,
+    pub record: Record,
+    /// The record's revision in the bucket: of two records of one account, the higher revision
+    /// was written later.
+    pub revision: u64,
 }
 
 /// A node's heartbeat, beating until dropped.
@@ -41,43 +64,95 @@ impl Drop for Heartbeat {
     }
 }
 
-/// The changes of one account's presence record, as they are stored, from about the moment the
-/// watch started (it may begin with the record as it stood then): what a node holding the
-/// account's connection follows to learn that a newer connection displaced it
-/// (`docs/protocol.md#session-displacement`), and what presence watches on other nodes follow.
-/// A change is a state, not an event: reading the same record twice changes nothing.
+/// Every account's presence record as it stood when the feed started, then every change, in
+/// the order they were written.
 pub struct PresenceChanges {
     watch: kv::Watch,
 }
 
 impl PresenceChanges {
-    /// The next change: `Some(presence)` for a connection that started, `None` for the record
-    /// removed (the connection ended). `Err` when the watch failed; the watcher starts a new
-    /// one and reads [`JetStreamStore::present`], since changes meanwhile are not replayed.
-    pub async fn next(&mut self) -> Option<Result<Option<Presence>, ClusterError>> {
-        let entry = match self.watch.next().await? {
-            Ok(entry) => entry,
-            Err(e) => return Some(Err(request(e))),
-        };
-        Some(match entry.operation {
-            kv::Operation::Put => serde_json::from_slice::<PresenceRecord>(&entry.value)
-                .map(|record| Some(record.presence))
-                .map_err(|e| ClusterError::Corrupt(e.to_string())),
-            kv::Operation::Delete | kv::Operation::Purge => Ok(None),
-        })
+    /// The next record; `Err` when the feed failed (its follower starts a new one, which
+    /// begins with every record again).
+    pub async fn next(&mut self) -> Option<Result<Change, ClusterError>> {
+        loop {
+            let entry = match self.watch.next().await? {
+                Ok(entry) => entry,
+                Err(e) => return Some(Err(request(e))),
+            };
+            // Records are never deleted, only overwritten: a delete marker is nobody's.
+            if entry.operation != kv::Operation::Put {
+                continue;
+            }
+            return Some(
+                serde_json::from_slice::<Stored>(&entry.value)
+                    .map(|stored| Change {
+                        account: stored.account,
+                        record: stored.record,
+                        revision: entry.revision,
+                    })
+                    .map_err(|e| ClusterError::Corrupt(e.to_string())),
+            );
+        }
+    }
+}
+
+/// The relay nodes' heartbeats: each live node's latest as the feed starts, then each new one.
+pub struct NodeBeats {
+    watch: kv::Watch,
+}
+
+impl NodeBeats {
+    /// The node that beat, and how long ago by the server's clock (zero for a new beat read
+    /// as it comes, more for the ones the feed starts with). `Err` as for presence.
+    pub async fn next(&mut self) -> Option<Result<(String, Duration), ClusterError>> {
+        loop {
+            let entry = match self.watch.next().await? {
+                Ok(entry) => entry,
+                Err(e) => return Some(Err(request(e))),
+            };
+            if entry.operation != kv::Operation::Put {
+                continue;
+            }
+            let Ok(node) = String::from_utf8(entry.value.to_vec()) else {
+                return Some(Err(ClusterError::Corrupt(format!(
+                    "heartbeat {}",
+                    entry.key
+                ))));
+            };
+            let written_ms = entry.created.unix_timestamp_nanos() / 1_000_000;
+            let age_ms = i128::from(crate::now_ms()).saturating_sub(written_ms);
+            let age = Duration::from_millis(u64::try_from(age_ms).unwrap_or(0));
+            return Some(Ok((node, age)));
+        }
     }
 }
 
 impl JetStreamStore {
-    /// Watches `account`'s presence record; the watch is in place when this answers.
-    pub async fn watch_presence(&self, account: &str) -> Result<PresenceChanges, ClusterError> {
+    /// Follows every account's presence record from the start.
+    pub async fn presence_changes(&self) -> Result<PresenceChanges, ClusterError> {
         let watch = self
             .inner
             .presence
-            .watch(token(&[account]))
+            .watch_with_history(">")
             .await
             .map_err(request)?;
         Ok(PresenceChanges { watch })
+    }
+
+    /// Follows every relay node's heartbeat from the latest each node wrote.
+    pub async fn node_beats(&self) -> Result<NodeBeats, ClusterError> {
+        let watch = self
+            .inner
+            .nodes
+            .watch_with_history(">")
+            .await
+            .map_err(request)?;
+        Ok(NodeBeats { watch })
+    }
+
+    /// How long a node's connections stay present after its last heartbeat.
+    pub fn presence_ttl(&self) -> Duration {
+        self.inner.presence_ttl
     }
 
     /// Starts `node`'s heartbeat: its record in the `nodes` bucket, written again every third
@@ -110,46 +185,46 @@ impl JetStreamStore {
         Ok(Heartbeat { task })
     }
 
-    /// Records that `account` is connected on `node` as `connection` (the latest connection
-    /// wins, as displacement says: `docs/protocol.md#session-displacement`).
-    pub async fn connected(&self, account: &str, presence: Presence) -> Result<(), ClusterError> {
-        let record = PresenceRecord {
-            account: account.to_owned(),
-            presence,
-        };
-        let value = serde_json::to_vec(&record).map_err(request)?;
+    /// Records that `account` is connected on `presence.node` as `presence.connection` (the
+    /// latest connection wins, as displacement says: `docs/protocol.md#session-displacement`);
+    /// answers the record's revision.
+    pub async fn connected(&self, account: &str, presence: Presence) -> Result<u64, ClusterError> {
         self.inner
             .presence
-            .put(token(&[account]), value.into())
+            .put(
+                token(&[account]),
+                stored(account, Record::Online(presence))?.into(),
+            )
             .await
-            .map_err(request)?;
-        Ok(())
+            .map_err(request)
     }
 
-    /// Records that `connection` of `account` on `node` ended, unless a later connection
-    /// replaced it meanwhile.
+    /// Records that `connection` of `account` on `node` ended at `last_seen_ms`, unless a later
+    /// connection replaced it meanwhile.
     pub async fn disconnected(
         &self,
         account: &str,
         node: &str,
         connection: u64,
+        last_seen_ms: u64,
     ) -> Result<(), ClusterError> {
         let key = token(&[account]);
-        let Some((presence, revision)) = self.presence_entry(&key).await? else {
+        let Some((Record::Online(presence), revision)) = self.presence_entry(&key).await? else {
             return Ok(());
         };
         if presence.node != node || presence.connection != connection {
             return Ok(());
         }
+        let value = stored(account, Record::Offline { last_seen_ms })?;
         match self
             .inner
             .presence
-            .delete_expect_revision(&key, Some(revision))
+            .update(&key, value.into(), revision)
             .await
         {
-            Ok(()) => Ok(()),
+            Ok(_) => Ok(()),
             // Connected again meanwhile: the newer connection stands.
-            Err(e) if e.kind() == kv::DeleteErrorKind::WrongLastRevision => Ok(()),
+            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(()),
             Err(e) => Err(request(e)),
         }
     }
@@ -157,7 +232,8 @@ impl JetStreamStore {
     /// Where `account` is connected now: `None` when it is not, or when the node that held its
     /// connection stopped beating.
     pub async fn present(&self, account: &str) -> Result<Option<Presence>, ClusterError> {
-        let Some((presence, _)) = self.presence_entry(&token(&[account])).await? else {
+        let Some((Record::Online(presence), _)) = self.presence_entry(&token(&[account])).await?
+        else {
             return Ok(None);
         };
         let alive = self
@@ -170,15 +246,23 @@ impl JetStreamStore {
         Ok(alive.then_some(presence))
     }
 
-    async fn presence_entry(&self, key: &str) -> Result<Option<(Presence, u64)>, ClusterError> {
+    async fn presence_entry(&self, key: &str) -> Result<Option<(Record, u64)>, ClusterError> {
         let Some(entry) = self.inner.presence.entry(key).await.map_err(request)? else {
             return Ok(None);
         };
         if entry.operation != kv::Operation::Put {
             return Ok(None);
         }
-        let record: PresenceRecord = serde_json::from_slice(&entry.value)
+        let stored: Stored = serde_json::from_slice(&entry.value)
             .map_err(|e| ClusterError::Corrupt(e.to_string()))?;
-        Ok(Some((record.presence, entry.revision)))
+        Ok(Some((stored.record, entry.revision)))
     }
+}
+
+fn stored(account: &str, record: Record) -> Result<Vec<u8>, ClusterError> {
+    let stored = Stored {
+        account: account.to_owned(),
+        record,
+    };
+    serde_json::to_vec(&stored).map_err(request)
 }

@@ -21,7 +21,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::config::{MailboxLimits, Storage};
+use crate::config::MailboxLimits;
 use crate::fanout::FannedOut;
 use crate::group::{Actor, GroupRefusal};
 use crate::mailbox::{Envelope, GroupTag};
@@ -173,6 +173,13 @@ fn from_sql(v: i64) -> u64 {
 pub struct Pending<T>(oneshot::Receiver<Result<T, StoreError>>);
 
 impl<T> Pending<T> {
+    /// An answer known already.
+    pub fn ready(answer: Result<T, StoreError>) -> Self {
+        let (tx, rx) = oneshot::channel();
+        let _ = tx.send(answer);
+        Self(rx)
+    }
+
     pub async fn answer(self) -> Result<T, StoreError> {
         self.0.await.map_err(|_| StoreError::Closed)?
     }
@@ -186,16 +193,16 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (creating or upgrading if needed) the database and starts the store thread.
-    /// Blocking.
+    /// Opens (creating or upgrading if needed) the database file at `path`, or a private one
+    /// in memory without, and starts the store thread. Blocking.
     pub fn open(
-        storage: &Storage,
+        path: Option<&std::path::Path>,
         router: Arc<Router>,
         commit_seconds: Histogram,
     ) -> Result<Self, RelayError> {
-        let (mut conn, file_backed) = match storage {
-            Storage::Path(path) => (open_file(path)?, true),
-            Storage::Memory => (Connection::open_in_memory()?, false),
+        let (mut conn, file_backed) = match path {
+            Some(path) => (open_file(path)?, true),
+            None => (Connection::open_in_memory()?, false),
         };
         if file_backed {
             let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;

@@ -1,0 +1,326 @@
+//! A relay node of a cluster (`docs/cluster.md`): it keeps nothing durable itself. It beats in
+//! the `nodes` bucket, follows every presence record, every node's heartbeat and every address
+//! binding into the router (so presence is answered from memory, as the single-file relay
+//! answers it), writes its connections' presence records, and hands each connection the notices
+//! of frames appended to its account, which its writer then reads from the journal.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+
+use crate::cluster::{
+    BindingChange, ClusterConfig, ClusterError, Figures, Heartbeat, JetStreamStore, Presence,
+};
+use crate::config::{AddressLimits, ClusterStorage, MailboxLimits};
+use crate::router::{Peer, Router};
+
+/// After a feed from JetStream failed, the wait before it is started again.
+const FEED_RETRY: Duration = Duration::from_millis(500);
+
+/// How often the monitoring figures are read again.
+const FIGURES_INTERVAL: Duration = Duration::from_secs(5);
+
+pub struct Node {
+    store: JetStreamStore,
+    name: String,
+    router: Arc<Router>,
+    /// Every binding followed, by address: its account and when it was declared.
+    bindings: Arc<Mutex<HashMap<String, (String, u64)>>>,
+    figures: Arc<Mutex<Figures>>,
+    tasks: Vec<JoinHandle<()>>,
+    _heartbeat: Heartbeat,
+}
+
+/// One connection's share of the node: the notices of its account's appended frames.
+pub struct Attachment {
+    notices: JoinHandle<()>,
+}
+
+impl Drop for Attachment {
+    fn drop(&mut self) {
+        self.notices.abort();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A name no other node has: its heartbeat and its presence records are told apart by it.
+fn node_name() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    // A fresh `RandomState` is randomly keyed: its hash of nothing is a random number.
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    format!("{}-{random:016x}", std::process::id())
+}
+
+impl Node {
+    /// Connects to the deployment's NATS, starts beating and following, and answers once the
+    /// node can serve.
+    pub async fn start(
+        storage: &ClusterStorage,
+        mailbox: Option<MailboxLimits>,
+        addresses: AddressLimits,
+        router: Arc<Router>,
+    ) -> Result<Self, ClusterError> {
+        let store = JetStreamStore::open(&ClusterConfig {
+            servers: storage.servers.clone(),
+            name: storage.name.clone(),
+            replicas: storage.replicas,
+            mailbox: mailbox.unwrap_or_default(),
+            addresses,
+            presence_ttl: storage.presence_ttl,
+        })
+        .await?;
+        let name = node_name();
+        router.serve_as(&name);
+        let heartbeat = store.start_heartbeat(&name).await?;
+        let bindings = Arc::new(Mutex::new(HashMap::new()));
+        let figures = Arc::new(Mutex::new(store.figures().await?));
+        let tasks = vec![
+            tokio::spawn(follow_presence(store.clone(), Arc::clone(&router))),
+            tokio::spawn(follow_nodes(
+                store.clone(),
+                Arc::clone(&router),
+                name.clone(),
+            )),
+            tokio::spawn(follow_bindings(
+                store.clone(),
+                Arc::clone(&router),
+                Arc::clone(&bindings),
+            )),
+            tokio::spawn(read_figures(store.clone(), Arc::clone(&figures))),
+        ];
+        tracing::info!(node = %name, "relay node joined its cluster");
+        Ok(Self {
+            store,
+            name,
+            router,
+            bindings,
+            figures,
+            tasks,
+            _heartbeat: heartbeat,
+        })
+    }
+
+    pub fn store(&self) -> &JetStreamStore {
+        &self.store
+    }
+
+    pub fn figures(&self) -> Figures {
+        *lock(&self.figures)
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.store.is_connected()
+    }
+
+    pub async fn shutdown(&self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+
+    /// Makes `peer` its account's presence across the cluster and has its writer told of
+    /// frames appended to the account through any node. Called once the connection is
+    /// registered here and before its drain bound is fixed: a frame is then either under the
+    /// bound or announced after the subscription is in place.
+    pub async fn attach(&self, peer: &Arc<Peer>) -> Result<Attachment, ClusterError> {
+        let mut appends = self.store.appended(&peer.account).await?;
+        let presence = Presence {
+            node: self.name.clone(),
+            connection: peer.id,
+            since_ms: crate::now_ms(),
+        };
+        let revision = self.store.connected(&peer.account, presence).await?;
+        if self.router.settle(peer, revision) {
+            // A newer connection through another node was recorded first.
+            let _ = peer.supersede();
+        }
+        let notified = Arc::clone(peer);
+        let notices = tokio::spawn(async move {
+            while let Some(seq) = appends.next().await {
+                notified.queue.journal_grew(seq);
+            }
+        });
+        Ok(Attachment { notices })
+    }
+
+    /// `peer`'s connection ended at `ms`, when it was still its account's connection here.
+    pub async fn detach(&self, peer: &Peer, ms: u64) -> Result<(), ClusterError> {
+        self.store
+            .disconnected(&peer.account, &self.name, peer.id, ms)
+            .await
+    }
+
+    /// Binds `address` to `account` and applies it here at once: the declaring connection's
+    /// next frame may rely on it before the binding's change comes back from JetStream.
+    pub async fn bind_address(
+        &self,
+        address: &str,
+        account: &str,
+        max_per_account: u32,
+        now_ms: u64,
+    ) -> Result<(), ClusterError> {
+        self.store
+            .bind_address(address, account, max_per_account, now_ms)
+            .await?;
+        lock(&self.bindings).insert(address.to_owned(), (account.to_owned(), now_ms));
+        self.router.rebind(address, account);
+        Ok(())
+    }
+
+    /// Forgets bindings last declared before `older_than_ms`, which JetStream expired without
+    /// a change to follow; answers how many.
+    pub fn forget_bindings(&self, older_than_ms: u64) -> u64 {
+        let expired: Vec<(String, String)> = {
+            let mut bindings = lock(&self.bindings);
+            let expired: Vec<(String, String)> = bindings
+                .iter()
+                .filter(|(_, (_, declared))| *declared < older_than_ms)
+                .map(|(address, (account, _))| (address.clone(), account.clone()))
+                .collect();
+            for (address, _) in &expired {
+                bindings.remove(address);
+            }
+            expired
+        };
+        for (address, account) in &expired {
+            self.router.unbind(address, account);
+        }
+        expired.len() as u64
+    }
+}
+
+async fn follow_presence(store: JetStreamStore, router: Arc<Router>) {
+    loop {
+        match store.presence_changes().await {
+            Ok(mut feed) => {
+                let failure = loop {
+                    match feed.next().await {
+                        Some(Ok(change)) => {
+                            if let Some(displaced) = router.observe(&change) {
+                                let _ = displaced.supersede();
+                            }
+                        }
+                        Some(Err(e)) => break e,
+                        None => break ClusterError::Request("the presence feed ended".into()),
+                    }
+                };
+                tracing::warn!(error = %failure, "following presence failed; following again");
+            }
+            Err(e) => tracing::warn!(error = %e, "following presence could not start"),
+        }
+        tokio::time::sleep(FEED_RETRY).await;
+    }
+}
+
+/// Marks nodes alive as their heartbeats come, and dead once none came within the presence
+/// lifetime (by this node's clock: heartbeats are told by when they were read).
+async fn follow_nodes(store: JetStreamStore, router: Arc<Router>, own: String) {
+    let ttl = store.presence_ttl();
+    let mut beats: HashMap<String, Instant> = HashMap::new();
+    let mut sweep = tokio::time::interval((ttl / 3).max(Duration::from_millis(100)));
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let mut feed = match store.node_beats().await {
+            Ok(feed) => feed,
+            Err(e) => {
+                tracing::warn!(error = %e, "following heartbeats could not start");
+                tokio::time::sleep(FEED_RETRY).await;
+                continue;
+            }
+        };
+        let failure = loop {
+            tokio::select! {
+                beat = feed.next() => match beat {
+                    Some(Ok((node, age))) => {
+                        if node == own || age >= ttl {
+                            continue;
+                        }
+                        let at = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
+                        beats.insert(node.clone(), at);
+                        router.node_up(&node);
+                    }
+                    Some(Err(e)) => break e,
+                    None => break ClusterError::Request("the heartbeat feed ended".into()),
+                },
+                _ = sweep.tick() => {
+                    let dead: Vec<String> = beats
+                        .iter()
+                        .filter(|(_, at)| at.elapsed() >= ttl)
+                        .map(|(node, _)| node.clone())
+                        .collect();
+                    for node in dead {
+                        beats.remove(&node);
+                        tracing::info!(%node, "a relay node stopped beating: its connections are offline");
+                        router.node_down(&node, crate::now_ms());
+                    }
+                }
+            }
+        };
+        tracing::warn!(error = %failure, "following heartbeats failed; following again");
+        tokio::time::sleep(FEED_RETRY).await;
+    }
+}
+
+async fn follow_bindings(
+    store: JetStreamStore,
+    router: Arc<Router>,
+    bindings: Arc<Mutex<HashMap<String, (String, u64)>>>,
+) {
+    let mut keys: HashMap<String, String> = HashMap::new();
+    loop {
+        let mut feed = match store.binding_changes().await {
+            Ok(feed) => feed,
+            Err(e) => {
+                tracing::warn!(error = %e, "following address bindings could not start");
+                tokio::time::sleep(FEED_RETRY).await;
+                continue;
+            }
+        };
+        let failure = loop {
+            match feed.next().await {
+                Some(Ok(BindingChange::Bound {
+                    key,
+                    address,
+                    account,
+                    declared_ms,
+                })) => {
+                    keys.insert(key, address.clone());
+                    lock(&bindings).insert(address.clone(), (account.clone(), declared_ms));
+                    router.rebind(&address, &account);
+                }
+                Some(Ok(BindingChange::Unbound { key })) => {
+                    let Some(address) = keys.remove(&key) else {
+                        continue;
+                    };
+                    let removed = lock(&bindings).remove(&address);
+                    if let Some((account, _)) = removed {
+                        router.unbind(&address, &account);
+                    }
+                }
+                Some(Err(e)) => break e,
+                None => break ClusterError::Request("the binding feed ended".into()),
+            }
+        };
+        tracing::warn!(error = %failure, "following address bindings failed; following again");
+        tokio::time::sleep(FEED_RETRY).await;
+    }
+}
+
+async fn read_figures(store: JetStreamStore, figures: Arc<Mutex<Figures>>) {
+    let mut tick = tokio::time::interval(FIGURES_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match store.figures().await {
+            Ok(read) => *lock(&figures) = read,
+            Err(e) => tracing::debug!(error = %e, "reading the cluster's figures failed"),
+        }
+    }
+}
