@@ -13,8 +13,8 @@ use clap::builder::BoolishValueParser;
 use super::{positive, read_file, socket_addr, UsageError};
 use crate::logging::{LogFormat, LogLevel, Logging};
 use crate::{
-    AttemptLimit, MailboxLimits, PresenceVisibility, RelayConfig, Storage, TlsConfig,
-    MIN_SECRET_BYTES,
+    AttemptLimit, ClusterStorage, MailboxLimits, PresenceVisibility, RelayConfig, Storage,
+    TlsConfig, MIN_SECRET_BYTES,
 };
 
 /// How the secret file spells the secret.
@@ -51,6 +51,35 @@ pub(super) struct RelaySettings {
     /// Keep everything in memory; nothing survives a restart
     #[arg(long, env = "COURIER_RELAY_MEMORY", value_parser = BoolishValueParser::new(), help_heading = "Storage")]
     memory: bool,
+
+    /// Run as a node of a cluster: the deployment's NATS servers, comma-separated
+    /// (nats://host:port); every durable fact lives in their JetStream (docs/cluster.md)
+    #[arg(
+        long,
+        env = "COURIER_RELAY_CLUSTER",
+        value_name = "URLS",
+        value_delimiter = ',',
+        help_heading = "Storage"
+    )]
+    cluster: Option<Vec<String>>,
+
+    /// The deployment's name in NATS: its stream, subjects and buckets [default: courier]
+    #[arg(
+        long,
+        env = "COURIER_RELAY_CLUSTER_NAME",
+        value_name = "NAME",
+        help_heading = "Storage"
+    )]
+    cluster_name: Option<String>,
+
+    /// Copies JetStream keeps of the journal and every bucket, 1 to 5 [default: 3]
+    #[arg(
+        long,
+        env = "COURIER_RELAY_CLUSTER_REPLICAS",
+        value_name = "N",
+        help_heading = "Storage"
+    )]
+    cluster_replicas: Option<usize>,
 
     /// File holding the HS256 token secret, at least 32 bytes (trailing newline ignored)
     #[arg(long, env = "COURIER_RELAY_JWT_SECRET_FILE", value_name = "FILE")]
@@ -218,6 +247,9 @@ impl RelaySettings {
             listen: self.listen.or(file.listen),
             db: self.db.or(file.db),
             memory: switch("memory", self.memory, file.memory),
+            cluster: self.cluster.or(file.cluster),
+            cluster_name: self.cluster_name.or(file.cluster_name),
+            cluster_replicas: self.cluster_replicas.or(file.cluster_replicas),
             jwt_secret_file: self.jwt_secret_file.or(file.jwt_secret_file),
             jwt_secret_encoding: self.jwt_secret_encoding.or(file.jwt_secret_encoding),
             max_token_lifetime_sec: self.max_token_lifetime_sec.or(file.max_token_lifetime_sec),
@@ -271,14 +303,37 @@ impl RelaySettings {
         let listen = self
             .listen
             .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8080)));
-        let storage = match (self.db, self.memory) {
-            (Some(_), true) => return Err(UsageError::new("--db and --memory exclude each other")),
-            (Some(path), false) => Storage::Path(path),
-            (None, true) => Storage::Memory,
-            (None, false) => {
-                return Err(UsageError::new("one of --db PATH or --memory is required"))
+        let tuned = self.cluster_name.is_some() || self.cluster_replicas.is_some();
+        if tuned && self.cluster.is_none() {
+            return Err(UsageError::new(
+                "--cluster-name and --cluster-replicas need --cluster",
+            ));
+        }
+        let storage = match (self.db, self.memory, self.cluster) {
+            (Some(path), false, None) => Storage::Path(path),
+            (None, true, None) => Storage::Memory,
+            (None, false, Some(servers)) => {
+                let mut cluster = ClusterStorage::new(servers);
+                if let Some(name) = self.cluster_name {
+                    cluster.name = name;
+                }
+                if let Some(replicas) = self.cluster_replicas {
+                    cluster.replicas = replicas;
+                }
+                Storage::Cluster(cluster)
+            }
+            (None, false, None) => {
+                return Err(UsageError::new(
+                    "one of --db PATH, --memory or --cluster URLS is required",
+                ))
+            }
+            _ => {
+                return Err(UsageError::new(
+                    "--db, --memory and --cluster exclude each other",
+                ))
             }
         };
+
         let secret_file = self
             .jwt_secret_file
             .ok_or_else(|| UsageError::new("--jwt-secret-file FILE is required"))?;

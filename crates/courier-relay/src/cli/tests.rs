@@ -219,11 +219,24 @@ fn every_flag_is_applied_and_documented() {
         "everyone by default"
     );
 
+    let clustered = [
+        "--cluster=nats://127.0.0.1:4222",
+        "--cluster-name=chat-eu",
+        "--cluster-replicas=1",
+        "--config",
+        path(&config_file),
+    ];
+    let Storage::Cluster(cluster) = run(&clustered).config.storage else {
+        panic!("a cluster node");
+    };
+    assert_eq!((cluster.name.as_str(), cluster.replicas), ("chat-eu", 1));
+
     // Every documented option was given above, and nothing else (`--help` and `--version`
     // come with `-h` and `-V`, on lines of their own).
     let given: BTreeSet<String> = full
         .iter()
         .chain(&switches)
+        .chain(&clustered)
         .filter(|a| a.starts_with("--"))
         .map(|a| a.split('=').next().unwrap().to_owned())
         .collect();
@@ -467,9 +480,41 @@ fn the_command_line_wins_over_the_file() {
     // refused, not resolved silently.
     let err = refused(&["--config", path(&file), "--memory"]);
     assert!(
-        err.contains("--db and --memory exclude each other"),
+        err.contains("--db, --memory and --cluster exclude each other"),
         "{err}"
     );
+}
+
+/// `docs/cluster.md`: `--cluster` makes the relay a node of a cluster; its name and replicas
+/// default, tuning them without a cluster is refused, and so is a second storage.
+#[test]
+fn a_cluster_node_takes_its_nats_servers_and_defaults_its_name_and_replicas() {
+    let secret = file_with(SECRET);
+    let secret = path(&secret);
+    let config = run(&[
+        "--cluster",
+        "nats://127.0.0.1:4222,nats://127.0.0.1:4223",
+        "--jwt-secret-file",
+        secret,
+    ])
+    .config;
+    let Storage::Cluster(cluster) = config.storage else {
+        panic!("{:?}", config.storage);
+    };
+    assert_eq!(
+        cluster.servers,
+        ["nats://127.0.0.1:4222", "nats://127.0.0.1:4223"]
+    );
+    assert_eq!((cluster.name.as_str(), cluster.replicas), ("courier", 3));
+    let err = refused(&["--memory", "--cluster-name=x", "--jwt-secret-file", secret]);
+    assert!(err.contains("need --cluster"), "{err}");
+    let err = refused(&[
+        "--db=x.db",
+        "--cluster=nats://127.0.0.1:4222",
+        "--jwt-secret-file",
+        secret,
+    ]);
+    assert!(err.contains("exclude each other"), "{err}");
 }
 
 #[test]
@@ -516,7 +561,7 @@ fn errors_are_one_clear_line() {
         (&["--memory"], "--jwt-secret-file FILE is required"),
         (
             &["--jwt-secret-file", secret],
-            "one of --db PATH or --memory is required",
+            "one of --db PATH, --memory or --cluster URLS is required",
         ),
         (
             &["--memory", "--db", "x", "--jwt-secret-file", secret],
