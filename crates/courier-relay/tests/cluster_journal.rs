@@ -20,15 +20,23 @@ async fn a_replicated_stream_keeps_serving_with_one_of_three_servers_killed() {
     let mut cluster = NatsCluster::start(3).await;
     let client = async_nats::connect(cluster.urls()).await.unwrap();
     let js = jetstream::new(client);
-    let stream = js
-        .create_stream(stream::Config {
-            name: "harness".into(),
-            subjects: vec!["harness.>".into()],
-            num_replicas: 3,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    // A cluster just started may time a request out while its servers are busy placing it.
+    let deadline = Instant::now() + CLUSTER_DEADLINE;
+    let stream = loop {
+        let created = js
+            .create_stream(stream::Config {
+                name: "harness".into(),
+                subjects: vec!["harness.>".into()],
+                num_replicas: 3,
+                ..Default::default()
+            })
+            .await;
+        match created {
+            Ok(stream) => break stream,
+            Err(e) if Instant::now() >= deadline => panic!("creating the stream: {e}"),
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+        }
+    };
     // A stream just created, or whose leader was just killed, serves nothing until its
     // replicas elect a leader.
     publish_until_stored(&js, "one").await;
@@ -341,7 +349,7 @@ async fn a_server_sigkilled_mid_stream_loses_nothing_and_journals_no_frame_twice
         .await
         .unwrap();
     // The journal stream's leader: the server whose loss costs an election mid-stream.
-    let leader = journal_leader(&cluster).await;
+    let leader = cluster.journal_leader().await;
     cluster.kill(leader);
     within_cluster_deadline(sent.wait_for(|&n| n >= 2 * FRAMES / 3))
         .await
@@ -428,20 +436,6 @@ async fn two_nodes_appending_to_one_account_at_once_journal_every_frame_once() {
     assert_eq!(distinct.len(), 3 * FRAMES);
     let journaled_seqs: HashSet<u64> = journaled.iter().map(|f| f.0).collect();
     assert_eq!(journaled_seqs, seqs, "every accepted seq names its frame");
-}
-
-/// The index of the server leading the journal stream.
-async fn journal_leader(cluster: &NatsCluster) -> usize {
-    let client = async_nats::connect(cluster.urls()).await.unwrap();
-    let mut stream = jetstream::new(client)
-        .get_stream("courier-journal")
-        .await
-        .unwrap();
-    let info = stream.info().await.unwrap();
-    let leader = info.cluster.as_ref().and_then(|c| c.leader.clone());
-    let leader = leader.expect("a replicated stream has a leader");
-    // The harness names its servers n0, n1, n2.
-    leader[1..].parse().unwrap()
 }
 
 async fn within_cluster_deadline<T>(f: impl std::future::Future<Output = T>) -> T {

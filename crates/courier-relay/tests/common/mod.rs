@@ -785,14 +785,35 @@ pub struct RelayProcess {
 impl RelayProcess {
     /// One sender may fill a mailbox: the crash tests journal whole bursts from one account.
     pub fn spawn(db: &Path, secret_file: &Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_courier-relay"))
-            .args(["--listen", "127.0.0.1:0", "--db"])
-            .arg(db)
+        let mut command = Command::new(env!("CARGO_BIN_EXE_courier-relay"));
+        command.arg("--db").arg(db).stderr(Stdio::null());
+        Self::spawn_command(command, secret_file, DEADLINE)
+    }
+
+    /// A relay node of the cluster on the NATS servers `nats` (`docs/cluster.md`), its log
+    /// appended to `log`. The journal's bytes fit the test servers' stores.
+    pub fn spawn_node(nats: &[String], secret_file: &Path, log: &Path) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_courier-relay"));
+        let log = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("the node's log file");
+        command
+            .arg("--cluster")
+            .arg(nats.join(","))
+            .args(["--journal-max-bytes", "268435456"])
+            .stderr(log);
+        Self::spawn_command(command, secret_file, nats::CLUSTER_DEADLINE)
+    }
+
+    fn spawn_command(mut command: Command, secret_file: &Path, patience: Duration) -> Self {
+        let mut child = command
+            .args(["--listen", "127.0.0.1:0"])
             .arg("--jwt-secret-file")
             .arg(secret_file)
             .args(["--mailbox-sender-share-percent", "100"])
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
             .spawn()
             .expect("spawn courier-relay");
         let stdout = child.stdout.take().expect("stdout");
@@ -803,7 +824,7 @@ impl RelayProcess {
             let _ = BufReader::new(stdout).read_line(&mut line);
             let _ = tx.send(line);
         });
-        let line = rx.recv_timeout(DEADLINE).expect("the relay prints its URL");
+        let line = rx.recv_timeout(patience).expect("the relay prints its URL");
         let url = line
             .trim()
             .strip_prefix("courier-relay listening on ")

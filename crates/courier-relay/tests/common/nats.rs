@@ -185,6 +185,62 @@ impl NatsCluster {
         self.servers[server].kill();
     }
 
+    /// The index of the server leading the relay's journal stream (the default deployment's):
+    /// the server whose loss costs an election mid-stream.
+    pub async fn journal_leader(&self) -> usize {
+        let client = async_nats::connect(self.urls()).await.unwrap();
+        let mut stream = async_nats::jetstream::new(client)
+            .get_stream("courier-journal")
+            .await
+            .unwrap();
+        let info = stream.info().await.unwrap();
+        let leader = info.cluster.as_ref().and_then(|c| c.leader.clone());
+        let leader = leader.expect("a replicated stream has a leader");
+        // The servers are named n0, n1, n2.
+        leader[1..].parse().unwrap()
+    }
+
+    /// SIGKILLs every server.
+    pub fn kill_all(&mut self) {
+        for server in &mut self.servers {
+            server.kill();
+        }
+    }
+
+    /// Starts every killed server again and waits until all are healthy.
+    pub async fn restart_all(&mut self) {
+        for server in self.servers.iter_mut().filter(|s| s.process.is_none()) {
+            server.spawn();
+        }
+        self.wait_healthy().await;
+    }
+
+    /// Cuts one server off from its peers and clients while keeping its state (SIGSTOP): what a
+    /// network partition of that server does, seen from everyone else. It answers nothing, and
+    /// its routes and client connections time out, until [`NatsCluster::heal`].
+    pub fn partition(&mut self, server: usize) {
+        self.signal(server, "-STOP");
+    }
+
+    /// Ends [`NatsCluster::partition`] (SIGCONT): the server rejoins with what it held when cut
+    /// off, as after a partition heals.
+    pub fn heal(&mut self, server: usize) {
+        self.signal(server, "-CONT");
+    }
+
+    fn signal(&mut self, server: usize, signal: &str) {
+        let pid = self.servers[server]
+            .process
+            .as_ref()
+            .expect("the server is running")
+            .id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
     /// Starts a killed server again, on its ports and its store, and waits until every running
     /// server reports healthy (the restarted one caught up with the cluster).
     pub async fn restart(&mut self, server: usize) {
