@@ -1056,8 +1056,14 @@ export class Protocol {
 export interface RelayOptions {
   /** Address to listen on. Default `'127.0.0.1:0'` (an ephemeral port). */
   listen?: string
-  /** The relay's mailbox and journal: an SQLite file, or memory. */
-  storage: StorageLocation
+  /** The relay's mailbox and journal: an SQLite file, or memory. Required unless `cluster`. */
+  storage?: StorageLocation
+  /**
+   * Run as one node of a cluster instead of `storage` (`docs/cluster.md`): every durable fact
+   * lives in the NATS JetStream of `servers`, shared by every node of the deployment `name`
+   * (default `'courier'`), kept in `replicas` copies (default 3; 1 for one NATS server).
+   */
+  cluster?: { servers: string[]; name?: string; replicas?: number }
   /** HS256 secret for client tokens: at least 32 bytes (a Buffer counts as its UTF-8 text). */
   jwtSecret: string | Buffer
   /** `false` disables store-and-forward (offline recipients are reported unreachable). */

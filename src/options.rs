@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use courier_relay::gateway::{GatewayAccess, GatewayToken};
 use courier_relay::{
-    AttemptLimit, GatewayConfig, MailboxLimits, PresenceVisibility, RateLimit, RelayConfig,
-    Storage, TlsConfig,
+    AttemptLimit, ClusterStorage, GatewayConfig, MailboxLimits, PresenceVisibility, RateLimit,
+    RelayConfig, Storage, TlsConfig,
 };
 use serde_json::Value;
 
@@ -20,6 +20,7 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:0";
 const RELAY_KEYS: &[&str] = &[
     "listen",
     "storage",
+    "cluster",
     "jwtSecret",
     "mailbox",
     "rateLimit",
@@ -31,14 +32,52 @@ const RELAY_KEYS: &[&str] = &[
     "presenceVisibility",
 ];
 
+/// `cluster`: the deployment's NATS servers, its name and replicas (`docs/cluster.md`).
+fn cluster_storage(cluster: &Section<'_>) -> Result<ClusterStorage, ConfigError> {
+    let servers = match cluster.get("servers") {
+        Some(Value::Array(urls)) if !urls.is_empty() => urls
+            .iter()
+            .map(|url| match url {
+                Value::String(url) if url.starts_with("nats://") || url.starts_with("tls://") => {
+                    Ok(url.clone())
+                }
+                other => {
+                    Err(cluster.error("servers", format!("must hold nats:// URLs, got {other}")))
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        _ => {
+            return Err(cluster.error(
+                "servers",
+                "is required: a non-empty array of NATS server URLs (nats://host:port)",
+            ))
+        }
+    };
+    let mut storage = ClusterStorage::new(servers);
+    if let Some(name) = cluster.string("name")? {
+        storage.name = name.to_owned();
+    }
+    if let Some(replicas) = cluster.positive_int("replicas", 5)? {
+        storage.replicas = replicas as usize;
+    }
+    Ok(storage)
+}
+
 /// `options`: the `RelayOptions` object as JSON text.
 pub fn relay_config(options: &str) -> Result<RelayConfig, ConfigError> {
     let options = parse(options)?;
     let root = Section::root(&options, "options", RELAY_KEYS)?;
     let listen = listen(&root)?;
-    let storage = match storage_section(&root, &[])?.0 {
-        StorageConfig::Path(path) => Storage::Path(path),
-        StorageConfig::Memory => Storage::Memory,
+    let storage = match root.section("cluster", &["servers", "name", "replicas"])? {
+        Some(cluster) if root.get("storage").is_some() => return Err(cluster.error(
+            "servers",
+            "a relay node of a cluster keeps nothing of its own: set cluster or storage, not both",
+        )),
+        Some(cluster) => Storage::Cluster(cluster_storage(&cluster)?),
+        None => match storage_section(&root, &[])?.0 {
+            StorageConfig::Path(path) => Storage::Path(path),
+            StorageConfig::Memory => Storage::Memory,
+        },
     };
     // The facade passes a Buffer secret as its UTF-8 text.
     let secret = match root.string("jwtSecret")? {

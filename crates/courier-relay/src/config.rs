@@ -412,6 +412,12 @@ impl RelayConfig {
         if self.max_connections == 0 {
             return fail("max_connections must be at least 1");
         }
+        // A frame crosses nodes only through the journal (`docs/cluster.md#live-delivery`).
+        if matches!(self.storage, Storage::Cluster(_)) && self.mailbox.is_none() {
+            return fail(
+                "a cluster node keeps a mailbox: --no-mailbox needs the single-file relay",
+            );
+        }
         if self.max_group_members == 0 || self.max_group_members > MAX_GROUP_MEMBERS_CEILING {
             return Err(RelayError::Config(format!(
                 "max_group_members must be between 1 and {MAX_GROUP_MEMBERS_CEILING}"

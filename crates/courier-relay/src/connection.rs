@@ -373,7 +373,8 @@ fn admit(ctx: &Ctx, frame: AuthenticateFrame, remote: SocketAddr) -> Result<Auth
     {
         return Err(AuthFailure::TokenRevoked);
     }
-    let displacing = ctx.router.is_connected(&token.account);
+    // Online on any node: a login through another node displaces the connection as well.
+    let displacing = ctx.router.status(&token.account).online;
     ctx.auth_limits.login(&token.account, displacing, now)?;
     let opted_in = frame
         .client_capabilities

@@ -549,7 +549,7 @@ async fn a_declared_address_receives_live_and_while_offline() {
         &address,
         "stored",
     );
-    assert_eq!(relay.stored_frames(), 1);
+    assert_eq!(relay.stored_frames().await, 1);
     let mut bob = relay.client().await;
     bob.authenticate("bob", true).await;
     let (frames, count) = bob.drain().await;
@@ -600,7 +600,7 @@ async fn only_the_canonical_spelling_of_a_declared_address_routes() {
             "{recipient}"
         );
     }
-    assert_eq!(relay.stored_frames(), 0);
+    assert_eq!(relay.stored_frames().await, 0);
     assert_eq!(check(&mut alice, K1_ADDRESS).await, (true, None));
     // Nor can an account take the uppercase spelling as its name.
     let mut c = relay.client().await;
@@ -738,7 +738,7 @@ async fn presence_by_address_follows_the_binding() {
         })
         .await;
     alice.sync().await;
-    assert_eq!(relay.handle().stats().watches, 1);
+    assert_eq!(relay.stats().await.watches, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

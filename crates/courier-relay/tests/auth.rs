@@ -170,7 +170,7 @@ async fn bad_tokens_are_refused_with_4001() {
         assert_eq!(ending, Ending::Close(4001), "{what}");
     }
     assert_eq!(
-        relay.handle().stats().accounts,
+        relay.stats().await.accounts,
         0,
         "no refused token creates an account"
     );
@@ -218,7 +218,7 @@ async fn a_first_frame_other_than_authenticate_is_refused_and_has_no_effect() {
     // The SendMessage sent as a first frame reached nobody.
     let bob = relay.online("bob").await;
     bob.close().await;
-    assert_eq!(relay.stored_frames(), 0);
+    assert_eq!(relay.stored_frames().await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -285,7 +285,7 @@ async fn a_valid_token_yields_authenticated() {
         "the challenge is fresh per connection"
     );
     assert_eq!(
-        relay.handle().stats().accounts,
+        relay.stats().await.accounts,
         1,
         "the account is persisted once"
     );
@@ -309,7 +309,7 @@ async fn a_second_authenticate_is_answered_and_ignored() {
         "live",
     );
     assert_eq!(c.received().await.sender, "bob");
-    assert_eq!(relay.handle().stats().accounts, 2);
+    assert_eq!(relay.stats().await.accounts, 2);
 }
 
 /// A token signed with the relay's secret for another service (another audience or issuer

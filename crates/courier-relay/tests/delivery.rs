@@ -44,10 +44,10 @@ async fn live_send_is_journaled_and_delivered_byte_identical() {
         unreachable!()
     };
     assert_eq!(got.timestamp, timestamp, "both carry the acceptance time");
-    assert_eq!(relay.stored_frames(), 1, "kept until acked");
+    assert_eq!(relay.stored_frames().await, 1, "kept until acked");
     bob.ack(1).await;
     bob.sync().await;
-    assert_eq!(relay.stored_frames(), 0);
+    assert_eq!(relay.stored_frames().await, 0);
 }
 
 /// `reply_to_msg` is journaled with the frame and reaches the recipient as sent: from the
@@ -202,7 +202,7 @@ async fn unknown_recipients_are_unreachable() {
     let address = "off1qysluvwl5922yctzd0u9gpr06gn3k7ldfvgtwgvn";
     let answer = alice.send_and_answer(address, "m2", "x").await;
     assert_unreachable(&answer, "m2", address, "unknown_recipient");
-    assert_eq!(relay.stored_frames(), 0);
+    assert_eq!(relay.stored_frames().await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -238,7 +238,7 @@ async fn unacked_frames_are_redelivered_in_order_and_acked_ones_never() {
     // AckUpTo past the highest written frame is clamped to it.
     bob.ack_up_to(1_000).await;
     bob.sync().await;
-    assert_eq!(relay.stored_frames(), 0);
+    assert_eq!(relay.stored_frames().await, 0);
     bob.close().await;
     alice.send_and_answer("bob", "m6", "x").await;
     let mut bob = relay.client().await;
@@ -284,7 +284,7 @@ async fn a_resent_unacked_message_is_stored_once() {
         "bob",
         "stored",
     );
-    assert_eq!(relay.stored_frames(), 1);
+    assert_eq!(relay.stored_frames().await, 1);
     // Another sender may use the same id: the key includes the stamped sender.
     let mut carol = relay.online("carol").await;
     assert_sent(
@@ -293,7 +293,7 @@ async fn a_resent_unacked_message_is_stored_once() {
         "bob",
         "stored",
     );
-    assert_eq!(relay.stored_frames(), 2);
+    assert_eq!(relay.stored_frames().await, 2);
 
     let mut bob = relay.client().await;
     bob.authenticate("bob", true).await;
@@ -309,7 +309,7 @@ async fn a_resent_unacked_message_is_stored_once() {
         "live",
     );
     bob.sync().await;
-    assert_eq!(relay.stored_frames(), 2);
+    assert_eq!(relay.stored_frames().await, 2);
     // Once acked, the same id is a new message again.
     bob.ack_up_to(2).await;
     bob.sync().await;
@@ -377,7 +377,7 @@ async fn a_full_mailbox_refuses_and_stores_nothing() {
         "carol",
         "stored",
     );
-    assert_eq!(relay.stored_frames(), 4);
+    assert_eq!(relay.stored_frames().await, 4);
 
     let mut bob = relay.client().await;
     bob.authenticate("bob", true).await;
@@ -456,8 +456,8 @@ async fn a_restart_loses_no_frame_and_seq_never_goes_back() {
     let (_, ending) = alice.frames_until_end().await;
     assert_eq!(ending, Ending::Close(1001));
 
-    assert_eq!(relay.handle().stats().accounts, 2);
-    assert_eq!(relay.stored_frames(), 1);
+    assert_eq!(relay.stats().await.accounts, 2);
+    assert_eq!(relay.stored_frames().await, 1);
     let mut alice = relay.online("alice").await;
     assert_sent(
         &alice.send_and_answer("bob", "m3", "x").await,
@@ -476,7 +476,7 @@ async fn a_restart_loses_no_frame_and_seq_never_goes_back() {
 
     // Even with the journal empty, a restart does not reuse seqs.
     relay.restart_with(|_| {}).await;
-    assert_eq!(relay.stored_frames(), 0);
+    assert_eq!(relay.stored_frames().await, 0);
     let mut alice = relay.online("alice").await;
     alice.send_and_answer("bob", "m4", "x").await;
     let mut bob = relay.client().await;
@@ -634,7 +634,7 @@ async fn a_new_session_displaces_the_old_one_and_takes_its_unacked_frames() {
     assert_eq!(ending, Ending::Close(4000));
     let (frames, count) = new.drain().await;
     assert_eq!((seqs(&frames), count), (vec![1], 1));
-    assert_eq!(relay.handle().stats().connections, 2);
+    assert_eq!(relay.stats().await.connections, 2);
     assert_sent(
         &alice.send_and_answer("bob", "m2", "x").await,
         "m2",
@@ -728,7 +728,7 @@ async fn a_recipient_that_falls_behind_catches_up_from_the_journal_in_order() {
     );
     bob.ack_up_to(n as u64).await;
     bob.sync().await;
-    assert_eq!(relay.stored_frames(), 0);
+    assert_eq!(relay.stored_frames().await, 0);
 }
 
 /// Mailbox limits for the fairness tests: `max_messages` 10, the rest as given.
@@ -817,7 +817,7 @@ async fn a_sender_cannot_store_past_the_byte_limit_in_fields_other_than_content(
         })
         .await;
     assert_unreachable(&alice.answer().await, &id, "bob", "mailbox_full");
-    assert_eq!(relay.stored_frames(), 0);
+    assert_eq!(relay.stored_frames().await, 0);
     // A small frame fits.
     assert_sent(
         &alice.send_and_answer("bob", "m1", "x").await,

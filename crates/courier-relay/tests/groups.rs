@@ -366,7 +366,7 @@ async fn a_non_member_s_broadcast_is_refused_and_fans_out_nothing() {
     assert!(mallory.until_synced().await.is_empty(), "no report either");
     assert!(copies(&bob.until_synced().await).is_empty());
     assert!(copies(&alice.until_synced().await).is_empty());
-    assert_eq!(relay.stored_frames(), 0, "nothing stored for carol");
+    assert_eq!(relay.stored_frames().await, 0, "nothing stored for carol");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -451,7 +451,11 @@ async fn a_broadcast_is_delivered_live_stored_offline_and_reported_by_registered
         copies(&alice.until_synced().await).is_empty(),
         "not to itself"
     );
-    assert_eq!(relay.stored_frames(), 4, "one copy per member account");
+    assert_eq!(
+        relay.stored_frames().await,
+        4,
+        "one copy per member account"
+    );
 
     // Offline members drain it on their next connection, in their seq space.
     for account in ["carol", "dave"] {
@@ -467,7 +471,7 @@ async fn a_broadcast_is_delivered_live_stored_offline_and_reported_by_registered
     bob.sync().await;
     erin.ack_up_to(1).await;
     erin.sync().await;
-    assert_eq!(relay.stored_frames(), 2);
+    assert_eq!(relay.stored_frames().await, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -629,7 +633,7 @@ async fn a_re_broadcast_journals_no_second_copy_and_is_reported_afresh() {
             (vec!["bob"], vec!["carol"], vec![])
         );
     }
-    assert_eq!(relay.stored_frames(), 2);
+    assert_eq!(relay.stored_frames().await, 2);
     let seen = copies(&bob.until_synced().await);
     assert_eq!(seen.len(), 1, "{seen:?}");
     // Released by bob, it is still not journaled again.
@@ -641,7 +645,7 @@ async fn a_re_broadcast_journals_no_second_copy_and_is_reported_afresh() {
         (vec!["bob"], vec!["carol"], vec![])
     );
     assert!(copies(&bob.until_synced().await).is_empty());
-    assert_eq!(relay.stored_frames(), 1);
+    assert_eq!(relay.stored_frames().await, 1);
     let (_carol, drained) = started(&relay, "carol").await;
     assert_eq!(copies(&drained).len(), 1);
     // Another message id is another message.
@@ -670,7 +674,7 @@ async fn a_re_broadcast_after_a_restart_journals_no_second_copy() {
         lists(&report(&mut alice, "m1").await),
         (vec![], vec!["carol"], vec![])
     );
-    assert_eq!(relay.stored_frames(), 1);
+    assert_eq!(relay.stored_frames().await, 1);
     let (mut carol, drained) = started(&relay, "carol").await;
     let drained = copies(&drained);
     assert_eq!(drained.len(), 1);
@@ -687,7 +691,7 @@ async fn a_re_broadcast_after_a_restart_journals_no_second_copy() {
         lists(&report(&mut alice, "m1").await),
         (vec!["carol"], vec![], vec![])
     );
-    assert_eq!(relay.stored_frames(), 0);
+    assert_eq!(relay.stored_frames().await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -793,7 +797,7 @@ async fn without_a_mailbox_connected_members_get_the_copy_and_offline_ones_are_m
     );
     let got = copy(&mut bob).await;
     assert_eq!((got.seq, got.message_id.as_str()), (None, "m1"));
-    assert_eq!(relay.stored_frames(), 0);
+    assert_eq!(relay.stored_frames().await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -84,7 +84,7 @@ async fn oversized_messages_close_with_1009_however_they_arrive() {
     relay
         .wait_stats("the attacker's connections to end", |s| s.connections == 0)
         .await;
-    assert_eq!(relay.stored_frames(), 1);
+    assert_eq!(relay.stored_frames().await, 1);
     assert_witness_delivered(&relay).await;
 }
 
@@ -180,11 +180,11 @@ async fn deeply_nested_and_huge_json_is_answered_and_changes_nothing() {
         c.next_frame().await,
         RelayFrame::error("unknown_type", Some(&"h".repeat(128)))
     );
-    assert_eq!(relay.handle().stats().watches, 0);
+    assert_eq!(relay.stats().await.watches, 0);
 
     c.sync().await;
     c.close().await;
-    assert_eq!(relay.stored_frames(), 1);
+    assert_eq!(relay.stored_frames().await, 1);
     assert_witness_delivered(&relay).await;
 }
 
@@ -345,7 +345,7 @@ async fn every_mistyped_or_missing_field_is_invalid_frame_and_changes_nothing() 
             );
         }
     }
-    assert_eq!(relay.handle().stats().accounts, 2, "walter and wendy only");
+    assert_eq!(relay.stats().await.accounts, 2, "walter and wendy only");
 
     // After authentication every one is answered invalid_frame, and the connection stays.
     let mut c = relay.online("mallory").await;
@@ -371,7 +371,7 @@ async fn every_mistyped_or_missing_field_is_invalid_frame_and_changes_nothing() 
     ));
     c.close().await;
 
-    let stats = relay.handle().stats();
+    let stats = relay.stats().await;
     assert_eq!((stats.stored_frames, stats.watches), (1, 0));
     assert_witness_delivered(&relay).await;
 }
@@ -414,7 +414,7 @@ async fn unknown_types_are_answered_and_never_close_the_connection() {
     }
     c.sync().await;
     c.close().await;
-    assert_eq!(relay.stored_frames(), 1);
+    assert_eq!(relay.stored_frames().await, 1);
     assert_witness_delivered(&relay).await;
 }
 
@@ -465,7 +465,7 @@ async fn acks_release_only_what_this_connection_was_written() {
     bob.ack(1).await;
     assert_eq!(bob.until_synced().await, vec![]);
     assert_eq!(
-        relay.stored_frames(),
+        relay.stored_frames().await,
         1 + 3,
         "the witness and alice's three"
     );
@@ -844,11 +844,7 @@ async fn connections_that_never_authenticate_end_at_the_auth_deadline() {
         "{} sockets open, {baseline} before",
         open_sockets_on(addr.port())
     );
-    assert_eq!(
-        relay.handle().stats().accounts,
-        4,
-        "walter, wendy, alice, bob"
-    );
+    assert_eq!(relay.stats().await.accounts, 4, "walter, wendy, alice, bob");
     assert_witness_delivered(&relay).await;
 }
 

@@ -340,11 +340,7 @@ async fn last_seen_survives_a_relay_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_from_before_last_seen_is_upgraded() {
-    let mut relay = TestRelay {
-        handle: None,
-        dir: tempfile::tempdir().unwrap(),
-        url: String::new(),
-    };
+    let mut relay = TestRelay::unstarted();
     {
         let db = rusqlite::Connection::open(relay.db_path()).unwrap();
         db.execute_batch(

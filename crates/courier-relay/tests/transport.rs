@@ -110,7 +110,7 @@ async fn a_message_over_1_mib_closes_with_1009() {
             assert_eq!(ending, Ending::Close(1009), "round {round}");
         }
     }
-    assert_eq!(relay.stored_frames(), 0);
+    assert_eq!(relay.stored_frames().await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -136,7 +136,7 @@ async fn a_frame_that_would_not_fit_when_delivered_is_refused() {
             detail: None
         }
     );
-    assert_eq!(relay.stored_frames(), 0);
+    assert_eq!(relay.stored_frames().await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -415,7 +415,7 @@ async fn without_a_mailbox_nothing_is_journaled() {
         (got.seq, got.content.as_str(), got.sender.as_str()),
         (None, "hello", "alice")
     );
-    assert_eq!(relay.stored_frames(), 0);
+    assert_eq!(relay.stored_frames().await, 0);
 
     bob.close().await;
     relay

@@ -123,6 +123,9 @@ struct Inner {
     bases: Mutex<HashMap<String, u64>>,
 }
 
+/// Between two pings of the NATS server a node is connected to (`docs/cluster.md#what-each-failure-costs`).
+const SERVER_PING: Duration = Duration::from_secs(2);
+
 /// How long opening waits for the stream and buckets to be created and served.
 const SERVED_DEADLINE: Duration = Duration::from_secs(30);
 
@@ -197,6 +200,9 @@ impl JetStreamStore {
         }
         let client = async_nats::ConnectOptions::new()
             .name(format!("courier-relay {}", config.name))
+            // A server cut off by a partition answers nothing and resets nothing: the client
+            // learns it is gone from two unanswered pings, and moves to another server.
+            .ping_interval(SERVER_PING)
             .retry_on_initial_connect()
             .connect(config.servers.clone())
             .await

@@ -55,23 +55,50 @@ pub fn fast_timings() -> Timings {
     }
 }
 
+/// Whether the relay tests run against relay nodes of a cluster rather than the single-file
+/// relay: `COURIER_RELAY_TEST_CLUSTER=1` (`docs/cluster.md#two-modes-one-suite`).
+pub fn cluster_mode() -> bool {
+    std::env::var_os("COURIER_RELAY_TEST_CLUSTER").is_some_and(|v| v == "1")
+}
+
+/// Relay nodes in cluster mode.
+pub const CLUSTER_NODES: usize = 3;
+
 pub struct TestRelay {
+    /// The relay; in cluster mode the first node.
     pub handle: Option<RelayHandle>,
     pub dir: tempfile::TempDir,
     pub url: String,
+    cluster: Option<TestCluster>,
+}
+
+/// In cluster mode: the NATS servers, the other relay nodes, and which node the next client
+/// connects to (round robin, so a test's accounts land on different nodes).
+struct TestCluster {
+    nats: nats::NatsCluster,
+    others: Vec<RelayHandle>,
+    next: std::sync::atomic::AtomicUsize,
 }
 
 impl TestRelay {
     pub fn db_path(&self) -> PathBuf {
+        assert!(
+            self.cluster.is_none(),
+            "a test of the SQLite file has no place in cluster mode"
+        );
         self.dir.path().join("relay.db")
     }
 
     pub fn config(&self) -> RelayConfig {
-        let mut config = RelayConfig::new(
-            "127.0.0.1:0".parse().unwrap(),
-            Storage::Path(self.db_path()),
-            SECRET.to_vec(),
-        );
+        let storage = match &self.cluster {
+            None => Storage::Path(self.dir.path().join("relay.db")),
+            Some(cluster) => {
+                let mut storage = courier_relay::ClusterStorage::new(cluster.nats.urls());
+                storage.presence_ttl = Duration::from_secs(2);
+                Storage::Cluster(storage)
+            }
+        };
+        let mut config = RelayConfig::new("127.0.0.1:0".parse().unwrap(), storage, SECRET.to_vec());
         config.timings = fast_timings();
         config
     }
@@ -80,12 +107,32 @@ impl TestRelay {
         Self::start_with(|_| {}).await
     }
 
+    /// A single-file relay not started yet, for a test that prepares its database first.
+    pub fn unstarted() -> Self {
+        Self {
+            handle: None,
+            dir: tempfile::tempdir().unwrap(),
+            url: String::new(),
+            cluster: None,
+        }
+    }
+
     pub async fn start_with(adjust: impl FnOnce(&mut RelayConfig)) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        let cluster = if cluster_mode() {
+            Some(TestCluster {
+                nats: nats::NatsCluster::start(3).await,
+                others: Vec::new(),
+                next: Default::default(),
+            })
+        } else {
+            None
+        };
         let mut relay = Self {
             handle: None,
             dir,
             url: String::new(),
+            cluster,
         };
         let mut config = relay.config();
         adjust(&mut config);
@@ -93,7 +140,19 @@ impl TestRelay {
         relay
     }
 
-    pub async fn run(&mut self, config: RelayConfig) {
+    pub async fn run(&mut self, mut config: RelayConfig) {
+        if let Some(cluster) = &mut self.cluster {
+            // JetStream reserves the journal's bytes on every server holding a replica.
+            if let Some(mailbox) = &mut config.mailbox {
+                mailbox.max_journal_bytes = mailbox.max_journal_bytes.min(256 * 1024 * 1024);
+            }
+            for _ in 1..CLUSTER_NODES {
+                let node = courier_relay::start(config.clone())
+                    .await
+                    .expect("relay node starts");
+                cluster.others.push(node);
+            }
+        }
         let handle = courier_relay::start(config).await.expect("relay starts");
         self.url = handle.url();
         self.handle = Some(handle);
@@ -107,9 +166,15 @@ impl TestRelay {
         if let Some(handle) = self.handle.take() {
             handle.stop().await;
         }
+        if let Some(cluster) = &mut self.cluster {
+            for node in cluster.others.drain(..) {
+                node.stop().await;
+            }
+        }
     }
 
-    /// Stops and starts again on the same database file.
+    /// Stops and starts again on the same database file (in cluster mode: every node, on the
+    /// same NATS servers).
     pub async fn restart_with(&mut self, adjust: impl FnOnce(&mut RelayConfig)) {
         self.stop().await;
         let mut config = self.config();
@@ -117,8 +182,22 @@ impl TestRelay {
         self.run(config).await;
     }
 
+    /// A client of the relay; in cluster mode of the next node in turn.
     pub async fn client(&self) -> Client {
-        Client::connect(&self.url).await
+        let Some(cluster) = &self.cluster else {
+            return Client::connect(&self.url).await;
+        };
+        let turn = cluster
+            .next
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            % CLUSTER_NODES;
+        let url = match turn {
+            0 => self.url.clone(),
+            n => cluster.others[n - 1].url(),
+        };
+        let mut client = Client::connect(&url).await;
+        client.wait_up_to(nats::CLUSTER_DEADLINE);
+        client
     }
 
     /// An opted-in client whose drain is over (DrainComplete{0} expected).
@@ -177,15 +256,33 @@ impl TestRelay {
         }
     }
 
-    pub fn stored_frames(&self) -> u64 {
-        self.handle().stats().stored_frames
+    /// Journal frames not yet released or expired.
+    pub async fn stored_frames(&self) -> u64 {
+        self.stats().await.stored_frames
+    }
+
+    /// The relay's stats; in cluster mode connections and watches summed over the nodes, and
+    /// the journal's frames and the accounts read from JetStream now.
+    pub async fn stats(&self) -> courier_relay::RelayStats {
+        let mut stats = self.handle().stats();
+        let Some(cluster) = &self.cluster else {
+            return stats;
+        };
+        for node in &cluster.others {
+            let other = node.stats();
+            stats.connections += other.connections;
+            stats.watches += other.watches;
+        }
+        let (frames, accounts) = cluster.nats.deployment_figures().await;
+        stats.stored_frames = frames;
+        stats.accounts = accounts;
+        stats
     }
 
     /// Polls the stats until `check` holds or the deadline passes.
     pub async fn wait_stats(&self, what: &str, check: impl Fn(courier_relay::RelayStats) -> bool) {
-        let stats = || self.handle().stats();
         let reached = within(async {
-            while !check(stats()) {
+            while !check(self.stats().await) {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })
@@ -193,7 +290,7 @@ impl TestRelay {
         assert!(
             reached.is_some(),
             "timed out waiting for {what}; stats = {:?}",
-            stats()
+            self.stats().await
         );
     }
 }

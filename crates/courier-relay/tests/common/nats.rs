@@ -200,6 +200,16 @@ impl NatsCluster {
         leader[1..].parse().unwrap()
     }
 
+    /// The default deployment's journal frames and accounts, read now.
+    pub async fn deployment_figures(&self) -> (u64, u64) {
+        let client = async_nats::connect(self.urls()).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let mut journal = js.get_stream("courier-journal").await.unwrap();
+        let frames = journal.info().await.unwrap().state.messages;
+        let accounts = js.get_key_value("courier-accounts").await.unwrap();
+        (frames, accounts.status().await.unwrap().values())
+    }
+
     /// SIGKILLs every server.
     pub fn kill_all(&mut self) {
         for server in &mut self.servers {
