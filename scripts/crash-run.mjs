@@ -14,6 +14,10 @@
 // The kill schedule (moments, victims, down times) is a function of --seed; the interleaving
 // with the processes' own work is not, so a seed reproduces the schedule, not the exact run.
 // Exits 1 on any violation and keeps the run's files for inspection.
+//
+// `--cluster` runs the relay as a cluster instead (docs/cluster.md): three NATS servers and two
+// relay nodes over them, each SIGKILLed and restarted like the apps; the apps list both nodes and
+// fail over between them.
 import { appendFileSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -24,6 +28,7 @@ import Database from 'better-sqlite3'
 
 import { Protocol, issueToken } from '../js/index.js'
 import { mulberry32 } from './crash/rng.mjs'
+import { configureServers, freePort, natsBinary } from './nats-servers.mjs'
 import { Supervised, deadline } from './crash/supervisor.mjs'
 import { verify } from './crash/verify.mjs'
 
@@ -48,6 +53,7 @@ const { values: opt } = parseArgs({
     'quiesce-ms': { type: 'string', default: '180000' },
     keep: { type: 'boolean', default: false },
     encryption: { type: 'boolean', default: false },
+    cluster: { type: 'boolean', default: false },
     json: { type: 'boolean', default: false },
     help: { type: 'boolean', default: false },
   },
@@ -66,6 +72,7 @@ if (opt.help) {
   --hook-delay-ms N mean pause of the durability hook after its commit, before it resolves (default 10)
   --ghost-share X   share of messages sent to an account that never connects (default 0.02)
   --encryption      every message sealed in MLS sessions (recipients by address)
+  --cluster         the relay as three NATS servers and two relay nodes, all killed like the apps
   --lifetime-ms N   outbox lifetime, so those end in message_failed (default 30000)
   --calm-ms N       how long the apps go on sending once all three are up and connected after
                     the last kill (default 2000)
@@ -94,17 +101,77 @@ const secret = 'crash-run-secret-0123456789abcdef'
 writeFileSync(join(dir, 'secret.txt'), secret)
 const violations = []
 
-// The relay: its first start picks a port; every restart binds the same one on the same file.
-let relayPort = 0
-const relay = new Supervised('relay', {
-  // Every kill of an app is a login of its account: the per-account limits would make the run
-  // about waiting them out.
-  args: () => [RELAY_CLI, '--listen', `127.0.0.1:${relayPort}`, '--db', join(dir, 'relay.db'), '--jwt-secret-file', join(dir, 'secret.txt'), '--auth-attempts-per-account', '1000000', '--displacements-per-account', '1000000'],
-  stderr: join(dir, 'relay.stderr'),
-  ready: (line) => line.match(/listening on ws:\/\/127\.0\.0\.1:(\d+)/)?.slice(1),
-})
-const [port] = await deadline(relay.start().ready, READY_MS, 'relay start')
-relayPort = Number(port)
+// The relay's command line, less where it listens and keeps its state. Every kill of an app is
+// a login of its account: the per-account limits would make the run about waiting them out.
+const RELAY_ARGS = ['--jwt-secret-file', join(dir, 'secret.txt'), '--auth-attempts-per-account', '1000000', '--displacements-per-account', '1000000']
+const relayReady = (line) => line.match(/listening on ws:\/\/127\.0\.0\.1:(\d+)/)?.slice(1)
+
+/** The single-file relay: its first start picks a port; every restart binds it again on the same file. */
+async function singleRelay() {
+  let relayPort = 0
+  const relay = new Supervised('relay', {
+    args: () => [RELAY_CLI, '--listen', `127.0.0.1:${relayPort}`, '--db', join(dir, 'relay.db'), ...RELAY_ARGS],
+    stderr: join(dir, 'relay.stderr'),
+    ready: relayReady,
+  })
+  const [port] = await deadline(relay.start().ready, READY_MS, 'relay start')
+  relayPort = Number(port)
+  return { processes: [relay], urls: [`ws://127.0.0.1:${relayPort}`], stored: () => count(join(dir, 'relay.db'), 'SELECT COUNT(*) AS n FROM journal') }
+}
+
+/** Three NATS servers (each restarted on its ports and store) and two relay nodes over them. */
+async function clusterRelay() {
+  const binary = natsBinary()
+  const configs = await configureServers(dir, 'crash-run')
+  // Through a shell only to send each server's log to stdout, where readiness is read; `exec`
+  // leaves the server itself as the process a kill reaches.
+  const servers = configs.map(
+    (server, i) =>
+      new Supervised(`nats${i}`, {
+        command: '/bin/sh',
+        args: () => ['-c', `exec ${JSON.stringify(binary)} -c ${JSON.stringify(server.config)} 2>&1`],
+        stderr: join(dir, `nats${i}.stderr`),
+        ready: (line) => (line.includes('Server is ready') ? {} : null),
+      }),
+  )
+  await Promise.all(servers.map((s) => deadline(s.start().ready, READY_MS, `${s.name} start`)))
+  const nats = configs.map((s) => s.url).join(',')
+  const nodePorts = [await freePort(), await freePort()]
+  const nodes = nodePorts.map(
+    (port, i) =>
+      new Supervised(`node${i}`, {
+        args: () => [RELAY_CLI, '--listen', `127.0.0.1:${port}`, '--cluster', nats, ...RELAY_ARGS],
+        stderr: join(dir, `node${i}.stderr`),
+        ready: relayReady,
+      }),
+  )
+  await Promise.all(nodes.map((n) => deadline(n.start().ready, READY_MS, `${n.name} start`)))
+  // The journal's frames as the stream's leader counts them.
+  const stored = async () => {
+    for (const server of configs) {
+      try {
+        const jsz = await (await fetch(`http://127.0.0.1:${server.monitor}/jsz?streams=true`)).json()
+        const stream = jsz.account_details?.flatMap((a) => a.stream_detail ?? []).find((d) => d.name === 'courier-journal')
+        if (stream && stream.cluster?.leader === server.name) return stream.state.messages
+      } catch {
+        // A server killed a moment ago: ask the next.
+      }
+    }
+    return Infinity
+  }
+  return { processes: [...servers, ...nodes], urls: nodePorts.map((port) => `ws://127.0.0.1:${port}`), stored }
+}
+
+function count(path, sql) {
+  const db = new Database(path, { readonly: true, fileMustExist: true, timeout: 5000 })
+  try {
+    return db.prepare(sql).get().n
+  } finally {
+    db.close()
+  }
+}
+
+const relay = opt.cluster ? await clusterRelay() : await singleRelay()
 
 /**
  * With --encryption recipients are addresses: each app's identity is made on its own storage
@@ -139,7 +206,7 @@ function peer(name, other) {
         pauseMs: num('pause-ms'),
         hookDelayMs: num('hook-delay-ms'),
         lifetimeMs: num('lifetime-ms'),
-        relayUrl: `ws://127.0.0.1:${relayPort}`,
+        relayUrl: relay.urls.length === 1 ? relay.urls[0] : relay.urls,
         token: issueToken(secret, name),
         send: true,
         seed: (seed ^ Math.imul(incarnation, 0x9e3779b1) ^ (name === 'alice' ? 0 : 0x5bd1e995)) >>> 0,
@@ -154,7 +221,7 @@ function peer(name, other) {
 const alice = peer('alice', 'bob')
 const bob = peer('bob', 'alice')
 const peers = [alice, bob]
-const all = [relay, alice, bob]
+const all = [...relay.processes, alice, bob]
 await Promise.all(peers.map((p) => deadline(p.start().ready, READY_MS, `${p.name} start`)))
 say(`crash run: seed ${seed}, ${kills} kills, files in ${dir}`)
 
@@ -198,31 +265,23 @@ await Promise.all(
   }),
 )
 
-function backlog() {
-  const count = (path, sql) => {
-    const db = new Database(path, { readonly: true, fileMustExist: true, timeout: 5000 })
-    try {
-      return db.prepare(sql).get().n
-    } finally {
-      db.close()
-    }
-  }
+async function backlog() {
   const left = {}
   for (const p of peers) {
     left[`${p.name} outbox`] = count(p.files.storage, 'SELECT COUNT(*) AS n FROM outbox')
     left[`${p.name} inbound buffer`] = count(p.files.storage, 'SELECT COUNT(*) AS n FROM pending_inbound')
   }
-  left['relay mailboxes'] = count(join(dir, 'relay.db'), 'SELECT COUNT(*) AS n FROM journal')
+  left['relay mailboxes'] = await relay.stored()
   return left
 }
-let left = backlog()
+let left = await backlog()
 while (Object.values(left).some((n) => n > 0)) {
   if (Date.now() - quiesceStart > quiesceMs) {
     violations.push(`not quiescent ${quiesceMs} ms after the last kill: ${JSON.stringify(left)}`)
     break
   }
   await sleep(250)
-  left = backlog()
+  left = await backlog()
 }
 const quiesceSec = (Date.now() - quiesceStart) / 1000
 
@@ -234,9 +293,11 @@ for (const p of peers) {
   await stopped.catch((e) => violations.push(e.message))
   await deadline(exited, READY_MS, `${p.name} exit after stop`).catch((e) => violations.push(e.message))
 }
-const relayExited = relay.expectExit()
-relay.current.child.kill('SIGTERM')
-await deadline(relayExited, READY_MS, 'relay exit after SIGTERM').catch((e) => violations.push(e.message))
+for (const p of relay.processes.reverse()) {
+  const exited = p.expectExit()
+  p.current.child.kill('SIGTERM')
+  await deadline(exited, READY_MS, `${p.name} exit after SIGTERM`).catch((e) => violations.push(e.message))
+}
 for (const p of all) {
   for (const e of p.unexpectedExits) violations.push(`${p.name} #${e.incarnation} exited by itself (${e.signal ?? `code ${e.code}`})`)
 }
@@ -250,7 +311,7 @@ violations.push(...result.violations)
 const t = result.totals
 const report = {
   seed,
-  kills: { total: kills, relay: relay.kills.length, alice: alice.kills.length, bob: bob.kills.length },
+  kills: { total: kills, ...Object.fromEntries(all.map((p) => [p.name, p.kills.length])) },
   messages: t.accepted,
   delivered: t.delivered,
   failed: t.failed,
@@ -286,7 +347,7 @@ if (opt.json) {
   const failed = Object.entries(t.failed).map(([reason, n]) => `${reason}: ${n}`).join(', ') || 'none'
   console.log(`
 crash run, seed ${seed}: node scripts/crash-run.mjs ${rerun}
-  kills survived     ${kills} (relay ${relay.kills.length}, alice ${alice.kills.length}, bob ${bob.kills.length})
+  kills survived     ${kills} (${all.map((p) => `${p.name} ${p.kills.length}`).join(', ')})
   messages accepted  ${t.accepted} (alice ${result.perPeer.alice.accepted}, bob ${result.perPeer.bob.accepted})
   delivered          ${t.delivered}, each exactly once in the recipient app's inbox
   failed             ${Object.values(t.failed).reduce((a, b) => a + b, 0)} (${failed}); ${t.failedToPeer} of them to the other app (${t.failedToPeerExcused} with a kill or a lost connection in their life); ${t.failedButReceived} of all failed were received

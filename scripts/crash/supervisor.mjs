@@ -1,4 +1,4 @@
-// The processes of a crash run: each is a Node script respawned on the same files after every
+// The processes of a crash run: each is a program (a Node script unless told otherwise) respawned on the same files after every
 // SIGKILL. A process that exits without being killed or told to stop is recorded, never ignored.
 import { spawn } from 'node:child_process'
 import { closeSync, openSync } from 'node:fs'
@@ -17,14 +17,16 @@ export class Supervised {
   /**
    * @param {string} name
    * @param {object} spec
-   * @param {(incarnation: number) => string[]} spec.args  script and arguments for `node`
+   * @param {(incarnation: number) => string[]} spec.args  script and arguments for `node`, or
+   *   for `spec.command`
+   * @param {string} [spec.command]  the program to run instead of `node`
    * @param {(incarnation: number) => object} [spec.env]  extra environment
    * @param {string} spec.stderr  file that collects the stderr of every incarnation
    * @param {(line: string) => object | null} spec.ready  recognises the readiness line
    */
-  constructor(name, { args, env = () => ({}), stderr, ready }) {
+  constructor(name, { command = process.execPath, args, env = () => ({}), stderr, ready }) {
     this.name = name
-    this.spec = { args, env, stderr, ready }
+    this.spec = { command, args, env, stderr, ready }
     this.incarnations = 0
     /** Our SIGKILLs: `{ at, pid }`, `at` the wall-clock time just before the signal. */
     this.kills = []
@@ -36,7 +38,7 @@ export class Supervised {
   start() {
     const number = ++this.incarnations
     const stderr = openSync(this.spec.stderr, 'a')
-    const child = spawn(process.execPath, this.spec.args(number), {
+    const child = spawn(this.spec.command, this.spec.args(number), {
       env: { ...process.env, ...this.spec.env(number) },
       stdio: ['pipe', 'pipe', stderr],
     })

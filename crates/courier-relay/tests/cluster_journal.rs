@@ -72,26 +72,28 @@ async fn publish_until_stored(js: &jetstream::Context, payload: &'static str) {
     }
 }
 
-/// The store of a deployment on `cluster`, with `replicas` copies and the given mailbox size.
-async fn open(cluster: &NatsCluster, replicas: usize, max_messages: u64) -> JetStreamStore {
-    JetStreamStore::open(&ClusterConfig {
-        servers: cluster.urls(),
+/// A deployment on `servers` with `replicas` copies, its journal within the harness's stores.
+fn deployment(servers: Vec<String>, replicas: usize) -> ClusterConfig {
+    ClusterConfig {
+        servers,
         name: ClusterConfig::DEFAULT_NAME.into(),
         replicas,
         mailbox: MailboxLimits {
-            max_messages,
             // The stream reserves its bytes on each server: within the harness's store.
             max_journal_bytes: 256 * 1024 * 1024,
             ..MailboxLimits::default()
         },
-        addresses: AddressLimits {
-            max_per_account: 2,
-            ..AddressLimits::default()
-        },
+        addresses: AddressLimits::default(),
         presence_ttl: ClusterConfig::DEFAULT_PRESENCE_TTL,
-    })
-    .await
-    .unwrap()
+    }
+}
+
+/// The store of a deployment on `cluster`, with `replicas` copies and the given mailbox size.
+async fn open(cluster: &NatsCluster, replicas: usize, max_messages: u64) -> JetStreamStore {
+    let mut config = deployment(cluster.urls(), replicas);
+    config.mailbox.max_messages = max_messages;
+    config.addresses.max_per_account = 2;
+    JetStreamStore::open(&config).await.unwrap()
 }
 
 fn envelope(sender: &str, message_id: &str) -> Envelope {
@@ -453,19 +455,9 @@ async fn a_frame_appended_through_one_node_is_announced_to_a_node_on_another_ser
     let on_server = |server: usize| {
         let url = cluster.url(server);
         async move {
-            JetStreamStore::open(&ClusterConfig {
-                servers: vec![url],
-                name: ClusterConfig::DEFAULT_NAME.into(),
-                replicas: 3,
-                mailbox: MailboxLimits {
-                    max_journal_bytes: 256 * 1024 * 1024,
-                    ..MailboxLimits::default()
-                },
-                addresses: AddressLimits::default(),
-                presence_ttl: ClusterConfig::DEFAULT_PRESENCE_TTL,
-            })
-            .await
-            .unwrap()
+            JetStreamStore::open(&deployment(vec![url], 3))
+                .await
+                .unwrap()
         }
     };
     let (node_a, node_b) = (on_server(0).await, on_server(2).await);
@@ -496,15 +488,8 @@ async fn a_frame_appended_through_one_node_is_announced_to_a_node_on_another_ser
 async fn the_accounts_of_a_node_that_stops_beating_go_offline_on_their_own() {
     let cluster = NatsCluster::start(1).await;
     let store = JetStreamStore::open(&ClusterConfig {
-        servers: cluster.urls(),
-        name: ClusterConfig::DEFAULT_NAME.into(),
-        replicas: 1,
-        mailbox: MailboxLimits {
-            max_journal_bytes: 256 * 1024 * 1024,
-            ..MailboxLimits::default()
-        },
-        addresses: AddressLimits::default(),
         presence_ttl: std::time::Duration::from_secs(2),
+        ..deployment(cluster.urls(), 1)
     })
     .await
     .unwrap();
@@ -547,19 +532,9 @@ async fn a_node_following_presence_sees_a_connection_through_another_node_displa
     let on_server = |server: usize| {
         let url = cluster.url(server);
         async move {
-            JetStreamStore::open(&ClusterConfig {
-                servers: vec![url],
-                name: ClusterConfig::DEFAULT_NAME.into(),
-                replicas: 3,
-                mailbox: MailboxLimits {
-                    max_journal_bytes: 256 * 1024 * 1024,
-                    ..MailboxLimits::default()
-                },
-                addresses: AddressLimits::default(),
-                presence_ttl: ClusterConfig::DEFAULT_PRESENCE_TTL,
-            })
-            .await
-            .unwrap()
+            JetStreamStore::open(&deployment(vec![url], 3))
+                .await
+                .unwrap()
         }
     };
     let (node_a, node_b) = (on_server(0).await, on_server(1).await);
@@ -597,5 +572,17 @@ async fn next_record(changes: &mut PresenceChanges, account: &str, skip: &Record
         if change.account == account && &change.record != skip {
             return change;
         }
+    }
+}
+
+/// Relay nodes started at the same moment against a new deployment all create its stream and
+/// buckets: every one of them opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_opening_a_new_deployment_at_once_all_open() {
+    let cluster = NatsCluster::start(3).await;
+    let config = deployment(cluster.urls(), 3);
+    let (a, b) = tokio::join!(JetStreamStore::open(&config), JetStreamStore::open(&config));
+    if let Err(e) = a.as_ref().and(b.as_ref()) {
+        panic!("{e}\n{}", cluster.logs());
     }
 }

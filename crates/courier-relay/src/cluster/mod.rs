@@ -126,6 +126,9 @@ struct Inner {
 /// Between two pings of the NATS server a node is connected to (`docs/cluster.md#what-each-failure-costs`).
 const SERVER_PING: Duration = Duration::from_secs(2);
 
+/// How long one request of the setup waits for its answer before it is made again.
+const SETUP_REQUEST_TIMEOUT: Duration = Duration::from_millis(1500);
+
 /// How long opening waits for the stream and buckets to be created and served.
 const SERVED_DEADLINE: Duration = Duration::from_secs(30);
 
@@ -229,10 +232,16 @@ impl JetStreamStore {
             ..Default::default()
         };
         let deadline = tokio::time::Instant::now() + SERVED_DEADLINE;
+        // Nodes starting together race to create the same stream and buckets, and JetStream
+        // may leave the losing request of such a race unanswered: setup asks again after a
+        // short wait rather than the usual request timeout.
+        let mut setup = js.clone();
+        setup.set_timeout(SETUP_REQUEST_TIMEOUT);
         until_placed(deadline, || {
-            js.create_or_update_stream(journal_config.clone())
+            setup.create_or_update_stream(journal_config.clone())
         })
         .await?;
+        // Bound through the usual context: the short timeout is for setup alone.
         let journal = until_placed(deadline, || js.get_stream(names.stream())).await?;
         let bucket = |name: String, max_age: Duration| kv::Config {
             bucket: name,
@@ -261,9 +270,11 @@ impl JetStreamStore {
             (names.bucket("nodes"), config.presence_ttl),
         ] {
             let config = bucket(name, max_age);
-            buckets.push(
-                until_placed(deadline, || js.create_or_update_key_value(config.clone())).await?,
-            );
+            until_placed(deadline, || {
+                setup.create_or_update_key_value(config.clone())
+            })
+            .await?;
+            buckets.push(until_placed(deadline, || js.get_key_value(config.bucket.clone())).await?);
         }
         wait_until_served(deadline, &journal, &buckets).await?;
         let [accounts, dedup, addresses, bindings, presence, nodes]: [kv::Store; 6] = buckets
