@@ -93,7 +93,7 @@ impl Durable {
             Self::File(store) => store.queue_append(recipient, envelope, limits).await,
             Self::Cluster(node) => {
                 let account = router.resolve(recipient.clone());
-                let appended = node.store().append(recipient, &envelope).await?;
+                let appended = node.append(recipient, &envelope).await?;
                 // Live when the recipient is present on any node: its node reads the frame
                 // from the journal on the notice (`docs/cluster.md#live-delivery`).
                 let disposition = match account {

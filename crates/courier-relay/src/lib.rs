@@ -236,6 +236,7 @@ pub async fn start(config: RelayConfig) -> Result<RelayHandle, RelayError> {
                 config.mailbox,
                 config.addresses,
                 Arc::clone(&router),
+                metrics.commit_seconds.clone(),
             )
             .await?,
         ),

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use prometheus_client::metrics::histogram::Histogram;
 use tokio::task::JoinHandle;
 
 use crate::cluster::{
@@ -29,6 +30,8 @@ pub struct Node {
     /// Every binding followed, by address: its account and when it was declared.
     bindings: Arc<Mutex<HashMap<String, (String, u64)>>>,
     figures: Arc<Mutex<Figures>>,
+    /// Each append's time, from its first read to JetStream's acknowledgement.
+    commit_seconds: Histogram,
     tasks: Vec<JoinHandle<()>>,
     _heartbeat: Heartbeat,
 }
@@ -66,6 +69,7 @@ impl Node {
         mailbox: Option<MailboxLimits>,
         addresses: AddressLimits,
         router: Arc<Router>,
+        commit_seconds: Histogram,
     ) -> Result<Self, ClusterError> {
         let store = JetStreamStore::open(&ClusterConfig {
             servers: storage.servers.clone(),
@@ -102,6 +106,7 @@ impl Node {
             router,
             bindings,
             figures,
+            commit_seconds,
             tasks,
             _heartbeat: heartbeat,
         })
@@ -109,6 +114,19 @@ impl Node {
 
     pub fn store(&self) -> &JetStreamStore {
         &self.store
+    }
+
+    /// Journals `envelope` for the account `recipient` names, its time observed as the
+    /// node's commit time (`docs/operating-the-relay.md#metrics`).
+    pub async fn append(
+        &self,
+        recipient: crate::store::Named,
+        envelope: &crate::mailbox::Envelope,
+    ) -> Result<crate::cluster::Appended, ClusterError> {
+        let started = Instant::now();
+        let appended = self.store.append(recipient, envelope).await;
+        self.commit_seconds.observe(started.elapsed().as_secs_f64());
+        appended
     }
 
     pub fn figures(&self) -> Figures {
