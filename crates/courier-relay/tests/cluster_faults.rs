@@ -365,3 +365,42 @@ async fn a_whole_cluster_restart_delivers_everything_journaled() {
         .await;
     bob.assert_each_journaled_once();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_accounts_of_a_killed_relay_node_go_offline_on_the_other_nodes() {
+    let mut deployment = Deployment::start(2).await;
+    let urls = deployment.urls();
+    let (_bob, _) = connect(&urls, 1, "bob").await;
+    let (mut carol, _) = connect(&urls, 0, "carol").await;
+    let watch = ClientFrame::WatchPresence {
+        users: vec!["bob".into()],
+    };
+    carol.send(Message::text(watch.encode())).await.unwrap();
+    assert_eq!(
+        bob_status(&mut carol).await,
+        (true, None),
+        "bob is online on node 1"
+    );
+    // No connection of bob's ends in any record: his node's heartbeat stops.
+    deployment.kill_node(1);
+    let (online, last_seen) = bob_status(&mut carol).await;
+    assert!(!online && last_seen.is_some(), "offline with a last_seen");
+}
+
+/// The next presence status of bob's that `ws` reads: `(online, last_seen)`.
+async fn bob_status(ws: &mut Ws) -> (bool, Option<serde_json::Value>) {
+    tokio::time::timeout(CLUSTER_DEADLINE, async {
+        loop {
+            match next(ws).await.expect("the watcher's connection stays") {
+                RelayFrame::PresenceStatus {
+                    user_id,
+                    online,
+                    last_seen,
+                } if user_id == "bob" => return (online, last_seen),
+                _ => continue,
+            }
+        }
+    })
+    .await
+    .expect("a status within the deadline")
+}

@@ -81,6 +81,16 @@ pub(super) struct RelaySettings {
     )]
     cluster_replicas: Option<usize>,
 
+    /// How long a node's connections stay present after its last heartbeat: a node that dies
+    /// takes its accounts offline within it [default: 15000]
+    #[arg(
+        long,
+        env = "COURIER_RELAY_CLUSTER_PRESENCE_TTL_MS",
+        value_name = "MS",
+        help_heading = "Storage"
+    )]
+    cluster_presence_ttl_ms: Option<u64>,
+
     /// File holding the HS256 token secret, at least 32 bytes (trailing newline ignored)
     #[arg(long, env = "COURIER_RELAY_JWT_SECRET_FILE", value_name = "FILE")]
     jwt_secret_file: Option<PathBuf>,
@@ -250,6 +260,9 @@ impl RelaySettings {
             cluster: self.cluster.or(file.cluster),
             cluster_name: self.cluster_name.or(file.cluster_name),
             cluster_replicas: self.cluster_replicas.or(file.cluster_replicas),
+            cluster_presence_ttl_ms: self
+                .cluster_presence_ttl_ms
+                .or(file.cluster_presence_ttl_ms),
             jwt_secret_file: self.jwt_secret_file.or(file.jwt_secret_file),
             jwt_secret_encoding: self.jwt_secret_encoding.or(file.jwt_secret_encoding),
             max_token_lifetime_sec: self.max_token_lifetime_sec.or(file.max_token_lifetime_sec),
@@ -303,10 +316,12 @@ impl RelaySettings {
         let listen = self
             .listen
             .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8080)));
-        let tuned = self.cluster_name.is_some() || self.cluster_replicas.is_some();
+        let tuned = self.cluster_name.is_some()
+            || self.cluster_replicas.is_some()
+            || self.cluster_presence_ttl_ms.is_some();
         if tuned && self.cluster.is_none() {
             return Err(UsageError::new(
-                "--cluster-name and --cluster-replicas need --cluster",
+                "--cluster-name, --cluster-replicas and --cluster-presence-ttl-ms need --cluster",
             ));
         }
         let storage = match (self.db, self.memory, self.cluster) {
@@ -319,6 +334,9 @@ impl RelaySettings {
                 }
                 if let Some(replicas) = self.cluster_replicas {
                     cluster.replicas = replicas;
+                }
+                if let Some(ms) = self.cluster_presence_ttl_ms {
+                    cluster.presence_ttl = Duration::from_millis(ms);
                 }
                 Storage::Cluster(cluster)
             }

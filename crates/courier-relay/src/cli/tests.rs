@@ -223,6 +223,7 @@ fn every_flag_is_applied_and_documented() {
         "--cluster=nats://127.0.0.1:4222",
         "--cluster-name=chat-eu",
         "--cluster-replicas=1",
+        "--cluster-presence-ttl-ms=2000",
         "--config",
         path(&config_file),
     ];
@@ -230,6 +231,7 @@ fn every_flag_is_applied_and_documented() {
         panic!("a cluster node");
     };
     assert_eq!((cluster.name.as_str(), cluster.replicas), ("chat-eu", 1));
+    assert_eq!(cluster.presence_ttl, std::time::Duration::from_secs(2));
 
     // Every documented option was given above, and nothing else (`--help` and `--version`
     // come with `-h` and `-V`, on lines of their own).

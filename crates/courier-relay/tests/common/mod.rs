@@ -900,6 +900,8 @@ impl RelayProcess {
             .arg("--cluster")
             .arg(nats.join(","))
             .args(["--journal-max-bytes", "268435456"])
+            // A killed node's accounts go offline on the other nodes within seconds.
+            .args(["--cluster-presence-ttl-ms", "2000"])
             .stderr(log);
         Self::spawn_command(command, secret_file, nats::CLUSTER_DEADLINE)
     }
