@@ -1,6 +1,6 @@
 //! A relay node of a cluster (`docs/cluster.md`): it keeps nothing durable itself. It beats in
 //! the `nodes` bucket, follows every presence record, every node's heartbeat and every address
-//! binding into the router (so presence is answered from memory, as the single-file relay
+//! binding (and, for contacts visibility, every contact) into the router (so presence is answered from memory, as the single-file relay
 //! answers it), writes its connections' presence records, and hands each connection the notices
 //! of frames appended to its account, which its writer then reads from the journal.
 
@@ -97,6 +97,7 @@ impl Node {
                 Arc::clone(&router),
                 Arc::clone(&bindings),
             )),
+            tokio::spawn(follow_contacts(store.clone(), Arc::clone(&router))),
             tokio::spawn(read_figures(store.clone(), Arc::clone(&figures))),
         ];
         tracing::info!(node = %name, "relay node joined its cluster");
@@ -327,6 +328,30 @@ async fn follow_bindings(
             }
         };
         tracing::warn!(error = %failure, "following address bindings failed; following again");
+        tokio::time::sleep(FEED_RETRY).await;
+    }
+}
+
+async fn follow_contacts(store: JetStreamStore, router: Arc<Router>) {
+    loop {
+        let mut feed = match store.contact_changes().await {
+            Ok(feed) => feed,
+            Err(e) => {
+                tracing::warn!(error = %e, "following contacts could not start");
+                tokio::time::sleep(FEED_RETRY).await;
+                continue;
+            }
+        };
+        let failure = loop {
+            match feed.next().await {
+                Some(Ok((a, b))) => {
+                    router.contacts.insert(&a, &b);
+                }
+                Some(Err(e)) => break e,
+                None => break ClusterError::Request("the contact feed ended".into()),
+            }
+        };
+        tracing::warn!(error = %failure, "following contacts failed; following again");
         tokio::time::sleep(FEED_RETRY).await;
     }
 }

@@ -19,13 +19,19 @@ struct Deployment {
 
 impl Deployment {
     async fn start(nodes: usize) -> Self {
+        Self::start_with(nodes, |_| {}).await
+    }
+
+    async fn start_with(nodes: usize, adjust: impl Fn(&mut RelayConfig)) -> Self {
         let nats = NatsCluster::start(3).await;
         let mut deployment = Self {
             nats,
             nodes: Vec::new(),
         };
         for _ in 0..nodes {
-            let node = courier_relay::start(deployment.config())
+            let mut config = deployment.config();
+            adjust(&mut config);
+            let node = courier_relay::start(config)
                 .await
                 .expect("relay node starts");
             deployment.nodes.push(node);
@@ -212,4 +218,45 @@ async fn next_status(c: &mut Client, user: &str) -> (bool, Option<u64>) {
         } => (online, last_seen.and_then(|v| v.as_u64())),
         _ => unreachable!(),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_contacts_visibility_an_exchange_through_one_node_is_seen_on_the_others() {
+    let deployment = Deployment::start_with(3, |c| {
+        c.presence_visibility = courier_relay::PresenceVisibility::Contacts;
+    })
+    .await;
+    let mut bob = deployment.online(1, "bob").await;
+    let mut alice = deployment.online(0, "alice").await;
+    let mut mallory = deployment.online(2, "mallory").await;
+    assert_eq!(check(&mut bob, "alice").await, (false, None), "strangers");
+    assert_sent(
+        &alice.send_and_answer("bob", "m1", "hi").await,
+        "m1",
+        "bob",
+        "live",
+    );
+    // alice's node knows the pair at once, bob's a moment later.
+    assert_eq!(check(&mut alice, "bob").await, (true, None));
+    let deadline = std::time::Instant::now() + CLUSTER_DEADLINE;
+    while check(&mut bob, "alice").await != (true, None) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "bob's node never learned the pair"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        check(&mut mallory, "bob").await,
+        (false, None),
+        "still a stranger"
+    );
+}
+
+async fn check(c: &mut Client, user: &str) -> (bool, Option<u64>) {
+    c.send(&ClientFrame::CheckPresence {
+        username: user.into(),
+    })
+    .await;
+    next_status(c, user).await
 }

@@ -19,6 +19,7 @@ use crate::config::{AddressLimits, MailboxLimits};
 mod accounts;
 mod addresses;
 mod appended;
+mod contacts;
 mod figures;
 mod journal;
 mod names;
@@ -26,6 +27,7 @@ mod presence;
 
 pub use addresses::{BindingChange, BindingChanges};
 pub use appended::Appends;
+pub use contacts::ContactChanges;
 pub use figures::Figures;
 pub use journal::Appended;
 use names::Names;
@@ -118,6 +120,7 @@ struct Inner {
     bindings: kv::Store,
     presence: kv::Store,
     nodes: kv::Store,
+    contacts: kv::Store,
     presence_ttl: Duration,
     /// Each account's base (`accounts.rs`), which never changes once set.
     bases: Mutex<HashMap<String, u64>>,
@@ -268,6 +271,7 @@ impl JetStreamStore {
             // A heartbeat not written again within the presence lifetime goes, and with it
             // the presence of the node's connections.
             (names.bucket("nodes"), config.presence_ttl),
+            (names.bucket("contacts"), forever),
         ] {
             let config = bucket(name, max_age);
             until_placed(deadline, || {
@@ -277,9 +281,10 @@ impl JetStreamStore {
             buckets.push(until_placed(deadline, || js.get_key_value(config.bucket.clone())).await?);
         }
         wait_until_served(deadline, &journal, &buckets).await?;
-        let [accounts, dedup, addresses, bindings, presence, nodes]: [kv::Store; 6] = buckets
-            .try_into()
-            .unwrap_or_else(|_| unreachable!("six buckets were created"));
+        let [accounts, dedup, addresses, bindings, presence, nodes, contacts]: [kv::Store; 7] =
+            buckets
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("seven buckets were created"));
         Ok(Self {
             inner: Arc::new(Inner {
                 names,
@@ -292,6 +297,7 @@ impl JetStreamStore {
                 bindings,
                 presence,
                 nodes,
+                contacts,
                 presence_ttl: config.presence_ttl,
                 bases: Mutex::new(HashMap::new()),
             }),

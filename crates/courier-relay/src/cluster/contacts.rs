@@ -1,0 +1,74 @@
+//! Contacts for `--presence-visibility contacts` (`docs/protocol.md#presence-visibility`): each
+//! pair of accounts that exchanged a message, once, in the `contacts` bucket. Every node follows
+//! the bucket into its memory ([`JetStreamStore::contact_changes`]), so a presence look-up never
+//! waits for NATS, as in the single-file relay.
+
+use async_nats::jetstream::kv;
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+
+use super::names::token;
+use super::{request, ClusterError, JetStreamStore};
+
+#[derive(Serialize, Deserialize)]
+struct Pair {
+    a: String,
+    b: String,
+}
+
+/// Every recorded pair as the feed starts, then each new one.
+pub struct ContactChanges {
+    watch: kv::Watch,
+}
+
+impl ContactChanges {
+    pub async fn next(&mut self) -> Option<Result<(String, String), ClusterError>> {
+        loop {
+            let entry = match self.watch.next().await? {
+                Ok(entry) => entry,
+                Err(e) => return Some(Err(request(e))),
+            };
+            if entry.operation != kv::Operation::Put {
+                continue;
+            }
+            return Some(
+                serde_json::from_slice::<Pair>(&entry.value)
+                    .map(|pair| (pair.a, pair.b))
+                    .map_err(|e| ClusterError::Corrupt(e.to_string())),
+            );
+        }
+    }
+}
+
+impl JetStreamStore {
+    /// Records that `a` and `b` exchanged a message; a pair recorded before is left alone.
+    pub async fn record_contact(&self, a: &str, b: &str) -> Result<(), ClusterError> {
+        let (a, b) = if a <= b { (a, b) } else { (b, a) };
+        let value = serde_json::to_vec(&Pair {
+            a: a.to_owned(),
+            b: b.to_owned(),
+        })
+        .map_err(request)?;
+        match self
+            .inner
+            .contacts
+            .create(token(&[a, b]), value.into())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(request(e)),
+        }
+    }
+
+    /// Follows every recorded pair from the start.
+    pub async fn contact_changes(&self) -> Result<ContactChanges, ClusterError> {
+        let watch = self
+            .inner
+            .contacts
+            .watch_with_history(">")
+            .await
+            .map_err(request)?;
+        Ok(ContactChanges { watch })
+    }
+}
