@@ -5,6 +5,7 @@
 //! of frames appended to its account, which its writer then reads from the journal.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use tokio::task::JoinHandle;
 
 use crate::cluster::{
-    BindingChange, ClusterConfig, ClusterError, Figures, Heartbeat, JetStreamStore, Presence,
+    BindingChange, ClusterConfig, ClusterError, Feed, Figures, Heartbeat, JetStreamStore, Presence,
 };
 use crate::config::{AddressLimits, ClusterStorage, MailboxLimits};
 use crate::router::{Peer, Router};
@@ -215,76 +216,83 @@ impl Node {
     }
 }
 
-async fn follow_presence(store: JetStreamStore, router: Arc<Router>) {
+/// Follows the feed `start` opens, applying each record, and opens it again after a failure:
+/// a new feed begins with every record again, which applying twice leaves as it was.
+async fn follow<T, Fut>(what: &'static str, start: impl Fn() -> Fut, mut apply: impl FnMut(T))
+where
+    Fut: Future<Output = Result<Feed<T>, ClusterError>>,
+{
     loop {
-        match store.presence_changes().await {
+        match start().await {
             Ok(mut feed) => {
                 let failure = loop {
                     match feed.next().await {
-                        Some(Ok(change)) => {
-                            if let Some(displaced) = router.observe(&change) {
-                                let _ = displaced.supersede();
-                            }
-                        }
+                        Some(Ok(item)) => apply(item),
                         Some(Err(e)) => break e,
-                        None => break ClusterError::Request("the presence feed ended".into()),
+                        None => break ClusterError::Request("the feed ended".into()),
                     }
                 };
-                tracing::warn!(error = %failure, "following presence failed; following again");
+                tracing::warn!(what, error = %failure, "following a bucket failed; following it again");
             }
-            Err(e) => tracing::warn!(error = %e, "following presence could not start"),
+            Err(e) => tracing::warn!(what, error = %e, "following a bucket could not start"),
         }
         tokio::time::sleep(FEED_RETRY).await;
     }
+}
+
+async fn follow_presence(store: JetStreamStore, router: Arc<Router>) {
+    follow(
+        "presence",
+        || store.presence_changes(),
+        |change| {
+            if let Some(displaced) = router.observe(&change) {
+                let _ = displaced.supersede();
+            }
+        },
+    )
+    .await;
 }
 
 /// Marks nodes alive as their heartbeats come, and dead once none came within the presence
 /// lifetime (by this node's clock: heartbeats are told by when they were read).
 async fn follow_nodes(store: JetStreamStore, router: Arc<Router>, own: String) {
     let ttl = store.presence_ttl();
-    let mut beats: HashMap<String, Instant> = HashMap::new();
-    let mut sweep = tokio::time::interval((ttl / 3).max(Duration::from_millis(100)));
-    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let mut feed = match store.node_beats().await {
-            Ok(feed) => feed,
-            Err(e) => {
-                tracing::warn!(error = %e, "following heartbeats could not start");
-                tokio::time::sleep(FEED_RETRY).await;
-                continue;
-            }
-        };
-        let failure = loop {
-            tokio::select! {
-                beat = feed.next() => match beat {
-                    Some(Ok((node, age))) => {
-                        if node == own || age >= ttl {
-                            continue;
-                        }
-                        let at = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
-                        beats.insert(node.clone(), at);
-                        router.node_up(&node);
-                    }
-                    Some(Err(e)) => break e,
-                    None => break ClusterError::Request("the heartbeat feed ended".into()),
-                },
-                _ = sweep.tick() => {
+    let beats: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let sweep = {
+        let (beats, router) = (Arc::clone(&beats), Arc::clone(&router));
+        async move {
+            let mut tick = tokio::time::interval((ttl / 3).max(Duration::from_millis(100)));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let dead: Vec<String> = {
+                    let mut beats = lock(&beats);
                     let dead: Vec<String> = beats
                         .iter()
                         .filter(|(_, at)| at.elapsed() >= ttl)
                         .map(|(node, _)| node.clone())
                         .collect();
-                    for node in dead {
-                        beats.remove(&node);
-                        tracing::info!(%node, "a relay node stopped beating: its connections are offline");
-                        router.node_down(&node, crate::now_ms());
+                    for node in &dead {
+                        beats.remove(node);
                     }
+                    dead
+                };
+                for node in dead {
+                    tracing::info!(%node, "a relay node stopped beating: its connections are offline");
+                    router.node_down(&node, crate::now_ms());
                 }
             }
-        };
-        tracing::warn!(error = %failure, "following heartbeats failed; following again");
-        tokio::time::sleep(FEED_RETRY).await;
-    }
+        }
+    };
+    let beat = |(node, age): (String, Duration)| {
+        if node == own || age >= ttl {
+            return;
+        }
+        let at = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
+        lock(&beats).insert(node.clone(), at);
+        router.node_up(&node);
+    };
+    tokio::join!(sweep, follow("heartbeats", || store.node_beats(), beat));
 }
 
 async fn follow_bindings(
@@ -293,67 +301,43 @@ async fn follow_bindings(
     bindings: Arc<Mutex<HashMap<String, (String, u64)>>>,
 ) {
     let mut keys: HashMap<String, String> = HashMap::new();
-    loop {
-        let mut feed = match store.binding_changes().await {
-            Ok(feed) => feed,
-            Err(e) => {
-                tracing::warn!(error = %e, "following address bindings could not start");
-                tokio::time::sleep(FEED_RETRY).await;
-                continue;
+    follow(
+        "address bindings",
+        || store.binding_changes(),
+        |change| match change {
+            BindingChange::Bound {
+                key,
+                address,
+                account,
+                declared_ms,
+            } => {
+                keys.insert(key, address.clone());
+                lock(&bindings).insert(address.clone(), (account.clone(), declared_ms));
+                router.rebind(&address, &account);
             }
-        };
-        let failure = loop {
-            match feed.next().await {
-                Some(Ok(BindingChange::Bound {
-                    key,
-                    address,
-                    account,
-                    declared_ms,
-                })) => {
-                    keys.insert(key, address.clone());
-                    lock(&bindings).insert(address.clone(), (account.clone(), declared_ms));
-                    router.rebind(&address, &account);
+            BindingChange::Unbound { key } => {
+                let Some(address) = keys.remove(&key) else {
+                    return;
+                };
+                let removed = lock(&bindings).remove(&address);
+                if let Some((account, _)) = removed {
+                    router.unbind(&address, &account);
                 }
-                Some(Ok(BindingChange::Unbound { key })) => {
-                    let Some(address) = keys.remove(&key) else {
-                        continue;
-                    };
-                    let removed = lock(&bindings).remove(&address);
-                    if let Some((account, _)) = removed {
-                        router.unbind(&address, &account);
-                    }
-                }
-                Some(Err(e)) => break e,
-                None => break ClusterError::Request("the binding feed ended".into()),
             }
-        };
-        tracing::warn!(error = %failure, "following address bindings failed; following again");
-        tokio::time::sleep(FEED_RETRY).await;
-    }
+        },
+    )
+    .await;
 }
 
 async fn follow_contacts(store: JetStreamStore, router: Arc<Router>) {
-    loop {
-        let mut feed = match store.contact_changes().await {
-            Ok(feed) => feed,
-            Err(e) => {
-                tracing::warn!(error = %e, "following contacts could not start");
-                tokio::time::sleep(FEED_RETRY).await;
-                continue;
-            }
-        };
-        let failure = loop {
-            match feed.next().await {
-                Some(Ok((a, b))) => {
-                    router.contacts.insert(&a, &b);
-                }
-                Some(Err(e)) => break e,
-                None => break ClusterError::Request("the contact feed ended".into()),
-            }
-        };
-        tracing::warn!(error = %failure, "following contacts failed; following again");
-        tokio::time::sleep(FEED_RETRY).await;
-    }
+    follow(
+        "contacts",
+        || store.contact_changes(),
+        |(a, b)| {
+            router.contacts.insert(&a, &b);
+        },
+    )
+    .await;
 }
 
 async fn read_figures(store: JetStreamStore, figures: Arc<Mutex<Figures>>) {

@@ -9,7 +9,7 @@ use std::time::Instant;
 use async_nats::jetstream::{self, stream};
 use common::nats::{NatsCluster, CLUSTER_DEADLINE};
 use courier_relay::cluster::{
-    Appended, Change, ClusterConfig, JetStreamStore, Presence, PresenceChanges, Record,
+    Appended, Change, ClusterConfig, Feed, JetStreamStore, Presence, Record,
 };
 use courier_relay::{AddressLimits, Envelope, MailboxLimits, Named, Release};
 
@@ -566,7 +566,7 @@ async fn a_node_following_presence_sees_a_connection_through_another_node_displa
 }
 
 /// The next record of `account` the feed yields that is not `skip`.
-async fn next_record(changes: &mut PresenceChanges, account: &str, skip: &Record) -> Change {
+async fn next_record(changes: &mut Feed<Change>, account: &str, skip: &Record) -> Change {
     loop {
         let change = changes.next().await.unwrap().unwrap();
         if change.account == account && &change.record != skip {

@@ -5,9 +5,9 @@
 //! declared one.
 
 use async_nats::jetstream::kv;
-use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 
+use super::feed::{put, Feed};
 use super::names::token;
 use super::{request, ClusterError, JetStreamStore};
 
@@ -38,45 +38,26 @@ pub enum BindingChange {
     Unbound { key: String },
 }
 
-/// Every binding as it stood when the feed started, then every change, in the order written.
-/// A binding that expires (not declared again within the bindings' lifetime) goes without a
-/// change: its follower drops it by its `declared_ms`.
-pub struct BindingChanges {
-    watch: kv::Watch,
-}
-
-impl BindingChanges {
-    pub async fn next(&mut self) -> Option<Result<BindingChange, ClusterError>> {
-        let entry = match self.watch.next().await? {
-            Ok(entry) => entry,
-            Err(e) => return Some(Err(request(e))),
-        };
-        if entry.operation != kv::Operation::Put {
-            return Some(Ok(BindingChange::Unbound { key: entry.key }));
-        }
-        Some(
-            serde_json::from_slice::<Binding>(&entry.value)
-                .map(|binding| BindingChange::Bound {
-                    key: entry.key,
+impl JetStreamStore {
+    /// Follows every address binding from the start. A binding that expires (not declared
+    /// again within the bindings' lifetime) goes without a change: its follower drops it by its
+    /// `declared_ms`.
+    pub async fn binding_changes(&self) -> Result<Feed<BindingChange>, ClusterError> {
+        Feed::start(&self.inner.addresses, |entry| {
+            if entry.operation != kv::Operation::Put {
+                return Some(Ok(BindingChange::Unbound { key: entry.key }));
+            }
+            let key = entry.key.clone();
+            put::<Binding>(&entry).map(|binding| {
+                binding.map(|binding| BindingChange::Bound {
+                    key,
                     address: binding.address,
                     account: binding.account,
                     declared_ms: binding.declared_ms,
                 })
-                .map_err(|e| ClusterError::Corrupt(e.to_string())),
-        )
-    }
-}
-
-impl JetStreamStore {
-    /// Follows every address binding from the start.
-    pub async fn binding_changes(&self) -> Result<BindingChanges, ClusterError> {
-        let watch = self
-            .inner
-            .addresses
-            .watch_with_history(">")
-            .await
-            .map_err(request)?;
-        Ok(BindingChanges { watch })
+            })
+        })
+        .await
     }
 
     /// Binds `address` (canonical) to `account`, replacing any earlier binding (the latest

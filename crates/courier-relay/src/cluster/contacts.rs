@@ -4,9 +4,9 @@
 //! waits for NATS, as in the single-file relay.
 
 use async_nats::jetstream::kv;
-use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 
+use super::feed::{put, Feed};
 use super::names::token;
 use super::{request, ClusterError, JetStreamStore};
 
@@ -14,30 +14,6 @@ use super::{request, ClusterError, JetStreamStore};
 struct Pair {
     a: String,
     b: String,
-}
-
-/// Every recorded pair as the feed starts, then each new one.
-pub struct ContactChanges {
-    watch: kv::Watch,
-}
-
-impl ContactChanges {
-    pub async fn next(&mut self) -> Option<Result<(String, String), ClusterError>> {
-        loop {
-            let entry = match self.watch.next().await? {
-                Ok(entry) => entry,
-                Err(e) => return Some(Err(request(e))),
-            };
-            if entry.operation != kv::Operation::Put {
-                continue;
-            }
-            return Some(
-                serde_json::from_slice::<Pair>(&entry.value)
-                    .map(|pair| (pair.a, pair.b))
-                    .map_err(|e| ClusterError::Corrupt(e.to_string())),
-            );
-        }
-    }
 }
 
 impl JetStreamStore {
@@ -62,13 +38,10 @@ impl JetStreamStore {
     }
 
     /// Follows every recorded pair from the start.
-    pub async fn contact_changes(&self) -> Result<ContactChanges, ClusterError> {
-        let watch = self
-            .inner
-            .contacts
-            .watch_with_history(">")
-            .await
-            .map_err(request)?;
-        Ok(ContactChanges { watch })
+    pub async fn contact_changes(&self) -> Result<Feed<(String, String)>, ClusterError> {
+        Feed::start(&self.inner.contacts, |entry| {
+            put::<Pair>(&entry).map(|pair| pair.map(|pair| (pair.a, pair.b)))
+        })
+        .await
     }
 }

@@ -20,18 +20,19 @@ mod accounts;
 mod addresses;
 mod appended;
 mod contacts;
+mod feed;
 mod figures;
 mod journal;
 mod names;
 mod presence;
 
-pub use addresses::{BindingChange, BindingChanges};
+pub use addresses::BindingChange;
 pub use appended::Appends;
-pub use contacts::ContactChanges;
+pub use feed::Feed;
 pub use figures::Figures;
 pub use journal::Appended;
 use names::Names;
-pub use presence::{Change, Heartbeat, NodeBeats, Presence, PresenceChanges, Record};
+pub use presence::{Change, Heartbeat, Presence, Record};
 
 /// What one relay deployment's store in NATS is.
 #[derive(Debug, Clone)]

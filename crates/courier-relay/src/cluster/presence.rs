@@ -12,9 +12,9 @@
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
-use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 
+use super::feed::{put, Feed};
 use super::names::token;
 use super::{request, ClusterError, JetStreamStore};
 
@@ -64,90 +64,41 @@ impl Drop for Heartbeat {
     }
 }
 
-/// Every account's presence record as it stood when the feed started, then every change, in
-/// the order they were written.
-pub struct PresenceChanges {
-    watch: kv::Watch,
-}
-
-impl PresenceChanges {
-    /// The next record; `Err` when the feed failed (its follower starts a new one, which
-    /// begins with every record again).
-    pub async fn next(&mut self) -> Option<Result<Change, ClusterError>> {
-        loop {
-            let entry = match self.watch.next().await? {
-                Ok(entry) => entry,
-                Err(e) => return Some(Err(request(e))),
-            };
-            // Records are never deleted, only overwritten: a delete marker is nobody's.
-            if entry.operation != kv::Operation::Put {
-                continue;
-            }
-            return Some(
-                serde_json::from_slice::<Stored>(&entry.value)
-                    .map(|stored| Change {
-                        account: stored.account,
-                        record: stored.record,
-                        revision: entry.revision,
-                    })
-                    .map_err(|e| ClusterError::Corrupt(e.to_string())),
-            );
-        }
+impl JetStreamStore {
+    /// Follows every account's presence record from the start. Records are never deleted,
+    /// only overwritten.
+    pub async fn presence_changes(&self) -> Result<Feed<Change>, ClusterError> {
+        Feed::start(&self.inner.presence, |entry| {
+            let revision = entry.revision;
+            put::<Stored>(&entry).map(|stored| {
+                stored.map(|stored| Change {
+                    account: stored.account,
+                    record: stored.record,
+                    revision,
+                })
+            })
+        })
+        .await
     }
-}
 
-/// The relay nodes' heartbeats: each live node's latest as the feed starts, then each new one.
-pub struct NodeBeats {
-    watch: kv::Watch,
-}
-
-impl NodeBeats {
-    /// The node that beat, and how long ago by the server's clock (zero for a new beat read
-    /// as it comes, more for the ones the feed starts with). `Err` as for presence.
-    pub async fn next(&mut self) -> Option<Result<(String, Duration), ClusterError>> {
-        loop {
-            let entry = match self.watch.next().await? {
-                Ok(entry) => entry,
-                Err(e) => return Some(Err(request(e))),
-            };
+    /// Follows every relay node's heartbeat from the latest each node wrote: the node that beat,
+    /// and how long ago by the server's clock (zero for a beat read as it comes, more for the
+    /// ones the feed starts with).
+    pub async fn node_beats(&self) -> Result<Feed<(String, Duration)>, ClusterError> {
+        Feed::start(&self.inner.nodes, |entry| {
             if entry.operation != kv::Operation::Put {
-                continue;
+                return None;
             }
-            let Ok(node) = String::from_utf8(entry.value.to_vec()) else {
-                return Some(Err(ClusterError::Corrupt(format!(
-                    "heartbeat {}",
-                    entry.key
-                ))));
-            };
             let written_ms = entry.created.unix_timestamp_nanos() / 1_000_000;
             let age_ms = i128::from(crate::now_ms()).saturating_sub(written_ms);
             let age = Duration::from_millis(u64::try_from(age_ms).unwrap_or(0));
-            return Some(Ok((node, age)));
-        }
-    }
-}
-
-impl JetStreamStore {
-    /// Follows every account's presence record from the start.
-    pub async fn presence_changes(&self) -> Result<PresenceChanges, ClusterError> {
-        let watch = self
-            .inner
-            .presence
-            .watch_with_history(">")
-            .await
-            .map_err(request)?;
-        Ok(PresenceChanges { watch })
-    }
-
-    /// Follows every relay node's heartbeat from the latest each node wrote.
-    pub async fn node_beats(&self) -> Result<NodeBeats, ClusterError> {
-        let watch = self
-            .inner
-            .nodes
-            .watch_with_history(">")
-            .await
-            .map_err(request)?;
-        Ok(NodeBeats { watch })
+            Some(
+                String::from_utf8(entry.value.to_vec())
+                    .map(|node| (node, age))
+                    .map_err(|_| ClusterError::Corrupt(format!("heartbeat {}", entry.key))),
+            )
+        })
+        .await
     }
 
     /// How long a node's connections stay present after its last heartbeat.
