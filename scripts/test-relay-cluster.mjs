@@ -5,13 +5,15 @@
 // design, and the reason says where that is documented.
 import { spawnSync } from 'node:child_process'
 
-const SUITES = ['delivery', 'presence', 'address', 'auth', 'transport']
+const SUITES = ['delivery', 'presence', 'address', 'auth', 'transport', 'directory']
 
 const FILE_ONLY = {
   // The SQLite file itself: its WAL, its schema versions.
   a_restart_loses_no_frame_and_seq_never_goes_back: 'reads the SQLite WAL file',
   a_version_2_database_gains_address_bindings_and_keeps_its_journal: 'upgrades a SQLite file',
   a_database_from_before_last_seen_is_upgraded: 'upgrades a SQLite file',
+  a_version_3_database_gains_the_directory_and_keeps_its_bindings: 'upgrades a SQLite file',
+  a_relay_in_memory_without_a_mailbox_keeps_a_directory_too: 'runs in memory without a mailbox',
   // A cluster node keeps a mailbox (docs/cluster.md#relay-nodes).
   without_a_mailbox_a_declared_address_is_reached_live_only: 'runs without a mailbox',
   presence_watch_v1_is_advertised_with_and_without_the_mailbox: 'runs without a mailbox',

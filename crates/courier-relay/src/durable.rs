@@ -234,7 +234,10 @@ impl Durable {
                     .publish_key_packages(address, packages, last_resort, now_ms)
                     .await
             }
-            Self::Cluster(_) => not_yet("the key-package directory"),
+            Self::Cluster(node) => Ok(node
+                .store()
+                .publish_key_packages(address, packages, last_resort, now_ms)
+                .await?),
         }
     }
 
@@ -244,7 +247,7 @@ impl Durable {
     ) -> Result<Option<TakenKeyPackage>, StoreError> {
         match self {
             Self::File(store) => store.take_key_package(address).await,
-            Self::Cluster(_) => not_yet("the key-package directory"),
+            Self::Cluster(node) => Ok(node.store().take_key_package(address).await?),
         }
     }
 

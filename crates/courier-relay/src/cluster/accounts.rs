@@ -12,7 +12,7 @@ use async_nats::jetstream::kv;
 use serde::{Deserialize, Serialize};
 
 use super::names::token;
-use super::{request, ClusterError, JetStreamStore};
+use super::{lost_race, request, ClusterError, JetStreamStore};
 
 #[derive(Serialize, Deserialize)]
 struct AccountRecord {
@@ -42,7 +42,7 @@ impl JetStreamStore {
         {
             Ok(_) => {}
             // Another node created it meanwhile; its base stands.
-            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {}
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists || lost_race(&e) => {}
             Err(e) => return Err(request(e)),
         }
         Ok(())

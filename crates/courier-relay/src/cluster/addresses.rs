@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::feed::{put, Feed};
 use super::names::token;
-use super::{request, ClusterError, JetStreamStore};
+use super::{lost_race, request, ClusterError, JetStreamStore};
 
 #[derive(Serialize, Deserialize)]
 struct Binding {
@@ -152,7 +152,7 @@ impl JetStreamStore {
                     .map(|_| ())
                     .map_err(|e| {
                         (
-                            e.kind() == kv::UpdateErrorKind::WrongLastRevision,
+                            e.kind() == kv::UpdateErrorKind::WrongLastRevision || lost_race(&e),
                             request(e),
                         )
                     }),
@@ -162,7 +162,12 @@ impl JetStreamStore {
                     .create(&key, value.into())
                     .await
                     .map(|_| ())
-                    .map_err(|e| (e.kind() == kv::CreateErrorKind::AlreadyExists, request(e))),
+                    .map_err(|e| {
+                        (
+                            e.kind() == kv::CreateErrorKind::AlreadyExists || lost_race(&e),
+                            request(e),
+                        )
+                    }),
             };
             match written {
                 Ok(()) => return Ok(dropped),
@@ -202,7 +207,7 @@ impl JetStreamStore {
         {
             Ok(()) => Ok(()),
             // Declared again meanwhile: the newer binding stands.
-            Err(e) if e.kind() == kv::DeleteErrorKind::WrongLastRevision => Ok(()),
+            Err(e) if e.kind() == kv::DeleteErrorKind::WrongLastRevision || lost_race(&e) => Ok(()),
             Err(e) => Err(request(e)),
         }
     }

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::feed::{put, Feed};
 use super::names::token;
-use super::{request, ClusterError, JetStreamStore};
+use super::{lost_race, request, ClusterError, JetStreamStore};
 
 #[derive(Serialize, Deserialize)]
 struct Pair {
@@ -32,7 +32,7 @@ impl JetStreamStore {
             .await
         {
             Ok(_) => Ok(()),
-            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(()),
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists || lost_race(&e) => Ok(()),
             Err(e) => Err(request(e)),
         }
     }

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::names::token;
-use super::{request, ClusterError, JetStreamStore};
+use super::{lost_race, request, ClusterError, JetStreamStore};
 use crate::mailbox::{Envelope, GroupTag};
 use crate::store::{Named, Release};
 
@@ -226,7 +226,9 @@ impl JetStreamStore {
         match published {
             Ok(ack) => Ok(Attempt::Stored(ack.sequence)),
             Err(e) if refused_for_room(&e) => Ok(Attempt::Full),
-            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Ok(Attempt::Overtaken),
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence || lost_race(&e) => {
+                Ok(Attempt::Overtaken)
+            }
             Err(e) => Err(request(e)),
         }
     }
@@ -406,7 +408,7 @@ impl JetStreamStore {
 }
 
 /// A random wait below 1 ms × 2^(rounds lost), capped at 64 ms.
-fn contention_backoff(lost: u32) -> Duration {
+pub(super) fn contention_backoff(lost: u32) -> Duration {
     use std::hash::{BuildHasher, Hasher};
     let ceiling_us = 1000u64 << lost.min(6);
     // A fresh `RandomState` is randomly keyed: its hash of nothing is a random number.

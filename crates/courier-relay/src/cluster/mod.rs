@@ -23,6 +23,7 @@ mod contacts;
 mod feed;
 mod figures;
 mod journal;
+mod key_packages;
 mod names;
 mod presence;
 
@@ -99,6 +100,26 @@ impl ClusterError {
     }
 }
 
+/// Whether `error`, or what caused it, is JetStream refusing a conditional write because the
+/// subject (a journal subject, or a bucket's key) no longer ends where the writer read it: another
+/// write came first. Servers answer it with one of two codes, and the client library names only
+/// one of them.
+fn lost_race(error: &(dyn std::error::Error + 'static)) -> bool {
+    use async_nats::jetstream::ErrorCode;
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        if let Some(refusal) = e.downcast_ref::<async_nats::jetstream::Error>() {
+            return [
+                ErrorCode::STREAM_WRONG_LAST_SEQUENCE,
+                ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT,
+            ]
+            .contains(&refusal.error_code());
+        }
+        cause = e.source();
+    }
+    false
+}
+
 /// Shorthand for a failed JetStream request.
 fn request(e: impl std::fmt::Display) -> ClusterError {
     ClusterError::Request(e.to_string())
@@ -122,6 +143,7 @@ struct Inner {
     presence: kv::Store,
     nodes: kv::Store,
     contacts: kv::Store,
+    key_packages: kv::Store,
     presence_ttl: Duration,
     /// Each account's base (`accounts.rs`), which never changes once set.
     bases: Mutex<HashMap<String, u64>>,
@@ -273,6 +295,7 @@ impl JetStreamStore {
             // the presence of the node's connections.
             (names.bucket("nodes"), config.presence_ttl),
             (names.bucket("contacts"), forever),
+            (names.bucket("key-packages"), forever),
         ] {
             let config = bucket(name, max_age);
             until_placed(deadline, || {
@@ -282,10 +305,10 @@ impl JetStreamStore {
             buckets.push(until_placed(deadline, || js.get_key_value(config.bucket.clone())).await?);
         }
         wait_until_served(deadline, &journal, &buckets).await?;
-        let [accounts, dedup, addresses, bindings, presence, nodes, contacts]: [kv::Store; 7] =
-            buckets
-                .try_into()
-                .unwrap_or_else(|_| unreachable!("seven buckets were created"));
+        let [accounts, dedup, addresses, bindings, presence, nodes, contacts, key_packages]: [kv::Store;
+            8] = buckets
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("eight buckets were created"));
         Ok(Self {
             inner: Arc::new(Inner {
                 names,
@@ -299,6 +322,7 @@ impl JetStreamStore {
                 presence,
                 nodes,
                 contacts,
+                key_packages,
                 presence_ttl: config.presence_ttl,
                 bases: Mutex::new(HashMap::new()),
             }),

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::feed::{put, Feed};
 use super::names::token;
-use super::{request, ClusterError, JetStreamStore};
+use super::{lost_race, request, ClusterError, JetStreamStore};
 
 /// Where an account is connected.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -175,7 +175,7 @@ impl JetStreamStore {
         {
             Ok(_) => Ok(()),
             // Connected again meanwhile: the newer connection stands.
-            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(()),
+            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision || lost_race(&e) => Ok(()),
             Err(e) => Err(request(e)),
         }
     }

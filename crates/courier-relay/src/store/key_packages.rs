@@ -13,7 +13,7 @@ use super::worker::Applied;
 use super::{to_sql, KeyPackagesHeld, TakenKeyPackage};
 
 /// One-time packages an address holds; publishing more drops the oldest.
-pub(super) const MAX_HELD: u32 = 100;
+pub(crate) const MAX_HELD: u32 = 100;
 
 /// Appends `packages` (oldest first) for `address`, drops the oldest beyond [`MAX_HELD`],
 /// replaces the last-resort package when one is given; answers what is held now.
