@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::feed::{put, Feed};
 use super::names::token;
+use super::record::change_record;
 use super::{lost_race, request, ClusterError, JetStreamStore};
 
 #[derive(Serialize, Deserialize)]
@@ -118,64 +119,22 @@ impl JetStreamStore {
         now_ms: u64,
     ) -> Result<Vec<String>, ClusterError> {
         let key = token(&[account]);
-        loop {
-            let entry = self
-                .inner
-                .bindings
-                .entry(key.clone())
-                .await
-                .map_err(request)?;
-            let (mut declared, revision) = match entry {
-                Some(entry) if entry.operation == kv::Operation::Put => (
-                    serde_json::from_slice::<Vec<Declared>>(&entry.value)
-                        .map_err(|e| ClusterError::Corrupt(e.to_string()))?,
-                    Some(entry.revision),
-                ),
-                Some(entry) => (Vec::new(), Some(entry.revision)),
-                None => (Vec::new(), None),
-            };
-            declared.retain(|d| d.address != address);
-            declared.push(Declared {
-                address: address.to_owned(),
-                declared_ms: now_ms,
-            });
-            declared.sort_by_key(|d| d.declared_ms);
-            let excess = declared.len().saturating_sub(max_per_account as usize);
-            let dropped: Vec<String> = declared.drain(..excess).map(|d| d.address).collect();
-            let value = serde_json::to_vec(&declared).map_err(request)?;
-            let written = match revision {
-                Some(revision) => self
-                    .inner
-                    .bindings
-                    .update(&key, value.into(), revision)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| {
-                        (
-                            e.kind() == kv::UpdateErrorKind::WrongLastRevision || lost_race(&e),
-                            request(e),
-                        )
-                    }),
-                None => self
-                    .inner
-                    .bindings
-                    .create(&key, value.into())
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| {
-                        (
-                            e.kind() == kv::CreateErrorKind::AlreadyExists || lost_race(&e),
-                            request(e),
-                        )
-                    }),
-            };
-            match written {
-                Ok(()) => return Ok(dropped),
-                // Another declaration of the account changed the list first: read it again.
-                Err((true, _)) => continue,
-                Err((false, e)) => return Err(e),
-            }
-        }
+        change_record(
+            &self.inner.bindings,
+            &key,
+            |declared: &mut Vec<Declared>| {
+                declared.retain(|d| d.address != address);
+                declared.push(Declared {
+                    address: address.to_owned(),
+                    declared_ms: now_ms,
+                });
+                declared.sort_by_key(|d| d.declared_ms);
+                let excess = declared.len().saturating_sub(max_per_account as usize);
+                let dropped: Vec<String> = declared.drain(..excess).map(|d| d.address).collect();
+                (dropped, true)
+            },
+        )
+        .await
     }
 
     /// Deletes the binding of `address` if `account` still holds it (a later declaration by

@@ -6,13 +6,12 @@
 //! tried again when another node changed the record first: a one-time package is handed out at
 //! most once, however many nodes are asked for it at the same moment.
 
-use async_nats::jetstream::kv;
 use courier_proto::{Address, KeyPackage, KeyPackageBatch};
 use serde::{Deserialize, Serialize};
 
-use super::journal::contention_backoff;
 use super::names::token;
-use super::{lost_race, request, ClusterError, JetStreamStore};
+use super::record::change_record;
+use super::{ClusterError, JetStreamStore};
 use crate::store::{KeyPackagesHeld, TakenKeyPackage, MAX_HELD_KEY_PACKAGES};
 
 #[derive(Serialize, Deserialize, Default)]
@@ -80,66 +79,21 @@ impl JetStreamStore {
         .await
     }
 
-    /// Applies `change` to the address's record and writes it when `change` says so, on the
-    /// revision it read; answers what `change` answered once written.
+    /// Applies `change` to the address's record (see [`change_record`]).
     async fn change_held<T>(
         &self,
         address: &Address,
         change: impl Fn(&mut Held) -> (T, bool),
     ) -> Result<T, ClusterError> {
         let address = address.to_string();
-        let key = token(&[&address]);
-        let bucket = &self.inner.key_packages;
-        let mut lost = 0;
-        loop {
-            let entry = bucket.entry(key.clone()).await.map_err(request)?;
-            let (mut held, revision) = match entry {
-                Some(entry) if entry.operation == kv::Operation::Put => (
-                    serde_json::from_slice::<Held>(&entry.value)
-                        .map_err(|e| ClusterError::Corrupt(e.to_string()))?,
-                    Some(entry.revision),
-                ),
-                Some(entry) => (Held::default(), Some(entry.revision)),
-                None => (Held::default(), None),
-            };
-            held.address.clone_from(&address);
-            let (answer, write) = change(&mut held);
-            if !write {
-                return Ok(answer);
-            }
-            let value = serde_json::to_vec(&held).map_err(request)?;
-            let written = match revision {
-                Some(revision) => bucket
-                    .update(&key, value.into(), revision)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| {
-                        (
-                            e.kind() == kv::UpdateErrorKind::WrongLastRevision || lost_race(&e),
-                            request(e),
-                        )
-                    }),
-                None => bucket
-                    .create(&key, value.into())
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| {
-                        (
-                            e.kind() == kv::CreateErrorKind::AlreadyExists || lost_race(&e),
-                            request(e),
-                        )
-                    }),
-            };
-            match written {
-                Ok(()) => return Ok(answer),
-                // Another node changed the record first: read it again after a random while,
-                // so changes racing in lockstep fall out of step.
-                Err((true, _)) => {
-                    lost += 1;
-                    tokio::time::sleep(contention_backoff(lost)).await;
-                }
-                Err((false, e)) => return Err(e),
-            }
-        }
+        change_record(
+            &self.inner.key_packages,
+            &token(&[&address]),
+            |held: &mut Held| {
+                held.address.clone_from(&address);
+                change(held)
+            },
+        )
+        .await
     }
 }

@@ -26,6 +26,7 @@ mod journal;
 mod key_packages;
 mod names;
 mod presence;
+mod record;
 
 pub use addresses::BindingChange;
 pub use appended::Appends;

@@ -1,0 +1,72 @@
+//! A JSON record in a bucket changed by compare-and-set: read, changed, written only if nobody
+//! wrote it since, else read again. What keeps changes made through several nodes at once from
+//! losing one another.
+
+use async_nats::jetstream::kv;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::journal::contention_backoff;
+use super::{lost_race, request, ClusterError};
+
+/// Applies `change` to the record under `key` (the default when there is none) and writes the
+/// result when `change` asks for it, on the revision it read. A write another one came before
+/// is tried again, after a random while so racing changes fall out of step, on the record read
+/// anew. Answers what `change` answered for the record written (or read, without a write).
+pub(super) async fn change_record<T, A>(
+    bucket: &kv::Store,
+    key: &str,
+    mut change: impl FnMut(&mut T) -> (A, bool),
+) -> Result<A, ClusterError>
+where
+    T: Serialize + DeserializeOwned + Default,
+{
+    let mut lost = 0;
+    loop {
+        let entry = bucket.entry(key).await.map_err(request)?;
+        let (mut record, revision) = match entry {
+            Some(entry) if entry.operation == kv::Operation::Put => (
+                serde_json::from_slice::<T>(&entry.value)
+                    .map_err(|e| ClusterError::Corrupt(e.to_string()))?,
+                Some(entry.revision),
+            ),
+            Some(entry) => (T::default(), Some(entry.revision)),
+            None => (T::default(), None),
+        };
+        let (answer, write) = change(&mut record);
+        if !write {
+            return Ok(answer);
+        }
+        let value = serde_json::to_vec(&record).map_err(request)?;
+        let written = match revision {
+            Some(revision) => bucket
+                .update(key, value.into(), revision)
+                .await
+                .map(|_| ())
+                .map_err(|e| {
+                    (
+                        e.kind() == kv::UpdateErrorKind::WrongLastRevision || lost_race(&e),
+                        request(e),
+                    )
+                }),
+            None => bucket
+                .create(key, value.into())
+                .await
+                .map(|_| ())
+                .map_err(|e| {
+                    (
+                        e.kind() == kv::CreateErrorKind::AlreadyExists || lost_race(&e),
+                        request(e),
+                    )
+                }),
+        };
+        match written {
+            Ok(()) => return Ok(answer),
+            Err((true, _)) => {
+                lost += 1;
+                tokio::time::sleep(contention_backoff(lost)).await;
+            }
+            Err((false, e)) => return Err(e),
+        }
+    }
+}
