@@ -18,14 +18,11 @@ use rusqlite::{params, Connection, OpenFlags};
 use super::{from_db_u64, schema, to_db, StoreError};
 use crate::ledger::{Direction, Entry, History, Kind, PER_MESSAGE};
 
-/// A step's entries in one statement: `?1` is a JSON array of `[anchor, seq, at, direction,
-/// message_id, peer, detail]`, so the cost per entry is its append and nothing else.
+/// One entry, bound directly from a cached statement: a step's entries cost their appends and
+/// nothing else (no encoding of the batch to be decoded again by SQLite).
 const INSERT_SQL: &str = "INSERT OR REPLACE INTO ledger
         (anchor, seq, at, direction, message_id, peer, detail)
-    SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
-           json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'),
-           json_extract(value, '$[6]')
-    FROM json_each(?1)";
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
 
 const SAVE_SEQ_SQL: &str = "UPDATE ledger_seq SET next = ?1";
 
@@ -112,22 +109,22 @@ pub(crate) fn write(
     order.sort_by(|a, b| {
         (a.direction.as_str(), &a.message_id).cmp(&(b.direction.as_str(), &b.message_id))
     });
-    let mut rows = Vec::with_capacity(entries.len());
+    let mut insert = conn.prepare_cached(INSERT_SQL)?;
     for group in order.chunk_by(|a, b| a.direction == b.direction && a.message_id == b.message_id) {
         let first = group[0];
         let key = (first.direction, first.message_id.clone());
         let anchor = cursor.anchors.get(&key).copied().unwrap_or(advance.next);
         for entry in group {
             let detail = serde_json::to_string(&entry.kind).unwrap_or_default();
-            rows.push(serde_json::json!([
-                anchor,
-                advance.next,
-                entry.at,
+            insert.execute(params![
+                to_db(anchor),
+                to_db(advance.next),
+                to_db(entry.at),
                 entry.direction.as_str(),
                 entry.message_id,
                 entry.peer,
                 detail
-            ]));
+            ])?;
             advance.next += 1;
         }
         if group.iter().any(|e| e.kind.outcome().is_some()) {
@@ -136,8 +133,6 @@ pub(crate) fn write(
             advance.anchored.push((key, anchor));
         }
     }
-    let rows = serde_json::Value::Array(rows).to_string();
-    conn.prepare_cached(INSERT_SQL)?.execute([rows])?;
     conn.prepare_cached(SAVE_SEQ_SQL)?
         .execute([to_db(advance.next)])?;
     Ok(advance)
