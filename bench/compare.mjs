@@ -24,6 +24,7 @@ import { fileURLToPath, pathToFileURL } from 'node:url'
 import { setTimeout as sleep } from 'node:timers/promises'
 
 import { issueToken } from '../js/index.js'
+import { configureServers, natsBinary } from '../scripts/nats-servers.mjs'
 
 const USAGE = `Usage: node bench/compare.mjs [--quick] [--only=STAGES] [OPTIONS]
 
@@ -40,6 +41,9 @@ const USAGE = `Usage: node bench/compare.mjs [--quick] [--only=STAGES] [OPTIONS]
   --active=N           memory: sending connections, in pairs (default 100)
   --repeat=N           run each measure N times, the sides in turn, and keep each side's
                        best (default 1; 3 on a busy machine)
+  --cluster=N          run our side's relay as N relay nodes over three NATS servers on
+                       loopback (docs/cluster.md) instead of the single-file relay; CPU is then
+                       reported per node and per NATS server, and only our side runs
   --profile=DIR        also record each measured interval with \`perf record -g\` into DIR
                        (NAME.perf.data, and NAME.txt from \`perf report\`); perf slows the run,
                        so its figures are not comparable to a run without it
@@ -69,6 +73,7 @@ const opts = {
   active: 2 * Math.ceil(option('active', 100, 20) / 2),
   repeat: option('repeat', 1),
 }
+const clusterNodes = argv.has('cluster') ? option('cluster', 1) : 0
 const profileDir = argv.get('profile')
 if (argv.has('profile') && !profileDir) throw new Error(`--profile needs a directory\n\n${USAGE}`)
 const only = argv.has('only') ? argv.get('only').split(',') : STAGES
@@ -173,6 +178,7 @@ class Peer extends Child {
 /** A fresh relay of `kind` keeping its database, if any, in `runDir`. */
 async function startRelay(kind, runDir) {
   mkdirSync(runDir, { recursive: true })
+  if (kind === 'ours' && clusterNodes > 0) return startCluster(runDir)
   const script =
     kind === 'ours'
       ? [here('../js/relay-cli.js'), '--listen', '127.0.0.1:0', '--jwt-secret-file', secretFile, '--db', join(runDir, 'relay.db'), ...LIFTED, '--log-level', 'warn']
@@ -182,6 +188,36 @@ async function startRelay(kind, runDir) {
   const line = await relay.watch(new Promise((resolve) => createInterface({ input: relay.process.stdout }).once('line', resolve)))
   relay.url = line.slice(line.indexOf('ws://'))
   return relay
+}
+
+/**
+ * Three NATS servers and `clusterNodes` relay nodes over them, standing in for one relay: its
+ * `url` lists the nodes (each client starts at one at random), `processes` names each process
+ * whose CPU counts, and it fails or stops as a whole.
+ */
+async function startCluster(runDir) {
+  const binary = natsBinary()
+  const servers = await configureServers(runDir, 'bench')
+  const nats = servers.map((server, i) => new Child(spawn(binary, ['-c', server.config], { stdio: 'ignore' }), `nats${i}`))
+  const healthy = async (monitor) => (await fetch(`http://127.0.0.1:${monitor}/healthz`).catch(() => null))?.status === 200
+  while (!(await Promise.all(servers.map((s) => healthy(s.monitor)))).every(Boolean)) await sleep(100)
+  const nodes = []
+  for (let i = 0; i < clusterNodes; i++) {
+    const args = [here('../js/relay-cli.js'), '--listen', '127.0.0.1:0', '--jwt-secret-file', secretFile, '--cluster', servers.map((s) => s.url).join(','), ...LIFTED, '--log-level', 'warn']
+    const node = new Child(spawn(process.execPath, args, { stdio: ['pipe', 'pipe', 'inherit'] }), `relay node ${i}`)
+    const line = await node.watch(new Promise((resolve) => createInterface({ input: node.process.stdout }).once('line', resolve)), ...nats)
+    node.url = line.slice(line.indexOf('ws://'))
+    nodes.push(node)
+  }
+  const all = [...nodes, ...nats]
+  return {
+    url: nodes.length === 1 ? nodes[0].url : nodes.map((n) => n.url),
+    processes: Object.fromEntries([...nodes.map((n, i) => [`node${i}`, n]), ...nats.map((n, i) => [`nats${i}`, n])]),
+    failed: Promise.race(all.map((c) => c.failed)),
+    async stop() {
+      for (const child of all) await child.stop()
+    },
+  }
 }
 
 const tokens = (prefix, n) => Array.from({ length: n }, (_, i) => issueToken(SECRET, `${prefix}${i}`))
@@ -264,7 +300,9 @@ async function delivery(kind, name, pairs, drive) {
     await senders.watch(senders.ready, relay, recipients)
     // Untimed warm-up: connections, JIT, statement caches, the relay's accounts.
     await senders.request({ cmd: 'drive', window: drive.window ?? 10, perPair: Math.max(20, Math.ceil(400 / pairs)) }, relay, recipients)
-    const r = await measureCpu(`${name}-${kind}`, { relay, sender: senders, recipient: recipients }, () => senders.request({ cmd: 'drive', ...drive }, relay, recipients))
+    const r = await measureCpu(`${name}-${kind}`, { ...(relay.processes ?? { relay }), sender: senders, recipient: recipients }, () =>
+      senders.request({ cmd: 'drive', ...drive }, relay, recipients),
+    )
     const perSecond = r.count / r.seconds
     const cpu = Object.entries(r.cpu).map(([role, us]) => `${role} ${us.toFixed(1)}`).join(', ')
     const failed = r.failed > 0 ? ` (${r.failed} of ${r.sent} given up by a full outbox)` : ''
@@ -312,7 +350,7 @@ const results = {}
 const loadAtStart = loadavg()[0]
 const faster = (a, b) => a.perSecond > b.perSecond
 const steadier = (a, b) => a.failed < b.failed || (a.failed === b.failed && a.p99 < b.p99)
-const sides = ['ours', 'ref', 'plain']
+const sides = clusterNodes > 0 ? ['ours'] : ['ours', 'ref', 'plain']
 const seconds = `${opts.durationMs / 1000} s`
 // [stage, title, sides, run one side, which of two runs to keep when repeated]
 const stages = [
