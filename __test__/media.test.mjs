@@ -142,7 +142,9 @@ test('a file over the receiver\'s bounds is refused there, and the sender hears 
   const bob = await started(t, mediaConfig('bob', dir, relay.url, { maxIncomingBytes: 100_000, maxIncomingPerSender: 1 }))
   const bobAddress = bob.protocol.localAddress()
   const tooBig = await alice.protocol.sendMedia(bobAddress, new Uint8Array(200_000))
-  const refused = await waitFor(bob.recorder, (e) => e.type === 'file_failed' && e.fileId === tooBig)
+  // A sealed frame that does not open at bob is recovered by alice's re-sealed retry, one ACK
+  // timeout (10 s) later: the wait allows for one.
+  const refused = await waitFor(bob.recorder, (e) => e.type === 'file_failed' && e.fileId === tooBig, { timeoutMs: 30_000, what: "bob's refusal" })
   assert.equal(refused.direction, 'incoming')
   assert.match(refused.reason, /maxIncomingBytes/)
   const failed = await waitFor(alice.recorder, (e) => e.type === 'file_failed' && e.fileId === tooBig, { what: 'the refusal at the sender' })
