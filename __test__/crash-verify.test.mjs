@@ -177,3 +177,39 @@ test('an inbox row must hold what was sent under its id', (t) => {
   }
   assert.match(run(t, unmapped).join('\n'), /bob: inbox row alice-2 from alice, which alice never accepted/)
 })
+
+/**
+ * Alice's first process settles the minted message at T0 + 250 and dies before its listeners
+ * ran; `replay` lists what the log holds after the settlement. The kill is noted at T0 + 240:
+ * the time is taken just before the signal, and a loaded machine may let the victim commit after.
+ */
+function replayed(replay, kills = [{ at: T0 + 240, pid: PIDS.alice, victim: 'alice' }]) {
+  return (r) => {
+    r.alice.log.splice(5, 1, ...replay)
+    r.kills = kills
+    return r
+  }
+}
+const restart = { t: 'start', pid: 33, at: T0 + 400 }
+const replay = (at) => ({ t: 'delivered', id: null, replayed: true, at })
+const withMinted = (r, records) => records.map((e) => (e.t === 'delivered' ? { ...e, id: r.minted } : e))
+
+test('a terminal event replayed by the next process after a kill passes, whenever the kill was noted', (t) => {
+  const violations = run(t, (r) => replayed(withMinted(r, [restart, replay(T0 + 500)]))(r))
+  assert.deepEqual(violations.filter((v) => v.includes('replayed')), [])
+})
+
+test('a terminal event replayed by the process that settled it is flagged', (t) => {
+  const violations = run(t, (r) => replayed(withMinted(r, [replay(T0 + 300)]))(r))
+  assert.equal(violations.filter((v) => v.includes('a replayed terminal event at')).length, 1, violations.join('\n'))
+})
+
+test('a terminal event replayed again by the process that replayed it first is flagged', (t) => {
+  const violations = run(t, (r) => replayed(withMinted(r, [restart, replay(T0 + 500), replay(T0 + 600)]))(r))
+  assert.equal(violations.filter((v) => v.includes('before the settlement or the event it repeats')).length, 1, violations.join('\n'))
+})
+
+test('a terminal event replayed after a process that was not killed is flagged', (t) => {
+  const violations = run(t, (r) => replayed(withMinted(r, [restart, replay(T0 + 500)]), [])(r))
+  assert.equal(violations.filter((v) => v.includes('with no kill of the sender before it')).length, 1, violations.join('\n'))
+})

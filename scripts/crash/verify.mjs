@@ -81,7 +81,12 @@ function connectedThroughout(peer, from, to) {
  * The terminal events the sender's app saw for one settled message. A settlement's event is
  * held in storage until its dispatch is recorded and emitted again (`replayed: true`) by the
  * next start if a kill came first: so at least one event, each matching the stored outcome, at
- * most one of them not a replay, and a replay only after a kill of the sender.
+ * most one of them not a replay, and a replay only from a process that started after the
+ * settlement and after the previous event, following a process of ours that we killed.
+ *
+ * Each event carries `start`, the start record of the process that logged it. The order is
+ * judged on the app's own records: the time we note a kill is taken just before the signal,
+ * and a loaded machine may let the victim run on for a few milliseconds after it.
  */
 function checkTerminalEvents(sender, id, outcome, events, totals, violations) {
   const where = `${sender.name}: ${id} (settled ${outcome.outcome} at ${outcome.at})`
@@ -99,12 +104,19 @@ function checkTerminalEvents(sender, id, outcome, events, totals, violations) {
   }
   const fresh = events.filter((e) => !e.replayed)
   if (fresh.length > 1) violations.push(`${where}: ${fresh.length} terminal events not marked replayed`)
-  let previous = outcome.at
+  const killed = new Set(sender.kills.map((k) => k.pid))
+  const starts = sender.lifeline.filter((r) => r.t === 'start')
+  let previous = { at: outcome.at, start: null }
   for (const e of events) {
-    if (e.replayed && !sender.kills.some((k) => k.at >= previous && k.at <= e.at)) {
-      violations.push(`${where}: a replayed terminal event at ${e.at} with no kill of the sender before it`)
+    if (e.replayed) {
+      const before = starts[starts.indexOf(e.start) - 1]
+      if (e.start.at < previous.at || e.start === previous.start) {
+        violations.push(`${where}: a replayed terminal event at ${e.at} from a process that started at ${e.start.at}, before the settlement or the event it repeats`)
+      } else if (before === undefined || !killed.has(before.pid)) {
+        violations.push(`${where}: a replayed terminal event at ${e.at} with no kill of the sender before it`)
+      }
     }
-    previous = e.at
+    previous = e
   }
   if (events.length === 1 && fresh.length === 1) totals.terminalOnce++
   else if (fresh.length === 1) totals.terminalReplayedAfterKill++
@@ -194,11 +206,13 @@ export function verify({ peers, kills, startedAt }) {
     const address = [...sender.addresses][0]
     const { intents, outcomes, byId } = sent.get(sender)
     const terminal = new Map()
+    let start = null
     for (const r of sender.records) {
-      if (r.t === 'send_error') violations.push(`${sender.name}: sendMessage #${r.seq} rejected: ${r.code} ${r.message}`)
+      if (r.t === 'start') start = r
+      else if (r.t === 'send_error') violations.push(`${sender.name}: sendMessage #${r.seq} rejected: ${r.code} ${r.message}`)
       else if (r.t === 'delivered' || r.t === 'failed') {
         if (!terminal.has(r.id)) terminal.set(r.id, [])
-        terminal.get(r.id).push(r)
+        terminal.get(r.id).push({ ...r, start })
       } else if (r.t === 'superseded') violations.push(`${sender.name}: session superseded (${r.reason})`)
       else if (r.t === 'undecryptable') totals.undecryptableAttempts++
       else if (r.t === 'error') violations.push(`${sender.name}: error diagnostic: ${r.message}`)
