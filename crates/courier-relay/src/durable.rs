@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use courier_proto::{Address, Disposition, KeyPackage, KeyPackageBatch};
 
-use crate::cluster::{Appended, ClusterError};
+use crate::cluster::Appended;
 use crate::config::MailboxLimits;
 use crate::fanout::FannedOut;
 use crate::group::{Actor, GroupRefusal};
@@ -20,13 +20,6 @@ use crate::store::{
 pub enum Durable {
     File(Store),
     Cluster(Node),
-}
-
-/// What the cluster store does not hold yet (`docs/cluster.md#status`).
-fn not_yet<T>(what: &str) -> Result<T, StoreError> {
-    Err(StoreError::Cluster(ClusterError::Request(format!(
-        "{what} is not served by the cluster store yet"
-    ))))
 }
 
 impl Durable {
@@ -183,8 +176,7 @@ impl Durable {
     pub async fn group_peers(&self, identities: Vec<String>) -> Result<Vec<String>, StoreError> {
         match self {
             Self::File(store) => store.group_peers(identities).await,
-            // No group can be registered through a cluster node yet (`docs/cluster.md#status`).
-            Self::Cluster(_) => Ok(Vec::new()),
+            Self::Cluster(node) => Ok(node.group_peers(&identities)),
         }
     }
 
@@ -260,7 +252,10 @@ impl Durable {
     ) -> Result<Result<(), GroupRefusal>, StoreError> {
         match self {
             Self::File(store) => store.create_group(group_id, name, actor, now_ms).await,
-            Self::Cluster(_) => not_yet("groups"),
+            Self::Cluster(node) => Ok(node
+                .store()
+                .create_group(group_id, name, &actor, now_ms)
+                .await?),
         }
     }
 
@@ -278,7 +273,10 @@ impl Durable {
                     .add_group_member(group_id, member, actor, max_members, now_ms)
                     .await
             }
-            Self::Cluster(_) => not_yet("groups"),
+            Self::Cluster(node) => Ok(node
+                .store()
+                .add_group_member(group_id, member, &actor, max_members, now_ms)
+                .await?),
         }
     }
 
@@ -290,7 +288,10 @@ impl Durable {
     ) -> Result<Result<(), GroupRefusal>, StoreError> {
         match self {
             Self::File(store) => store.remove_group_member(group_id, member, actor).await,
-            Self::Cluster(_) => not_yet("groups"),
+            Self::Cluster(node) => Ok(node
+                .store()
+                .remove_group_member(group_id, member, &actor)
+                .await?),
         }
     }
 
@@ -301,7 +302,7 @@ impl Durable {
     ) -> Result<Result<String, GroupRefusal>, StoreError> {
         match self {
             Self::File(store) => store.leave_group(group_id, actor).await,
-            Self::Cluster(_) => not_yet("groups"),
+            Self::Cluster(node) => Ok(node.store().leave_group(group_id, &actor).await?),
         }
     }
 
@@ -319,7 +320,8 @@ impl Durable {
                     .broadcast(actor, message, tag, mailbox, dedup_since_ms)
                     .await
             }
-            Self::Cluster(_) => not_yet("groups"),
+            // A cluster node always keeps a mailbox (`docs/cluster.md#relay-nodes`).
+            Self::Cluster(node) => Ok(node.broadcast(&actor, message, tag, dedup_since_ms).await?),
         }
     }
 
@@ -332,7 +334,10 @@ impl Durable {
     ) -> Result<(), StoreError> {
         match self {
             Self::File(store) => store.hold_report(account, report, now_ms, keep).await,
-            Self::Cluster(_) => not_yet("group reports"),
+            Self::Cluster(node) => Ok(node
+                .store()
+                .hold_report(account, &report, now_ms, keep)
+                .await?),
         }
     }
 
@@ -343,21 +348,22 @@ impl Durable {
     ) -> Result<Vec<(i64, String)>, StoreError> {
         match self {
             Self::File(store) => store.held_reports(account, not_before_ms).await,
-            // Nothing can have been held: no group frame is served yet.
-            Self::Cluster(_) => Ok(Vec::new()),
+            Self::Cluster(node) => Ok(node.store().held_reports(account, not_before_ms).await?),
         }
     }
 
-    pub async fn drop_held_reports(&self, ids: Vec<i64>) -> Result<(), StoreError> {
+    /// Forgets the account's reports `ids` once written.
+    pub async fn drop_held_reports(&self, account: &str, ids: Vec<i64>) -> Result<(), StoreError> {
         match self {
             Self::File(store) => store.drop_held_reports(ids).await,
-            Self::Cluster(_) => not_yet("group reports"),
+            Self::Cluster(node) => Ok(node.store().drop_held_reports(account, &ids).await?),
         }
     }
 
     pub async fn purge_groups(&self, older_than_ms: u64) -> Result<u64, StoreError> {
         match self {
             Self::File(store) => store.purge_groups(older_than_ms).await,
+            // The buckets' max age forgets copy records and held reports.
             Self::Cluster(_) => Ok(0),
         }
     }

@@ -15,6 +15,7 @@ use futures_util::future::join_all;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
+use crate::cluster::{JetStreamStore, Written};
 use crate::mailbox::{Envelope, Unqueued};
 use crate::router::Peer;
 use crate::writer::Outbound;
@@ -90,6 +91,13 @@ pub enum Placement {
     },
     /// Without a mailbox: the member is connected, and the copy goes straight to its queue.
     Live(Arc<Peer>),
+    /// Journaled as `seq` for a member connected to another relay node of the cluster, whose
+    /// node is asked whether it wrote the copy (`docs/cluster.md#groups`).
+    Elsewhere {
+        store: JetStreamStore,
+        account: String,
+        seq: u64,
+    },
     Settled(Outcome),
 }
 
@@ -103,6 +111,18 @@ impl Placement {
                     // The connection ended; its next one drains the copy.
                     Ok(Err(_)) => Outcome::Pushed,
                     Err(_) => Outcome::Missed(Miss::FanoutDeadline),
+                }
+            }
+            Placement::Elsewhere {
+                store,
+                account,
+                seq,
+            } => {
+                let wait = deadline.saturating_duration_since(Instant::now());
+                match store.written(&account, seq, wait).await {
+                    Written::Yes => Outcome::Delivered,
+                    Written::Gone => Outcome::Pushed,
+                    Written::Late => Outcome::Missed(Miss::FanoutDeadline),
                 }
             }
             Placement::Live(peer) => {

@@ -4,7 +4,7 @@
 //! answers it), writes its connections' presence records, and hands each connection the notices
 //! of frames appended to its account, which its writer then reads from the journal.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -13,10 +13,17 @@ use prometheus_client::metrics::histogram::Histogram;
 use tokio::task::JoinHandle;
 
 use crate::cluster::{
-    BindingChange, ClusterConfig, ClusterError, Feed, Figures, Heartbeat, JetStreamStore, Presence,
+    BindingChange, ClusterConfig, ClusterError, Copy, Feed, Figures, GroupChange, Heartbeat,
+    JetStreamStore, Presence,
 };
 use crate::config::{AddressLimits, ClusterStorage, MailboxLimits};
+use crate::fanout::{FannedOut, Outcome, Placement};
+use crate::group::{Actor, GroupRefusal};
+use crate::mailbox::{Envelope, GroupTag};
 use crate::router::{Peer, Router};
+
+/// Every group's members, by the group's key in the `groups` bucket.
+type Rosters = Arc<Mutex<HashMap<String, BTreeSet<String>>>>;
 
 /// After a feed from JetStream failed, the wait before it is started again.
 const FEED_RETRY: Duration = Duration::from_millis(500);
@@ -31,20 +38,25 @@ pub struct Node {
     /// Every binding followed, by address: its account and when it was declared.
     bindings: Arc<Mutex<HashMap<String, (String, u64)>>>,
     figures: Arc<Mutex<Figures>>,
+    /// Followed for presence visibility (`docs/protocol.md#presence-visibility`).
+    rosters: Rosters,
     /// Each append's time, from its first read to JetStream's acknowledgement.
     commit_seconds: Histogram,
     tasks: Vec<JoinHandle<()>>,
     _heartbeat: Heartbeat,
 }
 
-/// One connection's share of the node: the notices of its account's appended frames.
+/// One connection's share of the node: the notices of its account's appended frames and held
+/// reports, and the answers to other nodes asking whether it was written a frame.
 pub struct Attachment {
-    notices: JoinHandle<()>,
+    tasks: [JoinHandle<()>; 3],
 }
 
 impl Drop for Attachment {
     fn drop(&mut self) {
-        self.notices.abort();
+        for task in &self.tasks {
+            task.abort();
+        }
     }
 }
 
@@ -86,7 +98,9 @@ impl Node {
         let heartbeat = store.start_heartbeat(&name).await?;
         let bindings = Arc::new(Mutex::new(HashMap::new()));
         let figures = Arc::new(Mutex::new(store.figures().await?));
+        let rosters = Rosters::default();
         let tasks = vec![
+            tokio::spawn(follow_groups(store.clone(), Arc::clone(&rosters))),
             tokio::spawn(follow_presence(store.clone(), Arc::clone(&router))),
             tokio::spawn(follow_nodes(
                 store.clone(),
@@ -108,6 +122,7 @@ impl Node {
             router,
             bindings,
             figures,
+            rosters,
             commit_seconds,
             tasks,
             _heartbeat: heartbeat,
@@ -161,13 +176,109 @@ impl Node {
             // A newer connection through another node was recorded first.
             let _ = peer.supersede();
         }
+        let mut reports = self.store.reports_held(&peer.account).await?;
+        let mut queries = self.store.written_queries(&peer.account).await?;
         let notified = Arc::clone(peer);
         let notices = tokio::spawn(async move {
             while let Some(seq) = appends.next().await {
                 notified.queue.journal_grew(seq);
             }
         });
-        Ok(Attachment { notices })
+        let told = Arc::clone(peer);
+        let held = tokio::spawn(async move {
+            while reports.next().await.is_some() {
+                told.reports.notify_one();
+            }
+        });
+        let asked = Arc::clone(peer);
+        let answers = tokio::spawn(async move {
+            while let Some(query) = queries.next().await {
+                let mut flushed = asked.queue.flushed();
+                tokio::spawn(async move {
+                    let seq = query.seq;
+                    let waited = tokio::time::timeout(query.wait, async {
+                        flushed.wait_for(|w| *w >= seq).await.is_ok()
+                    })
+                    .await;
+                    // Not written within the asker's wait, which has ended too: no answer.
+                    // Else written, or the connection ended and its next one drains the frame.
+                    if let Ok(written) = waited {
+                        query.answer(written).await;
+                    }
+                });
+            }
+        });
+        Ok(Attachment {
+            tasks: [notices, held, answers],
+        })
+    }
+
+    /// Journals a copy of `message` for every member of the group `tag` names but the sender
+    /// (`cluster/groups.rs`), and tells where each copy stands: queued to a connection here,
+    /// with a connection on another node, or in the member's mailbox.
+    pub async fn broadcast(
+        &self,
+        actor: &Actor,
+        message: Envelope,
+        tag: GroupTag,
+        dedup_since_ms: u64,
+    ) -> Result<Result<FannedOut, GroupRefusal>, ClusterError> {
+        let started = Instant::now();
+        let copies = match self
+            .store
+            .broadcast(actor, message, tag, dedup_since_ms)
+            .await?
+        {
+            Ok(copies) => copies,
+            Err(why) => return Ok(Err(why)),
+        };
+        let mut journaled = 0;
+        let members = copies
+            .into_iter()
+            .map(|(member, copy)| {
+                let placement = match copy {
+                    Copy::New { account, seq } => {
+                        journaled += 1;
+                        self.placement(account, seq)
+                    }
+                    Copy::Held { account, seq } => self.placement(account, seq),
+                    Copy::Released => Placement::Settled(Outcome::Delivered),
+                    Copy::Missed(miss) => Placement::Settled(Outcome::Missed(miss)),
+                };
+                (member, placement)
+            })
+            .collect();
+        if journaled > 0 {
+            self.commit_seconds.observe(started.elapsed().as_secs_f64());
+        }
+        Ok(Ok(FannedOut { members, journaled }))
+    }
+
+    /// Where the copy journaled as `account`'s `seq` stands. A connection here is told of it by
+    /// the append's notice, as of any frame.
+    fn placement(&self, account: String, seq: u64) -> Placement {
+        match self.router.get(&account) {
+            Some(peer) => Placement::Queued {
+                flushed: peer.queue.flushed(),
+                seq,
+            },
+            None if self.router.status(&account).online => Placement::Elsewhere {
+                store: self.store.clone(),
+                account,
+                seq,
+            },
+            None => Placement::Settled(Outcome::Pushed),
+        }
+    }
+
+    /// The members of every group one of `identities` is a member of, as this node follows
+    /// them: a change through another node shows here a moment later.
+    pub fn group_peers(&self, identities: &[String]) -> Vec<String> {
+        lock(&self.rosters)
+            .values()
+            .filter(|members| identities.iter().any(|i| members.contains(i)))
+            .flat_map(|members| members.iter().cloned())
+            .collect()
     }
 
     /// `peer`'s connection ended at `ms`, when it was still its account's connection here.
@@ -322,6 +433,25 @@ async fn follow_bindings(
                 let removed = lock(&bindings).remove(&address);
                 if let Some((account, _)) = removed {
                     router.unbind(&address, &account);
+                }
+            }
+        },
+    )
+    .await;
+}
+
+async fn follow_groups(store: JetStreamStore, rosters: Rosters) {
+    follow(
+        "groups",
+        || store.group_changes(),
+        |GroupChange { key, group }| {
+            let mut rosters = lock(&rosters);
+            match group {
+                Some(group) => {
+                    rosters.insert(key, group.members.into_keys().collect());
+                }
+                None => {
+                    rosters.remove(&key);
                 }
             }
         },

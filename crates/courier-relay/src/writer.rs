@@ -394,7 +394,12 @@ where
             }
         }
         self.flush().await?;
-        if let Err(e) = self.ctx.store.drop_held_reports(ids).await {
+        if let Err(e) = self
+            .ctx
+            .store
+            .drop_held_reports(&self.peer.account, ids)
+            .await
+        {
             tracing::warn!(account = %self.peer.account, error = %e, "forgetting written group reports failed");
         }
         Ok(())

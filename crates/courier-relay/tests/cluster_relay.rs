@@ -238,19 +238,168 @@ async fn under_contacts_visibility_an_exchange_through_one_node_is_seen_on_the_o
     );
     // alice's node knows the pair at once, bob's a moment later.
     assert_eq!(check(&mut alice, "bob").await, (true, None));
-    let deadline = std::time::Instant::now() + CLUSTER_DEADLINE;
-    while check(&mut bob, "alice").await != (true, None) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "bob's node never learned the pair"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_online(&mut bob, "alice", true, "bob's node never learned the pair").await;
     assert_eq!(
         check(&mut mallory, "bob").await,
         (false, None),
         "still a stranger"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_contacts_visibility_a_group_made_through_one_node_is_seen_on_the_others() {
+    let deployment = Deployment::start_with(3, |c| {
+        c.presence_visibility = courier_relay::PresenceVisibility::Contacts;
+    })
+    .await;
+    let mut alice = deployment.online(0, "alice").await;
+    let mut carol = deployment.online(1, "carol").await;
+    let mut mallory = deployment.online(2, "mallory").await;
+    assert_eq!(check(&mut carol, "alice").await, (false, None), "strangers");
+    let answer = ask(&mut alice, creating("g1")).await;
+    assert!(
+        matches!(answer, RelayFrame::GroupCreated { .. }),
+        "{answer:?}"
+    );
+    let answer = ask(&mut alice, adding("g1", "carol")).await;
+    assert!(
+        matches!(answer, RelayFrame::GroupMemberAdded { .. }),
+        "{answer:?}"
+    );
+    // carol's node follows the group a moment later.
+    until_online(
+        &mut carol,
+        "alice",
+        true,
+        "carol's node never learned the group",
+    )
+    .await;
+    assert_eq!(
+        check(&mut mallory, "carol").await,
+        (false, None),
+        "still a stranger"
+    );
+}
+
+fn creating(group: &str) -> ClientFrame {
+    ClientFrame::CreateGroup {
+        group_id: group.into(),
+        name: group.into(),
+    }
+}
+
+fn adding(group: &str, member: &str) -> ClientFrame {
+    ClientFrame::AddGroupMember {
+        group_id: group.into(),
+        username: member.into(),
+    }
+}
+
+/// The group answer to `frame`.
+async fn ask(c: &mut Client, frame: ClientFrame) -> RelayFrame {
+    c.send(&frame).await;
+    c.next_where(|f| {
+        matches!(
+            f,
+            RelayFrame::GroupCreated { .. }
+                | RelayFrame::GroupMemberAdded { .. }
+                | RelayFrame::GroupError { .. }
+                | RelayFrame::Error { .. }
+        )
+    })
+    .await
+}
+
+/// The members a report names as delivered, as pushed and as missed.
+fn report_lists(report: &RelayFrame) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let RelayFrame::GroupMessageSent {
+        delivered,
+        pushed,
+        missed,
+        ..
+    } = report
+    else {
+        panic!("not a report: {report:?}")
+    };
+    let missed = missed
+        .iter()
+        .map(|m| format!("{} {}", m.username, m.reason));
+    (delivered.clone(), pushed.clone(), missed.collect())
+}
+
+fn group_message(id: &str) -> ClientFrame {
+    ClientFrame::SendGroupMessage {
+        group_id: "g1".into(),
+        content: "hi".into(),
+        message_id: id.into(),
+        reply_to_msg: None,
+        forward_info: None,
+    }
+}
+
+// A member connected to another node is reported delivered once that node wrote the copy; one
+// whose connection ended is reported pushed, and drains the copy through any node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_broadcast_reports_members_on_other_nodes_by_what_their_nodes_wrote() {
+    let deployment = Deployment::start(3).await;
+    let mut alice = deployment.online(0, "alice").await;
+    let mut bob = deployment.online(1, "bob").await;
+    let mut carol = deployment.online(2, "carol").await;
+    ask(&mut alice, creating("g1")).await;
+    for member in ["bob", "carol"] {
+        ask(&mut alice, adding("g1", member)).await;
+    }
+    alice.send(&group_message("m1")).await;
+    let report = alice
+        .next_where(|f| matches!(f, RelayFrame::GroupMessageSent { .. }))
+        .await;
+    assert_eq!(
+        report_lists(&report),
+        (vec!["bob".into(), "carol".into()], vec![], vec![])
+    );
+    for member in [&mut bob, &mut carol] {
+        let copy = member
+            .next_where(|f| matches!(f, RelayFrame::GroupMessageReceived { .. }))
+            .await;
+        assert!(
+            matches!(&copy, RelayFrame::GroupMessageReceived { message_id, .. } if message_id == "m1"),
+            "{copy:?}"
+        );
+    }
+
+    carol.close().await;
+    until_online(&mut alice, "carol", false, "carol stays online").await;
+    alice.send(&group_message("m2")).await;
+    let report = alice
+        .next_where(|f| matches!(f, RelayFrame::GroupMessageSent { .. }))
+        .await;
+    assert_eq!(
+        report_lists(&report),
+        (vec!["bob".into()], vec!["carol".into()], vec![])
+    );
+    let (mut carol, _, count) = deployment.connect(1, "carol").await;
+    assert_eq!(count, 2, "m1 was never released");
+    for id in ["m1", "m2"] {
+        let copy = carol
+            .next_where(|f| matches!(f, RelayFrame::GroupMessageReceived { .. }))
+            .await;
+        assert!(
+            matches!(&copy, RelayFrame::GroupMessageReceived { message_id, .. } if message_id == id),
+            "{copy:?}"
+        );
+    }
+}
+
+/// Checks `user`'s presence from `c` until it reads `online`, within the cluster's deadline.
+async fn until_online(c: &mut Client, user: &str, online: bool, what: &str) {
+    let deadline = std::time::Instant::now() + CLUSTER_DEADLINE;
+    loop {
+        if check(c, user).await.0 == online {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn check(c: &mut Client, user: &str) -> (bool, Option<u64>) {

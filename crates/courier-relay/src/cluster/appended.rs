@@ -10,7 +10,7 @@
 use async_nats::Subscriber;
 use futures_util::StreamExt;
 
-use super::{request, ClusterError, JetStreamStore};
+use super::{ClusterError, JetStreamStore};
 
 /// The seqs of frames appended to one account's journal, as their notices arrive: in no
 /// guaranteed order, possibly with gaps.
@@ -39,14 +39,7 @@ impl JetStreamStore {
     /// Notices published before the subscription is in place are not received: a reader
     /// subscribes first, then reads the journal.
     pub async fn appended(&self, account: &str) -> Result<Appends, ClusterError> {
-        let notices = self
-            .inner
-            .client
-            .subscribe(self.inner.names.appended(account))
-            .await
-            .map_err(request)?;
-        // The subscription is in place once the server has it: a flush round trip.
-        self.inner.client.flush().await.map_err(request)?;
+        let notices = self.subscribed(self.inner.names.appended(account)).await?;
         Ok(Appends { notices })
     }
 

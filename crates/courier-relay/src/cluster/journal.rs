@@ -314,6 +314,15 @@ impl JetStreamStore {
         }
     }
 
+    /// Whether the account's journal still holds its frame `seq`.
+    pub(super) async fn holds_seq(&self, account: &str, seq: u64) -> Result<bool, ClusterError> {
+        let Some(base) = self.base(account).await? else {
+            return Ok(false);
+        };
+        let subject = self.inner.names.journal(account);
+        self.holds(&subject, stream_seq_of(base, seq)).await
+    }
+
     /// The drain bound S: no frame of the account journaled so far has a higher seq, and every
     /// frame journaled from now on has a higher one.
     pub async fn highest_seq(&self, account: &str) -> Result<u64, ClusterError> {

@@ -22,19 +22,23 @@ mod appended;
 mod contacts;
 mod feed;
 mod figures;
+mod groups;
 mod journal;
 mod key_packages;
 mod names;
 mod presence;
 mod record;
+mod written;
 
 pub use addresses::BindingChange;
 pub use appended::Appends;
 pub use feed::Feed;
 pub use figures::Figures;
+pub use groups::{Copy, GroupChange, ReportNotices};
 pub use journal::Appended;
 use names::Names;
 pub use presence::{Change, Heartbeat, Presence, Record};
+pub use written::{Written, WrittenQueries};
 
 /// What one relay deployment's store in NATS is.
 #[derive(Debug, Clone)]
@@ -126,6 +130,21 @@ fn request(e: impl std::fmt::Display) -> ClusterError {
     ClusterError::Request(e.to_string())
 }
 
+impl JetStreamStore {
+    /// Subscribes to `subject`, answering once the server has the subscription (a flush round
+    /// trip): what is published after that reaches it.
+    async fn subscribed(&self, subject: String) -> Result<async_nats::Subscriber, ClusterError> {
+        let subscriber = self
+            .inner
+            .client
+            .subscribe(subject)
+            .await
+            .map_err(request)?;
+        self.inner.client.flush().await.map_err(request)?;
+        Ok(subscriber)
+    }
+}
+
 /// Handle to the deployment's stream and buckets. Cheap to clone.
 #[derive(Clone)]
 pub struct JetStreamStore {
@@ -145,6 +164,9 @@ struct Inner {
     nodes: kv::Store,
     contacts: kv::Store,
     key_packages: kv::Store,
+    groups: kv::Store,
+    group_copies: kv::Store,
+    held_reports: kv::Store,
     presence_ttl: Duration,
     /// Each account's base (`accounts.rs`), which never changes once set.
     bases: Mutex<HashMap<String, u64>>,
@@ -279,6 +301,7 @@ impl JetStreamStore {
             ..Default::default()
         };
         let forever = Duration::ZERO;
+        let group_memory = Duration::from_millis(crate::fanout::GROUP_MEMORY_MS);
         let mut buckets = Vec::new();
         for (name, max_age) in [
             (names.bucket("accounts"), forever),
@@ -297,6 +320,11 @@ impl JetStreamStore {
             (names.bucket("nodes"), config.presence_ttl),
             (names.bucket("contacts"), forever),
             (names.bucket("key-packages"), forever),
+            (names.bucket("groups"), forever),
+            // A broadcast's copy records and the reports held for a sender are kept for as long
+            // as a repeat or the sender's next connection may need them.
+            (names.bucket("group-copies"), group_memory),
+            (names.bucket("held-reports"), group_memory),
         ] {
             let config = bucket(name, max_age);
             until_placed(deadline, || {
@@ -306,10 +334,10 @@ impl JetStreamStore {
             buckets.push(until_placed(deadline, || js.get_key_value(config.bucket.clone())).await?);
         }
         wait_until_served(deadline, &journal, &buckets).await?;
-        let [accounts, dedup, addresses, bindings, presence, nodes, contacts, key_packages]: [kv::Store;
-            8] = buckets
+        let [accounts, dedup, addresses, bindings, presence, nodes, contacts, key_packages, groups, group_copies, held_reports]: [kv::Store;
+            11] = buckets
             .try_into()
-            .unwrap_or_else(|_| unreachable!("eight buckets were created"));
+            .unwrap_or_else(|_| unreachable!("eleven buckets were created"));
         Ok(Self {
             inner: Arc::new(Inner {
                 names,
@@ -324,6 +352,9 @@ impl JetStreamStore {
                 nodes,
                 contacts,
                 key_packages,
+                groups,
+                group_copies,
+                held_reports,
                 presence_ttl: config.presence_ttl,
                 bases: Mutex::new(HashMap::new()),
             }),

@@ -44,6 +44,17 @@ impl Names {
         format!("{}.appended.{}", self.prefix, token(&[account]))
     }
 
+    /// The subject of the notices of group reports held for one account.
+    pub(super) fn reports(&self, account: &str) -> String {
+        format!("{}.reports.{}", self.prefix, token(&[account]))
+    }
+
+    /// The subject on which the node of one account's connection answers whether a frame of
+    /// the account's journal was written to it.
+    pub(super) fn written(&self, account: &str) -> String {
+        format!("{}.written.{}", self.prefix, token(&[account]))
+    }
+
     pub(super) fn bucket(&self, what: &str) -> String {
         format!("{}-{what}", self.prefix)
     }
