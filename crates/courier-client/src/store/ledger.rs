@@ -8,6 +8,10 @@
 //! id, which would cost a page per new message: reading one message's ledger scans the table
 //! (it is bounded, and explaining is rare), and a message whose anchor the store no longer
 //! remembers (after a restart) just gets a new one — its rows are found by id all the same.
+//!
+//! A row holds what one step saw happen to one message at one time: its `detail` is the entry's
+//! JSON, or a JSON array of them when the step saw several (an acceptance and its deferral, an
+//! attempt and its answer), so a step costs a row per message it touched, not one per entry.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -26,7 +30,8 @@ const INSERT_SQL: &str = "INSERT OR REPLACE INTO ledger
 
 const SAVE_SEQ_SQL: &str = "UPDATE ledger_seq SET next = ?1";
 
-/// Keeps each message's first entry and its latest `PER_MESSAGE - 1`.
+/// Keeps each message's first row and its latest `PER_MESSAGE - 1` (a row holds one step's
+/// entries, so the entries read back are capped again by [`read`]).
 const TRIM_SQL: &str = "DELETE FROM ledger WHERE (anchor, seq) IN (
     SELECT anchor, seq FROM (
         SELECT anchor, seq,
@@ -114,16 +119,15 @@ pub(crate) fn write(
         let first = group[0];
         let key = (first.direction, first.message_id.clone());
         let anchor = cursor.anchors.get(&key).copied().unwrap_or(advance.next);
-        for entry in group {
-            let detail = serde_json::to_string(&entry.kind).unwrap_or_default();
+        for row in group.chunk_by(|a, b| a.at == b.at) {
             insert.execute(params![
                 to_db(anchor),
                 to_db(advance.next),
-                to_db(entry.at),
-                entry.direction.as_str(),
-                entry.message_id,
-                entry.peer,
-                detail
+                to_db(row[0].at),
+                first.direction.as_str(),
+                first.message_id,
+                row[0].peer,
+                detail(row)
             ])?;
             advance.next += 1;
         }
@@ -136,6 +140,24 @@ pub(crate) fn write(
     conn.prepare_cached(SAVE_SEQ_SQL)?
         .execute([to_db(advance.next)])?;
     Ok(advance)
+}
+
+/// The `detail` of one row: its entry, or its entries in order.
+fn detail(row: &[&Entry]) -> String {
+    let encoded = match row {
+        [entry] => serde_json::to_string(&entry.kind),
+        _ => serde_json::to_string(&row.iter().map(|e| &e.kind).collect::<Vec<_>>()),
+    };
+    encoded.unwrap_or_default()
+}
+
+/// The entries a row's `detail` holds.
+fn kinds(detail: &str) -> serde_json::Result<Vec<Kind>> {
+    if detail.starts_with('[') {
+        serde_json::from_str(detail)
+    } else {
+        serde_json::from_str(detail).map(|kind| vec![kind])
+    }
 }
 
 /// The ledger of message `id`: its outbound life if it has one, else its inbound one.
@@ -161,14 +183,16 @@ fn read(conn: &Connection, direction: Direction, id: &str) -> Result<Option<Hist
         let at: i64 = row.get(1)?;
         let row_peer: String = row.get(2)?;
         let detail: String = row.get(3)?;
-        let kind: Kind = serde_json::from_str(&detail).map_err(|e| {
-            StoreError::Corrupt(format!("ledger entry {seq} of {id:?} does not decode: {e}"))
+        let row_kinds = kinds(&detail).map_err(|e| {
+            StoreError::Corrupt(format!("ledger row {seq} of {id:?} does not decode: {e}"))
         })?;
         if peer.is_empty() {
             peer = row_peer;
         }
-        let position = entries.len() as u64;
-        entries.push((position, from_db_u64(at).unwrap_or(0), kind));
+        for kind in row_kinds {
+            let position = entries.len() as u64;
+            entries.push((position, from_db_u64(at).unwrap_or(0), kind));
+        }
     }
     if entries.is_empty() {
         return Ok(None);
