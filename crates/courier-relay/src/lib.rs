@@ -31,7 +31,6 @@ use tokio::task::JoinHandle;
 mod accept;
 mod attempts;
 mod auth;
-pub mod backend;
 pub mod cli;
 pub mod cluster;
 mod config;

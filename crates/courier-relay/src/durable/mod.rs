@@ -17,6 +17,9 @@ use crate::store::{
     AppendOutcome, KeyPackagesHeld, Named, Pending, Release, Store, StoreError, TakenKeyPackage,
 };
 
+#[cfg(test)]
+mod conformance;
+
 pub enum Durable {
     File(Store),
     Cluster(Node),

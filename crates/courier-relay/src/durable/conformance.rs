@@ -1,0 +1,198 @@
+//! One list of scenarios, run against both kinds of [`Durable`]: the protocol's journal rules
+//! (`docs/protocol.md#journal-and-seq`, `docs/protocol.md#frame-release`,
+//! `docs/protocol.md#relay-side-dedup`, `docs/protocol.md#mailbox-limits`,
+//! `docs/protocol.md#address-declaration`) hold alike in the single-file store and on a relay
+//! node of a cluster (`docs/cluster.md#two-backends`).
+
+use std::sync::Arc;
+
+use prometheus_client::metrics::histogram::Histogram;
+
+use super::Durable;
+use crate::config::{AddressLimits, ClusterStorage, MailboxLimits};
+use crate::mailbox::Envelope;
+use crate::node::Node;
+use crate::router::Router;
+use crate::store::{AppendOutcome, Named, Release, Store};
+
+#[path = "../../tests/common/nats.rs"]
+#[allow(dead_code)]
+mod nats;
+
+const MAILBOX: MailboxLimits = MailboxLimits {
+    max_messages: 4,
+    max_bytes: 1024 * 1024,
+    ttl_ms: 7 * 24 * 60 * 60 * 1000,
+    // The sender share has scenarios of its own in the relay's suite, which runs in both modes.
+    sender_share_percent: 100,
+    max_journal_bytes: 64 * 1024 * 1024,
+};
+
+fn envelope(message_id: &str) -> Envelope {
+    Envelope {
+        seq: None,
+        sender: "alice".into(),
+        sender_account: "alice".into(),
+        message_id: message_id.into(),
+        content: format!("content of {message_id}").into(),
+        reply_to_msg: None,
+        accepted_ms: crate::now_ms(),
+        group: None,
+    }
+}
+
+fn to(account: &str) -> Named {
+    Named::Account(account.into())
+}
+
+/// A store of either kind, with the router its relay would route through.
+struct Subject {
+    durable: Durable,
+    router: Arc<Router>,
+}
+
+impl Subject {
+    async fn append(&self, recipient: Named, message_id: &str) -> AppendOutcome {
+        let pending = self
+            .durable
+            .queue_append(recipient, envelope(message_id), MAILBOX, &self.router)
+            .await
+            .unwrap();
+        pending.answer().await.unwrap()
+    }
+
+    async fn accepted(&self, account: &str, message_id: &str) -> u64 {
+        match self.append(to(account), message_id).await {
+            AppendOutcome::Accepted { seq, .. } => seq,
+            other => panic!("{message_id}: {other:?}"),
+        }
+    }
+
+    async fn release(&self, account: &str, release: Release) {
+        let pending = self.durable.queue_release(account, release).await.unwrap();
+        pending.answer().await.unwrap();
+    }
+
+    async fn held(&self, account: &str) -> Vec<(u64, String)> {
+        let up_to = self.durable.highest_seq(account).await.unwrap();
+        let frames = self.durable.fetch(account, 0, up_to, 0).await.unwrap();
+        frames
+            .iter()
+            .map(|f| (f.seq.unwrap(), f.message_id.clone()))
+            .collect()
+    }
+}
+
+async fn conforms(s: Subject) {
+    let durable = &s.durable;
+    // Unknown recipients.
+    let unknown = s.append(to("bob"), "m").await;
+    assert!(
+        matches!(unknown, AppendOutcome::UnknownRecipient),
+        "{unknown:?}"
+    );
+    assert!(!durable.account_exists("bob").await.unwrap());
+    durable.ensure_account("bob", 1).await.unwrap();
+    durable.ensure_account("bob", 2).await.unwrap();
+    assert!(durable.account_exists("bob").await.unwrap());
+
+    // Seq from 1, in order; releases delete what they name.
+    let seqs = [
+        s.accepted("bob", "m0").await,
+        s.accepted("bob", "m1").await,
+        s.accepted("bob", "m2").await,
+    ];
+    assert_eq!(seqs[0], 1);
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    assert!(durable.highest_seq("bob").await.unwrap() >= seqs[2]);
+    let ids: Vec<String> = s.held("bob").await.into_iter().map(|f| f.1).collect();
+    assert_eq!(ids, ["m0", "m1", "m2"]);
+
+    // A resend while journaled stores nothing.
+    let again = s.append(to("bob"), "m1").await;
+    assert!(
+        matches!(again, AppendOutcome::Duplicate { .. }),
+        "{again:?}"
+    );
+
+    // The mailbox holds 4: the fifth is refused, no older frame dropped.
+    let fourth = s.accepted("bob", "m3").await;
+    let full = s.append(to("bob"), "m4").await;
+    assert!(matches!(full, AppendOutcome::MailboxFull), "{full:?}");
+
+    s.release("bob", Release::One(seqs[1])).await;
+    s.release("bob", Release::UpTo(seqs[0])).await;
+    let left: Vec<u64> = s.held("bob").await.into_iter().map(|f| f.0).collect();
+    assert_eq!(left, [seqs[2], fourth]);
+
+    // Released, the same id is a new frame, with a seq never used before.
+    let anew = s.accepted("bob", "m1").await;
+    assert!(anew > fourth);
+    s.release("bob", Release::UpTo(anew)).await;
+    assert!(s.held("bob").await.is_empty());
+    assert!(s.accepted("bob", "m5").await > anew);
+
+    // Bindings: the latest declaration wins; past the account's bindings the least recently
+    // declared one goes; a frame to an address reaches the account it names.
+    durable.ensure_account("carol", 1).await.unwrap();
+    durable.bind_address("off1a", "carol", 2, 10).await.unwrap();
+    durable.bind_address("off1b", "carol", 2, 11).await.unwrap();
+    durable.bind_address("off1c", "carol", 2, 12).await.unwrap();
+    assert_eq!(durable.resolve_address("off1a").await.unwrap(), None);
+    assert_eq!(
+        durable.resolve_address("off1c").await.unwrap().as_deref(),
+        Some("carol")
+    );
+    let by_address = s.append(Named::Address("off1b".into()), "m").await;
+    assert!(
+        matches!(by_address, AppendOutcome::Accepted { seq: 1, .. }),
+        "{by_address:?}"
+    );
+    let nobody = s.append(Named::Address("off1a".into()), "n").await;
+    assert!(
+        matches!(nobody, AppendOutcome::UnknownRecipient),
+        "{nobody:?}"
+    );
+    durable.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_single_file_store_keeps_the_journal_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("relay.db");
+    let router = Arc::new(Router::default());
+    let opened = Arc::clone(&router);
+    let store = tokio::task::spawn_blocking(move || {
+        Store::open(Some(&path), opened, Histogram::new([1.0]))
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    conforms(Subject {
+        durable: Durable::File(store),
+        router,
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_node_keeps_the_journal_rules() {
+    let cluster = nats::NatsCluster::start(1).await;
+    let mut storage = ClusterStorage::new(cluster.urls());
+    storage.replicas = 1;
+    let router = Arc::new(Router::default());
+    let node = Node::start(
+        &storage,
+        Some(MAILBOX),
+        AddressLimits::default(),
+        Arc::clone(&router),
+        Histogram::new([1.0]),
+    )
+    .await
+    .unwrap();
+    conforms(Subject {
+        durable: Durable::Cluster(node),
+        router,
+    })
+    .await;
+}
