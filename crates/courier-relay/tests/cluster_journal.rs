@@ -440,57 +440,6 @@ async fn two_nodes_appending_to_one_account_at_once_journal_every_frame_once() {
     assert_eq!(journaled_seqs, seqs, "every accepted seq names its frame");
 }
 
-/// `docs/cluster.md#mailbox-limits`: the account's bytes are counted across nodes, so appends
-/// through two nodes at once never hold more than its byte limit, and a release gives back what
-/// it deleted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn appends_through_two_nodes_at_once_keep_to_the_byte_limit_and_releases_give_room_back() {
-    let cluster = NatsCluster::start(3).await;
-    let mut config = deployment(cluster.urls(), 3);
-    // Each frame below is a 100-byte row: 15 of content, 5 + 5 of sender, 4 of id, 7 of reply
-    // and 64 of overhead. Ten fit.
-    config.mailbox.max_bytes = 1_000;
-    config.mailbox.sender_share_percent = 100;
-    let node_a = JetStreamStore::open(&config).await.unwrap();
-    let node_b = JetStreamStore::open(&config).await.unwrap();
-    node_a.ensure_account("bob", 1).await.unwrap();
-    let send = |node: JetStreamStore, sender: &'static str, round: usize| {
-        tokio::spawn(async move {
-            let mut stored = 0;
-            for i in 0..8 {
-                let mut frame = envelope(sender, &format!("m{round}{i:02}"));
-                frame.accepted_ms = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_millis() as u64;
-                match node.append(to("bob"), &frame).await.unwrap() {
-                    Appended::Accepted { .. } => stored += 1,
-                    Appended::MailboxFull => {}
-                    other => panic!("{sender} {i}: {other:?}"),
-                }
-            }
-            stored
-        })
-    };
-    for round in 0..2 {
-        let (a, b) = (
-            send(node_a.clone(), "alice", round),
-            send(node_b.clone(), "carol", round),
-        );
-        let stored =
-            within_cluster_deadline(a).await.unwrap() + within_cluster_deadline(b).await.unwrap();
-        assert_eq!(
-            stored, 10,
-            "round {round}: ten 100-byte frames fit in 1 000 bytes"
-        );
-        assert_eq!(held(&node_a, "bob").await.len(), 10);
-        // bob releases everything through one node; the other node finds the room again.
-        let highest = node_b.highest_seq("bob").await.unwrap();
-        node_b.release("bob", Release::UpTo(highest)).await.unwrap();
-        assert!(held(&node_a, "bob").await.is_empty());
-    }
-}
-
 async fn within_cluster_deadline<T>(f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(CLUSTER_DEADLINE, f)
         .await

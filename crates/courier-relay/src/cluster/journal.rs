@@ -15,10 +15,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::names::token;
-use super::usage::Counted;
 use super::{lost_race, request, ClusterError, JetStreamStore};
 use crate::mailbox::{Envelope, GroupTag};
-use crate::store::{row_bytes, Named, Release};
+use crate::store::{Named, Release};
 
 /// One journal read returns at most this many frames / content bytes (at least one frame), as
 /// the SQLite journal's does.
@@ -103,31 +102,6 @@ impl Frame {
     }
 }
 
-impl Frame {
-    /// What the frame counts for against the mailbox limits (`usage.rs`).
-    fn counted(&self) -> Counted {
-        let envelope = Envelope {
-            seq: None,
-            sender: self.sender.clone(),
-            sender_account: self.sender_account.clone(),
-            message_id: self.message_id.clone(),
-            content: self.content.clone().into(),
-            reply_to_msg: self.reply_to_msg.clone(),
-            accepted_ms: self.accepted_ms,
-            group: self.group_id.clone().map(|group_id| GroupTag {
-                group_id,
-                forward_info: None,
-            }),
-        };
-        let forward_info = self.forward_info.as_ref().map(Value::to_string);
-        Counted {
-            sender_account: self.sender_account.clone(),
-            accepted_ms: self.accepted_ms,
-            bytes: row_bytes(&envelope, forward_info.as_deref()),
-        }
-    }
-}
-
 /// The `seq` of the account's frame at stream sequence `stream_seq` (`accounts.rs`).
 fn seq_of(base: u64, stream_seq: u64) -> u64 {
     (stream_seq + 1).saturating_sub(base)
@@ -163,9 +137,7 @@ impl JetStreamStore {
             .group
             .is_none()
             .then(|| token(&[&account, &envelope.sender, &envelope.message_id]));
-        let frame = Frame::new(envelope);
-        let counted = frame.counted();
-        let payload = serde_json::to_vec(&frame).map_err(request)?;
+        let payload = serde_json::to_vec(&Frame::new(envelope)).map_err(request)?;
         // The publish is conditional on the account's subject ending where this append read
         // it: the frame lands right after what the dedup check saw, or not at all. A lost
         // answer, an election, or another node's append in between is resolved by reading
@@ -174,12 +146,8 @@ impl JetStreamStore {
         let mut contended = 0;
         let mut unsettled = false;
         loop {
-            let room = Room {
-                account: &account,
-                counted: &counted,
-            };
             let outcome = self
-                .append_once(&subject, dedup_key.as_deref(), &room, payload.clone())
+                .append_once(&subject, dedup_key.as_deref(), payload.clone())
                 .await;
             match outcome {
                 Ok(Attempt::Stored(stream_seq)) => {
@@ -220,15 +188,11 @@ impl JetStreamStore {
     }
 
     /// One round of an append: read where the account's subject ends, look for the frame's
-    /// copy from the dedup record's mark up to there, take the frame's room in the mailbox
-    /// (`usage.rs`), mark the record, publish on condition. Room taken for a frame that was not
-    /// stored is given back; after a publish with no answer it is kept, since the frame may
-    /// be stored (a count too high for a while, never too low).
+    /// copy from the dedup record's mark up to there, mark the record, publish on condition.
     async fn append_once(
         &self,
         subject: &str,
         dedup_key: Option<&str>,
-        room: &Room<'_>,
         payload: Vec<u8>,
     ) -> Result<Attempt, ClusterError> {
         let last = self.subject_last(subject).await?;
@@ -243,22 +207,13 @@ impl JetStreamStore {
                     return Ok(Attempt::Held(stream_seq));
                 }
             }
-        }
-        if !self
-            .take_room(room.account, room.counted, crate::now_ms())
-            .await?
-        {
-            return Ok(Attempt::Full);
-        }
-        if let Some(key) = dedup_key {
             // Before the publish: a copy of this frame can only land right after `last`, so a
             // resend after a lost answer, through any node, finds it from here.
-            let marked = self.inner.dedup.put(key, last.to_string().into()).await;
-            if let Err(e) = marked {
-                self.give_room(room.account, std::slice::from_ref(room.counted))
-                    .await?;
-                return Err(request(e));
-            }
+            self.inner
+                .dedup
+                .put(key, last.to_string().into())
+                .await
+                .map_err(request)?;
             headers.insert(DEDUP_KEY_HEADER, key);
         }
         let published = self
@@ -268,17 +223,14 @@ impl JetStreamStore {
             .await
             .map_err(request)?
             .await;
-        let attempt = match published {
-            Ok(ack) => return Ok(Attempt::Stored(ack.sequence)),
-            Err(e) if refused_for_room(&e) => Attempt::Full,
+        match published {
+            Ok(ack) => Ok(Attempt::Stored(ack.sequence)),
+            Err(e) if refused_for_room(&e) => Ok(Attempt::Full),
             Err(e) if e.kind() == PublishErrorKind::WrongLastSequence || lost_race(&e) => {
-                Attempt::Overtaken
+                Ok(Attempt::Overtaken)
             }
-            Err(e) => return Err(request(e)),
-        };
-        self.give_room(room.account, std::slice::from_ref(room.counted))
-            .await?;
-        Ok(attempt)
+            Err(e) => Err(request(e)),
+        }
     }
 
     /// The stream sequence of the account subject's last frame (0 for none), from the stream's
@@ -328,8 +280,15 @@ impl JetStreamStore {
     ) -> Result<Option<u64>, ClusterError> {
         let mut next = mark.saturating_add(1);
         while next <= last {
-            let Some(message) = self.first_from(subject, next).await? else {
-                return Ok(None);
+            let message = match self
+                .inner
+                .journal
+                .get_first_raw_message_by_subject(subject, next)
+                .await
+            {
+                Ok(message) => message,
+                Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
+                Err(e) => return Err(request(e)),
             };
             if message.sequence > last {
                 return Ok(None);
@@ -394,8 +353,15 @@ impl JetStreamStore {
         while frames.len() < FETCH_FRAMES && bytes < FETCH_BYTES {
             // From the stream's leader: a replica's direct answer may lag behind frames
             // already acknowledged, and a drain that missed one would end before S.
-            let Some(message) = self.first_from(&subject, next).await? else {
-                break;
+            let message = match self
+                .inner
+                .journal
+                .get_first_raw_message_by_subject(subject.as_str(), next)
+                .await
+            {
+                Ok(message) => message,
+                Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => break,
+                Err(e) => return Err(request(e)),
             };
             let seq = seq_of(base, message.sequence);
             if seq > up_to {
@@ -423,110 +389,31 @@ impl JetStreamStore {
             Release::One(0) | Release::UpTo(0) => {}
             Release::One(seq) => {
                 let stream_seq = stream_seq_of(base, seq);
-                if let Some(counted) = self.held_frame(&subject, stream_seq).await? {
-                    if self.delete(stream_seq).await? {
-                        self.give_room(account, &[counted]).await?;
+                if self.holds(&subject, stream_seq).await? {
+                    match self.inner.journal.delete_message(stream_seq).await {
+                        // Gone already: released meanwhile through another node, or expired.
+                        Ok(_) => {}
+                        Err(e)
+                            if matches!(e.kind(), DeleteMessageErrorKind::JetStream(error)
+                                if [ErrorCode::NO_MESSAGE_FOUND, ErrorCode::STREAM_MESSAGE_DELETE_FAILED]
+                                    .contains(&error.error_code())) => {}
+                        Err(e) => return Err(request(e)),
                     }
                 }
             }
             Release::UpTo(seq) => {
-                // Frame by frame, so each one's room is given back by the release that deleted
-                // it, whatever other releases run through other nodes.
-                let up_to = stream_seq_of(base, seq);
-                let mut next = base;
-                let mut deleted = Vec::new();
-                while let Some((stream_seq, frame)) = self.next_frame(&subject, next, up_to).await?
-                {
-                    next = stream_seq + 1;
-                    if self.delete(stream_seq).await? {
-                        deleted.push(frame.counted());
-                    }
-                }
-                self.give_room(account, &deleted).await?;
+                // Purges the subject's messages below the given stream sequence.
+                self.inner
+                    .journal
+                    .purge()
+                    .filter(subject)
+                    .sequence(stream_seq_of(base, seq).saturating_add(1))
+                    .await
+                    .map_err(request)?;
             }
         }
         Ok(())
     }
-
-    /// The subject's first message from stream sequence `from`, from the stream's leader.
-    async fn first_from(
-        &self,
-        subject: &str,
-        from: u64,
-    ) -> Result<Option<async_nats::jetstream::message::StreamMessage>, ClusterError> {
-        match self
-            .inner
-            .journal
-            .get_first_raw_message_by_subject(subject, from)
-            .await
-        {
-            Ok(message) => Ok(Some(message)),
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
-            Err(e) => Err(request(e)),
-        }
-    }
-
-    /// The subject's first frame from stream sequence `from` up to `up_to`, from the stream's
-    /// leader.
-    async fn next_frame(
-        &self,
-        subject: &str,
-        from: u64,
-        up_to: u64,
-    ) -> Result<Option<(u64, Frame)>, ClusterError> {
-        if from > up_to {
-            return Ok(None);
-        }
-        let Some(message) = self.first_from(subject, from).await? else {
-            return Ok(None);
-        };
-        if message.sequence > up_to {
-            return Ok(None);
-        }
-        let frame: Frame = serde_json::from_slice(&message.payload)
-            .map_err(|e| ClusterError::Corrupt(e.to_string()))?;
-        Ok(Some((message.sequence, frame)))
-    }
-
-    /// The frame of `subject` at `stream_seq`, as the counts see it, if the stream holds it.
-    async fn held_frame(
-        &self,
-        subject: &str,
-        stream_seq: u64,
-    ) -> Result<Option<Counted>, ClusterError> {
-        match self.inner.journal.direct_get(stream_seq).await {
-            Ok(message) if message.subject.as_str() == subject => {
-                let frame: Frame = serde_json::from_slice(&message.payload)
-                    .map_err(|e| ClusterError::Corrupt(e.to_string()))?;
-                Ok(Some(frame.counted()))
-            }
-            Ok(_) => Ok(None),
-            Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
-            Err(e) => Err(request(e)),
-        }
-    }
-
-    /// Deletes the stream's message `stream_seq`; `false` when it was gone already (released
-    /// meanwhile through another node, or expired).
-    async fn delete(&self, stream_seq: u64) -> Result<bool, ClusterError> {
-        match self.inner.journal.delete_message(stream_seq).await {
-            Ok(_) => Ok(true),
-            Err(e)
-                if matches!(e.kind(), DeleteMessageErrorKind::JetStream(error)
-                    if [ErrorCode::NO_MESSAGE_FOUND, ErrorCode::STREAM_MESSAGE_DELETE_FAILED]
-                        .contains(&error.error_code())) =>
-            {
-                Ok(false)
-            }
-            Err(e) => Err(request(e)),
-        }
-    }
-}
-
-/// The frame an append round takes room for, in the account it goes to.
-struct Room<'a> {
-    account: &'a str,
-    counted: &'a Counted,
 }
 
 /// A random wait below 1 ms × 2^(rounds lost), capped at 64 ms.

@@ -28,7 +28,6 @@ mod key_packages;
 mod names;
 mod presence;
 mod record;
-mod usage;
 mod written;
 
 pub use addresses::BindingChange;
@@ -168,9 +167,6 @@ struct Inner {
     groups: kv::Store,
     group_copies: kv::Store,
     held_reports: kv::Store,
-    usage: kv::Store,
-    /// The mailbox limits the stream cannot hold itself (`usage.rs`).
-    limits: MailboxLimits,
     presence_ttl: Duration,
     /// Each account's base (`accounts.rs`), which never changes once set.
     bases: Mutex<HashMap<String, u64>>,
@@ -329,9 +325,6 @@ impl JetStreamStore {
             // as a repeat or the sender's next connection may need them.
             (names.bucket("group-copies"), group_memory),
             (names.bucket("held-reports"), group_memory),
-            // Rewritten by every append and release; one untouched for the frames' lifetime
-            // counts nothing live.
-            (names.bucket("usage"), ttl),
         ] {
             let config = bucket(name, max_age);
             until_placed(deadline, || {
@@ -341,10 +334,10 @@ impl JetStreamStore {
             buckets.push(until_placed(deadline, || js.get_key_value(config.bucket.clone())).await?);
         }
         wait_until_served(deadline, &journal, &buckets).await?;
-        let [accounts, dedup, addresses, bindings, presence, nodes, contacts, key_packages, groups, group_copies, held_reports, usage]: [kv::Store;
-            12] = buckets
+        let [accounts, dedup, addresses, bindings, presence, nodes, contacts, key_packages, groups, group_copies, held_reports]: [kv::Store;
+            11] = buckets
             .try_into()
-            .unwrap_or_else(|_| unreachable!("twelve buckets were created"));
+            .unwrap_or_else(|_| unreachable!("eleven buckets were created"));
         Ok(Self {
             inner: Arc::new(Inner {
                 names,
@@ -362,8 +355,6 @@ impl JetStreamStore {
                 groups,
                 group_copies,
                 held_reports,
-                usage,
-                limits: config.mailbox,
                 presence_ttl: config.presence_ttl,
                 bases: Mutex::new(HashMap::new()),
             }),

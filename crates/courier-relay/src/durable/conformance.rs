@@ -23,7 +23,7 @@ const MAILBOX: MailboxLimits = MailboxLimits {
     max_messages: 4,
     max_bytes: 1024 * 1024,
     ttl_ms: 7 * 24 * 60 * 60 * 1000,
-    // The sender share has scenarios of its own in the relay's suite, which runs in both modes.
+    // A relay node does not enforce the sender share yet (`docs/cluster.md#status`).
     sender_share_percent: 100,
     max_journal_bytes: 64 * 1024 * 1024,
 };

@@ -33,7 +33,7 @@ pub(super) const ROW_OVERHEAD: u64 = 64;
 
 /// The size a frame is counted at against the mailbox limits: every text field of its row,
 /// plus [`ROW_OVERHEAD`]. Schema version 6 computes the same in SQL for rows written before.
-pub(crate) fn row_bytes(envelope: &Envelope, forward_info: Option<&str>) -> u64 {
+pub(super) fn row_bytes(envelope: &Envelope, forward_info: Option<&str>) -> u64 {
     let group_id = envelope.group.as_ref().map_or(0, |g| g.group_id.len());
     [
         envelope.content.len(),

@@ -34,7 +34,6 @@ mod contacts;
 mod groups;
 mod journal;
 mod key_packages;
-pub(crate) use journal::row_bytes;
 pub(crate) use key_packages::MAX_HELD as MAX_HELD_KEY_PACKAGES;
 mod mailboxes;
 mod schema;
