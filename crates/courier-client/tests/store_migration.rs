@@ -349,7 +349,7 @@ fn the_fixture_is_a_version_1_database() {
 
 #[test]
 fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
-    assert_eq!(SCHEMA_VERSION, 13);
+    assert_eq!(SCHEMA_VERSION, 14);
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("v1.db");
     write_v1_database(&db);
@@ -357,11 +357,11 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
 
     {
         let mut store = Store::open(&db).unwrap();
-        assert_eq!(store.schema_version().unwrap(), 13);
+        assert_eq!(store.schema_version().unwrap(), 14);
         assert_v1_rows_intact(&mut store);
         assert!(store.load_pending_inbound().unwrap().is_empty());
     }
-    assert_eq!(user_version(&db), 13);
+    assert_eq!(user_version(&db), 14);
 
     // The version-1 objects are unchanged but `settled`, which gained one nullable column, and
     // `outbox`, rebuilt with one more allowed state; exactly the new tables and their indexes
@@ -456,7 +456,7 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
 
     // And the migrated file keeps working across reopen.
     let mut store = Store::open(&db).unwrap();
-    assert_eq!(store.schema_version().unwrap(), 13);
+    assert_eq!(store.schema_version().unwrap(), 14);
     assert_v1_rows_intact(&mut store);
 }
 
@@ -471,14 +471,14 @@ fn a_current_version_database_is_opened_untouched() {
 
     {
         let store = Store::open(&db).unwrap();
-        assert_eq!(store.schema_version().unwrap(), 13);
+        assert_eq!(store.schema_version().unwrap(), 14);
         assert_eq!(store.load_outbox().unwrap(), expected_outbox());
     }
     // No migration ran: not a byte of the database file changed (its header holds a change
     // counter that any committed write would bump), and the schema is the same.
     assert_eq!(fs::read(&db).unwrap(), before);
     assert_eq!(schema_of(&db), schema);
-    assert_eq!(user_version(&db), 13);
+    assert_eq!(user_version(&db), 14);
 
     let mut store = Store::open(&db).unwrap();
     assert_v1_rows_intact(&mut store);
@@ -487,16 +487,16 @@ fn a_current_version_database_is_opened_untouched() {
 #[test]
 fn a_database_newer_than_the_current_version_is_refused_and_left_untouched() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("v14.db");
+    let db = dir.path().join("v15.db");
     write_v1_database(&db);
     drop(Store::open(&db).unwrap());
     {
-        // A version-14 build added something and bumped the version.
+        // A version-15 build added something and bumped the version.
         let conn = Connection::open(&db).unwrap();
         conn.execute_batch(
             "BEGIN;
              CREATE TABLE from_the_future (x INTEGER);
-             PRAGMA user_version = 14;
+             PRAGMA user_version = 15;
              COMMIT;",
         )
         .unwrap();
@@ -504,12 +504,12 @@ fn a_database_newer_than_the_current_version_is_refused_and_left_untouched() {
     let before = fs::read(&db).unwrap();
     match Store::open(&db).unwrap_err() {
         StoreError::NewerSchema { found, supported } => {
-            assert_eq!((found, supported), (14, 13));
+            assert_eq!((found, supported), (15, 14));
         }
         other => panic!("expected NewerSchema, got {other}"),
     }
     assert_eq!(fs::read(&db).unwrap(), before, "not a byte changed");
-    assert_eq!(user_version(&db), 14);
+    assert_eq!(user_version(&db), 15);
     let outbox: i64 = Connection::open(&db)
         .unwrap()
         .query_row("SELECT COUNT(*) FROM outbox", [], |r| r.get(0))

@@ -1,19 +1,17 @@
 //! The message ledger's rows (`docs/delivery.md#a-messages-life`): written in the step's
 //! commit, read by `explainMessage`, `messageTimeline` and `courier-relay inspect`.
 //!
-//! Written like a log, for a step's commit to stay cheap: every entry gets the next number of
-//! one counter, and the entries of a message are clustered under its *anchor*, the number of
-//! the first entry the store wrote for it while running, so new rows go at the end of the table
-//! and a step adds a few pages to the file, not one per message. There is no index by message
-//! id, which would cost a page per new message: reading one message's ledger scans the table
-//! (it is bounded, and explaining is rare), and a message whose anchor the store no longer
-//! remembers (after a restart) just gets a new one — its rows are found by id all the same.
+//! Written like a log, for a step's commit to stay cheap: every row gets the next number of one
+//! counter, its key, so new rows only ever go at the end of the table and a step adds a few pages
+//! to the file. There is no index by message id, which would cost a page per new message, and
+//! nothing clusters a message's rows (an entry for an old message, such as the failure of one an
+//! acceptance evicted, would split a full page in the middle of the table): reading one message's
+//! ledger scans the table instead (it is bounded, and explaining is rare).
 //!
 //! A row holds what one step saw happen to one message at one time: its `detail` is the entry's
 //! JSON, or a JSON array of them when the step saw several (an acceptance and its deferral, an
 //! attempt and its answer), so a step costs a row per message it touched, not one per entry.
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use courier_engine::Millis;
@@ -25,16 +23,16 @@ use crate::ledger::{Direction, Entry, History, Kind, PER_MESSAGE};
 /// One entry, bound directly from a cached statement: a step's entries cost their appends and
 /// nothing else (no encoding of the batch to be decoded again by SQLite).
 const INSERT_SQL: &str = "INSERT OR REPLACE INTO ledger
-        (anchor, seq, at, direction, message_id, peer, detail)
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+        (seq, at, direction, message_id, peer, detail)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
 
 const SAVE_SEQ_SQL: &str = "UPDATE ledger_seq SET next = ?1";
 
 /// Keeps each message's first row and its latest `PER_MESSAGE - 1` (a row holds one step's
 /// entries, so the entries read back are capped again by [`read`]).
-const TRIM_SQL: &str = "DELETE FROM ledger WHERE (anchor, seq) IN (
-    SELECT anchor, seq FROM (
-        SELECT anchor, seq,
+const TRIM_SQL: &str = "DELETE FROM ledger WHERE seq IN (
+    SELECT seq FROM (
+        SELECT seq,
                ROW_NUMBER() OVER (PARTITION BY direction, message_id ORDER BY seq) AS from_first,
                ROW_NUMBER() OVER (PARTITION BY direction, message_id ORDER BY seq DESC)
                    AS from_last
@@ -51,23 +49,16 @@ const SETTLED_COND: &str = "((h.direction = 'outbound'
 const HEADS: &str = "SELECT direction, message_id, MAX(at) AS last_at, MAX(seq) AS last_seq
     FROM ledger GROUP BY direction, message_id";
 
-/// Anchors remembered at most; past it the memory starts over (a message then gets a new
-/// anchor, which costs locality, not correctness).
-const MAX_REMEMBERED: usize = 50_000;
-
-/// Where the next entry goes, and the anchors of the messages still live.
+/// Where the next row goes.
 #[derive(Debug, Default)]
 pub(crate) struct Cursor {
     next: u64,
-    anchors: HashMap<(Direction, String), u64>,
 }
 
 /// What a commit changes in the [`Cursor`], applied once it is durable.
 #[derive(Debug, Default)]
 pub(crate) struct Advance {
     next: u64,
-    anchored: Vec<((Direction, String), u64)>,
-    ended: Vec<(Direction, String)>,
 }
 
 impl Cursor {
@@ -75,24 +66,11 @@ impl Cursor {
         let next: i64 = conn.query_row("SELECT next FROM ledger_seq", [], |row| row.get(0))?;
         Ok(Self {
             next: from_db_u64(next).unwrap_or(0),
-            anchors: HashMap::new(),
         })
     }
 
     pub(crate) fn advance(&mut self, advance: Advance) {
-        if self.anchors.len() + advance.anchored.len() > MAX_REMEMBERED {
-            self.anchors.clear();
-        }
         self.next = advance.next;
-        self.anchors.extend(advance.anchored);
-        for key in advance.ended {
-            self.anchors.remove(&key);
-        }
-    }
-
-    /// After a prune: the anchors of forgotten messages must not be reused.
-    pub(crate) fn forget(&mut self) {
-        self.anchors.clear();
     }
 }
 
@@ -103,10 +81,7 @@ pub(crate) fn write(
     entries: &[Entry],
     cursor: &Cursor,
 ) -> Result<Advance, StoreError> {
-    let mut advance = Advance {
-        next: cursor.next,
-        ..Advance::default()
-    };
+    let mut advance = Advance { next: cursor.next };
     if entries.is_empty() {
         return Ok(advance);
     }
@@ -116,25 +91,17 @@ pub(crate) fn write(
     });
     let mut insert = conn.prepare_cached(INSERT_SQL)?;
     for group in order.chunk_by(|a, b| a.direction == b.direction && a.message_id == b.message_id) {
-        let first = group[0];
-        let key = (first.direction, first.message_id.clone());
-        let anchor = cursor.anchors.get(&key).copied().unwrap_or(advance.next);
         for row in group.chunk_by(|a, b| a.at == b.at) {
+            let first = row[0];
             insert.execute(params![
-                to_db(anchor),
                 to_db(advance.next),
-                to_db(row[0].at),
+                to_db(first.at),
                 first.direction.as_str(),
                 first.message_id,
-                row[0].peer,
+                first.peer,
                 detail(row)
             ])?;
             advance.next += 1;
-        }
-        if group.iter().any(|e| e.kind.outcome().is_some()) {
-            advance.ended.push(key);
-        } else if !cursor.anchors.contains_key(&key) {
-            advance.anchored.push((key, anchor));
         }
     }
     conn.prepare_cached(SAVE_SEQ_SQL)?

@@ -639,7 +639,6 @@ impl Store {
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let n = ledger::prune(&tx, older_than, max)?;
         tx.commit()?;
-        self.ledger.forget();
         Ok(n)
     }
 

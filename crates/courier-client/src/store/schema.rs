@@ -31,6 +31,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     v11_media,
     v12_processed_controls,
     v13_ledger,
+    v14_ledger_log,
 ];
 
 /// The schema version this build writes and understands.
@@ -369,6 +370,26 @@ fn v13_ledger(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     )
 }
 
+/// Version 14: the ledger keyed by its counter alone (`seq`), so every row is appended at the
+/// end of the table; version 13 clustered a message's rows under an anchor, and an entry for an
+/// old message split a page in the middle of the table.
+fn v14_ledger_log(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "CREATE TABLE ledger_v14 (
+             seq        INTEGER PRIMARY KEY,
+             at         INTEGER NOT NULL,
+             direction  TEXT    NOT NULL,
+             message_id TEXT    NOT NULL,
+             peer       TEXT    NOT NULL,
+             detail     TEXT    NOT NULL
+         );
+         INSERT INTO ledger_v14 (seq, at, direction, message_id, peer, detail)
+             SELECT seq, at, direction, message_id, peer, detail FROM ledger;
+         DROP TABLE ledger;
+         ALTER TABLE ledger_v14 RENAME TO ledger;",
+    )
+}
+
 fn outbox_rows(conn: &Connection) -> rusqlite::Result<u64> {
     let n: i64 = conn.query_row("SELECT COUNT(*) FROM outbox", [], |row| row.get(0))?;
     Ok(n as u64)
@@ -423,6 +444,35 @@ mod tests {
             .query_row("SELECT note FROM outbox WHERE id = 'm1'", [], |r| r.get(0))
             .unwrap();
         assert_eq!(note, None);
+    }
+
+    #[test]
+    fn version_14_keys_the_ledger_by_its_counter_and_keeps_every_row() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate_with(&mut conn, &MIGRATIONS[..13]).unwrap();
+        // Version 13 clustered rows under their message's anchor: out of seq order on disk.
+        conn.execute_batch(
+            "INSERT INTO ledger VALUES (0, 0, 10, 'outbound', 'm1', 'bob', '{\"kind\":\"accepted\"}');
+             INSERT INTO ledger VALUES (0, 2, 12, 'outbound', 'm1', 'bob', '{\"kind\":\"expired\"}');
+             INSERT INTO ledger VALUES (1, 1, 11, 'inbound', 'm2', 'carol', '{\"kind\":\"expired\"}');",
+        )
+        .unwrap();
+        migrate(&mut conn).unwrap();
+        let rows: Vec<(i64, i64, String)> = conn
+            .prepare("SELECT seq, at, message_id FROM ledger ORDER BY rowid")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            rows,
+            [
+                (0, 10, "m1".into()),
+                (1, 11, "m2".into()),
+                (2, 12, "m1".into())
+            ]
+        );
     }
 
     #[test]
