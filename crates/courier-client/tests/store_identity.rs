@@ -181,7 +181,6 @@ fn a_version_3_seed_stored_in_the_clear_is_sealed_at_the_next_start() {
          DROP TABLE media_in;
          DROP TABLE processed_controls;
          DROP TABLE ledger;
-         DROP TABLE ledger_seq;
          DROP TABLE identity;
          CREATE TABLE identity (
              id         INTEGER PRIMARY KEY CHECK (id = 1),

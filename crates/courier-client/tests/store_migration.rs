@@ -410,7 +410,6 @@ fn a_version_1_database_is_migrated_to_the_current_version_keeping_every_row() {
             ("table", "group_sends"),
             ("table", "identity"),
             ("table", "ledger"),
-            ("table", "ledger_seq"),
             ("table", "media_in"),
             ("table", "media_out"),
             ("table", "mls_state"),

@@ -1,12 +1,12 @@
 //! The message ledger's rows (`docs/delivery.md#a-messages-life`): written in the step's
 //! commit, read by `explainMessage`, `messageTimeline` and `courier-relay inspect`.
 //!
-//! Written like a log, for a step's commit to stay cheap: every row gets the next number of one
-//! counter, its key, so new rows only ever go at the end of the table and a step adds a few pages
-//! to the file. There is no index by message id, which would cost a page per new message, and
-//! nothing clusters a message's rows (an entry for an old message, such as the failure of one an
-//! acceptance evicted, would split a full page in the middle of the table): reading one message's
-//! ledger scans the table instead (it is bounded, and explaining is rare).
+//! Written like a log, for a step's commit to stay cheap: every row is keyed by its `seq`, which
+//! SQLite assigns past the highest one, so new rows only ever go at the end of the table and a
+//! step adds a few pages to the file. There is no index by message id, which would cost a page
+//! per new message, and nothing clusters a message's rows (an entry for an old message, such as
+//! the failure of one an acceptance evicted, would split a full page in the middle of the table):
+//! reading one message's ledger scans the table instead (it is bounded, and explaining is rare).
 //!
 //! A row holds what one step saw happen to one message at one time: its `detail` is the entry's
 //! JSON, or a JSON array of them when the step saw several (an acceptance and its deferral, an
@@ -22,11 +22,8 @@ use crate::ledger::{Direction, Entry, History, Kind, PER_MESSAGE};
 
 /// One entry, bound directly from a cached statement: a step's entries cost their appends and
 /// nothing else (no encoding of the batch to be decoded again by SQLite).
-const INSERT_SQL: &str = "INSERT OR REPLACE INTO ledger
-        (seq, at, direction, message_id, peer, detail)
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
-
-const SAVE_SEQ_SQL: &str = "UPDATE ledger_seq SET next = ?1";
+const INSERT_SQL: &str = "INSERT INTO ledger (at, direction, message_id, peer, detail)
+    VALUES (?1, ?2, ?3, ?4, ?5)";
 
 /// Keeps each message's first row and its latest `PER_MESSAGE - 1` (a row holds one step's
 /// entries, so the entries read back are capped again by [`read`]).
@@ -49,41 +46,10 @@ const SETTLED_COND: &str = "((h.direction = 'outbound'
 const HEADS: &str = "SELECT direction, message_id, MAX(at) AS last_at, MAX(seq) AS last_seq
     FROM ledger GROUP BY direction, message_id";
 
-/// Where the next row goes.
-#[derive(Debug, Default)]
-pub(crate) struct Cursor {
-    next: u64,
-}
-
-/// What a commit changes in the [`Cursor`], applied once it is durable.
-#[derive(Debug, Default)]
-pub(crate) struct Advance {
-    next: u64,
-}
-
-impl Cursor {
-    pub(crate) fn load(conn: &Connection) -> Result<Self, StoreError> {
-        let next: i64 = conn.query_row("SELECT next FROM ledger_seq", [], |row| row.get(0))?;
-        Ok(Self {
-            next: from_db_u64(next).unwrap_or(0),
-        })
-    }
-
-    pub(crate) fn advance(&mut self, advance: Advance) {
-        self.next = advance.next;
-    }
-}
-
-/// Writes `entries` in the caller's transaction, each message's in their order; what the
-/// cursor becomes once the transaction commits.
-pub(crate) fn write(
-    conn: &Connection,
-    entries: &[Entry],
-    cursor: &Cursor,
-) -> Result<Advance, StoreError> {
-    let mut advance = Advance { next: cursor.next };
+/// Writes `entries` in the caller's transaction, each message's in their order.
+pub(crate) fn write(conn: &Connection, entries: &[Entry]) -> Result<(), StoreError> {
     if entries.is_empty() {
-        return Ok(advance);
+        return Ok(());
     }
     let mut order: Vec<&Entry> = entries.iter().collect();
     order.sort_by(|a, b| {
@@ -94,19 +60,15 @@ pub(crate) fn write(
         for row in group.chunk_by(|a, b| a.at == b.at) {
             let first = row[0];
             insert.execute(params![
-                to_db(advance.next),
                 to_db(first.at),
                 first.direction.as_str(),
                 first.message_id,
                 first.peer,
                 detail(row)
             ])?;
-            advance.next += 1;
         }
     }
-    conn.prepare_cached(SAVE_SEQ_SQL)?
-        .execute([to_db(advance.next)])?;
-    Ok(advance)
+    Ok(())
 }
 
 /// The `detail` of one row: its entry, or its entries in order.

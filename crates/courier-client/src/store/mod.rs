@@ -211,8 +211,6 @@ pub struct Store {
     path: Option<PathBuf>,
     /// Seals the session rows; known once the identity is loaded.
     rest_key: Option<mls::RestKey>,
-    /// Where the next ledger entries go, as last committed.
-    ledger: ledger::Cursor,
     _lock: Option<LockFile>,
 }
 
@@ -301,9 +299,7 @@ impl Store {
     ) -> Result<Store, StoreError> {
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         schema::migrate(&mut conn)?;
-        let ledger = ledger::Cursor::load(&conn)?;
         Ok(Store {
-            ledger,
             conn,
             wal_pages,
             path,
@@ -505,7 +501,7 @@ impl Store {
                 StoreOp::GroupSendDone { id } => groups::mark_done(&tx, id)?,
             }
         }
-        let advance = ledger::write(&tx, ledger_entries, &self.ledger)?;
+        ledger::write(&tx, ledger_entries)?;
         for id in &reports.done {
             outbox::mark_reported(&tx, id)?;
         }
@@ -513,7 +509,6 @@ impl Store {
             outbox::hold_event(&tx, id, event)?;
         }
         tx.commit()?;
-        self.ledger.advance(advance);
         Ok(())
     }
 

@@ -351,8 +351,8 @@ fn v12_processed_controls(tx: &Transaction<'_>) -> rusqlite::Result<()> {
 }
 
 /// Version 13: the message ledger (`docs/delivery.md#a-messages-life`): entries numbered by
-/// `ledger_seq` and clustered under their message's anchor (see `store/ledger.rs`), bounded per
-/// message by `ledger::PER_MESSAGE` and pruned with the settled outcomes.
+/// `ledger_seq` and clustered under their message's anchor (version 14 keys them by `seq`
+/// alone), bounded per message by `ledger::PER_MESSAGE` and pruned with the settled outcomes.
 fn v13_ledger(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     tx.execute_batch(
         "CREATE TABLE ledger (
@@ -370,9 +370,10 @@ fn v13_ledger(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     )
 }
 
-/// Version 14: the ledger keyed by its counter alone (`seq`), so every row is appended at the
-/// end of the table; version 13 clustered a message's rows under an anchor, and an entry for an
-/// old message split a page in the middle of the table.
+/// Version 14: the ledger keyed by `seq` alone, which SQLite assigns past the highest, so every
+/// row is appended at the end of the table (no counter of its own to write each step); version 13
+/// clustered a message's rows under an anchor, and an entry for an old message split a page in
+/// the middle of the table.
 fn v14_ledger_log(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     tx.execute_batch(
         "CREATE TABLE ledger_v14 (
@@ -386,6 +387,7 @@ fn v14_ledger_log(tx: &Transaction<'_>) -> rusqlite::Result<()> {
          INSERT INTO ledger_v14 (seq, at, direction, message_id, peer, detail)
              SELECT seq, at, direction, message_id, peer, detail FROM ledger;
          DROP TABLE ledger;
+         DROP TABLE ledger_seq;
          ALTER TABLE ledger_v14 RENAME TO ledger;",
     )
 }
