@@ -166,6 +166,10 @@ impl Node {
     /// bound or announced after the subscription is in place.
     pub async fn attach(&self, peer: &Arc<Peer>) -> Result<Attachment, ClusterError> {
         let mut appends = self.store.appended(&peer.account).await?;
+        let mut reports = self.store.reports_held(&peer.account).await?;
+        let mut queries = self.store.written_queries(&peer.account).await?;
+        // One round trip puts the three in place.
+        self.store.subscriptions_in_place().await?;
         let presence = Presence {
             node: self.name.clone(),
             connection: peer.id,
@@ -176,8 +180,6 @@ impl Node {
             // A newer connection through another node was recorded first.
             let _ = peer.supersede();
         }
-        let mut reports = self.store.reports_held(&peer.account).await?;
-        let mut queries = self.store.written_queries(&peer.account).await?;
         let notified = Arc::clone(peer);
         let notices = tokio::spawn(async move {
             while let Some(seq) = appends.next().await {

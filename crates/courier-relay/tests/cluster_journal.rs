@@ -463,6 +463,7 @@ async fn a_frame_appended_through_one_node_is_announced_to_a_node_on_another_ser
     let (node_a, node_b) = (on_server(0).await, on_server(2).await);
     node_a.ensure_account("bob", 1).await.unwrap();
     let mut appends = node_b.appended("bob").await.unwrap();
+    node_b.subscriptions_in_place().await.unwrap();
     let seq = accepted(&node_a, "bob", &envelope("alice", "m0")).await;
     let announced = within_cluster_deadline(appends.next()).await;
     assert_eq!(announced, Some(seq));

@@ -36,10 +36,11 @@ impl Appends {
 
 impl JetStreamStore {
     /// Subscribes to the notices of frames appended to `account`'s journal through any node.
-    /// Notices published before the subscription is in place are not received: a reader
-    /// subscribes first, then reads the journal.
+    /// Notices published before the subscription is in place
+    /// ([`JetStreamStore::subscriptions_in_place`]) are not received: a reader subscribes first,
+    /// then reads the journal.
     pub async fn appended(&self, account: &str) -> Result<Appends, ClusterError> {
-        let notices = self.subscribed(self.inner.names.appended(account)).await?;
+        let notices = self.subscribe(self.inner.names.appended(account)).await?;
         Ok(Appends { notices })
     }
 

@@ -427,9 +427,10 @@ impl JetStreamStore {
         .await
     }
 
-    /// Subscribes to the notices of reports held for `account`.
+    /// Subscribes to the notices of reports held for `account`, in place once
+    /// [`JetStreamStore::subscriptions_in_place`] answered.
     pub async fn reports_held(&self, account: &str) -> Result<ReportNotices, ClusterError> {
-        let notices = self.subscribed(self.inner.names.reports(account)).await?;
+        let notices = self.subscribe(self.inner.names.reports(account)).await?;
         Ok(ReportNotices { notices })
     }
 }

@@ -131,17 +131,15 @@ fn request(e: impl std::fmt::Display) -> ClusterError {
 }
 
 impl JetStreamStore {
-    /// Subscribes to `subject`, answering once the server has the subscription (a flush round
-    /// trip): what is published after that reaches it.
-    async fn subscribed(&self, subject: String) -> Result<async_nats::Subscriber, ClusterError> {
-        let subscriber = self
-            .inner
-            .client
-            .subscribe(subject)
-            .await
-            .map_err(request)?;
-        self.inner.client.flush().await.map_err(request)?;
-        Ok(subscriber)
+    /// Subscribes to `subject`. The server has the subscription, and what is published after
+    /// reaches it, once [`JetStreamStore::subscriptions_in_place`] answered.
+    async fn subscribe(&self, subject: String) -> Result<async_nats::Subscriber, ClusterError> {
+        self.inner.client.subscribe(subject).await.map_err(request)
+    }
+
+    /// Answers once the server has every subscription made before (a flush round trip).
+    pub async fn subscriptions_in_place(&self) -> Result<(), ClusterError> {
+        self.inner.client.flush().await.map_err(request)
     }
 }
 

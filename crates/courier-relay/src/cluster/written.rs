@@ -48,9 +48,10 @@ impl JetStreamStore {
         }
     }
 
-    /// Subscribes to the questions about frames of `account`, for the node of its connection.
+    /// Subscribes to the questions about frames of `account`, for the node of its connection;
+    /// in place once [`JetStreamStore::subscriptions_in_place`] answered.
     pub async fn written_queries(&self, account: &str) -> Result<WrittenQueries, ClusterError> {
-        let queries = self.subscribed(self.inner.names.written(account)).await?;
+        let queries = self.subscribe(self.inner.names.written(account)).await?;
         Ok(WrittenQueries {
             queries,
             client: self.inner.client.clone(),
