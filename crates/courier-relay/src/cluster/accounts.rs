@@ -12,6 +12,7 @@ use async_nats::jetstream::kv;
 use serde::{Deserialize, Serialize};
 
 use super::names::token;
+use super::record::read_record;
 use super::{lost_race, request, ClusterError, JetStreamStore};
 
 #[derive(Serialize, Deserialize)]
@@ -57,17 +58,11 @@ impl JetStreamStore {
         if let Some(&base) = self.bases().get(name) {
             return Ok(Some(base));
         }
-        let Some(value) = self
-            .inner
-            .accounts
-            .get(token(&[name]))
-            .await
-            .map_err(request)?
+        let Some(record) =
+            read_record::<AccountRecord>(&self.inner.accounts, &token(&[name])).await?
         else {
             return Ok(None);
         };
-        let record: AccountRecord =
-            serde_json::from_slice(&value).map_err(|e| ClusterError::Corrupt(e.to_string()))?;
         self.bases().insert(name.to_owned(), record.base);
         Ok(Some(record.base))
     }

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::feed::{put, Feed};
 use super::names::token;
-use super::record::change_record;
+use super::record::{change_record, put_record, read_record};
 use super::{lost_race, request, ClusterError, JetStreamStore};
 
 #[derive(Serialize, Deserialize)]
@@ -76,12 +76,7 @@ impl JetStreamStore {
             account: account.to_owned(),
             declared_ms: now_ms,
         };
-        let value = serde_json::to_vec(&binding).map_err(request)?;
-        self.inner
-            .addresses
-            .put(token(&[address]), value.into())
-            .await
-            .map_err(request)?;
+        put_record(&self.inner.addresses, &token(&[address]), &binding).await?;
         for dropped in self
             .record_declaration(account, address, max_per_account, now_ms)
             .await?
@@ -94,18 +89,8 @@ impl JetStreamStore {
     /// The account `address` (canonical) is bound to, if a declaration within the bindings'
     /// lifetime made one.
     pub async fn resolve_address(&self, address: &str) -> Result<Option<String>, ClusterError> {
-        let Some(value) = self
-            .inner
-            .addresses
-            .get(token(&[address]))
-            .await
-            .map_err(request)?
-        else {
-            return Ok(None);
-        };
-        let binding: Binding =
-            serde_json::from_slice(&value).map_err(|e| ClusterError::Corrupt(e.to_string()))?;
-        Ok(Some(binding.account))
+        let binding = read_record::<Binding>(&self.inner.addresses, &token(&[address])).await?;
+        Ok(binding.map(|binding| binding.account))
     }
 
     /// Adds `address` to the account's list (or refreshes it) with a compare-and-set on the

@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 use super::feed::Feed;
 use super::journal::Appended;
 use super::names::token;
-use super::record::change_record;
-use super::{request, ClusterError, JetStreamStore};
+use super::record::{change_record, put_record, read_record};
+use super::{ClusterError, JetStreamStore};
 use crate::fanout::Miss;
 use crate::group::{Actor, GroupRefusal};
 use crate::mailbox::{Envelope, GroupTag};
@@ -231,13 +231,9 @@ impl JetStreamStore {
         tag: GroupTag,
         dedup_since_ms: u64,
     ) -> Result<Result<Vec<(String, Copy)>, GroupRefusal>, ClusterError> {
-        let group = match self.inner.groups.get(token(&[&tag.group_id])).await {
-            Ok(Some(value)) => serde_json::from_slice::<Option<Group>>(&value)
-                .map_err(|e| ClusterError::Corrupt(e.to_string()))?,
-            Ok(None) => None,
-            Err(e) => return Err(request(e)),
-        };
-        let Some(group) = group else {
+        let key = token(&[&tag.group_id]);
+        let group = read_record::<Option<Group>>(&self.inner.groups, &key).await?;
+        let Some(group) = group.flatten() else {
             return Ok(Err(GroupRefusal::NotFound));
         };
         if !group.members.keys().any(|m| actor.acts_for(m)) {
@@ -326,12 +322,8 @@ impl JetStreamStore {
         key: &str,
         dedup_since_ms: u64,
     ) -> Result<Option<CopyRecord>, ClusterError> {
-        let Some(value) = self.inner.group_copies.get(key).await.map_err(request)? else {
-            return Ok(None);
-        };
-        let record: CopyRecord =
-            serde_json::from_slice(&value).map_err(|e| ClusterError::Corrupt(e.to_string()))?;
-        Ok((record.accepted_ms >= dedup_since_ms).then_some(record))
+        let record = read_record::<CopyRecord>(&self.inner.group_copies, key).await?;
+        Ok(record.filter(|record| record.accepted_ms >= dedup_since_ms))
     }
 
     async fn record_copy(
@@ -346,13 +338,7 @@ impl JetStreamStore {
             seq,
             accepted_ms,
         };
-        let value = serde_json::to_vec(&record).map_err(request)?;
-        self.inner
-            .group_copies
-            .put(key, value.into())
-            .await
-            .map_err(request)?;
-        Ok(())
+        put_record(&self.inner.group_copies, key, &record).await
     }
 
     /// Keeps an encoded report for the account's next connection, its oldest beyond `keep`
@@ -394,18 +380,10 @@ impl JetStreamStore {
         account: &str,
         not_before_ms: u64,
     ) -> Result<Vec<(i64, String)>, ClusterError> {
-        let Some(value) = self
-            .inner
-            .held_reports
-            .get(token(&[account]))
-            .await
-            .map_err(request)?
-        else {
-            return Ok(Vec::new());
-        };
-        let reports: HeldReports =
-            serde_json::from_slice(&value).map_err(|e| ClusterError::Corrupt(e.to_string()))?;
+        let key = token(&[account]);
+        let reports = read_record::<HeldReports>(&self.inner.held_reports, &key).await?;
         Ok(reports
+            .unwrap_or_default()
             .held
             .into_iter()
             .filter(|r| r.held_ms >= not_before_ms)

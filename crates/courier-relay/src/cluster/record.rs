@@ -1,6 +1,6 @@
-//! A JSON record in a bucket changed by compare-and-set: read, changed, written only if nobody
-//! wrote it since, else read again. What keeps changes made through several nodes at once from
-//! losing one another.
+//! A JSON record in a bucket: read, written, or changed by compare-and-set (read, changed,
+//! written only if nobody wrote it since, else read again), which keeps changes made through
+//! several nodes at once from losing one another.
 
 use async_nats::jetstream::kv;
 use serde::de::DeserializeOwned;
@@ -8,6 +8,30 @@ use serde::Serialize;
 
 use super::journal::contention_backoff;
 use super::{lost_race, request, ClusterError};
+
+/// The record under `key`, `None` when there is none.
+pub(super) async fn read_record<T: DeserializeOwned>(
+    bucket: &kv::Store,
+    key: &str,
+) -> Result<Option<T>, ClusterError> {
+    let Some(value) = bucket.get(key).await.map_err(request)? else {
+        return Ok(None);
+    };
+    serde_json::from_slice(&value)
+        .map(Some)
+        .map_err(|e| ClusterError::Corrupt(e.to_string()))
+}
+
+/// Writes `record` under `key`, whatever was there.
+pub(super) async fn put_record<T: Serialize>(
+    bucket: &kv::Store,
+    key: &str,
+    record: &T,
+) -> Result<(), ClusterError> {
+    let value = serde_json::to_vec(record).map_err(request)?;
+    bucket.put(key, value.into()).await.map_err(request)?;
+    Ok(())
+}
 
 /// Applies `change` to the record under `key` (the default when there is none) and writes the
 /// result when `change` asks for it, on the revision it read. A write another one came before
