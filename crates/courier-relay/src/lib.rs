@@ -54,6 +54,7 @@ mod rate;
 mod read_budget;
 mod remote;
 mod revocation;
+mod rosters;
 mod router;
 mod send;
 mod store;

@@ -4,7 +4,7 @@
 //! answers it), writes its connections' presence records, and hands each connection the notices
 //! of frames appended to its account, which its writer then reads from the journal.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -20,10 +20,8 @@ use crate::config::{AddressLimits, ClusterStorage, MailboxLimits};
 use crate::fanout::{FannedOut, Outcome, Placement};
 use crate::group::{Actor, GroupRefusal};
 use crate::mailbox::{Envelope, GroupTag};
+use crate::rosters::Rosters;
 use crate::router::{Peer, Router};
-
-/// Every group's members, by the group's key in the `groups` bucket.
-type Rosters = Arc<Mutex<HashMap<String, BTreeSet<String>>>>;
 
 /// After a feed from JetStream failed, the wait before it is started again.
 const FEED_RETRY: Duration = Duration::from_millis(500);
@@ -39,7 +37,7 @@ pub struct Node {
     bindings: Arc<Mutex<HashMap<String, (String, u64)>>>,
     figures: Arc<Mutex<Figures>>,
     /// Followed for presence visibility (`docs/protocol.md#presence-visibility`).
-    rosters: Rosters,
+    rosters: Arc<Mutex<Rosters>>,
     /// Each append's time, from its first read to JetStream's acknowledgement.
     commit_seconds: Histogram,
     tasks: Vec<JoinHandle<()>>,
@@ -98,7 +96,7 @@ impl Node {
         let heartbeat = store.start_heartbeat(&name).await?;
         let bindings = Arc::new(Mutex::new(HashMap::new()));
         let figures = Arc::new(Mutex::new(store.figures().await?));
-        let rosters = Rosters::default();
+        let rosters = Arc::new(Mutex::new(Rosters::default()));
         let tasks = vec![
             tokio::spawn(follow_groups(store.clone(), Arc::clone(&rosters))),
             tokio::spawn(follow_presence(store.clone(), Arc::clone(&router))),
@@ -276,11 +274,7 @@ impl Node {
     /// The members of every group one of `identities` is a member of, as this node follows
     /// them: a change through another node shows here a moment later.
     pub fn group_peers(&self, identities: &[String]) -> Vec<String> {
-        lock(&self.rosters)
-            .values()
-            .filter(|members| identities.iter().any(|i| members.contains(i)))
-            .flat_map(|members| members.iter().cloned())
-            .collect()
+        lock(&self.rosters).peers(identities)
     }
 
     /// `peer`'s connection ended at `ms`, when it was still its account's connection here.
@@ -442,20 +436,13 @@ async fn follow_bindings(
     .await;
 }
 
-async fn follow_groups(store: JetStreamStore, rosters: Rosters) {
+async fn follow_groups(store: JetStreamStore, rosters: Arc<Mutex<Rosters>>) {
     follow(
         "groups",
         || store.group_changes(),
         |GroupChange { key, group }| {
-            let mut rosters = lock(&rosters);
-            match group {
-                Some(group) => {
-                    rosters.insert(key, group.members.into_keys().collect());
-                }
-                None => {
-                    rosters.remove(&key);
-                }
-            }
+            let members = group.map(|group| group.members.into_keys().collect());
+            lock(&rosters).set(key, members);
         },
     )
     .await;
