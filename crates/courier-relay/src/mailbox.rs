@@ -51,6 +51,31 @@ pub struct GroupTag {
     pub forward_info: Option<Value>,
 }
 
+/// What a journal row costs besides its text fields: its integers, its row id and its index
+/// entries (`docs/protocol.md#mailbox-limits`).
+const ROW_OVERHEAD: u64 = 64;
+
+/// The size a frame is counted at against the mailbox limits: every text field of its row,
+/// plus [`ROW_OVERHEAD`]. The SQLite journal's schema version 6 computes the same in SQL for rows
+/// written before; the cluster journal carries it in a header of each frame
+/// (`docs/cluster.md#mailbox-limits`).
+pub fn row_bytes(envelope: &Envelope, forward_info: Option<&str>) -> u64 {
+    let group_id = envelope.group.as_ref().map_or(0, |g| g.group_id.len());
+    [
+        envelope.content.len(),
+        envelope.sender.len(),
+        envelope.sender_account.len(),
+        envelope.message_id.len(),
+        envelope.reply_to_msg.as_ref().map_or(0, String::len),
+        group_id,
+        forward_info.map_or(0, str::len),
+    ]
+    .iter()
+    .map(|&n| n as u64)
+    .sum::<u64>()
+        + ROW_OVERHEAD
+}
+
 impl Envelope {
     pub fn to_frame(&self, with_seq: bool) -> RelayFrame {
         let seq = if with_seq { self.seq } else { None };

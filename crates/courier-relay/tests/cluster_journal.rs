@@ -92,6 +92,8 @@ fn deployment(servers: Vec<String>, replicas: usize) -> ClusterConfig {
 async fn open(cluster: &NatsCluster, replicas: usize, max_messages: u64) -> JetStreamStore {
     let mut config = deployment(cluster.urls(), replicas);
     config.mailbox.max_messages = max_messages;
+    // Whole mailboxes to one sender: the share has a test of its own.
+    config.mailbox.sender_share_percent = 100;
     config.addresses.max_per_account = 2;
     JetStreamStore::open(&config).await.unwrap()
 }
@@ -438,6 +440,112 @@ async fn two_nodes_appending_to_one_account_at_once_journal_every_frame_once() {
     assert_eq!(distinct.len(), 3 * FRAMES);
     let journaled_seqs: HashSet<u64> = journaled.iter().map(|f| f.0).collect();
     assert_eq!(journaled_seqs, seqs, "every accepted seq names its frame");
+}
+
+/// `docs/cluster.md#mailbox-limits`: the account's bytes are counted across nodes, so appends
+/// through two nodes at once never hold more than its byte limit, and a release through either
+/// node gives the room back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_through_two_nodes_at_once_keep_to_the_byte_limit_and_releases_give_room_back() {
+    let cluster = NatsCluster::start(3).await;
+    let mut config = deployment(cluster.urls(), 3);
+    // Each frame below is a 100-byte row: 15 of content, 5 + 5 of sender, 4 of id, 7 of reply
+    // and 64 of overhead. Ten fit.
+    config.mailbox.max_bytes = 1_000;
+    config.mailbox.sender_share_percent = 100;
+    let node_a = JetStreamStore::open(&config).await.unwrap();
+    let node_b = JetStreamStore::open(&config).await.unwrap();
+    node_a.ensure_account("bob", 1).await.unwrap();
+    let send = |node: JetStreamStore, sender: &'static str, round: usize| {
+        tokio::spawn(async move {
+            let mut stored = 0;
+            for i in 0..8 {
+                let frame = envelope(sender, &format!("m{round}{i:02}"));
+                match node.append(to("bob"), &frame).await.unwrap() {
+                    Appended::Accepted { .. } => stored += 1,
+                    Appended::MailboxFull => {}
+                    other => panic!("{sender} {i}: {other:?}"),
+                }
+            }
+            stored
+        })
+    };
+    for round in 0..3 {
+        let (a, b) = (
+            send(node_a.clone(), "alice", round),
+            send(node_b.clone(), "carol", round),
+        );
+        let stored =
+            within_cluster_deadline(a).await.unwrap() + within_cluster_deadline(b).await.unwrap();
+        assert_eq!(
+            stored, 10,
+            "round {round}: ten 100-byte frames fit in 1 000 bytes"
+        );
+        assert_eq!(held(&node_a, "bob").await.len(), 10);
+        // bob releases everything through one node, alternately; both find the room again.
+        let releasing = if round % 2 == 0 { &node_b } else { &node_a };
+        let highest = releasing.highest_seq("bob").await.unwrap();
+        releasing
+            .release("bob", Release::UpTo(highest))
+            .await
+            .unwrap();
+        assert!(held(&node_a, "bob").await.is_empty());
+    }
+}
+
+/// `docs/cluster.md#mailbox-limits`: a sender's share is counted whichever nodes its frames
+/// entered by, a node that never saw the account counts it from the journal (more frames than
+/// it reads one by one), and a single release makes room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_senders_share_holds_across_nodes_and_a_new_node_counts_it_from_the_journal() {
+    let cluster = NatsCluster::start(3).await;
+    let mut config = deployment(cluster.urls(), 3);
+    // 100-byte frames (as above): the mailbox holds 80, a sender 40.
+    config.mailbox.max_bytes = 8_000;
+    config.mailbox.sender_share_percent = 50;
+    let node_a = JetStreamStore::open(&config).await.unwrap();
+    let node_b = JetStreamStore::open(&config).await.unwrap();
+    node_a.ensure_account("bob", 1).await.unwrap();
+    let mut answers = Vec::new();
+    for i in 0..44 {
+        let node = if i % 2 == 0 { &node_a } else { &node_b };
+        answers.push(
+            node.append(to("bob"), &envelope("alice", &format!("a{i:03}")))
+                .await
+                .unwrap(),
+        );
+    }
+    let stored = answers
+        .iter()
+        .filter(|a| matches!(a, Appended::Accepted { .. }))
+        .count();
+    assert_eq!(stored, 40, "alice's share is 40 frames: {answers:?}");
+    assert!(answers[40..].iter().all(|a| *a == Appended::MailboxFull));
+
+    let node_c = JetStreamStore::open(&config).await.unwrap();
+    let refused = node_c
+        .append(to("bob"), &envelope("alice", "late"))
+        .await
+        .unwrap();
+    assert_eq!(
+        refused,
+        Appended::MailboxFull,
+        "a new node counts alice's 40"
+    );
+    accepted(&node_c, "bob", &envelope("carol", "c000")).await;
+
+    let first = held(&node_c, "bob").await[0].0;
+    node_c.release("bob", Release::One(first)).await.unwrap();
+    accepted(&node_a, "bob", &envelope("alice", "aft1")).await;
+    let again = node_b
+        .append(to("bob"), &envelope("alice", "aft2"))
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        Appended::MailboxFull,
+        "the released frame's room is taken"
+    );
 }
 
 async fn within_cluster_deadline<T>(f: impl std::future::Future<Output = T>) -> T {

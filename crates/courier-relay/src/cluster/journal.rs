@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::message::StreamMessage;
 use async_nats::jetstream::stream::{
     DeleteMessageErrorKind, DirectGetErrorKind, LastRawMessageErrorKind,
 };
@@ -15,8 +16,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::names::token;
+use super::usage::Weighed;
 use super::{lost_race, request, ClusterError, JetStreamStore};
-use crate::mailbox::{Envelope, GroupTag};
+use crate::mailbox::{row_bytes, Envelope, GroupTag};
 use crate::store::{Named, Release};
 
 /// One journal read returns at most this many frames / content bytes (at least one frame), as
@@ -115,7 +117,7 @@ fn stream_seq_of(base: u64, seq: u64) -> u64 {
 impl JetStreamStore {
     /// Journals `envelope` for the account `recipient` names (an address through its binding
     /// now). Answers once JetStream acknowledged it: on disk on a majority of the stream's
-    /// replicas. A frame past the account's message count or the journal's bytes is refused.
+    /// replicas. A frame past the mailbox limits (`docs/cluster.md#mailbox-limits`) is refused.
     pub async fn append(
         &self,
         recipient: Named,
@@ -137,7 +139,16 @@ impl JetStreamStore {
             .group
             .is_none()
             .then(|| token(&[&account, &envelope.sender, &envelope.message_id]));
-        let payload = serde_json::to_vec(&Frame::new(envelope)).map_err(request)?;
+        let frame = Frame::new(envelope);
+        let weighed = Weighed {
+            stream_seq: 0,
+            sender: token(&[&envelope.sender_account]),
+            bytes: row_bytes(
+                envelope,
+                frame.forward_info.as_ref().map(Value::to_string).as_deref(),
+            ),
+        };
+        let payload = serde_json::to_vec(&frame).map_err(request)?;
         // The publish is conditional on the account's subject ending where this append read
         // it: the frame lands right after what the dedup check saw, or not at all. A lost
         // answer, an election, or another node's append in between is resolved by reading
@@ -147,7 +158,13 @@ impl JetStreamStore {
         let mut unsettled = false;
         loop {
             let outcome = self
-                .append_once(&subject, dedup_key.as_deref(), payload.clone())
+                .append_once(
+                    &account,
+                    &subject,
+                    dedup_key.as_deref(),
+                    &weighed,
+                    payload.clone(),
+                )
                 .await;
             match outcome {
                 Ok(Attempt::Stored(stream_seq)) => {
@@ -188,11 +205,14 @@ impl JetStreamStore {
     }
 
     /// One round of an append: read where the account's subject ends, look for the frame's
-    /// copy from the dedup record's mark up to there, mark the record, publish on condition.
+    /// copy from the dedup record's mark up to there, check the mailbox has room for it, mark
+    /// the record, publish on condition.
     async fn append_once(
         &self,
+        account: &str,
         subject: &str,
         dedup_key: Option<&str>,
+        weighed: &Weighed,
         payload: Vec<u8>,
     ) -> Result<Attempt, ClusterError> {
         let last = self.subject_last(subject).await?;
@@ -207,6 +227,14 @@ impl JetStreamStore {
                     return Ok(Attempt::Held(stream_seq));
                 }
             }
+        }
+        // Checked through `last`: the conditional publish stores the frame only if nothing was
+        // appended to the account since.
+        if !self.has_room(account, subject, last, weighed).await? {
+            return Ok(Attempt::Full);
+        }
+        weighed.write(&mut headers);
+        if let Some(key) = dedup_key {
             // Before the publish: a copy of this frame can only land right after `last`, so a
             // resend after a lost answer, through any node, finds it from here.
             self.inner
@@ -224,7 +252,14 @@ impl JetStreamStore {
             .map_err(request)?
             .await;
         match published {
-            Ok(ack) => Ok(Attempt::Stored(ack.sequence)),
+            Ok(ack) => {
+                let stored = Weighed {
+                    stream_seq: ack.sequence,
+                    ..weighed.clone()
+                };
+                self.inner.tallies.stored(account, last, &stored);
+                Ok(Attempt::Stored(ack.sequence))
+            }
             Err(e) if refused_for_room(&e) => Ok(Attempt::Full),
             Err(e) if e.kind() == PublishErrorKind::WrongLastSequence || lost_race(&e) => {
                 Ok(Attempt::Overtaken)
@@ -235,7 +270,7 @@ impl JetStreamStore {
 
     /// The stream sequence of the account subject's last frame (0 for none), from the stream's
     /// leader: a replica's direct answer may lag behind frames already acknowledged.
-    async fn subject_last(&self, subject: &str) -> Result<u64, ClusterError> {
+    pub(super) async fn subject_last(&self, subject: &str) -> Result<u64, ClusterError> {
         match self
             .inner
             .journal
@@ -280,15 +315,8 @@ impl JetStreamStore {
     ) -> Result<Option<u64>, ClusterError> {
         let mut next = mark.saturating_add(1);
         while next <= last {
-            let message = match self
-                .inner
-                .journal
-                .get_first_raw_message_by_subject(subject, next)
-                .await
-            {
-                Ok(message) => message,
-                Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
-                Err(e) => return Err(request(e)),
+            let Some(message) = self.first_from(subject, next).await? else {
+                return Ok(None);
             };
             if message.sequence > last {
                 return Ok(None);
@@ -303,6 +331,25 @@ impl JetStreamStore {
             next = message.sequence + 1;
         }
         Ok(None)
+    }
+
+    /// The subject's first frame at stream sequence `from` or after, from the stream's leader: a
+    /// replica's direct answer may lag behind frames already acknowledged.
+    pub(super) async fn first_from(
+        &self,
+        subject: &str,
+        from: u64,
+    ) -> Result<Option<StreamMessage>, ClusterError> {
+        match self
+            .inner
+            .journal
+            .get_first_raw_message_by_subject(subject, from)
+            .await
+        {
+            Ok(message) => Ok(Some(message)),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(request(e)),
+        }
     }
 
     /// Whether the stream still holds a frame of `subject` at `stream_seq`.
@@ -351,17 +398,9 @@ impl JetStreamStore {
         let mut bytes = 0;
         let mut next = stream_seq_of(base, after.saturating_add(1));
         while frames.len() < FETCH_FRAMES && bytes < FETCH_BYTES {
-            // From the stream's leader: a replica's direct answer may lag behind frames
-            // already acknowledged, and a drain that missed one would end before S.
-            let message = match self
-                .inner
-                .journal
-                .get_first_raw_message_by_subject(subject.as_str(), next)
-                .await
-            {
-                Ok(message) => message,
-                Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => break,
-                Err(e) => return Err(request(e)),
+            // From the stream's leader: a drain that missed a frame would end before S.
+            let Some(message) = self.first_from(&subject, next).await? else {
+                break;
             };
             let seq = seq_of(base, message.sequence);
             if seq > up_to {

@@ -28,6 +28,7 @@ mod key_packages;
 mod names;
 mod presence;
 mod record;
+mod usage;
 mod written;
 
 pub use addresses::BindingChange;
@@ -166,6 +167,9 @@ struct Inner {
     group_copies: kv::Store,
     held_reports: kv::Store,
     presence_ttl: Duration,
+    limits: MailboxLimits,
+    /// What this node knows each account's frames weigh (`usage.rs`).
+    tallies: usage::Tallies,
     /// Each account's base (`accounts.rs`), which never changes once set.
     bases: Mutex<HashMap<String, u64>>,
 }
@@ -354,6 +358,8 @@ impl JetStreamStore {
                 group_copies,
                 held_reports,
                 presence_ttl: config.presence_ttl,
+                limits: config.mailbox,
+                tallies: usage::Tallies::default(),
                 bases: Mutex::new(HashMap::new()),
             }),
         })

@@ -19,20 +19,20 @@ use crate::store::{AppendOutcome, Named, Release, Store};
 #[allow(dead_code)]
 mod nats;
 
+/// A sender may hold two frames and 2 KiB of a mailbox.
 const MAILBOX: MailboxLimits = MailboxLimits {
     max_messages: 4,
-    max_bytes: 1024 * 1024,
+    max_bytes: 4 * 1024,
     ttl_ms: 7 * 24 * 60 * 60 * 1000,
-    // A relay node does not enforce the sender share yet (`docs/cluster.md#status`).
-    sender_share_percent: 100,
+    sender_share_percent: 50,
     max_journal_bytes: 64 * 1024 * 1024,
 };
 
-fn envelope(message_id: &str) -> Envelope {
+fn from(sender: &str, message_id: &str) -> Envelope {
     Envelope {
         seq: None,
-        sender: "alice".into(),
-        sender_account: "alice".into(),
+        sender: sender.into(),
+        sender_account: sender.into(),
         message_id: message_id.into(),
         content: format!("content of {message_id}").into(),
         reply_to_msg: None,
@@ -52,20 +52,30 @@ struct Subject {
 }
 
 impl Subject {
-    async fn append(&self, recipient: Named, message_id: &str) -> AppendOutcome {
+    async fn append(&self, recipient: Named, envelope: Envelope) -> AppendOutcome {
         let pending = self
             .durable
-            .queue_append(recipient, envelope(message_id), MAILBOX, &self.router)
+            .queue_append(recipient, envelope, MAILBOX, &self.router)
             .await
             .unwrap();
         pending.answer().await.unwrap()
     }
 
-    async fn accepted(&self, account: &str, message_id: &str) -> u64 {
-        match self.append(to(account), message_id).await {
+    async fn accepted(&self, account: &str, envelope: Envelope) -> u64 {
+        let id = envelope.message_id.clone();
+        match self.append(to(account), envelope).await {
             AppendOutcome::Accepted { seq, .. } => seq,
-            other => panic!("{message_id}: {other:?}"),
+            other => panic!("{id}: {other:?}"),
         }
+    }
+
+    async fn refused(&self, account: &str, envelope: Envelope) {
+        let id = envelope.message_id.clone();
+        let answer = self.append(to(account), envelope).await;
+        assert!(
+            matches!(answer, AppendOutcome::MailboxFull),
+            "{id}: {answer:?}"
+        );
     }
 
     async fn release(&self, account: &str, release: Release) {
@@ -86,7 +96,7 @@ impl Subject {
 async fn conforms(s: Subject) {
     let durable = &s.durable;
     // Unknown recipients.
-    let unknown = s.append(to("bob"), "m").await;
+    let unknown = s.append(to("bob"), from("alice", "m")).await;
     assert!(
         matches!(unknown, AppendOutcome::UnknownRecipient),
         "{unknown:?}"
@@ -98,9 +108,9 @@ async fn conforms(s: Subject) {
 
     // Seq from 1, in order; releases delete what they name.
     let seqs = [
-        s.accepted("bob", "m0").await,
-        s.accepted("bob", "m1").await,
-        s.accepted("bob", "m2").await,
+        s.accepted("bob", from("alice", "m0")).await,
+        s.accepted("bob", from("alice", "m1")).await,
+        s.accepted("bob", from("carol", "m2")).await,
     ];
     assert_eq!(seqs[0], 1);
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
@@ -108,29 +118,43 @@ async fn conforms(s: Subject) {
     let ids: Vec<String> = s.held("bob").await.into_iter().map(|f| f.1).collect();
     assert_eq!(ids, ["m0", "m1", "m2"]);
 
-    // A resend while journaled stores nothing.
-    let again = s.append(to("bob"), "m1").await;
+    // A resend while journaled stores nothing, and is a duplicate even with the sender's
+    // share full.
+    let again = s.append(to("bob"), from("alice", "m1")).await;
     assert!(
         matches!(again, AppendOutcome::Duplicate { .. }),
         "{again:?}"
     );
 
-    // The mailbox holds 4: the fifth is refused, no older frame dropped.
-    let fourth = s.accepted("bob", "m3").await;
-    let full = s.append(to("bob"), "m4").await;
-    assert!(matches!(full, AppendOutcome::MailboxFull), "{full:?}");
+    // alice holds her share of frames; carol's frame takes the mailbox's fourth place, then
+    // it is full for everyone. No older frame is dropped.
+    s.refused("bob", from("alice", "m3")).await;
+    let fourth = s.accepted("bob", from("carol", "m3")).await;
+    s.refused("bob", from("dave", "m4")).await;
 
     s.release("bob", Release::One(seqs[1])).await;
     s.release("bob", Release::UpTo(seqs[0])).await;
     let left: Vec<u64> = s.held("bob").await.into_iter().map(|f| f.0).collect();
     assert_eq!(left, [seqs[2], fourth]);
 
-    // Released, the same id is a new frame, with a seq never used before.
-    let anew = s.accepted("bob", "m1").await;
+    // Released, the same id is a new frame, with a seq never used before, in the room the
+    // releases gave back.
+    let anew = s.accepted("bob", from("alice", "m1")).await;
     assert!(anew > fourth);
     s.release("bob", Release::UpTo(anew)).await;
     assert!(s.held("bob").await.is_empty());
-    assert!(s.accepted("bob", "m5").await > anew);
+    assert!(s.accepted("bob", from("alice", "m5")).await > anew);
+
+    // Bytes: a frame is counted at its whole size, within the sender's 2 KiB and the mailbox's
+    // 4 KiB.
+    let sized = |sender: &str, id: &str, content_bytes: usize| Envelope {
+        content: "x".repeat(content_bytes).into(),
+        ..from(sender, id)
+    };
+    s.refused("bob", sized("alice", "big", 2048)).await;
+    s.accepted("bob", sized("carol", "c1", 1800)).await;
+    s.accepted("bob", sized("dave", "d1", 1800)).await;
+    s.refused("bob", sized("erin", "e1", 400)).await;
 
     // Bindings: the latest declaration wins; past the account's bindings the least recently
     // declared one goes; a frame to an address reaches the account it names.
@@ -143,12 +167,16 @@ async fn conforms(s: Subject) {
         durable.resolve_address("off1c").await.unwrap().as_deref(),
         Some("carol")
     );
-    let by_address = s.append(Named::Address("off1b".into()), "m").await;
+    let by_address = s
+        .append(Named::Address("off1b".into()), from("alice", "m"))
+        .await;
     assert!(
         matches!(by_address, AppendOutcome::Accepted { seq: 1, .. }),
         "{by_address:?}"
     );
-    let nobody = s.append(Named::Address("off1a".into()), "n").await;
+    let nobody = s
+        .append(Named::Address("off1a".into()), from("alice", "n"))
+        .await;
     assert!(
         matches!(nobody, AppendOutcome::UnknownRecipient),
         "{nobody:?}"

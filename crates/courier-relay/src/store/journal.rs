@@ -21,34 +21,11 @@ use super::mailboxes::{Counters, Mailboxes};
 use super::worker::{Applied, Delta};
 use super::{from_sql, to_sql, AppendOutcome, Named, Release, PURGE_BATCH};
 use crate::config::MailboxLimits;
-use crate::mailbox::{Envelope, GroupTag};
+use crate::mailbox::{row_bytes, Envelope, GroupTag};
 
 /// One journal read returns at most this many frames / content bytes (at least one frame).
 const FETCH_FRAMES: i64 = 64;
 const FETCH_BYTES: usize = 4 * 1024 * 1024;
-
-/// What a journal row costs besides its text fields: its integers, its row id and its index
-/// entries (`docs/protocol.md#mailbox-limits`).
-pub(super) const ROW_OVERHEAD: u64 = 64;
-
-/// The size a frame is counted at against the mailbox limits: every text field of its row,
-/// plus [`ROW_OVERHEAD`]. Schema version 6 computes the same in SQL for rows written before.
-pub(super) fn row_bytes(envelope: &Envelope, forward_info: Option<&str>) -> u64 {
-    let group_id = envelope.group.as_ref().map_or(0, |g| g.group_id.len());
-    [
-        envelope.content.len(),
-        envelope.sender.len(),
-        envelope.sender_account.len(),
-        envelope.message_id.len(),
-        envelope.reply_to_msg.as_ref().map_or(0, String::len),
-        group_id,
-        forward_info.map_or(0, str::len),
-    ]
-    .iter()
-    .map(|&n| n as u64)
-    .sum::<u64>()
-        + ROW_OVERHEAD
-}
 
 fn disposition(live: bool) -> Disposition {
     if live {

@@ -165,7 +165,7 @@ fn v5_groups(tx: &Transaction<'_>) -> rusqlite::Result<()> {
 
 /// Version 6: the limits of `docs/protocol.md#mailbox-limits` and of address bindings.
 ///
-/// A frame's `bytes` becomes the size of its whole row, as `journal::row_bytes` computes it
+/// A frame's `bytes` becomes the size of its whole row, as `mailbox::row_bytes` computes it
 /// (every text field plus 64 bytes), and each account's `byte_count` their sum. Each sender's
 /// share of a mailbox is read by (account, sender_account), and an account's bindings by account,
 /// oldest first.
@@ -338,7 +338,7 @@ mod tests {
                 forward_info: None,
             }),
         };
-        let expected = super::super::journal::row_bytes(&envelope, Some("{}")) as i64;
+        let expected = crate::mailbox::row_bytes(&envelope, Some("{}")) as i64;
         let (bytes, byte_count): (i64, i64) = conn
             .query_row(
                 "SELECT bytes, byte_count FROM journal, accounts WHERE name = account",
