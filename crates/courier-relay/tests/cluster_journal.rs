@@ -266,6 +266,29 @@ async fn a_resend_while_journaled_is_a_duplicate_and_after_its_release_a_new_fra
     assert_eq!(held(&store, "bob").await.len(), 2);
 }
 
+/// `docs/cluster.md#relay-side-dedup`: a resend long after its copy, with frames from others
+/// journaled since, through another node, is still a duplicate: the copy is the first frame
+/// after its record's mark, whatever came after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_after_many_other_frames_through_another_node_is_a_duplicate() {
+    let cluster = NatsCluster::start(1).await;
+    let (node_a, node_b) = (open(&cluster, 1, 100).await, open(&cluster, 1, 100).await);
+    node_a.ensure_account("bob", 1).await.unwrap();
+    let copy = accepted(&node_a, "bob", &envelope("alice", "m")).await;
+    for i in 0..40 {
+        accepted(&node_a, "bob", &envelope("carol", &format!("c{i:02}"))).await;
+    }
+    let again = node_b
+        .append(to("bob"), &envelope("alice", "m"))
+        .await
+        .unwrap();
+    assert_eq!(again, Appended::Duplicate);
+    node_b.release("bob", Release::One(copy)).await.unwrap();
+    let anew = accepted(&node_b, "bob", &envelope("alice", "m")).await;
+    assert!(anew > copy);
+    assert_eq!(held(&node_a, "bob").await.len(), 41);
+}
+
 /// A frame for an account never created, or an address nobody declared, is unknown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frame_for_an_unknown_account_or_unbound_address_is_refused_as_unknown() {

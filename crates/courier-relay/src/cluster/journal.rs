@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::names::token;
+use super::record::write_on_revision;
 use super::usage::Weighed;
 use super::{lost_race, request, ClusterError, JetStreamStore};
 use crate::mailbox::{row_bytes, Envelope, GroupTag};
@@ -58,6 +59,14 @@ pub enum Appended {
     Duplicate,
     UnknownRecipient,
     MailboxFull,
+}
+
+/// The dedup record of one (recipient, sender, message_id).
+#[derive(Clone, Copy)]
+struct DedupRecord {
+    /// The account subject's last stream sequence when the frame was last published.
+    mark: Option<u64>,
+    revision: u64,
 }
 
 /// A frame as the stream holds it.
@@ -221,13 +230,18 @@ impl JetStreamStore {
             async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
             last.to_string().as_str(),
         );
-        if let Some(key) = dedup_key {
-            if let Some(mark) = self.mark(key).await? {
-                if let Some(stream_seq) = self.find(subject, key, mark, last).await? {
-                    return Ok(Attempt::Held(stream_seq));
+        let record = match dedup_key {
+            Some(key) => {
+                let record = self.dedup_record(key).await?;
+                if let Some(mark) = record.and_then(|r| r.mark) {
+                    if let Some(stream_seq) = self.copy_after(subject, key, mark, last).await? {
+                        return Ok(Attempt::Held(stream_seq));
+                    }
                 }
+                record
             }
-        }
+            None => None,
+        };
         // Checked through `last`: the conditional publish stores the frame only if nothing was
         // appended to the account since.
         if !self.has_room(account, subject, last, weighed).await? {
@@ -236,12 +250,16 @@ impl JetStreamStore {
         weighed.write(&mut headers);
         if let Some(key) = dedup_key {
             // Before the publish: a copy of this frame can only land right after `last`, so a
-            // resend after a lost answer, through any node, finds it from here.
-            self.inner
-                .dedup
-                .put(key, last.to_string().into())
-                .await
-                .map_err(request)?;
+            // resend after a lost answer, through any node, finds it there. Only on the
+            // revision read: an append that read the record before another one marked it has
+            // not looked for that one's copy, and must not hide it behind an older mark.
+            let revision = record.map(|r| r.revision);
+            let marked =
+                write_on_revision(&self.inner.dedup, key, last.to_string().into(), revision)
+                    .await?;
+            if !marked {
+                return Ok(Attempt::Overtaken);
+            }
             headers.insert(DEDUP_KEY_HEADER, key);
         }
         let published = self
@@ -283,9 +301,8 @@ impl JetStreamStore {
         }
     }
 
-    /// The dedup record's mark for `key`: the subject's last stream sequence when the frame
-    /// was last published, read from the bucket's leader.
-    async fn mark(&self, key: &str) -> Result<Option<u64>, ClusterError> {
+    /// The dedup record for `key`, read from the bucket's leader.
+    async fn dedup_record(&self, key: &str) -> Result<Option<DedupRecord>, ClusterError> {
         let dedup = &self.inner.dedup;
         let record = format!("{}{key}", dedup.prefix);
         let message = match dedup.stream.get_last_raw_message_by_subject(&record).await {
@@ -293,44 +310,44 @@ impl JetStreamStore {
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
             Err(e) => return Err(request(e)),
         };
-        // A deleted or purged record (never written by this store) reads as none.
-        if message.payload.is_empty() {
-            return Ok(None);
-        }
-        std::str::from_utf8(&message.payload)
-            .ok()
-            .and_then(|text| text.parse().ok())
-            .map(Some)
-            .ok_or_else(|| ClusterError::Corrupt(format!("dedup record {key}")))
+        // A deleted or purged record (never written by this store) holds no mark.
+        let mark = if message.payload.is_empty() {
+            None
+        } else {
+            let mark = std::str::from_utf8(&message.payload)
+                .ok()
+                .and_then(|text| text.parse().ok())
+                .ok_or_else(|| ClusterError::Corrupt(format!("dedup record {key}")))?;
+            Some(mark)
+        };
+        Ok(Some(DedupRecord {
+            mark,
+            revision: message.sequence,
+        }))
     }
 
-    /// The stream sequence of the subject's frame carrying `key` after stream sequence `mark`,
-    /// up to `last`. Usually one read: the copy, if stored, is the first frame after the mark.
-    async fn find(
+    /// The stream sequence of the frame's copy carrying `key`, if the journal holds it: the
+    /// subject's first frame after `mark`, up to `last`. Every mark is written on the revision
+    /// its append read, after that append looked for the copy of the mark before, so the only
+    /// copy that can be stored and not yet found is the one published on the latest mark.
+    async fn copy_after(
         &self,
         subject: &str,
         key: &str,
         mark: u64,
         last: u64,
     ) -> Result<Option<u64>, ClusterError> {
-        let mut next = mark.saturating_add(1);
-        while next <= last {
-            let Some(message) = self.first_from(subject, next).await? else {
-                return Ok(None);
-            };
-            if message.sequence > last {
-                return Ok(None);
-            }
-            let carried = message
-                .headers
-                .get(DEDUP_KEY_HEADER)
-                .is_some_and(|value| value.as_str() == key);
-            if carried {
-                return Ok(Some(message.sequence));
-            }
-            next = message.sequence + 1;
+        if mark >= last {
+            return Ok(None);
         }
-        Ok(None)
+        let Some(message) = self.first_from(subject, mark + 1).await? else {
+            return Ok(None);
+        };
+        let carried = message
+            .headers
+            .get(DEDUP_KEY_HEADER)
+            .is_some_and(|value| value.as_str() == key);
+        Ok((carried && message.sequence <= last).then_some(message.sequence))
     }
 
     /// The subject's first frame at stream sequence `from` or after, from the stream's leader: a

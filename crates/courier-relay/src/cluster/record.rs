@@ -62,35 +62,39 @@ where
             return Ok(answer);
         }
         let value = serde_json::to_vec(&record).map_err(request)?;
-        let written = match revision {
-            Some(revision) => bucket
-                .update(key, value.into(), revision)
-                .await
-                .map(|_| ())
-                .map_err(|e| {
-                    (
-                        e.kind() == kv::UpdateErrorKind::WrongLastRevision || lost_race(&e),
-                        request(e),
-                    )
-                }),
-            None => bucket
-                .create(key, value.into())
-                .await
-                .map(|_| ())
-                .map_err(|e| {
-                    (
-                        e.kind() == kv::CreateErrorKind::AlreadyExists || lost_race(&e),
-                        request(e),
-                    )
-                }),
-        };
-        match written {
-            Ok(()) => return Ok(answer),
-            Err((true, _)) => {
-                lost += 1;
-                tokio::time::sleep(contention_backoff(lost)).await;
-            }
-            Err((false, e)) => return Err(e),
+        if write_on_revision(bucket, key, value, revision).await? {
+            return Ok(answer);
         }
+        lost += 1;
+        tokio::time::sleep(contention_backoff(lost)).await;
+    }
+}
+
+/// Writes `value` under `key` only if the key's latest revision is still `revision` (`None`:
+/// the key was never written). Answers whether it was written; `false` when another write came
+/// first.
+pub(super) async fn write_on_revision(
+    bucket: &kv::Store,
+    key: &str,
+    value: Vec<u8>,
+    revision: Option<u64>,
+) -> Result<bool, ClusterError> {
+    let written = match revision {
+        Some(revision) => bucket
+            .update(key, value.into(), revision)
+            .await
+            .map_err(|e| {
+                let lost = e.kind() == kv::UpdateErrorKind::WrongLastRevision || lost_race(&e);
+                (lost, request(e))
+            }),
+        None => bucket.create(key, value.into()).await.map_err(|e| {
+            let lost = e.kind() == kv::CreateErrorKind::AlreadyExists || lost_race(&e);
+            (lost, request(e))
+        }),
+    };
+    match written {
+        Ok(_) => Ok(true),
+        Err((true, _)) => Ok(false),
+        Err((false, e)) => Err(e),
     }
 }
