@@ -95,7 +95,13 @@ impl Node {
         router.serve_as(&name);
         let heartbeat = store.start_heartbeat(&name).await?;
         let bindings = Arc::new(Mutex::new(HashMap::new()));
-        let figures = Arc::new(Mutex::new(store.figures().await?));
+        // Figures only feed metrics: a node starting while a server is restarted serves without
+        // them until `read_figures` reads them.
+        let figures = store.figures().await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "the cluster's figures are not readable yet");
+            Figures::default()
+        });
+        let figures = Arc::new(Mutex::new(figures));
         let rosters = Arc::new(Mutex::new(Rosters::default()));
         let tasks = vec![
             tokio::spawn(follow_groups(store.clone(), Arc::clone(&rosters))),

@@ -213,10 +213,11 @@ async fn wait_until_served(
     }
 }
 
-/// Runs `setup` (creating, updating or looking up a stream or bucket) until it succeeds or
-/// `deadline` passes: a cluster that is starting, or has just lost a server, cannot place
-/// replicas for a moment ("no suitable peers"), and a relay started with it waits rather than
-/// fails. A setup that can never succeed fails at the deadline with its last error.
+/// Runs `setup` (creating, updating or looking up a stream or bucket, or a node's first write)
+/// until it succeeds or `deadline` passes: a cluster that is starting, or has just lost or
+/// restarted a server, cannot place replicas or serve a stream for a moment ("no suitable
+/// peers", "no stream found"), and a relay started with it waits rather than fails. A setup that
+/// can never succeed fails at the deadline with its last error.
 async fn until_placed<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
     deadline: tokio::time::Instant,
     mut setup: impl FnMut() -> F,

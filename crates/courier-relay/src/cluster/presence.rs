@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::feed::{put, Feed};
 use super::names::token;
-use super::{lost_race, request, ClusterError, JetStreamStore};
+use super::{lost_race, request, until_placed, ClusterError, JetStreamStore, SERVED_DEADLINE};
 
 /// Where an account is connected.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -120,7 +120,9 @@ impl JetStreamStore {
                 async move { nodes.put(key, node.into_bytes().into()).await }
             }
         };
-        beat().await.map_err(request)?;
+        // A server restarted a moment ago may not serve the bucket yet: a node starting then
+        // waits for it as it waits for its setup.
+        until_placed(tokio::time::Instant::now() + SERVED_DEADLINE, &beat).await?;
         let interval = self.inner.presence_ttl / 3;
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval.max(Duration::from_millis(1)));
