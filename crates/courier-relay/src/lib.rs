@@ -43,6 +43,7 @@ mod error;
 mod fanout;
 pub mod gateway;
 mod group;
+mod lanes;
 mod linger;
 pub mod logging;
 mod mailbox;
@@ -61,6 +62,12 @@ mod store;
 mod tls;
 mod visibility;
 mod writer;
+
+/// The NATS cluster the cluster mode's unit tests run against, shared with the integration tests.
+#[cfg(test)]
+#[path = "../tests/common/nats.rs"]
+#[allow(dead_code)]
+mod nats_harness;
 
 pub use auth::issue_token;
 pub use config::{

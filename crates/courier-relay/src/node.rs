@@ -19,9 +19,11 @@ use crate::cluster::{
 use crate::config::{AddressLimits, ClusterStorage, MailboxLimits};
 use crate::fanout::{FannedOut, Outcome, Placement};
 use crate::group::{Actor, GroupRefusal};
+use crate::lanes::{Done, Lanes};
 use crate::mailbox::{Envelope, GroupTag};
 use crate::rosters::Rosters;
 use crate::router::{Peer, Router};
+use crate::store::Named;
 
 /// After a feed from JetStream failed, the wait before it is started again.
 const FEED_RETRY: Duration = Duration::from_millis(500);
@@ -38,8 +40,9 @@ pub struct Node {
     figures: Arc<Mutex<Figures>>,
     /// Followed for presence visibility (`docs/protocol.md#presence-visibility`).
     rosters: Arc<Mutex<Rosters>>,
-    /// Each append's time, from its first read to JetStream's acknowledgement.
+    /// Each broadcast's time, from its first read to JetStream's acknowledgement.
     commit_seconds: Histogram,
+    lanes: Lanes,
     tasks: Vec<JoinHandle<()>>,
     _heartbeat: Heartbeat,
 }
@@ -121,6 +124,7 @@ impl Node {
         ];
         tracing::info!(node = %name, "relay node joined its cluster");
         Ok(Self {
+            lanes: Lanes::new(store.clone(), commit_seconds.clone()),
             store,
             name,
             router,
@@ -137,17 +141,11 @@ impl Node {
         &self.store
     }
 
-    /// Journals `envelope` for the account `recipient` names, its time observed as the
-    /// node's commit time (`docs/operating-the-relay.md#metrics`).
-    pub async fn append(
-        &self,
-        recipient: crate::store::Named,
-        envelope: &crate::mailbox::Envelope,
-    ) -> Result<crate::cluster::Appended, ClusterError> {
-        let started = Instant::now();
-        let appended = self.store.append(recipient, envelope).await;
-        self.commit_seconds.observe(started.elapsed().as_secs_f64());
-        appended
+    /// Queues `envelope` for the account `recipient` names behind the appends queued for it
+    /// through this node before (`lanes.rs`); `done` gets the outcome. Its time is observed as
+    /// the node's commit time (`docs/operating-the-relay.md#metrics`).
+    pub async fn queue_append(&self, recipient: Named, envelope: Envelope, done: Done) {
+        self.lanes.queue(recipient, envelope, done).await;
     }
 
     pub fn figures(&self) -> Figures {

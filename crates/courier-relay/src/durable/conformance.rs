@@ -15,9 +15,7 @@ use crate::node::Node;
 use crate::router::Router;
 use crate::store::{AppendOutcome, Named, Release, Store};
 
-#[path = "../../tests/common/nats.rs"]
-#[allow(dead_code)]
-mod nats;
+use crate::nats_harness as nats;
 
 /// A sender may hold two frames and 2 KiB of a mailbox.
 const MAILBOX: MailboxLimits = MailboxLimits {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use courier_proto::{Address, Disposition, KeyPackage, KeyPackageBatch};
 
-use crate::cluster::Appended;
+use crate::cluster::{Appended, ClusterError};
 use crate::config::MailboxLimits;
 use crate::fanout::FannedOut;
 use crate::group::{Actor, GroupRefusal};
@@ -76,32 +76,41 @@ impl Durable {
     }
 
     /// Journals `envelope`; the answer comes once it is durable. The single-file store queues
-    /// it behind the connection's earlier requests; a cluster node appends it before answering
-    /// the queueing, which keeps one connection's frames in their order.
+    /// it behind the connection's earlier requests; a cluster node queues it behind the
+    /// appends to the same recipient queued through it before (`docs/cluster.md#appends-on-a-node`).
+    /// Either way one connection's frames to one recipient keep their order.
     pub async fn queue_append(
         &self,
         recipient: Named,
         envelope: Envelope,
         limits: MailboxLimits,
-        router: &Router,
+        router: &Arc<Router>,
     ) -> Result<Pending<AppendOutcome>, StoreError> {
         match self {
             Self::File(store) => store.queue_append(recipient, envelope, limits).await,
             Self::Cluster(node) => {
                 let account = router.resolve(recipient.clone());
-                let appended = node.append(recipient, &envelope).await?;
-                // Live when the recipient is present on any node: its node reads the frame
-                // from the journal on the notice (`docs/cluster.md#live-delivery`).
-                let disposition = match account {
-                    Some(account) if router.status(&account).online => Disposition::Live,
-                    _ => Disposition::Stored,
-                };
-                Ok(Pending::ready(Ok(match appended {
-                    Appended::Accepted { seq } => AppendOutcome::Accepted { seq, disposition },
-                    Appended::Duplicate => AppendOutcome::Duplicate { disposition },
-                    Appended::UnknownRecipient => AppendOutcome::UnknownRecipient,
-                    Appended::MailboxFull => AppendOutcome::MailboxFull,
-                })))
+                let router = Arc::clone(router);
+                let (answer, pending) = Pending::channel();
+                let done = Box::new(move |appended: Result<Appended, ClusterError>| {
+                    // Live when the recipient is present on any node: its node reads the frame
+                    // from the journal on the notice (`docs/cluster.md#live-delivery`).
+                    let disposition = match account {
+                        Some(account) if router.status(&account).online => Disposition::Live,
+                        _ => Disposition::Stored,
+                    };
+                    let outcome = appended.map_err(StoreError::from).map(|a| match a {
+                        Appended::Accepted { seq } => AppendOutcome::Accepted { seq, disposition },
+                        Appended::Duplicate => AppendOutcome::Duplicate { disposition },
+                        Appended::UnknownRecipient => AppendOutcome::UnknownRecipient,
+                        Appended::MailboxFull => AppendOutcome::MailboxFull,
+                    });
+                    // The connection may have stopped waiting (its deadline passed): the frame
+                    // is journaled all the same, and its sender's resend is a duplicate.
+                    let _ = answer.send(outcome);
+                });
+                node.queue_append(recipient, envelope, done).await;
+                Ok(pending)
             }
         }
     }

@@ -127,7 +127,7 @@ pub struct TakenKeyPackage {
 }
 
 /// A recipient or watched identifier as the store resolves it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Named {
     /// An account name: stands for itself (whether it exists is the journal's answer).
     Account(String),
@@ -179,6 +179,12 @@ impl<T> Pending<T> {
         let (tx, rx) = oneshot::channel();
         let _ = tx.send(answer);
         Self(rx)
+    }
+
+    /// An answer to come through the sender.
+    pub fn channel() -> (oneshot::Sender<Result<T, StoreError>>, Self) {
+        let (tx, rx) = oneshot::channel();
+        (tx, Self(rx))
     }
 
     pub async fn answer(self) -> Result<T, StoreError> {
