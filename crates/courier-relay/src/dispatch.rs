@@ -283,10 +283,19 @@ impl Session {
                 public_key,
                 signature,
             } => {
-                let answer = self.declare(&address, &public_key, &signature).await;
+                let (answer, bound) = match self.declare(&address, &public_key, &signature).await {
+                    Ok(answer) => (answer, true),
+                    Err(failure) => (failure, false),
+                };
                 let flow = self.answer(answer).await;
                 if flow != Flow::Continue {
                     return flow;
+                }
+                if !bound {
+                    // The address was verified but its binding not stored: every frame after it
+                    // would be stamped with the account name for good, and its recipients would
+                    // drop it. The client's next connection declares afresh.
+                    return Flow::Close(close::INTERNAL);
                 }
                 // Drain rule (a) of `docs/protocol.md#drain`: the drain follows the declaration's
                 // answer.
@@ -353,14 +362,21 @@ impl Session {
     /// DeclareAddress (`docs/protocol.md#relay-checks`), decided completely (verified, and on
     /// success bound durably) before the reader reads the next frame, so every frame after it on
     /// this connection is stamped with the address and none before it ever is. A refusal is not
-    /// fatal: the connection stays in account-name space. The challenge is single-use: any second
-    /// DeclareAddress is `already_declared`, whatever the first one's outcome.
-    async fn declare(&mut self, address: &str, public_key: &str, signature: &str) -> RelayFrame {
+    /// fatal: the connection stays in account-name space. A verified address whose binding
+    /// could not be stored is: `Err` holds the answer to write before the connection closes
+    /// (`docs/protocol.md#relay-checks`). The challenge is single-use: any second DeclareAddress
+    /// is `already_declared`, whatever the first one's outcome.
+    async fn declare(
+        &mut self,
+        address: &str,
+        public_key: &str,
+        signature: &str,
+    ) -> Result<RelayFrame, RelayFrame> {
         let refuse = |e: AddressDeclError| RelayFrame::AddressError {
             reason: e.reason().to_owned(),
         };
         if self.declaration_handled {
-            return refuse(AddressDeclError::AlreadyDeclared);
+            return Ok(refuse(AddressDeclError::AlreadyDeclared));
         }
         self.declaration_handled = true;
         let account = self.peer.account.clone();
@@ -369,7 +385,7 @@ impl Session {
                 Ok(bound) => bound,
                 Err(e) => {
                     tracing::debug!(%account, reason = e.reason(), "address declaration refused");
-                    return refuse(e);
+                    return Ok(refuse(e));
                 }
             };
         let rendered = bound.to_string();
@@ -388,15 +404,15 @@ impl Session {
                 tracing::debug!(%account, address = %rendered, "address bound");
                 self.identity = rendered.clone();
                 self.declared = Some(bound);
-                RelayFrame::AddressDeclared { address: rendered }
+                Ok(RelayFrame::AddressDeclared { address: rendered })
             }
             Ok(Err(e)) => {
-                tracing::error!(%account, error = %e, "address binding not persisted");
-                error_frame("internal", "DeclareAddress", None)
+                tracing::error!(%account, error = %e, "address binding not persisted: closing the connection");
+                Err(error_frame("internal", "DeclareAddress", None))
             }
             Err(_) => {
-                tracing::error!(%account, "address binding timed out");
-                error_frame("internal", "DeclareAddress", None)
+                tracing::error!(%account, "address binding timed out: closing the connection");
+                Err(error_frame("internal", "DeclareAddress", None))
             }
         }
     }

@@ -409,3 +409,42 @@ async fn check(c: &mut Client, user: &str) -> (bool, Option<u64>) {
     .await;
     next_status(c, user).await
 }
+
+/// `docs/protocol.md#relay-checks`: a declaration the relay verified but could not bind (the
+/// NATS cluster is gone) is answered `Error{internal}` and the connection closes with 1011,
+/// rather than going on stamping the client's frames with its account name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declaration_whose_binding_cannot_be_stored_closes_the_connection() {
+    // No drain before the declaration is answered: the journal is gone too, and a drain
+    // failing on it would close the connection first.
+    let mut deployment =
+        Deployment::start_with(1, |c| c.timings.drain_grace = CLUSTER_DEADLINE).await;
+    let mut client = Client::connect(&deployment.nodes[0].url()).await;
+    client.wait_up_to(CLUSTER_DEADLINE);
+    let RelayFrame::Authenticated {
+        address_challenge, ..
+    } = client.authenticate("alice", true).await
+    else {
+        unreachable!()
+    };
+    deployment.nats.kill_all();
+    let key = courier_proto::IdentityKey::from_seed([7; 32]);
+    let declaration =
+        courier_proto::declare_address_frame(&key, Some("alice"), address_challenge.as_deref())
+            .unwrap();
+    client.send(&declaration).await;
+    let (frames, ending) = client.frames_until_end().await;
+    assert!(
+        frames.iter().any(|f| matches!(f,
+            RelayFrame::Error { code, frame_type: Some(t), .. }
+                if code == "internal" && t == "DeclareAddress")),
+        "{frames:?} {ending:?}"
+    );
+    assert!(
+        !frames
+            .iter()
+            .any(|f| matches!(f, RelayFrame::AddressDeclared { .. })),
+        "{frames:?}"
+    );
+    assert_eq!(ending, Ending::Close(1011));
+}
