@@ -6,7 +6,6 @@
 //! and appends to one recipient through this node no longer overtake each other on the
 //! journal's conditional publish.
 
-use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -70,25 +69,24 @@ impl Lanes {
         // Under the lock: a lane's worker closes it only under the lock too, after finding its
         // queue empty, so a job sent here is never left in a closed lane.
         let mut open = lock(&self.open);
-        let sent = match open.entry(recipient.clone()) {
-            Entry::Occupied(lane) => lane.get().send(job),
-            Entry::Vacant(vacant) => {
-                let (tx, rx) = mpsc::unbounded_channel();
-                let sent = tx.send(job);
-                vacant.insert(tx);
-                tokio::spawn(run_lane(
-                    recipient,
-                    rx,
-                    self.store.clone(),
-                    self.commit_seconds.clone(),
-                    Arc::clone(&self.open),
-                ));
-                sent
-            }
+        let job = match open.get(&recipient) {
+            Some(lane) => match lane.send(job) {
+                Ok(()) => return,
+                // Its worker is gone without closing it (it panicked): a new lane takes over.
+                Err(mpsc::error::SendError(job)) => job,
+            },
+            None => job,
         };
-        // The worker holds its receiver until it removes its lane, which it does only under
-        // the lock held here.
-        debug_assert!(sent.is_ok(), "an open lane's worker is running");
+        let (lane, jobs) = mpsc::unbounded_channel();
+        let _ = lane.send(job);
+        open.insert(recipient.clone(), lane);
+        tokio::spawn(run_lane(
+            recipient,
+            jobs,
+            self.store.clone(),
+            self.commit_seconds.clone(),
+            Arc::clone(&self.open),
+        ));
     }
 }
 

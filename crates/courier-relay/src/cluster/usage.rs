@@ -156,11 +156,13 @@ impl Tallies {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// After `frame` was stored right after the subject's `last`: counted where the tally stood
-    /// at `last`. A tally anywhere else reads it, or has, from the journal.
+    /// After `frame` was stored right after the subject's `last`: counted where the tally went
+    /// through `last`. The subject held nothing after `last` then, so whatever the tally counted
+    /// past it was released since and the frame follows it. A tally short of `last` has frames
+    /// to read first, and reads this one with them.
     pub fn stored(&self, account: &str, last: u64, frame: &Weighed) {
         let mut map = self.lock();
-        if map.through(account) == last && map.by_account.contains_key(account) {
+        if map.by_account.contains_key(account) && map.through(account) >= last {
             map.change(account, |tally| tally.count(frame));
         }
     }
@@ -212,10 +214,10 @@ impl JetStreamStore {
             fits,
             "mailbox counted again from the journal"
         );
-        let mut map = tallies.lock();
-        if map.through(account) <= exact.through {
-            map.change(account, |tally| *tally = exact);
-        }
+        // Kept even where the tally had gone further: frames past `last` are read again on the
+        // next append, and a tally that counted released frames must not make every later
+        // append count the journal again.
+        tallies.lock().change(account, |tally| *tally = exact);
         Ok(fits)
     }
 
@@ -397,18 +399,20 @@ mod tests {
     }
 
     #[test]
-    fn a_frame_stored_counts_only_where_the_tally_stood_before_it() {
+    fn a_frame_stored_counts_where_the_tally_went_through_the_last_frame_before_it() {
         let tallies = Tallies::default();
         tallies
             .lock()
             .change("bob", |t| t.count(&frame(4, "a", 10)));
-        tallies.stored("bob", 3, &frame(6, "a", 10));
+        tallies.stored("bob", 5, &frame(6, "a", 10));
         assert_eq!(
             tallies.lock().through("bob"),
             4,
-            "a tally at 4 reads 6 itself"
+            "a tally at 4 reads 5 and 6 itself"
         );
-        tallies.stored("bob", 4, &frame(6, "a", 10));
+        // Published after 3: frame 4, counted, was released since.
+        tallies.stored("bob", 3, &frame(6, "a", 10));
+        assert_eq!(tallies.lock().through("bob"), 6);
         assert_eq!(tallies.lock().by_account["bob"].total.frames, 2);
         tallies.stored("carol", 0, &frame(7, "a", 10));
         assert!(
