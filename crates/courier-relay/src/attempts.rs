@@ -5,11 +5,12 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::auth::AuthFailure;
 use crate::config::{AttemptLimit, AuthPolicy};
+use crate::lock;
 
 /// Below this many keys a limiter never sweeps.
 const SWEEP_FLOOR: usize = 4096;
@@ -191,12 +192,6 @@ impl AuthLimits {
         }
         Ok(())
     }
-}
-
-/// A poisoned lock only means another task panicked mid-update of a plain map, which is still
-/// consistent.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

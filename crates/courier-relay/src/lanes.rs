@@ -7,13 +7,14 @@
 //! journal's conditional publish.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use crate::cluster::{Appended, ClusterError, JetStreamStore};
+use crate::lock;
 use crate::mailbox::Envelope;
 use crate::store::Named;
 
@@ -37,10 +38,6 @@ pub struct Lanes {
     commit_seconds: Histogram,
     open: Arc<Mutex<HashMap<Named, mpsc::UnboundedSender<Job>>>>,
     room: Arc<Semaphore>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Lanes {

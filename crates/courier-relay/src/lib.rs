@@ -91,6 +91,13 @@ use revocation::{DenyFile, DenyList, Revocations};
 use router::Router;
 use store::Store;
 
+/// Locks `m` even if a task panicked holding it: the relay's locks guard plain maps and
+/// counters that every critical section leaves consistent, so the relay keeps serving rather
+/// than taking every later caller down with it.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Milliseconds since the Unix epoch (the protocol's time unit).
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::histogram::Histogram;
@@ -20,6 +20,7 @@ use crate::config::{AddressLimits, ClusterStorage, MailboxLimits};
 use crate::fanout::{FannedOut, Outcome, Placement};
 use crate::group::{Actor, GroupRefusal};
 use crate::lanes::{Done, Lanes};
+use crate::lock;
 use crate::mailbox::{Envelope, GroupTag};
 use crate::rosters::Rosters;
 use crate::router::{Peer, Router};
@@ -59,10 +60,6 @@ impl Drop for Attachment {
             task.abort();
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A name no other node has: its heartbeat and its presence records are told apart by it.

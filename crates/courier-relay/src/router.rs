@@ -19,13 +19,14 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use courier_proto::ident::is_address_form;
 use tokio::sync::{oneshot, Notify};
 
 use crate::cluster::{Change, Record};
 use crate::contacts::Contacts;
+use crate::lock;
 use crate::mailbox::{DeliveryQueue, Envelope};
 use crate::presence::{Status, Unwatched, Watchlist};
 use crate::remote::Remote;
@@ -139,12 +140,6 @@ pub enum Sight<'a> {
     /// watched address stays on the account it named when watched: following a binding could
     /// reveal an account that is no contact.
     Only(&'a dyn Fn(&str) -> bool),
-}
-
-/// A poisoned lock only means another task panicked mid-update of a plain map; the map itself
-/// is still consistent, so keep serving rather than take the whole relay down.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Router {

@@ -153,7 +153,7 @@ impl TallyMap {
 
 impl Tallies {
     fn lock(&self) -> std::sync::MutexGuard<'_, TallyMap> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        crate::lock(&self.inner)
     }
 
     /// After `frame` was stored right after the subject's `last`: counted where the tally went
