@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::names::token;
 use super::record::write_on_revision;
-use super::usage::Weighed;
+use super::usage::Weight;
 use super::{lost_race, request, ClusterError, JetStreamStore};
 use crate::mailbox::{row_bytes, Envelope, GroupTag};
 use crate::store::{Named, Release};
@@ -149,8 +149,7 @@ impl JetStreamStore {
             .is_none()
             .then(|| token(&[&account, &envelope.sender, &envelope.message_id]));
         let frame = Frame::new(envelope);
-        let weighed = Weighed {
-            stream_seq: 0,
+        let weight = Weight {
             sender: token(&[&envelope.sender_account]),
             bytes: row_bytes(
                 envelope,
@@ -171,7 +170,7 @@ impl JetStreamStore {
                     &account,
                     &subject,
                     dedup_key.as_deref(),
-                    &weighed,
+                    &weight,
                     payload.clone(),
                 )
                 .await;
@@ -221,7 +220,7 @@ impl JetStreamStore {
         account: &str,
         subject: &str,
         dedup_key: Option<&str>,
-        weighed: &Weighed,
+        weight: &Weight,
         payload: Vec<u8>,
     ) -> Result<Attempt, ClusterError> {
         let last = self.subject_last(subject).await?;
@@ -244,10 +243,10 @@ impl JetStreamStore {
         };
         // Checked through `last`: the conditional publish stores the frame only if nothing was
         // appended to the account since.
-        if !self.has_room(account, subject, last, weighed).await? {
+        if !self.has_room(account, subject, last, weight).await? {
             return Ok(Attempt::Full);
         }
-        weighed.write(&mut headers);
+        weight.write(&mut headers);
         if let Some(key) = dedup_key {
             // Before the publish: a copy of this frame can only land right after `last`, so a
             // resend after a lost answer, through any node, finds it there. Only on the
@@ -271,11 +270,9 @@ impl JetStreamStore {
             .await;
         match published {
             Ok(ack) => {
-                let stored = Weighed {
-                    stream_seq: ack.sequence,
-                    ..weighed.clone()
-                };
-                self.inner.tallies.stored(account, last, &stored);
+                self.inner
+                    .tallies
+                    .stored(account, last, ack.sequence, weight);
                 Ok(Attempt::Stored(ack.sequence))
             }
             Err(e) if refused_for_room(&e) => Ok(Attempt::Full),

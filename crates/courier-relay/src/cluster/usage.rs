@@ -35,22 +35,21 @@ const COUNT_DEADLINE: Duration = Duration::from_secs(10);
 /// counted again from the journal when next needed.
 const KEEP_TALLIED: usize = 262_144;
 
-/// One frame as the limits count it.
-#[derive(Clone)]
-pub(super) struct Weighed {
-    pub stream_seq: u64,
+/// What one frame counts for against the limits, wherever it stands in the journal.
+pub(super) struct Weight {
     /// The sending account's token (`names.rs`).
     pub sender: String,
     pub bytes: u64,
 }
 
-impl Weighed {
+impl Weight {
     /// The headers that carry it, beside the frame's own.
     pub fn write(&self, headers: &mut HeaderMap) {
         headers.insert(SENDER_HEADER, self.sender.as_str());
         headers.insert(BYTES_HEADER, self.bytes.to_string().as_str());
     }
 
+    /// The weight the headers of the frame at `stream_seq` carry.
     fn read(stream_seq: u64, headers: Option<&HeaderMap>) -> Result<Self, ClusterError> {
         let corrupt = || ClusterError::Corrupt(format!("frame {stream_seq} carries no size"));
         let headers = headers.ok_or_else(corrupt)?;
@@ -60,7 +59,6 @@ impl Weighed {
             .and_then(|value| value.as_str().parse().ok())
             .ok_or_else(corrupt)?;
         Ok(Self {
-            stream_seq,
             sender: sender.as_str().to_owned(),
             bytes,
         })
@@ -94,17 +92,17 @@ struct Tally {
 }
 
 impl Tally {
-    /// Counts `frame` unless the tally is past it already.
-    fn count(&mut self, frame: &Weighed) {
-        if frame.stream_seq <= self.through {
+    /// Counts the frame at `stream_seq` unless the tally is past it already.
+    fn count(&mut self, stream_seq: u64, weight: &Weight) {
+        if stream_seq <= self.through {
             return;
         }
-        self.through = frame.stream_seq;
-        self.total.add(frame.bytes);
+        self.through = stream_seq;
+        self.total.add(weight.bytes);
         self.senders
-            .entry(frame.sender.clone())
+            .entry(weight.sender.clone())
             .or_default()
-            .add(frame.bytes);
+            .add(weight.bytes);
     }
 
     fn fits(&self, sender: &str, bytes: u64, limits: &MailboxLimits) -> bool {
@@ -156,27 +154,27 @@ impl Tallies {
         crate::lock(&self.inner)
     }
 
-    /// After `frame` was stored right after the subject's `last`: counted where the tally went
-    /// through `last`. The subject held nothing after `last` then, so whatever the tally counted
-    /// past it was released since and the frame follows it. A tally short of `last` has frames
-    /// to read first, and reads this one with them.
-    pub fn stored(&self, account: &str, last: u64, frame: &Weighed) {
+    /// After a frame of `weight` was stored at `stream_seq`, right after the subject's `last`:
+    /// counted where the tally went through `last`. The subject held nothing after `last` then,
+    /// so whatever the tally counted past it was released since and the frame follows it. A
+    /// tally short of `last` has frames to read first, and reads this one with them.
+    pub fn stored(&self, account: &str, last: u64, stream_seq: u64, weight: &Weight) {
         let mut map = self.lock();
         if map.by_account.contains_key(account) && map.through(account) >= last {
-            map.change(account, |tally| tally.count(frame));
+            map.change(account, |tally| tally.count(stream_seq, weight));
         }
     }
 }
 
 impl JetStreamStore {
-    /// Whether `frame` fits the account's mailbox and its sender's share as the account's
-    /// subject stands through `last` (`docs/cluster.md#mailbox-limits`).
+    /// Whether a frame of `weight` fits the account's mailbox and its sender's share as the
+    /// account's subject stands through `last` (`docs/cluster.md#mailbox-limits`).
     pub(super) async fn has_room(
         &self,
         account: &str,
         subject: &str,
         last: u64,
-        frame: &Weighed,
+        weight: &Weight,
     ) -> Result<bool, ClusterError> {
         let limits = &self.inner.limits;
         let tallies = &self.inner.tallies;
@@ -190,10 +188,10 @@ impl JetStreamStore {
                 continue;
             }
             break map.change(account, |tally| {
-                for read in &frames {
-                    tally.count(read);
+                for (stream_seq, read) in &frames {
+                    tally.count(*stream_seq, read);
                 }
-                tally.fits(&frame.sender, frame.bytes, limits)
+                tally.fits(&weight.sender, weight.bytes, limits)
             });
         };
         if fits {
@@ -203,11 +201,11 @@ impl JetStreamStore {
             return Ok(false);
         }
         let mut exact = Tally::default();
-        for read in self.weigh(subject, 0, last).await? {
-            exact.count(&read);
+        for (stream_seq, read) in self.weigh(subject, 0, last).await? {
+            exact.count(stream_seq, &read);
         }
         exact.through = exact.through.max(last);
-        let fits = exact.fits(&frame.sender, frame.bytes, limits);
+        let fits = exact.fits(&weight.sender, weight.bytes, limits);
         tracing::debug!(
             frames = exact.total.frames,
             bytes = exact.total.bytes,
@@ -251,13 +249,14 @@ impl JetStreamStore {
         Ok(held == tallied && self.subject_last(subject).await? == last)
     }
 
-    /// The subject's frames after stream sequence `after` up to `last`, in order.
+    /// The subject's frames after stream sequence `after` up to `last`, in order: each one's
+    /// stream sequence and weight.
     async fn weigh(
         &self,
         subject: &str,
         after: u64,
         last: u64,
-    ) -> Result<Vec<Weighed>, ClusterError> {
+    ) -> Result<Vec<(u64, Weight)>, ClusterError> {
         let mut frames = Vec::new();
         let mut next = after + 1;
         while next <= last {
@@ -271,7 +270,8 @@ impl JetStreamStore {
             if message.sequence > last {
                 break;
             }
-            frames.push(Weighed::read(message.sequence, Some(&message.headers))?);
+            let weight = Weight::read(message.sequence, Some(&message.headers))?;
+            frames.push((message.sequence, weight));
             next = message.sequence + 1;
         }
         Ok(frames)
@@ -284,7 +284,7 @@ impl JetStreamStore {
         subject: &str,
         from: u64,
         last: u64,
-    ) -> Result<Vec<Weighed>, ClusterError> {
+    ) -> Result<Vec<(u64, Weight)>, ClusterError> {
         let consumer = self
             .inner
             .journal
@@ -310,10 +310,8 @@ impl JetStreamStore {
                 if info.stream_sequence > last {
                     break;
                 }
-                frames.push(Weighed::read(
-                    info.stream_sequence,
-                    message.headers.as_ref(),
-                )?);
+                let weight = Weight::read(info.stream_sequence, message.headers.as_ref())?;
+                frames.push((info.stream_sequence, weight));
                 if info.stream_sequence == last || info.pending == 0 {
                     break;
                 }
@@ -335,9 +333,8 @@ impl JetStreamStore {
 mod tests {
     use super::*;
 
-    fn frame(stream_seq: u64, sender: &str, bytes: u64) -> Weighed {
-        Weighed {
-            stream_seq,
+    fn weight(sender: &str, bytes: u64) -> Weight {
+        Weight {
             sender: sender.into(),
             bytes,
         }
@@ -355,10 +352,10 @@ mod tests {
     #[test]
     fn a_tally_counts_each_frame_once_and_keeps_each_senders_part() {
         let mut tally = Tally::default();
-        for f in [frame(3, "a", 100), frame(5, "b", 200), frame(5, "b", 200)] {
-            tally.count(&f);
+        for (seq, sender, bytes) in [(3, "a", 100), (5, "b", 200), (5, "b", 200)] {
+            tally.count(seq, &weight(sender, bytes));
         }
-        tally.count(&frame(4, "a", 100));
+        tally.count(4, &weight("a", 100));
         assert_eq!(tally.through, 5);
         assert_eq!(
             tally.total,
@@ -386,11 +383,11 @@ mod tests {
     fn the_frame_count_of_the_mailbox_and_of_a_share_bound_a_tally() {
         let mut tally = Tally::default();
         for seq in 1..=5 {
-            tally.count(&frame(seq, "a", 1));
+            tally.count(seq, &weight("a", 1));
         }
         assert!(!tally.fits("a", 1, &limits()), "a holds its five frames");
         for seq in 6..=10 {
-            tally.count(&frame(seq, "b", 1));
+            tally.count(seq, &weight("b", 1));
         }
         assert!(
             !tally.fits("c", 1, &limits()),
@@ -403,18 +400,18 @@ mod tests {
         let tallies = Tallies::default();
         tallies
             .lock()
-            .change("bob", |t| t.count(&frame(4, "a", 10)));
-        tallies.stored("bob", 5, &frame(6, "a", 10));
+            .change("bob", |t| t.count(4, &weight("a", 10)));
+        tallies.stored("bob", 5, 6, &weight("a", 10));
         assert_eq!(
             tallies.lock().through("bob"),
             4,
             "a tally at 4 reads 5 and 6 itself"
         );
         // Published after 3: frame 4, counted, was released since.
-        tallies.stored("bob", 3, &frame(6, "a", 10));
+        tallies.stored("bob", 3, 6, &weight("a", 10));
         assert_eq!(tallies.lock().through("bob"), 6);
         assert_eq!(tallies.lock().by_account["bob"].total.frames, 2);
-        tallies.stored("carol", 0, &frame(7, "a", 10));
+        tallies.stored("carol", 0, 7, &weight("a", 10));
         assert!(
             !tallies.lock().by_account.contains_key("carol"),
             "an account never tallied is counted from the journal"
@@ -425,10 +422,10 @@ mod tests {
     fn tallies_past_the_bound_are_dropped() {
         let mut map = TallyMap::default();
         for i in 0..KEEP_TALLIED as u64 / 2 {
-            map.change(&format!("account{i}"), |t| t.count(&frame(1, "a", 1)));
+            map.change(&format!("account{i}"), |t| t.count(1, &weight("a", 1)));
         }
         assert_eq!(map.entries, KEEP_TALLIED);
-        map.change("one more", |t| t.count(&frame(1, "a", 1)));
+        map.change("one more", |t| t.count(1, &weight("a", 1)));
         assert!(map.by_account.is_empty());
         assert_eq!(map.entries, 0);
     }
